@@ -1,0 +1,135 @@
+/*
+ * config.h - outboxd configuration: INI file (libinih), then environment
+ * overrides OUTBOXD_<SECTION>_<KEY>, then --set section.key=value.
+ *
+ * Every value is validated as it is set; an error is one line in errbuf of
+ * the form "config ORIGIN: key 'x': reason", where ORIGIN is FILE:LINE,
+ * "environment OUTBOXD_..." or "--set section.key".  Secret values
+ * (the conninfo password, sensitive librdkafka properties) are never
+ * copied into errbuf.
+ */
+#ifndef OBX_CONFIG_H
+#define OBX_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+enum obx_on_error { OBX_ON_ERROR_STOP, OBX_ON_ERROR_DEAD_LETTER };
+enum obx_log_format { OBX_LOG_FORMAT_JSON, OBX_LOG_FORMAT_TEXT };
+enum obx_log_level { OBX_LOG_ERROR, OBX_LOG_WARN, OBX_LOG_INFO, OBX_LOG_DEBUG };
+
+struct obx_kv {
+	char *key;
+	char *value;
+	char *origin; /* where the value came from, for later error messages */
+};
+
+struct obx_config {
+	/* [source] */
+	char *conninfo; /* "" means: libpq environment only */
+	char *slot;
+	char *publication;
+	char *table_schema;
+	char *table_name;
+	bool create_slot;
+	bool create_publication;
+	int status_interval_ms;
+
+	/* [outbox]: column names and the topic template */
+	char *col_id;
+	char *col_key;
+	char *col_aggregate_type;
+	char *col_type;
+	char *col_payload;
+	char *topic;
+	char *col_headers;   /* "" when unset */
+	char *col_timestamp; /* "" when unset */
+
+	/* [kafka]: librdkafka properties, verbatim, in the order given */
+	struct obx_kv *kafka;
+	size_t n_kafka;
+
+	/* [delivery] */
+	long long max_inflight;
+	long long max_inflight_bytes;
+	enum obx_on_error on_error;
+	char *dead_letter_topic;
+
+	/* [metrics] */
+	char *metrics_host;
+	int metrics_port;
+
+	/* [log] */
+	enum obx_log_level log_level;
+	enum obx_log_format log_format;
+
+	/* bookkeeping: keys set from the file, for duplicate detection */
+	struct obx_kv *seen;
+	size_t n_seen;
+};
+
+/* Fills cfg with the defaults.  Pair with obx_config_reset(). */
+void obx_config_init(struct obx_config *cfg);
+
+/* Frees everything cfg owns; cfg may be re-initialised afterwards. */
+void obx_config_reset(struct obx_config *cfg);
+
+/*
+ * Validates and stores one value.  origin names where it came from (copied).
+ * from_file makes a second occurrence of the same key an error.
+ * Returns 0, OBX_ECONFIG with errbuf filled, or OBX_ENOMEM.
+ */
+int obx_config_set(struct obx_config *cfg, const char *section, const char *key,
+    const char *value, const char *origin, bool from_file, char *errbuf, size_t errlen);
+
+/*
+ * Applies OUTBOXD_<SECTION>_<KEY>=value entries of envp (a NULL-terminated
+ * environ-style array; other entries are ignored).  In [kafka], '_' in KEY
+ * maps to '.'.  Returns 0 or OBX_ECONFIG/OBX_ENOMEM with errbuf filled.
+ */
+int obx_config_apply_env(struct obx_config *cfg, char *const *envp, char *errbuf, size_t errlen);
+
+/*
+ * Applies one "section.key=value" override (as given to --set).
+ * Returns 0 or OBX_ECONFIG/OBX_ENOMEM with errbuf filled.
+ */
+int obx_config_apply_set(struct obx_config *cfg, const char *assignment, char *errbuf, size_t errlen);
+
+/*
+ * Checks what only the whole configuration can tell (required values,
+ * combinations).  path names the file in messages.  Returns 0 or OBX_ECONFIG.
+ */
+int obx_config_finish(struct obx_config *cfg, const char *path, char *errbuf, size_t errlen);
+
+/*
+ * The whole sequence: defaults, file (path must be readable), environment,
+ * --set overrides, finish.  On error cfg is still valid for
+ * obx_config_reset().  Returns 0, OBX_ECONFIG or OBX_ENOMEM.
+ */
+int obx_config_load(struct obx_config *cfg, const char *path, char *const *envp,
+    const char *const *sets, size_t nsets, char *errbuf, size_t errlen);
+
+/* Returns the value of librdkafka property key, or NULL when not set. Borrowed. */
+const char *obx_config_kafka_get(const struct obx_config *cfg, const char *key);
+
+/* True when librdkafka treats property key as sensitive (never print its value). */
+bool obx_kafka_prop_is_secret(const char *key);
+
+/*
+ * Writes conninfo (key/value or URI form) to out with any password replaced
+ * by "********", as key/value pairs.  Returns 0, or OBX_EINVAL when conninfo
+ * does not parse (out then holds a placeholder that reveals nothing).
+ */
+int obx_conninfo_redact(const char *conninfo, char *out, size_t outlen);
+
+/*
+ * Parsers for value kinds, exposed for tests.  Each returns 0 or OBX_EINVAL
+ * (malformed) / OBX_ERANGE (outside [min, max]).
+ */
+int obx_parse_bool(const char *s, bool *out);
+int obx_parse_duration_ms(const char *s, long long min, long long max, long long *out);
+int obx_parse_size(const char *s, long long min, long long max, long long *out);
+int obx_parse_int(const char *s, long long min, long long max, long long *out);
+
+#endif

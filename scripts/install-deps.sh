@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Installs every Debian 12 package outboxd needs to build, test, benchmark
+# and run its demo.  Idempotent: packages already present are skipped, and
+# apt-get is not called at all when nothing is missing.
+set -euo pipefail
+
+packages=(
+	# build
+	build-essential cmake pkg-config git
+	# libraries (development headers + runtime)
+	libpq-dev librdkafka-dev libjansson-dev libbsd-dev libinih-dev
+	libmicrohttpd-dev libcmocka-dev
+	# test stack
+	postgresql-15 postgresql-client-15 kcat util-linux procps iproute2 openssl
+	# sanitizers, fuzzing, profiling, benchmarks
+	clang-14 libclang-rt-14-dev llvm-14 valgrind gdb time linux-perf
+	# manifest linting (later: deploy/)
+	python3 python3-yaml yamllint
+)
+
+missing=()
+for p in "${packages[@]}"; do
+	if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+		missing+=("$p")
+	fi
+done
+
+if [ "${#missing[@]}" -eq 0 ]; then
+	echo "install-deps: all ${#packages[@]} packages present"
+	exit 0
+fi
+
+if [ "$(id -u)" -ne 0 ]; then
+	echo "install-deps: missing packages: ${missing[*]}; run as root to install them" >&2
+	exit 1
+fi
+
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+# Debian's postgresql-common would create and start a "main" cluster; the
+# tests run their own throwaway clusters, so ask it not to.
+if [ ! -e /etc/postgresql-common/createcluster.conf ]; then
+	mkdir -p /etc/postgresql-common
+	echo "create_main_cluster = false" > /etc/postgresql-common/createcluster.conf
+fi
+apt-get install -y -qq --no-install-recommends "${missing[@]}"

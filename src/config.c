@@ -1,0 +1,944 @@
+/*
+ * config.c - configuration loading and validation.
+ *
+ * The file is read with libinih; everything else (environment, --set,
+ * value parsing, cross-checks) is plain string work so that the unit tests
+ * can drive every error path.
+ */
+#include <ctype.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <ini.h>
+#include <libpq-fe.h>
+#include <librdkafka/rdkafka.h>
+
+#include "obx/config.h"
+#include "obx/err.h"
+
+#define MAX_LINE 200 /* libinih's INI_MAX_LINE in Debian's build */
+#define NAMEDATALEN_MAX 64 /* PostgreSQL identifiers: at most 63 bytes */
+
+static void
+fail(char *errbuf, size_t errlen, const char *origin, const char *key, const char *fmt, ...)
+{
+	char reason[512];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(reason, sizeof(reason), fmt, ap);
+	va_end(ap);
+	if (key != NULL)
+		snprintf(errbuf, errlen, "config %s: key '%s': %s", origin, key, reason);
+	else
+		snprintf(errbuf, errlen, "config %s: %s", origin, reason);
+}
+
+static int
+replace_str(char **dst, const char *src)
+{
+	char *copy = strdup(src);
+
+	if (copy == NULL)
+		return OBX_ENOMEM;
+	free(*dst);
+	*dst = copy;
+	return 0;
+}
+
+/* ---- value parsers ---------------------------------------------------- */
+
+int
+obx_parse_bool(const char *s, bool *out)
+{
+	static const char *const yes[] = { "true", "yes", "on", "1" };
+	static const char *const no[] = { "false", "no", "off", "0" };
+
+	for (size_t i = 0; i < sizeof(yes) / sizeof(yes[0]); i++) {
+		if (strcasecmp(s, yes[i]) == 0) {
+			*out = true;
+			return 0;
+		}
+		if (strcasecmp(s, no[i]) == 0) {
+			*out = false;
+			return 0;
+		}
+	}
+	return OBX_EINVAL;
+}
+
+/* Splits s into a decimal number and a unit suffix; the number must be there. */
+static int
+split_number(const char *s, long long *num, const char **unit)
+{
+	char *end;
+	long long v;
+
+	if (!isdigit((unsigned char)s[0]))
+		return OBX_EINVAL;
+	errno = 0;
+	v = strtoll(s, &end, 10);
+	if (errno == ERANGE)
+		return OBX_ERANGE;
+	while (*end == ' ')
+		end++;
+	*num = v;
+	*unit = end;
+	return 0;
+}
+
+static int
+scale(long long v, long long mult, long long min, long long max, long long *out)
+{
+	if (v > LLONG_MAX / mult)
+		return OBX_ERANGE;
+	v *= mult;
+	if (v < min || v > max)
+		return OBX_ERANGE;
+	*out = v;
+	return 0;
+}
+
+int
+obx_parse_duration_ms(const char *s, long long min, long long max, long long *out)
+{
+	static const struct { const char *unit; long long ms; } units[] = {
+		{ "ms", 1 }, { "s", 1000 }, { "min", 60000 }, { "m", 60000 }, { "h", 3600000 },
+	};
+	const char *unit;
+	long long v;
+	int r;
+
+	if ((r = split_number(s, &v, &unit)) != 0)
+		return r;
+	for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++)
+		if (strcmp(unit, units[i].unit) == 0)
+			return scale(v, units[i].ms, min, max, out);
+	return OBX_EINVAL;
+}
+
+int
+obx_parse_size(const char *s, long long min, long long max, long long *out)
+{
+	static const struct { const char *unit; long long mult; } units[] = {
+		{ "", 1 }, { "B", 1 }, { "k", 1024 }, { "K", 1024 }, { "KiB", 1024 }, { "kB", 1024 },
+		{ "M", 1 << 20 }, { "MiB", 1 << 20 }, { "MB", 1 << 20 },
+		{ "G", 1 << 30 }, { "GiB", 1 << 30 }, { "GB", 1 << 30 },
+	};
+	const char *unit;
+	long long v;
+	int r;
+
+	if ((r = split_number(s, &v, &unit)) != 0)
+		return r;
+	for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++)
+		if (strcmp(unit, units[i].unit) == 0)
+			return scale(v, units[i].mult, min, max, out);
+	return OBX_EINVAL;
+}
+
+int
+obx_parse_int(const char *s, long long min, long long max, long long *out)
+{
+	const char *errstr = NULL;
+	long long v;
+
+	if (s[0] == '\0')
+		return OBX_EINVAL;
+	v = strtonum(s, min, max, &errstr);
+	if (errstr != NULL)
+		return strncmp(errstr, "too ", 4) == 0 ? OBX_ERANGE : OBX_EINVAL;
+	*out = v;
+	return 0;
+}
+
+/* ---- secrets ---------------------------------------------------------- */
+
+bool
+obx_kafka_prop_is_secret(const char *key)
+{
+	/* The properties librdkafka itself marks sensitive (CONFIGURATION.md). */
+	static const char *const secret[] = {
+		"sasl.username", "sasl.password", "ssl.key.password", "ssl.key.pem",
+		"ssl_key", "ssl.keystore.password", "sasl.oauthbearer.config",
+		"sasl.oauthbearer.client.secret", "ssl.certificate.pem", "ssl_certificate",
+	};
+
+	for (size_t i = 0; i < sizeof(secret) / sizeof(secret[0]); i++)
+		if (strcmp(key, secret[i]) == 0)
+			return true;
+	/* Anything that calls itself a password or secret is treated as one. */
+	return strstr(key, "password") != NULL || strstr(key, "secret") != NULL;
+}
+
+int
+obx_conninfo_redact(const char *conninfo, char *out, size_t outlen)
+{
+	PQconninfoOption *opts;
+	char *errmsg = NULL;
+	size_t used = 0;
+
+	if (outlen == 0)
+		return OBX_EINVAL;
+	out[0] = '\0';
+	opts = PQconninfoParse(conninfo, &errmsg);
+	if (opts == NULL) {
+		PQfreemem(errmsg);
+		strlcpy(out, "(unparsable connection string)", outlen);
+		return OBX_EINVAL;
+	}
+	for (PQconninfoOption *o = opts; o->keyword != NULL; o++) {
+		const char *val = o->val;
+		int n;
+
+		if (val == NULL)
+			continue;
+		if (strcmp(o->keyword, "password") == 0 || o->dispchar[0] == '*')
+			val = "********";
+		n = snprintf(out + used, outlen - used, "%s%s=%s", used ? " " : "", o->keyword, val);
+		if (n < 0 || (size_t)n >= outlen - used)
+			break;
+		used += (size_t)n;
+	}
+	PQconninfoFree(opts);
+	return 0;
+}
+
+/* ---- per-section setters ---------------------------------------------- */
+
+struct str_key {
+	const char *name;
+	size_t off;
+	bool nonempty;
+};
+
+#define SK(f, ne) { #f, offsetof(struct obx_config, f), ne }
+
+static int
+set_str(struct obx_config *cfg, const struct str_key *k, const char *key, const char *value,
+    const char *origin, char *errbuf, size_t errlen)
+{
+	int r;
+
+	if (k->nonempty && value[0] == '\0') {
+		fail(errbuf, errlen, origin, key, "must not be empty");
+		return OBX_ECONFIG;
+	}
+	r = replace_str((char **)((char *)cfg + k->off), value);
+	if (r != 0)
+		fail(errbuf, errlen, origin, key, "%s", obx_strerror(r));
+	return r;
+}
+
+/* Splits "schema.table" (either part may be double-quoted) into its parts. */
+static int
+parse_qualified_name(const char *s, char **schema, char **name)
+{
+	char part[2][NAMEDATALEN_MAX];
+	int n = 0;
+	size_t len = 0;
+	bool quoted = false;
+
+	part[0][0] = part[1][0] = '\0';
+	for (const char *p = s;; p++) {
+		if (quoted) {
+			if (*p == '\0')
+				return OBX_EINVAL;
+			if (*p == '"') {
+				if (p[1] == '"') {
+					p++;
+				} else {
+					quoted = false;
+					continue;
+				}
+			}
+		} else if (*p == '"') {
+			quoted = true;
+			continue;
+		} else if (*p == '.' || *p == '\0') {
+			if (len == 0 || n == 2)
+				return OBX_EINVAL;
+			part[n][len] = '\0';
+			n++;
+			len = 0;
+			if (*p == '\0')
+				break;
+			continue;
+		}
+		if (n >= 2)
+			return OBX_EINVAL;
+		if (len + 1 >= NAMEDATALEN_MAX)
+			return OBX_ERANGE;
+		part[n][len++] = *p;
+	}
+	if (n == 1) {
+		*schema = strdup("public");
+		*name = strdup(part[0]);
+	} else {
+		*schema = strdup(part[0]);
+		*name = strdup(part[1]);
+	}
+	if (*schema == NULL || *name == NULL)
+		return OBX_ENOMEM;
+	return 0;
+}
+
+static int
+set_source(struct obx_config *cfg, const char *key, const char *value, const char *origin,
+    char *errbuf, size_t errlen)
+{
+	static const struct str_key strs[] = {
+		SK(slot, true), SK(publication, true),
+	};
+	long long ms;
+	int r;
+
+	for (size_t i = 0; i < sizeof(strs) / sizeof(strs[0]); i++)
+		if (strcmp(key, strs[i].name) == 0)
+			return set_str(cfg, &strs[i], key, value, origin, errbuf, errlen);
+	if (strcmp(key, "conninfo") == 0) {
+		PQconninfoOption *opts;
+		char *errmsg = NULL;
+
+		/* libpq's parse error quotes the input, which may hold the password. */
+		opts = PQconninfoParse(value, &errmsg);
+		PQfreemem(errmsg);
+		if (opts == NULL) {
+			fail(errbuf, errlen, origin, key,
+			    "not a valid libpq connection string or URI (value not shown, it may hold a password)");
+			return OBX_ECONFIG;
+		}
+		PQconninfoFree(opts);
+		return replace_str(&cfg->conninfo, value);
+	}
+	if (strcmp(key, "table") == 0) {
+		char *schema = NULL, *name = NULL;
+
+		r = parse_qualified_name(value, &schema, &name);
+		if (r != 0) {
+			free(schema);
+			free(name);
+			fail(errbuf, errlen, origin, key,
+			    "expected [schema.]table, got '%s'", value);
+			return r == OBX_ENOMEM ? r : OBX_ECONFIG;
+		}
+		free(cfg->table_schema);
+		free(cfg->table_name);
+		cfg->table_schema = schema;
+		cfg->table_name = name;
+		return 0;
+	}
+	if (strcmp(key, "create_slot") == 0 || strcmp(key, "create_publication") == 0) {
+		bool *dst = key[7] == 's' ? &cfg->create_slot : &cfg->create_publication;
+
+		if (obx_parse_bool(value, dst) != 0) {
+			fail(errbuf, errlen, origin, key, "expected true or false, got '%s'", value);
+			return OBX_ECONFIG;
+		}
+		return 0;
+	}
+	if (strcmp(key, "status_interval") == 0) {
+		r = obx_parse_duration_ms(value, 100, 3600000, &ms);
+		if (r != 0) {
+			fail(errbuf, errlen, origin, key, r == OBX_ERANGE ?
+			    "'%s' is out of range (100ms to 1h)" :
+			    "expected a duration such as 10s or 500ms, got '%s'", value);
+			return OBX_ECONFIG;
+		}
+		cfg->status_interval_ms = (int)ms;
+		return 0;
+	}
+	fail(errbuf, errlen, origin, key, "unknown key in [source]");
+	return OBX_ECONFIG;
+}
+
+/* Checks a topic template: text with ${column} references, nothing else. */
+static int
+check_template(const char *t, char *why, size_t whylen)
+{
+	for (const char *p = t; *p != '\0'; p++) {
+		if (p[0] == '$' && p[1] == '{') {
+			const char *close = strchr(p + 2, '}');
+
+			if (close == NULL) {
+				snprintf(why, whylen, "unclosed '${' in topic template '%s'", t);
+				return OBX_EINVAL;
+			}
+			if (close == p + 2) {
+				snprintf(why, whylen, "empty '${}' in topic template '%s'", t);
+				return OBX_EINVAL;
+			}
+			p = close;
+		}
+	}
+	if (t[0] == '\0') {
+		snprintf(why, whylen, "must not be empty");
+		return OBX_EINVAL;
+	}
+	return 0;
+}
+
+static int
+set_outbox(struct obx_config *cfg, const char *key, const char *value, const char *origin,
+    char *errbuf, size_t errlen)
+{
+	static const struct {
+		const char *name;
+		struct str_key k;
+	} cols[] = {
+		{ "id", { "id", offsetof(struct obx_config, col_id), true } },
+		{ "key", { "key", offsetof(struct obx_config, col_key), true } },
+		{ "aggregate_type", { "aggregate_type", offsetof(struct obx_config, col_aggregate_type), true } },
+		{ "type", { "type", offsetof(struct obx_config, col_type), true } },
+		{ "payload", { "payload", offsetof(struct obx_config, col_payload), true } },
+		{ "headers", { "headers", offsetof(struct obx_config, col_headers), false } },
+		{ "timestamp", { "timestamp", offsetof(struct obx_config, col_timestamp), false } },
+	};
+	char why[256];
+
+	for (size_t i = 0; i < sizeof(cols) / sizeof(cols[0]); i++)
+		if (strcmp(key, cols[i].name) == 0)
+			return set_str(cfg, &cols[i].k, key, value, origin, errbuf, errlen);
+	if (strcmp(key, "topic") == 0) {
+		if (check_template(value, why, sizeof(why)) != 0) {
+			fail(errbuf, errlen, origin, key, "%s", why);
+			return OBX_ECONFIG;
+		}
+		return replace_str(&cfg->topic, value);
+	}
+	fail(errbuf, errlen, origin, key, "unknown key in [outbox]");
+	return OBX_ECONFIG;
+}
+
+static struct obx_kv *
+kv_find(struct obx_kv *kv, size_t n, const char *key)
+{
+	for (size_t i = 0; i < n; i++)
+		if (strcmp(kv[i].key, key) == 0)
+			return &kv[i];
+	return NULL;
+}
+
+static int
+kv_put(struct obx_kv **kv, size_t *n, const char *key, const char *value, const char *origin)
+{
+	struct obx_kv *e = kv_find(*kv, *n, key);
+	struct obx_kv *grown;
+	char *v, *o;
+
+	v = strdup(value);
+	o = strdup(origin);
+	if (v == NULL || o == NULL)
+		goto nomem;
+	if (e != NULL) {
+		free(e->value);
+		free(e->origin);
+		e->value = v;
+		e->origin = o;
+		return 0;
+	}
+	grown = reallocarray(*kv, *n + 1, sizeof(**kv));
+	if (grown == NULL)
+		goto nomem;
+	*kv = grown;
+	e = &grown[*n];
+	e->key = strdup(key);
+	if (e->key == NULL)
+		goto nomem;
+	e->value = v;
+	e->origin = o;
+	(*n)++;
+	return 0;
+nomem:
+	free(v);
+	free(o);
+	return OBX_ENOMEM;
+}
+
+static int
+set_kafka(struct obx_config *cfg, const char *key, const char *value, const char *origin,
+    char *errbuf, size_t errlen)
+{
+	rd_kafka_conf_t *conf;
+	rd_kafka_conf_res_t res;
+	char why[512];
+	int r;
+
+	/* Guarantees the relay depends on: a user may tune, not weaken them. */
+	if (strcmp(key, "enable.idempotence") == 0) {
+		bool b;
+
+		if (obx_parse_bool(value, &b) != 0 || !b) {
+			fail(errbuf, errlen, origin, key,
+			    "must stay true: without idempotence retries can reorder or duplicate events");
+			return OBX_ECONFIG;
+		}
+	}
+	if (strcmp(key, "acks") == 0 || strcmp(key, "request.required.acks") == 0) {
+		if (strcmp(value, "all") != 0 && strcmp(value, "-1") != 0) {
+			fail(errbuf, errlen, origin, key,
+			    "must stay 'all': an event acknowledged by fewer replicas can be lost");
+			return OBX_ECONFIG;
+		}
+	}
+	if (strcmp(key, "transactional.id") == 0) {
+		fail(errbuf, errlen, origin, key, "transactional producers are not supported");
+		return OBX_ECONFIG;
+	}
+
+	/* Let librdkafka judge the property; it knows every name and range. */
+	conf = rd_kafka_conf_new();
+	if (conf == NULL)
+		return OBX_ENOMEM;
+	res = rd_kafka_conf_set(conf, key, value, why, sizeof(why));
+	rd_kafka_conf_destroy(conf);
+	if (res == RD_KAFKA_CONF_UNKNOWN) {
+		fail(errbuf, errlen, origin, key, "unknown librdkafka property");
+		return OBX_ECONFIG;
+	}
+	if (res != RD_KAFKA_CONF_OK) {
+		if (obx_kafka_prop_is_secret(key))
+			fail(errbuf, errlen, origin, key, "invalid value (not shown: secret)");
+		else
+			fail(errbuf, errlen, origin, key, "%s", why);
+		return OBX_ECONFIG;
+	}
+	r = kv_put(&cfg->kafka, &cfg->n_kafka, key, value, origin);
+	if (r != 0)
+		fail(errbuf, errlen, origin, key, "%s", obx_strerror(r));
+	return r;
+}
+
+static int
+set_delivery(struct obx_config *cfg, const char *key, const char *value, const char *origin,
+    char *errbuf, size_t errlen)
+{
+	int r;
+
+	if (strcmp(key, "max_inflight") == 0) {
+		r = obx_parse_int(value, 1, 10000000, &cfg->max_inflight);
+		if (r != 0) {
+			fail(errbuf, errlen, origin, key, r == OBX_ERANGE ?
+			    "'%s' is out of range (1 to 10000000)" :
+			    "expected an integer, got '%s'", value);
+			return OBX_ECONFIG;
+		}
+		return 0;
+	}
+	if (strcmp(key, "max_inflight_bytes") == 0) {
+		r = obx_parse_size(value, 1024, 1LL << 40, &cfg->max_inflight_bytes);
+		if (r != 0) {
+			fail(errbuf, errlen, origin, key, r == OBX_ERANGE ?
+			    "'%s' is out of range (1KiB to 1TiB)" :
+			    "expected a size such as 16MiB or 65536, got '%s'", value);
+			return OBX_ECONFIG;
+		}
+		return 0;
+	}
+	if (strcmp(key, "on_error") == 0) {
+		if (strcmp(value, "stop") == 0)
+			cfg->on_error = OBX_ON_ERROR_STOP;
+		else if (strcmp(value, "dead_letter") == 0)
+			cfg->on_error = OBX_ON_ERROR_DEAD_LETTER;
+		else {
+			fail(errbuf, errlen, origin, key,
+			    "expected stop or dead_letter, got '%s'", value);
+			return OBX_ECONFIG;
+		}
+		return 0;
+	}
+	if (strcmp(key, "dead_letter_topic") == 0) {
+		static const struct str_key k = SK(dead_letter_topic, true);
+
+		return set_str(cfg, &k, key, value, origin, errbuf, errlen);
+	}
+	fail(errbuf, errlen, origin, key, "unknown key in [delivery]");
+	return OBX_ECONFIG;
+}
+
+static int
+set_metrics(struct obx_config *cfg, const char *key, const char *value, const char *origin,
+    char *errbuf, size_t errlen)
+{
+	const char *colon;
+	char host[256];
+	long long port;
+
+	if (strcmp(key, "listen") != 0) {
+		fail(errbuf, errlen, origin, key, "unknown key in [metrics]");
+		return OBX_ECONFIG;
+	}
+	colon = strrchr(value, ':');
+	if (colon == NULL || colon == value || (size_t)(colon - value) >= sizeof(host) ||
+	    obx_parse_int(colon + 1, 0, 65535, &port) != 0) {
+		fail(errbuf, errlen, origin, key,
+		    "expected host:port with a port from 0 to 65535, got '%s'", value);
+		return OBX_ECONFIG;
+	}
+	memcpy(host, value, (size_t)(colon - value));
+	host[colon - value] = '\0';
+	cfg->metrics_port = (int)port;
+	return replace_str(&cfg->metrics_host, host);
+}
+
+static int
+set_log(struct obx_config *cfg, const char *key, const char *value, const char *origin,
+    char *errbuf, size_t errlen)
+{
+	static const char *const levels[] = { "error", "warn", "info", "debug" };
+
+	if (strcmp(key, "level") == 0) {
+		for (size_t i = 0; i < sizeof(levels) / sizeof(levels[0]); i++) {
+			if (strcmp(value, levels[i]) == 0) {
+				cfg->log_level = (enum obx_log_level)i;
+				return 0;
+			}
+		}
+		fail(errbuf, errlen, origin, key,
+		    "expected error, warn, info or debug, got '%s'", value);
+		return OBX_ECONFIG;
+	}
+	if (strcmp(key, "format") == 0) {
+		if (strcmp(value, "json") == 0)
+			cfg->log_format = OBX_LOG_FORMAT_JSON;
+		else if (strcmp(value, "text") == 0)
+			cfg->log_format = OBX_LOG_FORMAT_TEXT;
+		else {
+			fail(errbuf, errlen, origin, key, "expected json or text, got '%s'", value);
+			return OBX_ECONFIG;
+		}
+		return 0;
+	}
+	fail(errbuf, errlen, origin, key, "unknown key in [log]");
+	return OBX_ECONFIG;
+}
+
+typedef int (*section_setter)(struct obx_config *, const char *, const char *, const char *,
+    char *, size_t);
+
+static const struct {
+	const char *name;
+	section_setter set;
+} sections[] = {
+	{ "source", set_source }, { "outbox", set_outbox }, { "kafka", set_kafka },
+	{ "delivery", set_delivery }, { "metrics", set_metrics }, { "log", set_log },
+};
+
+int
+obx_config_set(struct obx_config *cfg, const char *section, const char *key, const char *value,
+    const char *origin, bool from_file, char *errbuf, size_t errlen)
+{
+	char full[512];
+	int r;
+
+	for (size_t i = 0; i < sizeof(sections) / sizeof(sections[0]); i++) {
+		if (strcmp(section, sections[i].name) != 0)
+			continue;
+		if (key[0] == '\0') {
+			fail(errbuf, errlen, origin, NULL, "empty key in [%s]", section);
+			return OBX_ECONFIG;
+		}
+		if (from_file) {
+			struct obx_kv *prev;
+
+			snprintf(full, sizeof(full), "%s.%s", section, key);
+			prev = kv_find(cfg->seen, cfg->n_seen, full);
+			if (prev != NULL) {
+				fail(errbuf, errlen, origin, key, "set twice in [%s] (first at %s)",
+				    section, prev->origin);
+				return OBX_ECONFIG;
+			}
+			if ((r = kv_put(&cfg->seen, &cfg->n_seen, full, "", origin)) != 0)
+				return r;
+		}
+		return sections[i].set(cfg, key, value, origin, errbuf, errlen);
+	}
+	if (section[0] == '\0')
+		fail(errbuf, errlen, origin, key, "outside of any [section]");
+	else
+		fail(errbuf, errlen, origin, NULL, "section '%s': unknown section "
+		    "(known: source, outbox, kafka, delivery, metrics, log)", section);
+	return OBX_ECONFIG;
+}
+
+/* ---- defaults and lifetime ------------------------------------------- */
+
+void
+obx_config_init(struct obx_config *cfg)
+{
+	memset(cfg, 0, sizeof(*cfg));
+	cfg->conninfo = strdup("");
+	cfg->slot = strdup("outboxd");
+	cfg->publication = strdup("outboxd");
+	cfg->table_schema = strdup("public");
+	cfg->table_name = strdup("outbox");
+	cfg->create_slot = true;
+	cfg->create_publication = true;
+	cfg->status_interval_ms = 10000;
+	cfg->col_id = strdup("id");
+	cfg->col_key = strdup("aggregateid");
+	cfg->col_aggregate_type = strdup("aggregatetype");
+	cfg->col_type = strdup("type");
+	cfg->col_payload = strdup("payload");
+	cfg->topic = strdup("outbox.event.${aggregatetype}");
+	cfg->col_headers = strdup("");
+	cfg->col_timestamp = strdup("");
+	cfg->max_inflight = 10000;
+	cfg->max_inflight_bytes = 16LL << 20;
+	cfg->on_error = OBX_ON_ERROR_STOP;
+	cfg->dead_letter_topic = strdup("outbox.dead_letter");
+	cfg->metrics_host = strdup("0.0.0.0");
+	cfg->metrics_port = 9898;
+	cfg->log_level = OBX_LOG_INFO;
+	cfg->log_format = OBX_LOG_FORMAT_JSON;
+}
+
+static void
+kv_free(struct obx_kv *kv, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		free(kv[i].key);
+		free(kv[i].value);
+		free(kv[i].origin);
+	}
+	free(kv);
+}
+
+void
+obx_config_reset(struct obx_config *cfg)
+{
+	char **strs[] = {
+		&cfg->conninfo, &cfg->slot, &cfg->publication, &cfg->table_schema,
+		&cfg->table_name, &cfg->col_id, &cfg->col_key, &cfg->col_aggregate_type,
+		&cfg->col_type, &cfg->col_payload, &cfg->topic, &cfg->col_headers,
+		&cfg->col_timestamp, &cfg->dead_letter_topic, &cfg->metrics_host,
+	};
+
+	for (size_t i = 0; i < sizeof(strs) / sizeof(strs[0]); i++)
+		free(*strs[i]);
+	kv_free(cfg->kafka, cfg->n_kafka);
+	kv_free(cfg->seen, cfg->n_seen);
+	memset(cfg, 0, sizeof(*cfg));
+}
+
+const char *
+obx_config_kafka_get(const struct obx_config *cfg, const char *key)
+{
+	struct obx_kv *e = kv_find(cfg->kafka, cfg->n_kafka, key);
+
+	return e != NULL ? e->value : NULL;
+}
+
+/* ---- environment and --set ------------------------------------------- */
+
+int
+obx_config_apply_env(struct obx_config *cfg, char *const *envp, char *errbuf, size_t errlen)
+{
+	static const char prefix[] = "OUTBOXD_";
+
+	for (; envp != NULL && *envp != NULL; envp++) {
+		const char *e = *envp;
+		const char *eq = strchr(e, '=');
+		char name[256], section[64], key[192], origin[300];
+		const char *under;
+		size_t i, slen;
+		int r;
+
+		if (strncmp(e, prefix, sizeof(prefix) - 1) != 0 || eq == NULL)
+			continue;
+		if ((size_t)(eq - e) >= sizeof(name)) {
+			fail(errbuf, errlen, "environment", NULL, "variable name too long");
+			return OBX_ECONFIG;
+		}
+		memcpy(name, e, (size_t)(eq - e));
+		name[eq - e] = '\0';
+		snprintf(origin, sizeof(origin), "environment %s", name);
+		under = strchr(name + sizeof(prefix) - 1, '_');
+		if (under == NULL || under[1] == '\0') {
+			fail(errbuf, errlen, origin, NULL,
+			    "expected OUTBOXD_<SECTION>_<KEY>");
+			return OBX_ECONFIG;
+		}
+		slen = (size_t)(under - (name + sizeof(prefix) - 1));
+		if (slen >= sizeof(section))
+			slen = sizeof(section) - 1;
+		for (i = 0; i < slen; i++)
+			section[i] = (char)tolower((unsigned char)name[sizeof(prefix) - 1 + i]);
+		section[slen] = '\0';
+		for (i = 0; under[1 + i] != '\0' && i + 1 < sizeof(key); i++) {
+			char c = (char)tolower((unsigned char)under[1 + i]);
+
+			key[i] = (c == '_' && strcmp(section, "kafka") == 0) ? '.' : c;
+		}
+		key[i] = '\0';
+		r = obx_config_set(cfg, section, key, eq + 1, origin, false, errbuf, errlen);
+		if (r != 0)
+			return r;
+	}
+	return 0;
+}
+
+int
+obx_config_apply_set(struct obx_config *cfg, const char *assignment, char *errbuf, size_t errlen)
+{
+	const char *dot = strchr(assignment, '.');
+	const char *eq = strchr(assignment, '=');
+	char section[64], key[192], origin[300];
+	size_t slen, klen;
+
+	if (dot == NULL || eq == NULL || dot > eq || dot == assignment || eq == dot + 1) {
+		/* Do not echo the argument: it may carry a secret value. */
+		fail(errbuf, errlen, "--set", NULL, "expected section.key=value");
+		return OBX_ECONFIG;
+	}
+	slen = (size_t)(dot - assignment);
+	klen = (size_t)(eq - dot - 1);
+	if (slen >= sizeof(section) || klen >= sizeof(key)) {
+		fail(errbuf, errlen, "--set", NULL, "section or key name too long");
+		return OBX_ECONFIG;
+	}
+	memcpy(section, assignment, slen);
+	section[slen] = '\0';
+	memcpy(key, dot + 1, klen);
+	key[klen] = '\0';
+	snprintf(origin, sizeof(origin), "--set %s.%s", section, key);
+	return obx_config_set(cfg, section, key, eq + 1, origin, false, errbuf, errlen);
+}
+
+/* ---- the file --------------------------------------------------------- */
+
+struct file_state {
+	struct obx_config *cfg;
+	const char *path;
+	FILE *fp;
+	int lineno;
+	bool line_indented;
+	bool line_too_long;
+	int rc;
+	char *errbuf;
+	size_t errlen;
+};
+
+/* libinih reader: one physical line per call, so lineno matches libinih's. */
+static char *
+file_reader(char *str, int num, void *stream)
+{
+	struct file_state *st = stream;
+	int c;
+	int n = 0;
+
+	if (feof(st->fp))
+		return NULL;
+	st->line_too_long = false;
+	while ((c = fgetc(st->fp)) != EOF) {
+		if (n < num - 1)
+			str[n++] = (char)c;
+		else if (c != '\n')
+			st->line_too_long = true;
+		if (c == '\n')
+			break;
+	}
+	if (c == EOF && n == 0)
+		return NULL;
+	str[n] = '\0';
+	st->lineno++;
+	st->line_indented = n > 0 && (str[0] == ' ' || str[0] == '\t');
+	if (st->line_too_long && st->rc == 0) {
+		char origin[PATH_MAX + 16];
+
+		snprintf(origin, sizeof(origin), "%s:%d", st->path, st->lineno);
+		fail(st->errbuf, st->errlen, origin, NULL,
+		    "line longer than %d characters; set long values through the environment (OUTBOXD_<SECTION>_<KEY>)",
+		    MAX_LINE - 2);
+		st->rc = OBX_ECONFIG;
+	}
+	return str;
+}
+
+static int
+file_handler(void *user, const char *section, const char *name, const char *value)
+{
+	struct file_state *st = user;
+	char origin[PATH_MAX + 16];
+
+	if (st->rc != 0)
+		return 0;
+	snprintf(origin, sizeof(origin), "%s:%d", st->path, st->lineno);
+	if (st->line_indented) {
+		fail(st->errbuf, st->errlen, origin, name,
+		    "indented line (continuation lines are not supported)");
+		st->rc = OBX_ECONFIG;
+		return 0;
+	}
+	st->rc = obx_config_set(st->cfg, section, name, value, origin, true, st->errbuf,
+	    st->errlen);
+	return st->rc == 0;
+}
+
+static int
+load_file(struct obx_config *cfg, const char *path, char *errbuf, size_t errlen)
+{
+	struct file_state st = { cfg, path, NULL, 0, false, false, 0, errbuf, errlen };
+	char origin[PATH_MAX + 16];
+	int line;
+
+	st.fp = fopen(path, "r");
+	if (st.fp == NULL) {
+		fail(errbuf, errlen, path, NULL, "could not open: %s", strerror(errno));
+		return OBX_ECONFIG;
+	}
+	line = ini_parse_stream(file_reader, &st, file_handler, &st);
+	fclose(st.fp);
+	if (st.rc != 0)
+		return st.rc;
+	if (line != 0) {
+		snprintf(origin, sizeof(origin), "%s:%d", path, line);
+		fail(errbuf, errlen, origin, NULL,
+		    "syntax error (expected [section], key = value or a comment)");
+		return OBX_ECONFIG;
+	}
+	return 0;
+}
+
+int
+obx_config_finish(struct obx_config *cfg, const char *path, char *errbuf, size_t errlen)
+{
+	const char *bs = obx_config_kafka_get(cfg, "bootstrap.servers");
+
+	if (bs == NULL)
+		bs = obx_config_kafka_get(cfg, "metadata.broker.list");
+	if (bs == NULL || bs[0] == '\0') {
+		fail(errbuf, errlen, path, "bootstrap.servers",
+		    "required in [kafka] (or OUTBOXD_KAFKA_BOOTSTRAP_SERVERS)");
+		return OBX_ECONFIG;
+	}
+	if (cfg->on_error == OBX_ON_ERROR_DEAD_LETTER && cfg->dead_letter_topic[0] == '\0') {
+		fail(errbuf, errlen, path, "dead_letter_topic",
+		    "required when on_error = dead_letter");
+		return OBX_ECONFIG;
+	}
+	return 0;
+}
+
+int
+obx_config_load(struct obx_config *cfg, const char *path, char *const *envp,
+    const char *const *sets, size_t nsets, char *errbuf, size_t errlen)
+{
+	int r;
+
+	obx_config_init(cfg);
+	if (cfg->conninfo == NULL || cfg->dead_letter_topic == NULL || cfg->metrics_host == NULL)
+		return OBX_ENOMEM;
+	if ((r = load_file(cfg, path, errbuf, errlen)) != 0)
+		return r;
+	if ((r = obx_config_apply_env(cfg, envp, errbuf, errlen)) != 0)
+		return r;
+	for (size_t i = 0; i < nsets; i++)
+		if ((r = obx_config_apply_set(cfg, sets[i], errbuf, errlen)) != 0)
+			return r;
+	return obx_config_finish(cfg, path, errbuf, errlen);
+}

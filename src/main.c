@@ -1,0 +1,154 @@
+/*
+ * main.c - argv, configuration loading, the command dispatch and exit codes.
+ *
+ * Exit codes: 0 clean stop, 1 runtime failure, 2 usage or configuration error.
+ */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "obx/cli.h"
+#include "obx/config.h"
+#include "obx/err.h"
+#include "obx/log.h"
+
+extern char **environ;
+
+static const char usage_text[] =
+    "outboxd - PostgreSQL transactional outbox to Kafka relay\n"
+    "\n"
+    "Usage:\n"
+    "  outboxd [run] -c FILE [--set section.key=value ...]\n"
+    "  outboxd check -c FILE [--set ...]     preflight: server, wal_level, slot\n"
+    "  outboxd status -c FILE [--json]       slot position and lag\n"
+    "  outboxd --help | --version\n"
+    "\n"
+    "Options:\n"
+    "  -c, --config FILE   INI configuration file\n"
+    "      --set S.K=V     override one setting (after the file and the environment)\n"
+    "      --json          machine-readable output (status)\n"
+    "  -h, --help          show this help\n"
+    "  -V, --version       show the version\n"
+    "\n"
+    "Every setting can also come from the environment as OUTBOXD_<SECTION>_<KEY>\n"
+    "(in [kafka], '_' stands for '.'), e.g. OUTBOXD_KAFKA_SASL_PASSWORD.\n"
+    "libpq's own variables (PGHOST, PGPASSWORD, PGSSLMODE, ...) apply as usual.\n"
+    "\n"
+    "Exit status: 0 clean stop, 1 runtime failure, 2 usage or configuration error.\n";
+
+static int
+usage_error(const char *what, const char *arg)
+{
+	fprintf(stderr, "outboxd: %s%s%s%s", what, arg ? " '" : "", arg ? arg : "", arg ? "'" : "");
+	fprintf(stderr, "\nTry 'outboxd --help' for more information.\n");
+	return OBX_EXIT_USAGE;
+}
+
+enum command { CMD_RUN, CMD_CHECK, CMD_STATUS };
+
+int obx_cmd_run(const struct obx_config *cfg);
+
+int
+main(int argc, char **argv)
+{
+	static const struct option longopts[] = {
+		{ "config", required_argument, NULL, 'c' },
+		{ "set", required_argument, NULL, 's' },
+		{ "json", no_argument, NULL, 'j' },
+		{ "help", no_argument, NULL, 'h' },
+		{ "version", no_argument, NULL, 'V' },
+		{ NULL, 0, NULL, 0 },
+	};
+	enum command cmd = CMD_RUN;
+	const char *config_path = NULL;
+	const char **sets = NULL;
+	size_t nsets = 0;
+	bool json = false;
+	struct obx_config cfg;
+	char errbuf[1024];
+	int c, rc;
+
+	if (argc > 1 && argv[1][0] != '-') {
+		if (strcmp(argv[1], "run") == 0)
+			cmd = CMD_RUN;
+		else if (strcmp(argv[1], "check") == 0)
+			cmd = CMD_CHECK;
+		else if (strcmp(argv[1], "status") == 0)
+			cmd = CMD_STATUS;
+		else
+			return usage_error("unknown command", argv[1]);
+		argv[1] = argv[0];
+		argv++;
+		argc--;
+	}
+	sets = calloc((size_t)argc, sizeof(*sets));
+	if (sets == NULL) {
+		fprintf(stderr, "outboxd: out of memory\n");
+		return OBX_EXIT_FAILURE;
+	}
+	opterr = 0;
+	while ((c = getopt_long(argc, argv, ":c:hV", longopts, NULL)) != -1) {
+		switch (c) {
+		case 'c':
+			config_path = optarg;
+			break;
+		case 's':
+			sets[nsets++] = optarg;
+			break;
+		case 'j':
+			json = true;
+			break;
+		case 'h':
+			fputs(usage_text, stdout);
+			free(sets);
+			return OBX_EXIT_OK;
+		case 'V':
+			printf("outboxd %s\n", OBX_VERSION);
+			free(sets);
+			return OBX_EXIT_OK;
+		case ':':
+			free(sets);
+			return usage_error("option needs a value:", argv[optind - 1]);
+		default:
+			free(sets);
+			return usage_error("unknown option", argv[optind - 1]);
+		}
+	}
+	if (optind < argc) {
+		free(sets);
+		return usage_error("unexpected argument", argv[optind]);
+	}
+	if (config_path == NULL) {
+		free(sets);
+		return usage_error("missing -c FILE", NULL);
+	}
+	if (json && cmd != CMD_STATUS) {
+		free(sets);
+		return usage_error("--json applies to status only", NULL);
+	}
+
+	rc = obx_config_load(&cfg, config_path, environ, sets, nsets, errbuf, sizeof(errbuf));
+	free(sets);
+	if (rc != 0) {
+		fprintf(stderr, "outboxd: %s\n", rc == OBX_ENOMEM ? obx_strerror(rc) : errbuf);
+		obx_config_reset(&cfg);
+		return rc == OBX_ENOMEM ? OBX_EXIT_FAILURE : OBX_EXIT_USAGE;
+	}
+	obx_log_setup(cfg.log_level, cfg.log_format);
+
+	switch (cmd) {
+	case CMD_CHECK:
+		rc = obx_cmd_check(&cfg);
+		break;
+	case CMD_STATUS:
+		rc = obx_cmd_status(&cfg, json);
+		break;
+	case CMD_RUN:
+	default:
+		rc = obx_cmd_run(&cfg);
+		break;
+	}
+	obx_config_reset(&cfg);
+	return rc;
+}

@@ -1,0 +1,61 @@
+#include <string.h>
+
+
+#include "obx/pgutil.h"
+
+PGconn *
+obx_pg_connect(const char *conninfo, const char *const *extra_kw, const char *const *extra_val,
+    const char *application_name)
+{
+	const char *kw[16], *val[16];
+	int n = 0;
+
+	/*
+	 * dbname is expanded by libpq: a conninfo string or URI given as
+	 * "dbname" is parsed in full, and the later keywords override it.
+	 */
+	kw[n] = "dbname";
+	val[n++] = conninfo;
+	kw[n] = "application_name";
+	val[n++] = application_name;
+	for (int i = 0; extra_kw != NULL && extra_kw[i] != NULL && n < 15; i++) {
+		kw[n] = extra_kw[i];
+		val[n++] = extra_val[i];
+	}
+	kw[n] = NULL;
+	val[n] = NULL;
+	return PQconnectdbParams(kw, val, 1);
+}
+
+static char *
+one_line(const char *msg, char *buf, size_t len)
+{
+	size_t o = 0;
+
+	if (len == 0)
+		return buf;
+	for (const char *p = msg; p != NULL && *p != '\0' && o + 3 < len; p++) {
+		if (*p == '\n') {
+			if (p[1] == '\0')
+				break;
+			buf[o++] = ';';
+			buf[o++] = ' ';
+		} else {
+			buf[o++] = *p;
+		}
+	}
+	buf[o] = '\0';
+	return buf;
+}
+
+char *
+obx_pg_error_line(PGconn *conn, char *buf, size_t len)
+{
+	return one_line(PQerrorMessage(conn), buf, len);
+}
+
+char *
+obx_pg_result_error_line(const PGresult *res, char *buf, size_t len)
+{
+	return one_line(PQresultErrorMessage(res), buf, len);
+}

@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# The command line: help, version, usage errors (exit 2), config errors
+# (one line, exit 2, no secret), and check/status against the real server.
+set -uo pipefail
+bin=$1
+n=0
+failed=0
+tmp=$(mktemp -d /tmp/obx-cli.XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+
+ok() { n=$((n + 1)); echo "ok $n - $1"; }
+not_ok() { n=$((n + 1)); failed=$((failed + 1)); echo "not ok $n - $1"; }
+# expect DESC WANT_RC PATTERN -- cmd...  (PATTERN must match combined output)
+expect() {
+	local desc=$1 want=$2 pat=$3
+	shift 4
+	local out rc
+	out=$("$@" 2>&1)
+	rc=$?
+	if [ "$rc" -eq "$want" ] && grep -qE -- "$pat" <<<"$out"; then
+		ok "$desc"
+	else
+		not_ok "$desc (rc=$rc, want $want; output: $out)"
+	fi
+}
+# refute DESC PATTERN -- cmd...  (output must not contain PATTERN)
+refute() {
+	local desc=$1 pat=$2
+	shift 3
+	if "$@" 2>&1 | grep -q -- "$pat"; then not_ok "$desc"; else ok "$desc"; fi
+}
+
+expect "help" 0 "Usage:" -- "$bin" --help
+refute "help shows no secrets" "hunter2" -- env OUTBOXD_KAFKA_SASL_PASSWORD=hunter2 "$bin" --help
+expect "version" 0 "^outboxd [0-9]+\.[0-9]+\.[0-9]+$" -- "$bin" --version
+expect "unknown command" 2 "unknown command 'frob'" -- "$bin" frob
+expect "unknown option" 2 "unknown option '--frob'" -- "$bin" --frob
+expect "missing -c" 2 "missing -c FILE" -- "$bin" run
+expect "missing value" 2 "option needs a value" -- "$bin" check -c
+expect "json only for status" 2 "--json applies to status only" -- "$bin" check -c x --json
+
+printf '[kafka]\nbootstrap.servers = 127.0.0.1:1\n[source]\nstatus_interval = 10 years\n' >"$tmp/bad.ini"
+expect "config error: one line, exit 2" 2 \
+	"^outboxd: config $tmp/bad.ini:4: key 'status_interval': expected a duration such as 10s or 500ms, got '10 years'$" \
+	-- "$bin" check -c "$tmp/bad.ini"
+expect "missing file" 2 "^outboxd: config $tmp/none.ini: could not open" -- "$bin" run -c "$tmp/none.ini"
+printf '[kafka]\nbootstrap.servers = 127.0.0.1:1\n[source]\nconninfo = host=x password=hunter2 '"'"'oops\n' >"$tmp/pw.ini"
+expect "bad conninfo: exit 2" 2 "key 'conninfo': not a valid" -- "$bin" check -c "$tmp/pw.ini"
+refute "bad conninfo: password not shown" "hunter2" -- "$bin" check -c "$tmp/pw.ini"
+printf '[kafka]\nbootstrap.servers = 127.0.0.1:1\n' >"$tmp/ok.ini"
+expect "env override error names the variable" 2 \
+	"config environment OUTBOXD_LOG_LEVEL: key 'level'" -- env OUTBOXD_LOG_LEVEL=loud "$bin" check -c "$tmp/ok.ini"
+expect "--set error" 2 "config --set log.level: key 'level'" -- "$bin" check -c "$tmp/ok.ini" --set log.level=loud
+refute "invalid sasl value not shown" "hunter2" -- "$bin" check -c "$tmp/ok.ini" \
+	--set kafka.sasl.password=hunter2 --set kafka.sasl.mechanisms=NOPE
+
+# against the real server started by the stack fixture
+# shellcheck disable=SC1090
+. "$OBX_STACK_ENV"
+ci="host=$OBX_PGHOST port=$OBX_PGPORT user=$OBX_PGUSER dbname=postgres password=hunter2"
+printf '[kafka]\nbootstrap.servers = 127.0.0.1:1\n[source]\nconninfo = %s\nslot = cli_slot\n' "$ci" >"$tmp/real.ini"
+expect "check: reachable server, logical wal_level, missing table fails" 1 \
+	"ok   wal_level: logical" -- "$bin" check -c "$tmp/real.ini"
+expect "check: names the missing table" 1 "FAIL table: public.outbox does not exist" -- "$bin" check -c "$tmp/real.ini"
+refute "check: no password in output" "hunter2" -- "$bin" check -c "$tmp/real.ini"
+psql -X -q -h "$OBX_PGHOST" -p "$OBX_PGPORT" -U "$OBX_PGUSER" -d postgres -v ON_ERROR_STOP=1 \
+	-c "CREATE TABLE IF NOT EXISTS public.outbox (id uuid, aggregatetype text, aggregateid text, type text, payload jsonb)" \
+	-c "SELECT pg_create_logical_replication_slot('cli_slot', 'pgoutput')" >/dev/null
+expect "check: all ok with table and slot" 0 "0 failed" -- "$bin" check -c "$tmp/real.ini"
+expect "status: slot position" 0 "confirmed_flush_lsn +[0-9A-F]+/[0-9A-F]+" -- "$bin" status -c "$tmp/real.ini"
+expect "status --json" 0 '"slot":"cli_slot"' -- "$bin" status -c "$tmp/real.ini" --json
+psql -X -q -h "$OBX_PGHOST" -p "$OBX_PGPORT" -U "$OBX_PGUSER" -d postgres \
+	-c "SELECT pg_drop_replication_slot('cli_slot')" -c "DROP TABLE public.outbox" >/dev/null
+expect "status: missing slot" 1 "slot cli_slot does not exist" -- "$bin" status -c "$tmp/real.ini"
+printf '[kafka]\nbootstrap.servers = 127.0.0.1:1\n[source]\nconninfo = host=127.0.0.1 port=1 password=hunter2\n' >"$tmp/down.ini"
+expect "check: unreachable server" 1 "FAIL server: could not connect" -- "$bin" check -c "$tmp/down.ini"
+refute "check: unreachable, no password" "hunter2" -- "$bin" check -c "$tmp/down.ini"
+
+echo "1..$n"
+[ "$failed" -eq 0 ]

@@ -1,0 +1,444 @@
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <librdkafka/rdkafka.h>
+
+#include "harness.h"
+
+int64_t
+t_now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+void
+t_stack_load(struct t_stack *st)
+{
+	const char *path = getenv("OBX_STACK_ENV");
+	char line[1024];
+	FILE *fp;
+
+	memset(st, 0, sizeof(*st));
+	if (path == NULL)
+		fail_msg("OBX_STACK_ENV is not set: run the tests through ctest (the stack fixture)");
+	fp = fopen(path, "r");
+	if (fp == NULL)
+		fail_msg("could not open %s: %s (did the pg_stack fixture start?)", path, strerror(errno));
+	while (fgets(line, sizeof(line), fp) != NULL) {
+		char *eq = strchr(line, '=');
+		char *nl = strchr(line, '\n');
+
+		if (eq == NULL)
+			continue;
+		if (nl != NULL)
+			*nl = '\0';
+		*eq++ = '\0';
+		if (strcmp(line, "OBX_PGHOST") == 0)
+			snprintf(st->host, sizeof(st->host), "%s", eq);
+		else if (strcmp(line, "OBX_PGPORT") == 0)
+			snprintf(st->port, sizeof(st->port), "%s", eq);
+		else if (strcmp(line, "OBX_PGUSER") == 0)
+			snprintf(st->user, sizeof(st->user), "%s", eq);
+		else if (strcmp(line, "OBX_PGDATA") == 0)
+			snprintf(st->pgdata, sizeof(st->pgdata), "%s", eq);
+		else if (strcmp(line, "OBX_PGBIN") == 0)
+			snprintf(st->pgbin, sizeof(st->pgbin), "%s", eq);
+		else if (strcmp(line, "OBX_PGROOT") == 0)
+			snprintf(st->root, sizeof(st->root), "%s", eq);
+	}
+	fclose(fp);
+	if (st->port[0] == '\0')
+		fail_msg("%s has no OBX_PGPORT", path);
+}
+
+void
+t_conninfo(const struct t_stack *st, const char *db, char *buf, size_t len)
+{
+	snprintf(buf, len, "host=%s port=%s user=%s dbname=%s", st->host, st->port, st->user, db);
+}
+
+PGconn *
+t_pg(const struct t_stack *st, const char *db, int repl)
+{
+	char ci[512];
+	PGconn *c;
+
+	t_conninfo(st, db, ci, sizeof(ci));
+	if (repl)
+		strncat(ci, " replication=database", sizeof(ci) - strlen(ci) - 1);
+	c = PQconnectdb(ci);
+	if (PQstatus(c) != CONNECTION_OK)
+		fail_msg("could not connect to %s: %s", ci, PQerrorMessage(c));
+	return c;
+}
+
+static PGresult *
+vexec(PGconn *c, const char *fmt, va_list ap, char **sqlout)
+{
+	char *sql = NULL;
+	PGresult *r;
+
+	if (vasprintf(&sql, fmt, ap) < 0)
+		fail_msg("out of memory");
+	r = PQexec(c, sql);
+	*sqlout = sql;
+	return r;
+}
+
+void
+t_exec(PGconn *c, const char *fmt, ...)
+{
+	va_list ap;
+	char *sql;
+	PGresult *r;
+
+	va_start(ap, fmt);
+	r = vexec(c, fmt, ap, &sql);
+	va_end(ap);
+	if (PQresultStatus(r) != PGRES_COMMAND_OK && PQresultStatus(r) != PGRES_TUPLES_OK)
+		fail_msg("SQL failed: %.300s: %s", sql, PQresultErrorMessage(r));
+	free(sql);
+	PQclear(r);
+}
+
+char *
+t_query1(PGconn *c, const char *fmt, ...)
+{
+	va_list ap;
+	char *sql, *v;
+	PGresult *r;
+
+	va_start(ap, fmt);
+	r = vexec(c, fmt, ap, &sql);
+	va_end(ap);
+	if (PQresultStatus(r) != PGRES_TUPLES_OK || PQntuples(r) < 1)
+		fail_msg("query failed: %.300s: %s", sql, PQresultErrorMessage(r));
+	v = strdup(PQgetisnull(r, 0, 0) ? "" : PQgetvalue(r, 0, 0));
+	free(sql);
+	PQclear(r);
+	return v;
+}
+
+void
+t_create_db(const struct t_stack *st, const char *prefix, char *name, size_t len)
+{
+	static int n;
+	PGconn *c = t_pg(st, "postgres", 0);
+
+	snprintf(name, len, "%s_%d_%d", prefix, (int)getpid(), n++);
+	t_exec(c, "DROP DATABASE IF EXISTS %s", name);
+	t_exec(c, "CREATE DATABASE %s", name);
+	PQfinish(c);
+}
+
+/* ---- broker ---- */
+
+static int
+read_line(int fd, char *buf, size_t len, int timeout_ms)
+{
+	size_t used = 0;
+	int64_t deadline = t_now_ms() + timeout_ms;
+
+	while (used + 1 < len) {
+		struct pollfd p = { fd, POLLIN, 0 };
+		int left = (int)(deadline - t_now_ms());
+		ssize_t n;
+
+		if (left <= 0 || poll(&p, 1, left) <= 0)
+			return -1;
+		n = read(fd, buf + used, 1);
+		if (n <= 0)
+			return -1;
+		if (buf[used] == '\n') {
+			buf[used] = '\0';
+			return 0;
+		}
+		used++;
+	}
+	return -1;
+}
+
+void
+t_broker_start(struct t_broker *b, int n)
+{
+	const char *path = getenv("OBX_TESTBROKER");
+	int in[2], out[2];
+	char nb[16], line[1024];
+
+	memset(b, 0, sizeof(*b));
+	if (path == NULL)
+		fail_msg("OBX_TESTBROKER is not set");
+	if (pipe(in) != 0 || pipe(out) != 0)
+		fail_msg("pipe: %s", strerror(errno));
+	snprintf(nb, sizeof(nb), "%d", n);
+	b->pid = fork();
+	if (b->pid == 0) {
+		dup2(in[0], 0);
+		dup2(out[1], 1);
+		close(in[1]);
+		close(out[0]);
+		execl(path, path, "--brokers", nb, (char *)NULL);
+		_exit(127);
+	}
+	close(in[0]);
+	close(out[1]);
+	b->to_fd = in[1];
+	b->from_fd = out[0];
+	fcntl(b->to_fd, F_SETFD, FD_CLOEXEC);
+	fcntl(b->from_fd, F_SETFD, FD_CLOEXEC);
+	if (read_line(b->from_fd, line, sizeof(line), 10000) != 0 ||
+	    strncmp(line, "bootstrap.servers=", 18) != 0)
+		fail_msg("test broker did not start");
+	snprintf(b->bootstrap, sizeof(b->bootstrap), "%s", line + 18);
+}
+
+int
+t_broker_cmd(struct t_broker *b, const char *fmt, ...)
+{
+	char cmd[512], reply[512];
+	va_list ap;
+	size_t len;
+
+	va_start(ap, fmt);
+	vsnprintf(cmd, sizeof(cmd) - 1, fmt, ap);
+	va_end(ap);
+	len = strlen(cmd);
+	cmd[len++] = '\n';
+	if (write(b->to_fd, cmd, len) != (ssize_t)len)
+		fail_msg("broker command write failed");
+	if (read_line(b->from_fd, reply, sizeof(reply), 10000) != 0)
+		fail_msg("broker did not answer '%.*s'", (int)len - 1, cmd);
+	if (strcmp(reply, "ok") != 0) {
+		print_error("broker: %s -> %s\n", cmd, reply);
+		return -1;
+	}
+	return 0;
+}
+
+void
+t_broker_stop(struct t_broker *b)
+{
+	if (b->pid <= 0)
+		return;
+	close(b->to_fd); /* end of stdin stops it */
+	if (t_wait(b->pid, 10000) == -1) {
+		kill(b->pid, SIGKILL);
+		waitpid(b->pid, NULL, 0);
+	}
+	close(b->from_fd);
+	b->pid = 0;
+}
+
+/* ---- processes ---- */
+
+pid_t
+t_spawn(char *const argv[], const char *logpath)
+{
+	pid_t pid = fork();
+
+	if (pid < 0)
+		fail_msg("fork: %s", strerror(errno));
+	if (pid == 0) {
+		int fd = open(logpath, O_WRONLY | O_CREAT | O_APPEND, 0644);
+
+		if (fd >= 0) {
+			dup2(fd, 1);
+			dup2(fd, 2);
+		}
+		execv(argv[0], argv);
+		_exit(127);
+	}
+	return pid;
+}
+
+int
+t_wait(pid_t pid, int timeout_ms)
+{
+	int64_t deadline = t_now_ms() + timeout_ms;
+	int status;
+
+	for (;;) {
+		pid_t r = waitpid(pid, &status, WNOHANG);
+
+		if (r == pid)
+			return status;
+		if (r < 0)
+			return -2;
+		if (t_now_ms() >= deadline)
+			return -1;
+		usleep(10000);
+	}
+}
+
+void
+t_write_file(char *path, size_t len, const char *text)
+{
+	int fd;
+
+	snprintf(path, len, "/tmp/obx-test.XXXXXX");
+	fd = mkstemp(path);
+	if (fd < 0 || write(fd, text, strlen(text)) != (ssize_t)strlen(text))
+		fail_msg("could not write temp file");
+	close(fd);
+}
+
+/* ---- consumer ---- */
+
+const char *
+t_msg_header(const struct t_msg *m, const char *name)
+{
+	for (size_t i = 0; i < m->nheaders; i++)
+		if (strcmp(m->headers[i].name, name) == 0)
+			return m->headers[i].value;
+	return NULL;
+}
+
+static char *
+dupmem(const void *p, size_t n)
+{
+	char *s;
+
+	if (p == NULL)
+		return NULL;
+	s = malloc(n + 1);
+	memcpy(s, p, n);
+	s[n] = '\0';
+	return s;
+}
+
+size_t
+t_consume(const char *bootstrap, const char *topic, size_t want, int timeout_ms,
+    struct t_msg **out)
+{
+	rd_kafka_conf_t *conf = rd_kafka_conf_new();
+	rd_kafka_topic_partition_list_t *parts;
+	const struct rd_kafka_metadata *md = NULL;
+	rd_kafka_topic_t *rkt;
+	rd_kafka_t *rk;
+	char err[512];
+	struct t_msg *msgs = NULL;
+	size_t n = 0, cap = 0;
+	int64_t last;
+
+	rd_kafka_conf_set(conf, "bootstrap.servers", bootstrap, err, sizeof(err));
+	rd_kafka_conf_set(conf, "group.id", "obx-test", err, sizeof(err));
+	rd_kafka_conf_set(conf, "enable.auto.commit", "false", err, sizeof(err));
+	rd_kafka_conf_set(conf, "log_level", "3", err, sizeof(err));
+	rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, err, sizeof(err));
+	if (rk == NULL)
+		fail_msg("consumer: %s", err);
+	rkt = rd_kafka_topic_new(rk, topic, NULL);
+	/* wait for the topic to exist (the relay auto-creates it on first produce) */
+	for (int64_t dl = t_now_ms() + timeout_ms;;) {
+		rd_kafka_resp_err_t e = rd_kafka_metadata(rk, 0, rkt, &md, 5000);
+
+		if (e == RD_KAFKA_RESP_ERR_NO_ERROR && md->topic_cnt == 1 &&
+		    md->topics[0].err == RD_KAFKA_RESP_ERR_NO_ERROR && md->topics[0].partition_cnt > 0)
+			break;
+		if (md != NULL)
+			rd_kafka_metadata_destroy(md);
+		md = NULL;
+		if (t_now_ms() > dl) {
+			rd_kafka_topic_destroy(rkt);
+			rd_kafka_destroy(rk);
+			*out = NULL;
+			return 0;
+		}
+		usleep(200000);
+	}
+	parts = rd_kafka_topic_partition_list_new(md->topics[0].partition_cnt);
+	for (int i = 0; i < md->topics[0].partition_cnt; i++) {
+		int64_t lo = 0, hi = 0;
+
+		if (rd_kafka_query_watermark_offsets(rk, topic, i, &lo, &hi, 5000) != 0)
+			fail_msg("could not read watermarks of %s [%d]", topic, i);
+		if (lo > 0)
+			fail_msg("%s [%d]: low watermark %lld > 0: the test broker evicted records; "
+			    "spread the data over more partitions or topics", topic, i, (long long)lo);
+		rd_kafka_topic_partition_list_add(parts, topic, i)->offset = RD_KAFKA_OFFSET_BEGINNING;
+	}
+	rd_kafka_metadata_destroy(md);
+	rd_kafka_topic_destroy(rkt);
+	if (rd_kafka_assign(rk, parts) != 0)
+		fail_msg("assign failed");
+	rd_kafka_topic_partition_list_destroy(parts);
+
+	last = t_now_ms();
+	while (n < want || t_now_ms() - last < 300) {
+		rd_kafka_message_t *m = rd_kafka_consumer_poll(rk, 100);
+		rd_kafka_headers_t *hdrs = NULL;
+		struct t_msg *t;
+
+		if (m == NULL) {
+			if (t_now_ms() - last > timeout_ms)
+				break;
+			continue;
+		}
+		if (m->err) {
+			rd_kafka_message_destroy(m);
+			continue;
+		}
+		last = t_now_ms();
+		if (n == cap) {
+			cap = cap ? cap * 2 : 64;
+			msgs = realloc(msgs, cap * sizeof(*msgs));
+		}
+		t = &msgs[n++];
+		memset(t, 0, sizeof(*t));
+		t->topic = strdup(rd_kafka_topic_name(m->rkt));
+		t->partition = m->partition;
+		t->offset = m->offset;
+		t->key = dupmem(m->key, m->key_len);
+		t->value = dupmem(m->payload, m->len);
+		t->len = m->len;
+		t->timestamp = rd_kafka_message_timestamp(m, NULL);
+		if (rd_kafka_message_headers(m, &hdrs) == 0) {
+			size_t cnt = rd_kafka_header_cnt(hdrs);
+
+			t->headers = calloc(cnt ? cnt : 1, sizeof(*t->headers));
+			for (size_t i = 0; i < cnt; i++) {
+				const char *name;
+				const void *val;
+				size_t sz;
+
+				rd_kafka_header_get_all(hdrs, i, &name, &val, &sz);
+				t->headers[i].name = strdup(name);
+				t->headers[i].value = dupmem(val, sz);
+			}
+			t->nheaders = cnt;
+		}
+		rd_kafka_message_destroy(m);
+	}
+	rd_kafka_consumer_close(rk);
+	rd_kafka_destroy(rk);
+	*out = msgs;
+	return n;
+}
+
+void
+t_msgs_free(struct t_msg *m, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		free(m[i].topic);
+		free(m[i].key);
+		free(m[i].value);
+		for (size_t j = 0; j < m[i].nheaders; j++) {
+			free(m[i].headers[j].name);
+			free(m[i].headers[j].value);
+		}
+		free(m[i].headers);
+	}
+	free(m);
+}

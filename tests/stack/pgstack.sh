@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# pgstack.sh start|stop STATEDIR
+#
+# Starts (or stops and removes) a throwaway PostgreSQL 15 cluster for the
+# tests: a temp directory, a free loopback port, wal_level=logical, a short
+# wal_sender_timeout so timeout bugs show.  As root it runs the server as the
+# unprivileged postgres user (initdb refuses root).  "start" writes
+# STATEDIR/env with OBX_PG* variables for the tests; "stop" reads it, stops
+# the server it started (by its own pid file) and removes the directory.
+set -euo pipefail
+
+cmd=${1:-}
+state=${2:-}
+if [ -z "$cmd" ] || [ -z "$state" ]; then
+	echo "usage: pgstack.sh start|stop STATEDIR" >&2
+	exit 2
+fi
+
+pgbin=${OBX_PGBIN:-/usr/lib/postgresql/15/bin}
+as_pg=()
+if [ "$(id -u)" -eq 0 ]; then
+	as_pg=(runuser -u postgres --)
+fi
+
+free_port() {
+	local p
+	for _ in $(seq 1 200); do
+		p=$((20000 + RANDOM % 40000))
+		if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+			echo "$p"
+			return 0
+		fi
+	done
+	echo "pgstack: no free port found" >&2
+	return 1
+}
+
+stop() {
+	[ -f "$state/env" ] || return 0
+	# shellcheck disable=SC1091
+	. "$state/env"
+	if [ -n "${OBX_PGDATA:-}" ] && [ -f "$OBX_PGDATA/postmaster.pid" ]; then
+		"${as_pg[@]}" "$pgbin/pg_ctl" -D "$OBX_PGDATA" -m immediate -w stop >/dev/null 2>&1 ||
+			kill -9 "$(head -1 "$OBX_PGDATA/postmaster.pid")" 2>/dev/null || true
+	fi
+	if [ -n "${OBX_PGROOT:-}" ] && [ -d "$OBX_PGROOT" ]; then
+		rm -rf "$OBX_PGROOT"
+	fi
+	rm -f "$state/env"
+}
+
+start() {
+	stop
+	mkdir -p "$state"
+	local root port
+	root=$(mktemp -d /tmp/obx-pg.XXXXXX)
+	chmod 755 "$root"
+	if [ "$(id -u)" -eq 0 ]; then
+		chown postgres: "$root"
+	fi
+	port=$(free_port)
+	"${as_pg[@]}" "$pgbin/initdb" -D "$root/data" -U postgres -A trust -E UTF8 \
+		--no-sync >"$root/initdb.log" 2>&1 || { cat "$root/initdb.log" >&2; rm -rf "$root"; exit 1; }
+	cat >>"$root/data/postgresql.conf" <<CONF
+listen_addresses = '127.0.0.1'
+port = $port
+unix_socket_directories = '$root'
+wal_level = logical
+max_replication_slots = 20
+max_wal_senders = 20
+wal_sender_timeout = 10s
+max_connections = 100
+fsync = on
+shared_buffers = 128MB
+logging_collector = off
+log_min_messages = warning
+CONF
+	# password auth over TCP for tests that check credentials; trust on the socket
+	cat >"$root/data/pg_hba.conf" <<HBA
+local   all           all                 trust
+local   replication   all                 trust
+host    all           all   127.0.0.1/32  trust
+host    replication   all   127.0.0.1/32  trust
+HBA
+	cat >"$state/env" <<ENV
+OBX_PGROOT=$root
+OBX_PGDATA=$root/data
+OBX_PGHOST=127.0.0.1
+OBX_PGPORT=$port
+OBX_PGUSER=postgres
+OBX_PGBIN=$pgbin
+OBX_PGSOCKDIR=$root
+ENV
+	if ! "${as_pg[@]}" "$pgbin/pg_ctl" -D "$root/data" -l "$root/server.log" -w -t 60 start >/dev/null; then
+		cat "$root/server.log" >&2 || true
+		stop
+		exit 1
+	fi
+	echo "pgstack: PostgreSQL $("$pgbin/postgres" --version | awk '{print $3}') on 127.0.0.1:$port, data $root/data"
+}
+
+case "$cmd" in
+start) start ;;
+stop) stop ;;
+*) echo "usage: pgstack.sh start|stop STATEDIR" >&2; exit 2 ;;
+esac

@@ -1,0 +1,395 @@
+/* Configuration: defaults, every value kind, every error path, precedence, secrets. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "obx/config.h"
+#include "obx/err.h"
+
+static char path[64];
+static char errbuf[1024];
+
+static void
+write_conf(const char *text)
+{
+	FILE *fp;
+	int fd;
+
+	snprintf(path, sizeof(path), "/tmp/obx-config-test.XXXXXX");
+	fd = mkstemp(path);
+	assert_true(fd >= 0);
+	fp = fdopen(fd, "w");
+	fputs(text, fp);
+	fclose(fp);
+}
+
+/* Loads text (plus env and sets); returns the result code; errbuf holds the message. */
+static int
+load(struct obx_config *cfg, const char *text, char *const *env, const char *const *sets,
+    size_t nsets)
+{
+	int r;
+
+	write_conf(text);
+	errbuf[0] = '\0';
+	r = obx_config_load(cfg, path, env, sets, nsets, errbuf, sizeof(errbuf));
+	unlink(path);
+	return r;
+}
+
+/* Expects text to fail with a message containing want (after "config PATH"). */
+static void
+expect_error(const char *text, const char *want)
+{
+	struct obx_config cfg;
+	char full[600];
+	int r = load(&cfg, text, NULL, NULL, 0);
+
+	obx_config_reset(&cfg);
+	if (r != OBX_ECONFIG || strstr(errbuf, want) == NULL)
+		fail_msg("for config:\n%s\nwant error containing \"%s\", got %d \"%s\"", text, want, r, errbuf);
+	snprintf(full, sizeof(full), "config %s", path);
+	assert_memory_equal(errbuf, full, strlen(full));
+}
+
+#define KAFKA "[kafka]\nbootstrap.servers = 127.0.0.1:9092\n"
+
+static void
+test_defaults(void **state)
+{
+	struct obx_config cfg;
+
+	(void)state;
+	assert_int_equal(load(&cfg, KAFKA, NULL, NULL, 0), 0);
+	assert_string_equal(cfg.slot, "outboxd");
+	assert_string_equal(cfg.publication, "outboxd");
+	assert_string_equal(cfg.table_schema, "public");
+	assert_string_equal(cfg.table_name, "outbox");
+	assert_true(cfg.create_slot);
+	assert_true(cfg.create_publication);
+	assert_int_equal(cfg.status_interval_ms, 10000);
+	assert_string_equal(cfg.col_id, "id");
+	assert_string_equal(cfg.col_key, "aggregateid");
+	assert_string_equal(cfg.col_aggregate_type, "aggregatetype");
+	assert_string_equal(cfg.col_type, "type");
+	assert_string_equal(cfg.col_payload, "payload");
+	assert_string_equal(cfg.topic, "outbox.event.${aggregatetype}");
+	assert_string_equal(cfg.col_headers, "");
+	assert_string_equal(cfg.col_timestamp, "");
+	assert_int_equal(cfg.max_inflight, 10000);
+	assert_int_equal(cfg.max_inflight_bytes, 16 << 20);
+	assert_int_equal(cfg.on_error, OBX_ON_ERROR_STOP);
+	assert_string_equal(cfg.dead_letter_topic, "outbox.dead_letter");
+	assert_string_equal(cfg.metrics_host, "0.0.0.0");
+	assert_int_equal(cfg.metrics_port, 9898);
+	assert_int_equal(cfg.log_level, OBX_LOG_INFO);
+	assert_int_equal(cfg.log_format, OBX_LOG_FORMAT_JSON);
+	assert_string_equal(obx_config_kafka_get(&cfg, "bootstrap.servers"), "127.0.0.1:9092");
+	obx_config_reset(&cfg);
+}
+
+static void
+test_full_file(void **state)
+{
+	struct obx_config cfg;
+	static const char text[] =
+	    "; comment\n# another\n"
+	    "[source]\nconninfo = host=db port=5433 dbname=shop\nslot = s1\npublication = p1\n"
+	    "table = sales.\"Out Box\"\ncreate_slot = no\ncreate_publication = off\n"
+	    "status_interval = 500ms\n"
+	    "[outbox]\nid = event_id\nkey = aggregate_id\naggregate_type = agg\ntype = tipo\n"
+	    "payload = body\ntopic = ${tipo}\nheaders = hdrs\ntimestamp = created_at\n"
+	    KAFKA "linger.ms = 5\n"
+	    "[delivery]\nmax_inflight = 500\nmax_inflight_bytes = 4MiB\non_error = dead_letter\n"
+	    "dead_letter_topic = dlq\n"
+	    "[metrics]\nlisten = 127.0.0.1:9000\n"
+	    "[log]\nlevel = debug\nformat = text\n";
+
+	(void)state;
+	assert_int_equal(load(&cfg, text, NULL, NULL, 0), 0);
+	assert_string_equal(cfg.conninfo, "host=db port=5433 dbname=shop");
+	assert_string_equal(cfg.slot, "s1");
+	assert_string_equal(cfg.table_schema, "sales");
+	assert_string_equal(cfg.table_name, "Out Box");
+	assert_false(cfg.create_slot);
+	assert_false(cfg.create_publication);
+	assert_int_equal(cfg.status_interval_ms, 500);
+	assert_string_equal(cfg.col_id, "event_id");
+	assert_string_equal(cfg.col_key, "aggregate_id");
+	assert_string_equal(cfg.topic, "${tipo}");
+	assert_string_equal(cfg.col_headers, "hdrs");
+	assert_string_equal(cfg.col_timestamp, "created_at");
+	assert_string_equal(obx_config_kafka_get(&cfg, "linger.ms"), "5");
+	assert_int_equal(cfg.max_inflight, 500);
+	assert_int_equal(cfg.max_inflight_bytes, 4 << 20);
+	assert_int_equal(cfg.on_error, OBX_ON_ERROR_DEAD_LETTER);
+	assert_string_equal(cfg.dead_letter_topic, "dlq");
+	assert_string_equal(cfg.metrics_host, "127.0.0.1");
+	assert_int_equal(cfg.metrics_port, 9000);
+	assert_int_equal(cfg.log_level, OBX_LOG_DEBUG);
+	assert_int_equal(cfg.log_format, OBX_LOG_FORMAT_TEXT);
+	obx_config_reset(&cfg);
+}
+
+static void
+test_structure_errors(void **state)
+{
+	(void)state;
+	/* libinih reports sections only with their first key: the key's line is named */
+	expect_error(KAFKA "[sauce]\nslot = x\n", ":4: section 'sauce': unknown section");
+	expect_error("slot = x\n" KAFKA, ":1: key 'slot': outside of any [section]");
+	expect_error(KAFKA "[source]\nslott = x\n", ":4: key 'slott': unknown key in [source]");
+	expect_error(KAFKA "[outbox]\nkeyy = x\n", ":4: key 'keyy': unknown key in [outbox]");
+	expect_error(KAFKA "[delivery]\nmax = 1\n", ":4: key 'max': unknown key in [delivery]");
+	expect_error(KAFKA "[metrics]\nport = 1\n", ":4: key 'port': unknown key in [metrics]");
+	expect_error(KAFKA "[log]\nlevl = info\n", ":4: key 'levl': unknown key in [log]");
+	expect_error(KAFKA "[source]\nslot = a\nslot = b\n", ":5: key 'slot': set twice in [source] (first at ");
+	expect_error(KAFKA "[source]\nthis line has no equals sign\n", ":4: syntax error");
+	expect_error(KAFKA "[source\n", ":3: syntax error");
+	expect_error(KAFKA "[source]\n  slot = x\n", ":4: key 'slot': indented line");
+	{
+		char text[600];
+
+		snprintf(text, sizeof(text), KAFKA "[source]\nslot = %0300d\n", 1);
+		expect_error(text, ":4: line longer than 198 characters");
+	}
+}
+
+static void
+test_value_errors(void **state)
+{
+	(void)state;
+	expect_error(KAFKA "[source]\ncreate_slot = maybe\n",
+	    ":4: key 'create_slot': expected true or false, got 'maybe'");
+	expect_error(KAFKA "[source]\ncreate_publication = 2\n", "key 'create_publication': expected true or false");
+	expect_error(KAFKA "[source]\nstatus_interval = 10\n",
+	    ":4: key 'status_interval': expected a duration such as 10s or 500ms, got '10'");
+	expect_error(KAFKA "[source]\nstatus_interval = 10 parsecs\n", "key 'status_interval': expected a duration");
+	expect_error(KAFKA "[source]\nstatus_interval = -1s\n", "key 'status_interval': expected a duration");
+	expect_error(KAFKA "[source]\nstatus_interval = 5ms\n",
+	    "key 'status_interval': '5ms' is out of range (100ms to 1h)");
+	expect_error(KAFKA "[source]\nstatus_interval = 99999999999999999999s\n", "out of range");
+	expect_error(KAFKA "[source]\nslot =\n", ":4: key 'slot': must not be empty");
+	expect_error(KAFKA "[source]\ntable = a.b.c\n", "key 'table': expected [schema.]table, got 'a.b.c'");
+	expect_error(KAFKA "[source]\ntable = \"unclosed\n", "key 'table': expected [schema.]table");
+	expect_error(KAFKA "[source]\ntable = .x\n", "key 'table': expected [schema.]table");
+	expect_error(KAFKA "[outbox]\ntopic = events.${type\n", "key 'topic': unclosed '${'");
+	expect_error(KAFKA "[outbox]\ntopic = events.${}\n", "key 'topic': empty '${}'");
+	expect_error(KAFKA "[outbox]\nid =\n", "key 'id': must not be empty");
+	expect_error(KAFKA "[delivery]\nmax_inflight = many\n", "key 'max_inflight': expected an integer, got 'many'");
+	expect_error(KAFKA "[delivery]\nmax_inflight = 0\n", "key 'max_inflight': '0' is out of range (1 to 10000000)");
+	expect_error(KAFKA "[delivery]\nmax_inflight = 10000001\n", "out of range");
+	expect_error(KAFKA "[delivery]\nmax_inflight_bytes = 16 MiBs\n", "key 'max_inflight_bytes': expected a size");
+	expect_error(KAFKA "[delivery]\nmax_inflight_bytes = 10\n", "key 'max_inflight_bytes': '10' is out of range");
+	expect_error(KAFKA "[delivery]\non_error = ignore\n", "key 'on_error': expected stop or dead_letter, got 'ignore'");
+	expect_error(KAFKA "[delivery]\non_error = dead_letter\ndead_letter_topic =\n", "key 'dead_letter_topic': must not be empty");
+	expect_error(KAFKA "[metrics]\nlisten = 9898\n", "key 'listen': expected host:port");
+	expect_error(KAFKA "[metrics]\nlisten = host:70000\n", "key 'listen': expected host:port");
+	expect_error(KAFKA "[log]\nlevel = verbose\n", "key 'level': expected error, warn, info or debug, got 'verbose'");
+	expect_error(KAFKA "[log]\nformat = xml\n", "key 'format': expected json or text, got 'xml'");
+}
+
+static void
+test_kafka_properties(void **state)
+{
+	(void)state;
+	expect_error(KAFKA "no.such.property = 1\n", ":3: key 'no.such.property': unknown librdkafka property");
+	expect_error(KAFKA "linger.ms = soon\n", ":3: key 'linger.ms': ");
+	expect_error(KAFKA "enable.idempotence = false\n", "key 'enable.idempotence': must stay true");
+	expect_error(KAFKA "acks = 1\n", "key 'acks': must stay 'all'");
+	expect_error(KAFKA "request.required.acks = 0\n", "key 'request.required.acks': must stay 'all'");
+	expect_error(KAFKA "transactional.id = x\n", "key 'transactional.id': transactional producers are not supported");
+	expect_error("[source]\nslot = x\n", "key 'bootstrap.servers': required in [kafka]");
+	expect_error("[kafka]\nbootstrap.servers =\n", "key 'bootstrap.servers': required in [kafka]");
+	{
+		struct obx_config cfg;
+
+		/* tuning that keeps the guarantees is fine */
+		assert_int_equal(load(&cfg, KAFKA "acks = all\nenable.idempotence = true\n"
+		    "compression.type = lz4\n", NULL, NULL, 0), 0);
+		obx_config_reset(&cfg);
+	}
+}
+
+static void
+test_secrets_never_printed(void **state)
+{
+	struct obx_config cfg;
+	char out[512];
+
+	(void)state;
+	/* a later error does not drag an earlier secret into the message */
+	assert_int_equal(load(&cfg, KAFKA "sasl.password = hunter2\nno.such.property = 1\n", NULL, NULL, 0),
+	    OBX_ECONFIG);
+	obx_config_reset(&cfg);
+	assert_null(strstr(errbuf, "hunter2"));
+	assert_true(obx_kafka_prop_is_secret("sasl.password"));
+	assert_true(obx_kafka_prop_is_secret("sasl.username"));
+	assert_true(obx_kafka_prop_is_secret("ssl.key.password"));
+	assert_true(obx_kafka_prop_is_secret("ssl.key.pem"));
+	assert_true(obx_kafka_prop_is_secret("ssl.keystore.password"));
+	assert_true(obx_kafka_prop_is_secret("sasl.oauthbearer.config"));
+	assert_true(obx_kafka_prop_is_secret("sasl.oauthbearer.client.secret"));
+	assert_false(obx_kafka_prop_is_secret("bootstrap.servers"));
+
+	/* a malformed conninfo is not echoed: it may carry the password */
+	assert_int_equal(load(&cfg, KAFKA "[source]\nconninfo = host=db password=hunter2 'oops\n", NULL, NULL, 0),
+	    OBX_ECONFIG);
+	obx_config_reset(&cfg);
+	assert_non_null(strstr(errbuf, "key 'conninfo': not a valid libpq connection string"));
+	assert_null(strstr(errbuf, "hunter2"));
+	assert_int_equal(load(&cfg, KAFKA "[source]\nconninfo = postgresql://u:hunter2@db:99999999/x?bogus=1\n",
+	    NULL, NULL, 0), OBX_ECONFIG);
+	obx_config_reset(&cfg);
+	assert_null(strstr(errbuf, "hunter2"));
+
+	/* redaction, key/value and URI forms */
+	assert_int_equal(obx_conninfo_redact("host=db user=app password=hunter2 dbname=shop", out, sizeof(out)), 0);
+	assert_null(strstr(out, "hunter2"));
+	assert_non_null(strstr(out, "password=********"));
+	assert_non_null(strstr(out, "host=db"));
+	assert_int_equal(obx_conninfo_redact("postgresql://app:hunter2@db:5432/shop?sslmode=require", out, sizeof(out)), 0);
+	assert_null(strstr(out, "hunter2"));
+	assert_non_null(strstr(out, "user=app"));
+	assert_non_null(strstr(out, "sslmode=require"));
+	assert_int_equal(obx_conninfo_redact("host='unclosed password=hunter2", out, sizeof(out)), OBX_EINVAL);
+	assert_null(strstr(out, "hunter2"));
+
+	/* a bad --set with a secret does not echo the value */
+	{
+		const char *sets[] = { "kafka_sasl.password=hunter2" };
+
+		assert_int_not_equal(load(&cfg, KAFKA, NULL, sets, 1), 0);
+		obx_config_reset(&cfg);
+		assert_null(strstr(errbuf, "hunter2"));
+	}
+}
+
+static void
+test_environment_and_set_overrides(void **state)
+{
+	struct obx_config cfg;
+	char *env[] = {
+		"PATH=/usr/bin",
+		"OUTBOXD_SOURCE_SLOT=from_env",
+		"OUTBOXD_SOURCE_STATUS_INTERVAL=2s",
+		"OUTBOXD_KAFKA_BOOTSTRAP_SERVERS=envhost:9092",
+		"OUTBOXD_KAFKA_SASL_PASSWORD=hunter2",
+		"OUTBOXD_DELIVERY_MAX_INFLIGHT=7",
+		NULL,
+	};
+	const char *sets[] = { "source.slot=from_set", "delivery.on_error=dead_letter" };
+
+	(void)state;
+	assert_int_equal(load(&cfg, KAFKA "[source]\nslot = from_file\npublication = pf\n", env, sets, 2), 0);
+	assert_string_equal(cfg.slot, "from_set");          /* --set beats env beats file */
+	assert_string_equal(cfg.publication, "pf");
+	assert_int_equal(cfg.status_interval_ms, 2000);
+	assert_int_equal(cfg.max_inflight, 7);
+	assert_int_equal(cfg.on_error, OBX_ON_ERROR_DEAD_LETTER);
+	assert_string_equal(obx_config_kafka_get(&cfg, "bootstrap.servers"), "envhost:9092");
+	assert_string_equal(obx_config_kafka_get(&cfg, "sasl.password"), "hunter2");
+	obx_config_reset(&cfg);
+
+	/* bootstrap.servers may come from the environment alone */
+	{
+		char *env2[] = { "OUTBOXD_KAFKA_BOOTSTRAP_SERVERS=h:1", NULL };
+
+		assert_int_equal(load(&cfg, "[source]\nslot = s\n", env2, NULL, 0), 0);
+		obx_config_reset(&cfg);
+	}
+	/* errors name the variable */
+	{
+		char *env3[] = { "OUTBOXD_SOURCE_STATUS_INTERVAL=soon", NULL };
+		char *env4[] = { "OUTBOXD_SORCE_SLOT=x", NULL };
+		char *env5[] = { "OUTBOXD_NOSECTION=x", NULL };
+
+		assert_int_equal(load(&cfg, KAFKA, env3, NULL, 0), OBX_ECONFIG);
+		obx_config_reset(&cfg);
+		assert_string_equal(errbuf, "config environment OUTBOXD_SOURCE_STATUS_INTERVAL: "
+		    "key 'status_interval': expected a duration such as 10s or 500ms, got 'soon'");
+		assert_int_equal(load(&cfg, KAFKA, env4, NULL, 0), OBX_ECONFIG);
+		obx_config_reset(&cfg);
+		assert_non_null(strstr(errbuf, "environment OUTBOXD_SORCE_SLOT: section 'sorce': unknown section"));
+		assert_int_equal(load(&cfg, KAFKA, env5, NULL, 0), OBX_ECONFIG);
+		obx_config_reset(&cfg);
+		assert_non_null(strstr(errbuf, "expected OUTBOXD_<SECTION>_<KEY>"));
+	}
+	/* --set errors */
+	{
+		const char *bad1[] = { "slot=x" };
+		const char *bad2[] = { "source.slot" };
+		const char *bad3[] = { "source.nokey=1" };
+
+		assert_int_equal(load(&cfg, KAFKA, NULL, bad1, 1), OBX_ECONFIG);
+		obx_config_reset(&cfg);
+		assert_string_equal(errbuf, "config --set: expected section.key=value");
+		assert_int_equal(load(&cfg, KAFKA, NULL, bad2, 1), OBX_ECONFIG);
+		obx_config_reset(&cfg);
+		assert_int_equal(load(&cfg, KAFKA, NULL, bad3, 1), OBX_ECONFIG);
+		obx_config_reset(&cfg);
+		assert_string_equal(errbuf, "config --set source.nokey: key 'nokey': unknown key in [source]");
+	}
+}
+
+static void
+test_missing_file(void **state)
+{
+	struct obx_config cfg;
+	int r;
+
+	(void)state;
+	r = obx_config_load(&cfg, "/nonexistent/outboxd.ini", NULL, NULL, 0, errbuf, sizeof(errbuf));
+	obx_config_reset(&cfg);
+	assert_int_equal(r, OBX_ECONFIG);
+	assert_string_equal(errbuf, "config /nonexistent/outboxd.ini: could not open: No such file or directory");
+}
+
+static void
+test_value_parsers(void **state)
+{
+	long long v;
+	bool b;
+
+	(void)state;
+	assert_int_equal(obx_parse_duration_ms("10s", 0, 1LL << 40, &v), 0);
+	assert_int_equal(v, 10000);
+	assert_int_equal(obx_parse_duration_ms("2min", 0, 1LL << 40, &v), 0);
+	assert_int_equal(v, 120000);
+	assert_int_equal(obx_parse_duration_ms("1h", 0, 1LL << 40, &v), 0);
+	assert_int_equal(v, 3600000);
+	assert_int_equal(obx_parse_duration_ms("", 0, 10, &v), OBX_EINVAL);
+	assert_int_equal(obx_parse_duration_ms("s", 0, 10, &v), OBX_EINVAL);
+	assert_int_equal(obx_parse_size("1GiB", 0, 1LL << 40, &v), 0);
+	assert_int_equal(v, 1LL << 30);
+	assert_int_equal(obx_parse_size("9223372036854775807G", 0, 1LL << 40, &v), OBX_ERANGE);
+	assert_int_equal(obx_parse_int("12x", 0, 100, &v), OBX_EINVAL);
+	assert_int_equal(obx_parse_int("101", 0, 100, &v), OBX_ERANGE);
+	assert_int_equal(obx_parse_bool("TRUE", &b), 0);
+	assert_true(b);
+	assert_int_equal(obx_parse_bool("", &b), OBX_EINVAL);
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_defaults),
+		cmocka_unit_test(test_full_file),
+		cmocka_unit_test(test_structure_errors),
+		cmocka_unit_test(test_value_errors),
+		cmocka_unit_test(test_kafka_properties),
+		cmocka_unit_test(test_secrets_never_printed),
+		cmocka_unit_test(test_environment_and_set_overrides),
+		cmocka_unit_test(test_missing_file),
+		cmocka_unit_test(test_value_parsers),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
