@@ -210,6 +210,9 @@ obx_conninfo_redact(const char *conninfo, char *out, size_t outlen)
 
 /* ---- per-section setters ---------------------------------------------- */
 
+static int kv_put(struct obx_kv **kv, size_t *n, const char *key, const char *value,
+    const char *origin);
+
 struct str_key {
 	const char *name;
 	size_t off;
@@ -403,6 +406,14 @@ set_outbox(struct obx_config *cfg, const char *key, const char *value, const cha
 	for (size_t i = 0; i < sizeof(cols) / sizeof(cols[0]); i++)
 		if (strcmp(key, cols[i].name) == 0)
 			return set_str(cfg, &cols[i].k, key, value, origin, errbuf, errlen);
+	if (strncmp(key, "header.", 7) == 0) {
+		if (key[7] == '\0' || value[0] == '\0') {
+			fail(errbuf, errlen, origin, key,
+			    "expected header.<name> = <column>, e.g. header.eventType = type");
+			return OBX_ECONFIG;
+		}
+		return kv_put(&cfg->extra_headers, &cfg->n_extra_headers, key + 7, value, origin);
+	}
 	if (strcmp(key, "topic") == 0) {
 		if (check_template(value, why, sizeof(why)) != 0) {
 			fail(errbuf, errlen, origin, key, "%s", why);
@@ -721,6 +732,7 @@ obx_config_reset(struct obx_config *cfg)
 	for (size_t i = 0; i < sizeof(strs) / sizeof(strs[0]); i++)
 		free(*strs[i]);
 	kv_free(cfg->kafka, cfg->n_kafka);
+	kv_free(cfg->extra_headers, cfg->n_extra_headers);
 	kv_free(cfg->seen, cfg->n_seen);
 	memset(cfg, 0, sizeof(*cfg));
 }

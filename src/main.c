@@ -3,15 +3,20 @@
  *
  * Exit codes: 0 clean stop, 1 runtime failure, 2 usage or configuration error.
  */
+#include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "obx/cli.h"
 #include "obx/config.h"
 #include "obx/err.h"
 #include "obx/log.h"
+#include "obx/relay.h"
 
 extern char **environ;
 
@@ -19,7 +24,7 @@ static const char usage_text[] =
     "outboxd - PostgreSQL transactional outbox to Kafka relay\n"
     "\n"
     "Usage:\n"
-    "  outboxd [run] -c FILE [--set section.key=value ...]\n"
+    "  outboxd [run] -c FILE [--set section.key=value ...] [--recreate-slot]\n"
     "  outboxd check -c FILE [--set ...]     preflight: server, wal_level, slot\n"
     "  outboxd status -c FILE [--json]       slot position and lag\n"
     "  outboxd --help | --version\n"
@@ -28,6 +33,8 @@ static const char usage_text[] =
     "  -c, --config FILE   INI configuration file\n"
     "      --set S.K=V     override one setting (after the file and the environment)\n"
     "      --json          machine-readable output (status)\n"
+    "      --recreate-slot recreate a slot that existed before and is gone (events\n"
+    "                      committed while it was missing are not published)\n"
     "  -h, --help          show this help\n"
     "  -V, --version       show the version\n"
     "\n"
@@ -47,7 +54,40 @@ usage_error(const char *what, const char *arg)
 
 enum command { CMD_RUN, CMD_CHECK, CMD_STATUS };
 
-int obx_cmd_run(const struct obx_config *cfg);
+/* The self-pipe: signal handlers write one byte per SIGTERM/SIGINT. */
+static int signal_pipe[2] = { -1, -1 };
+
+static void
+on_stop_signal(int sig)
+{
+	int saved = errno;
+	char c = (char)sig;
+
+	if (write(signal_pipe[1], &c, 1) < 0) {
+		/* the pipe is full: enough signals are pending already */
+	}
+	errno = saved;
+}
+
+static int
+cmd_run(const struct obx_config *cfg, bool recreate_slot)
+{
+	struct obx_run_opts opts = { recreate_slot, -1 };
+	struct sigaction sa;
+
+	if (pipe2(signal_pipe, O_NONBLOCK | O_CLOEXEC) != 0) {
+		obx_log_error("could not create signal pipe: %s", strerror(errno));
+		return OBX_EXIT_FAILURE;
+	}
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_handler = on_stop_signal;
+	sigemptyset(&sa.sa_mask);
+	sigaction(SIGTERM, &sa, NULL);
+	sigaction(SIGINT, &sa, NULL);
+	signal(SIGPIPE, SIG_IGN);
+	opts.signal_fd = signal_pipe[0];
+	return obx_relay_run(cfg, &opts);
+}
 
 int
 main(int argc, char **argv)
@@ -56,6 +96,7 @@ main(int argc, char **argv)
 		{ "config", required_argument, NULL, 'c' },
 		{ "set", required_argument, NULL, 's' },
 		{ "json", no_argument, NULL, 'j' },
+		{ "recreate-slot", no_argument, NULL, 'r' },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, 'V' },
 		{ NULL, 0, NULL, 0 },
@@ -65,6 +106,7 @@ main(int argc, char **argv)
 	const char **sets = NULL;
 	size_t nsets = 0;
 	bool json = false;
+	bool recreate_slot = false;
 	struct obx_config cfg;
 	char errbuf[1024];
 	int c, rc;
@@ -99,6 +141,9 @@ main(int argc, char **argv)
 		case 'j':
 			json = true;
 			break;
+		case 'r':
+			recreate_slot = true;
+			break;
 		case 'h':
 			fputs(usage_text, stdout);
 			free(sets);
@@ -123,6 +168,10 @@ main(int argc, char **argv)
 		free(sets);
 		return usage_error("missing -c FILE", NULL);
 	}
+	if (recreate_slot && cmd != CMD_RUN) {
+		free(sets);
+		return usage_error("--recreate-slot applies to run only", NULL);
+	}
 	if (json && cmd != CMD_STATUS) {
 		free(sets);
 		return usage_error("--json applies to status only", NULL);
@@ -146,7 +195,7 @@ main(int argc, char **argv)
 		break;
 	case CMD_RUN:
 	default:
-		rc = obx_cmd_run(&cfg);
+		rc = cmd_run(&cfg, recreate_slot);
 		break;
 	}
 	obx_config_reset(&cfg);

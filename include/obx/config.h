@@ -45,6 +45,8 @@ struct obx_config {
 	char *topic;
 	char *col_headers;   /* "" when unset */
 	char *col_timestamp; /* "" when unset */
+	struct obx_kv *extra_headers; /* header.<name> = column, in file order */
+	size_t n_extra_headers;
 
 	/* [kafka]: librdkafka properties, verbatim, in the order given */
 	struct obx_kv *kafka;

@@ -1,0 +1,79 @@
+/*
+ * acktrack.h - the ack tracker (pure): the only place that decides what may
+ * be confirmed to the server.
+ *
+ * A commit-ordered queue of transactions that produced events, each with its
+ * count of events the broker has not acknowledged yet.  The flushable LSN is
+ * the end LSN of the last transaction T such that T and every transaction
+ * before it are fully acknowledged (invariant 4).  Transactions without
+ * events are complete on arrival; they are folded into the queue's tail so
+ * the queue holds only transactions with events.  When no transaction is
+ * open and nothing is outstanding, the flushable position follows the
+ * server's WAL end from keepalives (invariant 5).
+ *
+ * Usage per transaction: begin, add_event for each event (the returned
+ * ticket goes with the produced message), commit(end_lsn); ack(ticket) for
+ * every delivery report that succeeded.
+ */
+#ifndef OBX_ACKTRACK_H
+#define OBX_ACKTRACK_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "obx/lsn.h"
+
+struct obx_ack_txn {
+	obx_lsn end_lsn;  /* valid once committed */
+	uint32_t outstanding;
+	bool committed;
+};
+
+struct obx_acktrack {
+	struct obx_ack_txn *ring;
+	size_t cap;
+	size_t head;
+	size_t count;
+	uint64_t head_ticket; /* ticket of ring[head] */
+	bool open;            /* Begin received, Commit not yet */
+	bool open_queued;     /* the open transaction has an entry (it has events) */
+	obx_lsn flushable;
+	uint64_t outstanding; /* unacknowledged events in all transactions */
+};
+
+/* Starts empty; flushable begins at start (the slot's confirmed_flush). */
+void obx_ack_init(struct obx_acktrack *t, obx_lsn start);
+/* Frees the queue; t may be re-initialised. */
+void obx_ack_reset(struct obx_acktrack *t);
+
+/* A transaction begins.  Returns 0, or OBX_ESTATE when one is already open. */
+int obx_ack_begin(struct obx_acktrack *t);
+
+/*
+ * Registers one more event of the open transaction; *ticket identifies its
+ * transaction for obx_ack_ack().  Returns 0, OBX_ESTATE (no open
+ * transaction), OBX_ENOMEM.
+ */
+int obx_ack_add_event(struct obx_acktrack *t, uint64_t *ticket);
+
+/* The open transaction committed and ends at end_lsn.  Returns 0 or OBX_ESTATE. */
+int obx_ack_commit(struct obx_acktrack *t, obx_lsn end_lsn);
+
+/*
+ * The broker acknowledged one event of the transaction with ticket.
+ * Returns 0, or OBX_ENOENT when no event of that ticket is outstanding
+ * (a report that cannot belong to this stream).
+ */
+int obx_ack_ack(struct obx_acktrack *t, uint64_t ticket);
+
+/* A keepalive reported the server's WAL end; used only when idle. */
+void obx_ack_keepalive(struct obx_acktrack *t, obx_lsn wal_end);
+
+/* The highest LSN that may be confirmed as flushed. */
+obx_lsn obx_ack_flushable(const struct obx_acktrack *t);
+
+/* True when no transaction is open and no event is outstanding. */
+bool obx_ack_idle(const struct obx_acktrack *t);
+
+#endif

@@ -1,0 +1,116 @@
+/*
+ * pgoutput.h - decoder of pgoutput logical replication messages (pure).
+ *
+ * Layouts follow PostgreSQL's src/backend/replication/logical/proto.c.
+ * obx_pgoutput_decode() fills a caller-supplied struct; every string and
+ * byte view in it is borrowed from the payload buffer and lives until that
+ * buffer is freed.  Tuple columns live in the decoder's scratch array until
+ * the next decode call.  The decoder never reads past the buffer.
+ */
+#ifndef OBX_PGOUTPUT_H
+#define OBX_PGOUTPUT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "obx/lsn.h"
+
+/* One column of TupleData: kind 'n' null, 'u' unchanged TOAST, 't' text, 'b' binary. */
+struct obx_pg_datum {
+	char kind;
+	const uint8_t *data; /* 't'/'b' only; not NUL-terminated */
+	uint32_t len;
+};
+
+struct obx_pg_tuple {
+	uint16_t ncols;
+	const struct obx_pg_datum *cols;
+};
+
+/* One column of a Relation message. */
+struct obx_pg_relcol {
+	uint8_t flags; /* 1 = part of the replica identity key */
+	const char *name;
+	uint32_t type_oid;
+	int32_t typmod;
+};
+
+struct obx_pgmsg {
+	char type; /* 'B' 'C' 'O' 'R' 'Y' 'I' 'U' 'D' 'T' 'M' */
+	union {
+		struct {
+			obx_lsn final_lsn; /* the commit LSN */
+			int64_t commit_time; /* microseconds since 2000-01-01 */
+			uint32_t xid;
+		} begin;
+		struct {
+			uint8_t flags;
+			obx_lsn commit_lsn;
+			obx_lsn end_lsn;
+			int64_t commit_time;
+		} commit;
+		struct {
+			obx_lsn lsn;
+			const char *name;
+		} origin;
+		struct {
+			uint32_t relid;
+			const char *nspname;
+			const char *relname;
+			uint8_t replident;
+			uint16_t natts;
+			const struct obx_pg_relcol *cols;
+		} relation;
+		struct {
+			uint32_t oid;
+			const char *nspname;
+			const char *typname;
+		} type;
+		struct {
+			uint32_t relid;
+			struct obx_pg_tuple tuple;
+		} insert;
+		struct {
+			uint32_t relid;
+		} change; /* 'U' and 'D': only the relation is kept */
+		struct {
+			uint32_t nrels;
+			uint8_t options;
+		} truncate;
+		struct {
+			uint8_t flags; /* 1 = transactional */
+			obx_lsn lsn;
+			const char *prefix;
+			const uint8_t *content;
+			uint32_t len;
+		} message;
+	} u;
+};
+
+struct obx_pgoutput {
+	int proto_version;
+	struct obx_pg_datum *datums; /* scratch for tuples, grown on demand */
+	size_t datum_cap;
+	struct obx_pg_relcol *relcols; /* scratch for Relation columns */
+	size_t relcol_cap;
+	size_t error_offset; /* where the last decode failed */
+};
+
+/* Prepares a decoder for proto_version (1 here).  Pair with obx_pgoutput_reset(). */
+void obx_pgoutput_init(struct obx_pgoutput *d, int proto_version);
+void obx_pgoutput_reset(struct obx_pgoutput *d);
+
+/*
+ * Decodes one pgoutput message (the payload of an XLogData).  Returns 0;
+ * OBX_EPROTO when the message is truncated, inconsistent or of an unknown
+ * type (d->error_offset then says where); OBX_ENOMEM when growing scratch
+ * space failed.
+ */
+int obx_pgoutput_decode(struct obx_pgoutput *d, const uint8_t *buf, size_t len,
+    struct obx_pgmsg *out);
+
+/* A printable name for a message type byte ("Begin", "Insert", ... or "unknown"). */
+const char *obx_pgoutput_type_name(char type);
+
+#endif

@@ -1,0 +1,72 @@
+/*
+ * pgstream.h - the replication connection (I/O): connect with
+ * replication=database, IDENTIFY_SYSTEM, check wal_level, publication first
+ * and then the slot, START_REPLICATION, CopyData in and status updates out.
+ */
+#ifndef OBX_PGSTREAM_H
+#define OBX_PGSTREAM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <libpq-fe.h>
+
+#include "obx/config.h"
+#include "obx/lsn.h"
+
+/* How a failure should be handled by the caller. */
+enum obx_fail {
+	OBX_FAIL_NONE = 0,
+	OBX_FAIL_RETRY,     /* transient: reconnect with backoff */
+	OBX_FAIL_FATAL,     /* permanent: stop with exit status 1 */
+};
+
+struct obx_pgstream {
+	PGconn *conn;
+	char sysid[32];
+	int timeline;
+	obx_lsn start_confirmed; /* the slot's confirmed_flush before START_REPLICATION */
+	int wal_sender_timeout_ms; /* 0: disabled */
+	int server_version;
+	bool slot_created; /* this run created the slot */
+	uint8_t *copybuf; /* the last CopyData message, owned (PQfreemem) */
+};
+
+/*
+ * Connects and starts streaming.  recreate_slot allows creating a slot that
+ * this database records as having existed (see DESIGN: slot guard).
+ * Returns OBX_FAIL_NONE, or a failure class with errbuf filled (one line,
+ * no secrets).
+ */
+enum obx_fail obx_pgstream_open(struct obx_pgstream *s, const struct obx_config *cfg,
+    bool recreate_slot, char *errbuf, size_t errlen);
+
+/* The socket to poll for reading (and writing while obx_pgstream_flush() returns 1). */
+int obx_pgstream_fd(const struct obx_pgstream *s);
+
+/*
+ * Reads the next CopyData message without blocking.  Returns 1 with
+ * buf and len set (borrowed until the next call), 0 when nothing is buffered,
+ * -1 when the stream ended or failed (errbuf filled).
+ */
+int obx_pgstream_read(struct obx_pgstream *s, const uint8_t **buf, size_t *len,
+    char *errbuf, size_t errlen);
+
+/* Reads what arrived on the socket into libpq's buffer.  Returns 0 or -1 (errbuf). */
+int obx_pgstream_consume(struct obx_pgstream *s, char *errbuf, size_t errlen);
+
+/* Queues a standby status update.  Returns 0 or -1 (errbuf). */
+int obx_pgstream_send_status(struct obx_pgstream *s, obx_lsn write, obx_lsn flush,
+    bool reply_requested, char *errbuf, size_t errlen);
+
+/* Flushes queued output.  Returns 0 (all sent), 1 (more to send: poll for POLLOUT), -1. */
+int obx_pgstream_flush(struct obx_pgstream *s);
+
+/* Ends COPY politely when possible and closes the connection. */
+void obx_pgstream_close(struct obx_pgstream *s);
+
+/* Microseconds since 2000-01-01 (PostgreSQL's epoch), for status updates. */
+int64_t obx_pg_now(void);
+
+#endif

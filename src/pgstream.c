@@ -1,0 +1,674 @@
+/*
+ * pgstream.c - the replication connection.
+ *
+ * A replication=database connection speaks only the simple query protocol,
+ * so every literal and identifier in the SQL below goes through
+ * PQescapeLiteral/PQescapeIdentifier.
+ */
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "obx/err.h"
+#include "obx/log.h"
+#include "obx/pgstream.h"
+#include "obx/pgutil.h"
+#include "obx/walmsg.h"
+
+#define MARKER "outboxd-slot"
+
+int64_t
+obx_pg_now(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000 - OBX_PG_EPOCH_OFFSET_US;
+}
+
+static enum obx_fail
+failf(char *errbuf, size_t errlen, enum obx_fail f, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static enum obx_fail
+failf(char *errbuf, size_t errlen, enum obx_fail f, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(errbuf, errlen, fmt, ap);
+	va_end(ap);
+	return f;
+}
+
+/* Escaped pieces of SQL, freed together. */
+struct sqlnames {
+	char *pub_ident, *pub_lit, *slot_ident, *slot_lit, *schema_lit, *table_lit, *qualified;
+};
+
+static void
+sqlnames_free(struct sqlnames *n)
+{
+	PQfreemem(n->pub_ident);
+	PQfreemem(n->pub_lit);
+	PQfreemem(n->slot_ident);
+	PQfreemem(n->slot_lit);
+	PQfreemem(n->schema_lit);
+	PQfreemem(n->table_lit);
+	free(n->qualified);
+}
+
+static int
+sqlnames_init(struct sqlnames *n, PGconn *c, const struct obx_config *cfg)
+{
+	char *si, *ti;
+
+	memset(n, 0, sizeof(*n));
+	n->pub_ident = PQescapeIdentifier(c, cfg->publication, strlen(cfg->publication));
+	n->pub_lit = PQescapeLiteral(c, cfg->publication, strlen(cfg->publication));
+	n->slot_ident = PQescapeIdentifier(c, cfg->slot, strlen(cfg->slot));
+	n->slot_lit = PQescapeLiteral(c, cfg->slot, strlen(cfg->slot));
+	n->schema_lit = PQescapeLiteral(c, cfg->table_schema, strlen(cfg->table_schema));
+	n->table_lit = PQescapeLiteral(c, cfg->table_name, strlen(cfg->table_name));
+	si = PQescapeIdentifier(c, cfg->table_schema, strlen(cfg->table_schema));
+	ti = PQescapeIdentifier(c, cfg->table_name, strlen(cfg->table_name));
+	if (si != NULL && ti != NULL && asprintf(&n->qualified, "%s.%s", si, ti) < 0)
+		n->qualified = NULL;
+	PQfreemem(si);
+	PQfreemem(ti);
+	if (!n->pub_ident || !n->pub_lit || !n->slot_ident || !n->slot_lit || !n->schema_lit ||
+	    !n->table_lit || !n->qualified)
+		return OBX_ENOMEM;
+	return 0;
+}
+
+/* Runs sql expecting tuples or a command; returns the result (caller clears) or NULL with errbuf. */
+static PGresult *
+run(PGconn *c, const char *sql, char *errbuf, size_t errlen)
+{
+	PGresult *r = PQexec(c, sql);
+	ExecStatusType st = PQresultStatus(r);
+
+	if (st == PGRES_TUPLES_OK || st == PGRES_COMMAND_OK || st == PGRES_COPY_BOTH)
+		return r;
+	obx_pg_result_error_line(r, errbuf, errlen);
+	if (errbuf[0] == '\0')
+		obx_pg_error_line(c, errbuf, errlen);
+	PQclear(r);
+	return NULL;
+}
+
+static bool
+is_sqlstate(PGconn *c, const char *sql, const char *state, char *errbuf, size_t errlen,
+    PGresult **out)
+{
+	PGresult *r = PQexec(c, sql);
+	ExecStatusType st = PQresultStatus(r);
+	const char *code;
+
+	*out = NULL;
+	if (st == PGRES_TUPLES_OK || st == PGRES_COMMAND_OK) {
+		*out = r;
+		return false;
+	}
+	code = PQresultErrorField(r, PG_DIAG_SQLSTATE);
+	obx_pg_result_error_line(r, errbuf, errlen);
+	PQclear(r);
+	return code != NULL && strcmp(code, state) == 0;
+}
+
+static enum obx_fail
+classify_connect_error(const char *msg)
+{
+	static const char *const permanent[] = {
+		"password authentication failed", "does not exist", "no pg_hba.conf entry",
+		"must be superuser or replication role", "permission denied",
+		"must have the REPLICATION", "certificate", "SSL error", "invalid",
+	};
+
+	for (size_t i = 0; i < sizeof(permanent) / sizeof(permanent[0]); i++)
+		if (strstr(msg, permanent[i]) != NULL)
+			return OBX_FAIL_FATAL;
+	return OBX_FAIL_RETRY;
+}
+
+static int
+parse_guc_ms(const char *v, int *out)
+{
+	long long ms;
+
+	if (strcmp(v, "0") == 0) {
+		*out = 0;
+		return 0;
+	}
+	if (obx_parse_duration_ms(v, 0, 1LL << 31, &ms) != 0 &&
+	    obx_parse_int(v, 0, 1LL << 31, &ms) != 0)
+		return OBX_EINVAL;
+	*out = (int)ms;
+	return 0;
+}
+
+/* The mapped columns a publication's column list must keep, as an SQL name[] literal list. */
+static char *
+mapped_columns_sql(PGconn *c, const struct obx_config *cfg)
+{
+	const char *cols[64];
+	size_t n = 0;
+	char *out = NULL;
+	size_t len = 0;
+	FILE *fp;
+
+	cols[n++] = cfg->col_id;
+	cols[n++] = cfg->col_key;
+	cols[n++] = cfg->col_type;
+	cols[n++] = cfg->col_payload;
+	if (cfg->col_headers[0] != '\0')
+		cols[n++] = cfg->col_headers;
+	if (cfg->col_timestamp[0] != '\0')
+		cols[n++] = cfg->col_timestamp;
+	for (size_t i = 0; i < cfg->n_extra_headers && n < 48; i++)
+		cols[n++] = cfg->extra_headers[i].value;
+	for (const char *p = cfg->topic; (p = strstr(p, "${")) != NULL && n < 63;) {
+		const char *e = strchr(p, '}');
+		static char names[16][128];
+
+		if (e == NULL)
+			break;
+		snprintf(names[n % 16], sizeof(names[0]), "%.*s", (int)(e - p - 2), p + 2);
+		cols[n] = names[n % 16];
+		n++;
+		p = e + 1;
+	}
+	fp = open_memstream(&out, &len);
+	if (fp == NULL)
+		return NULL;
+	for (size_t i = 0; i < n; i++) {
+		char *lit = PQescapeLiteral(c, cols[i], strlen(cols[i]));
+
+		fprintf(fp, "%s%s", i ? "," : "", lit ? lit : "''");
+		PQfreemem(lit);
+	}
+	fclose(fp);
+	return out;
+}
+
+static enum obx_fail
+setup_publication(PGconn *c, const struct obx_config *cfg, struct sqlnames *nm, char *errbuf,
+    size_t errlen)
+{
+	char sql[4096], err[1024];
+	PGresult *r;
+	char relkind;
+	bool viaroot;
+	char *cols;
+
+	snprintf(sql, sizeof(sql),
+	    "SELECT c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+	    "WHERE n.nspname = %s AND c.relname = %s", nm->schema_lit, nm->table_lit);
+	if ((r = run(c, sql, err, sizeof(err))) == NULL)
+		return failf(errbuf, errlen, OBX_FAIL_RETRY, "could not look up table %s.%s: %s",
+		    cfg->table_schema, cfg->table_name, err);
+	if (PQntuples(r) == 0) {
+		PQclear(r);
+		return failf(errbuf, errlen, OBX_FAIL_FATAL,
+		    "outbox table %s.%s does not exist (create it, see sql/, or set [source] table)",
+		    cfg->table_schema, cfg->table_name);
+	}
+	relkind = PQgetvalue(r, 0, 0)[0];
+	PQclear(r);
+
+	snprintf(sql, sizeof(sql),
+	    "SELECT pubinsert, pubviaroot FROM pg_publication WHERE pubname = %s", nm->pub_lit);
+	if ((r = run(c, sql, err, sizeof(err))) == NULL)
+		return failf(errbuf, errlen, OBX_FAIL_RETRY, "could not read publication %s: %s",
+		    cfg->publication, err);
+	if (PQntuples(r) == 0) {
+		PQclear(r);
+		if (!cfg->create_publication)
+			return failf(errbuf, errlen, OBX_FAIL_FATAL,
+			    "publication %s does not exist and create_publication = false "
+			    "(create it FOR TABLE %s.%s WITH (publish = 'insert'), see sql/)",
+			    cfg->publication, cfg->table_schema, cfg->table_name);
+		snprintf(sql, sizeof(sql),
+		    "CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert'%s)",
+		    nm->pub_ident, nm->qualified,
+		    relkind == 'p' ? ", publish_via_partition_root = true" : "");
+		if (is_sqlstate(c, sql, "42710", err, sizeof(err), &r)) {
+			obx_log_info("publication %s was created concurrently", cfg->publication);
+		} else if (r == NULL) {
+			return failf(errbuf, errlen, OBX_FAIL_FATAL, "could not create publication %s: %s",
+			    cfg->publication, err);
+		} else {
+			PQclear(r);
+			obx_log_info("created publication %s for table %s.%s (inserts only)",
+			    cfg->publication, cfg->table_schema, cfg->table_name);
+		}
+		return setup_publication(c, cfg, nm, errbuf, errlen);
+	}
+	if (strcmp(PQgetvalue(r, 0, 0), "t") != 0) {
+		PQclear(r);
+		return failf(errbuf, errlen, OBX_FAIL_FATAL,
+		    "publication %s does not publish inserts (ALTER PUBLICATION %s SET (publish = 'insert'))",
+		    cfg->publication, cfg->publication);
+	}
+	viaroot = strcmp(PQgetvalue(r, 0, 1), "t") == 0;
+	PQclear(r);
+	if (relkind == 'p' && !viaroot)
+		return failf(errbuf, errlen, OBX_FAIL_FATAL,
+		    "outbox %s.%s is partitioned but publication %s lacks publish_via_partition_root = true: "
+		    "events would arrive under partition names (ALTER PUBLICATION %s SET (publish_via_partition_root = true))",
+		    cfg->table_schema, cfg->table_name, cfg->publication, cfg->publication);
+
+	cols = mapped_columns_sql(c, cfg);
+	if (cols == NULL)
+		return failf(errbuf, errlen, OBX_FAIL_FATAL, "out of memory");
+	snprintf(sql, sizeof(sql),
+	    "SELECT rowfilter IS NOT NULL, (SELECT string_agg(m, ', ') FROM unnest(ARRAY[%s]::name[]) m "
+	    "WHERE attnames IS NOT NULL AND NOT m = ANY(attnames)) "
+	    "FROM pg_publication_tables WHERE pubname = %s AND schemaname = %s AND tablename = %s",
+	    cols, nm->pub_lit, nm->schema_lit, nm->table_lit);
+	free(cols);
+	if ((r = run(c, sql, err, sizeof(err))) == NULL)
+		return failf(errbuf, errlen, OBX_FAIL_RETRY, "could not read publication %s: %s",
+		    cfg->publication, err);
+	if (PQntuples(r) == 0) {
+		PQclear(r);
+		return failf(errbuf, errlen, OBX_FAIL_FATAL,
+		    "publication %s does not publish table %s.%s (ALTER PUBLICATION %s ADD TABLE ...)",
+		    cfg->publication, cfg->table_schema, cfg->table_name, cfg->publication);
+	}
+	if (strcmp(PQgetvalue(r, 0, 0), "t") == 0) {
+		PQclear(r);
+		return failf(errbuf, errlen, OBX_FAIL_FATAL,
+		    "publication %s has a row filter on %s.%s: filtered events would be confirmed without being published",
+		    cfg->publication, cfg->table_schema, cfg->table_name);
+	}
+	if (!PQgetisnull(r, 0, 1)) {
+		failf(errbuf, errlen, OBX_FAIL_FATAL,
+		    "publication %s has a column list without the mapped column(s) %s",
+		    cfg->publication, PQgetvalue(r, 0, 1));
+		PQclear(r);
+		return OBX_FAIL_FATAL;
+	}
+	PQclear(r);
+	return OBX_FAIL_NONE;
+}
+
+/* Finds "outboxd-slot SLOT SYSID LSN" in the publication comment; returns true when present. */
+static bool
+find_marker(const char *comment, const char *slot, char *sysid, size_t sl, char *lsn, size_t ll)
+{
+	const char *p = comment;
+
+	while (p != NULL && *p != '\0') {
+		char s[128], id[32], l[32];
+
+		if (sscanf(p, MARKER " %127s %31s %31s", s, id, l) == 3 && strcmp(s, slot) == 0) {
+			snprintf(sysid, sl, "%s", id);
+			snprintf(lsn, ll, "%s", l);
+			return true;
+		}
+		p = strchr(p, '\n');
+		if (p != NULL)
+			p++;
+	}
+	return false;
+}
+
+static void
+record_marker(PGconn *c, const struct obx_config *cfg, struct sqlnames *nm, const char *comment,
+    const char *sysid, const char *lsn)
+{
+	char *text = NULL, *lit, *sql = NULL;
+	size_t len = 0;
+	FILE *fp = open_memstream(&text, &len);
+	char err[1024];
+	PGresult *r;
+
+	if (fp == NULL)
+		return;
+	/* keep the other lines (other slots, a human's note), replace ours */
+	for (const char *p = comment; p != NULL && *p != '\0';) {
+		const char *nl = strchr(p, '\n');
+		size_t n = nl ? (size_t)(nl - p) : strlen(p);
+		char prefix[160];
+
+		snprintf(prefix, sizeof(prefix), MARKER " %s ", cfg->slot);
+		if (strncmp(p, prefix, strlen(prefix)) != 0 && n > 0)
+			fprintf(fp, "%.*s\n", (int)n, p);
+		p = nl ? nl + 1 : NULL;
+	}
+	fprintf(fp, MARKER " %s %s %s", cfg->slot, sysid, lsn);
+	fclose(fp);
+	lit = PQescapeLiteral(c, text, strlen(text));
+	if (lit != NULL && asprintf(&sql, "COMMENT ON PUBLICATION %s IS %s", nm->pub_ident, lit) > 0) {
+		if ((r = run(c, sql, err, sizeof(err))) != NULL)
+			PQclear(r);
+		else
+			obx_log_warn("could not record the creation of slot %s on publication %s: %s; "
+			    "a later loss of the slot will not be detected (make the outboxd role own the publication)",
+			    cfg->slot, cfg->publication, err);
+	}
+	free(sql);
+	PQfreemem(lit);
+	free(text);
+}
+
+static enum obx_fail
+setup_slot(struct obx_pgstream *s, const struct obx_config *cfg, struct sqlnames *nm,
+    bool recreate, char *errbuf, size_t errlen)
+{
+	char sql[2048], err[1024], msysid[32], mlsn[32];
+	char *comment = NULL;
+	PGresult *r;
+	bool marked;
+
+	snprintf(sql, sizeof(sql),
+	    "SELECT confirmed_flush_lsn, plugin, slot_type, database, coalesce(wal_status, '') "
+	    "FROM pg_replication_slots WHERE slot_name = %s", nm->slot_lit);
+	if ((r = run(s->conn, sql, err, sizeof(err))) == NULL)
+		return failf(errbuf, errlen, OBX_FAIL_RETRY, "could not read slot %s: %s", cfg->slot, err);
+	if (PQntuples(r) > 0) {
+		enum obx_fail f = OBX_FAIL_NONE;
+
+		if (strcmp(PQgetvalue(r, 0, 2), "logical") != 0 || strcmp(PQgetvalue(r, 0, 1), "pgoutput") != 0)
+			f = failf(errbuf, errlen, OBX_FAIL_FATAL,
+			    "slot %s exists but is not a logical pgoutput slot (plugin %s)", cfg->slot,
+			    PQgetvalue(r, 0, 1));
+		else if (strcmp(PQgetvalue(r, 0, 4), "lost") == 0)
+			f = failf(errbuf, errlen, OBX_FAIL_FATAL,
+			    "slot %s is invalidated (wal_status = lost): the server removed WAL it still needed, "
+			    "events committed after %s may have been lost; drop and recreate the slot, then "
+			    "reconcile from the business tables", cfg->slot,
+			    PQgetisnull(r, 0, 0) ? "its last position" : PQgetvalue(r, 0, 0));
+		else if (PQgetisnull(r, 0, 0) || obx_lsn_parse(PQgetvalue(r, 0, 0), &s->start_confirmed) != 0)
+			f = failf(errbuf, errlen, OBX_FAIL_FATAL, "slot %s has no confirmed position",
+			    cfg->slot);
+		PQclear(r);
+		return f;
+	}
+	PQclear(r);
+
+	snprintf(sql, sizeof(sql), "SELECT coalesce(obj_description(oid, 'pg_publication'), '') "
+	    "FROM pg_publication WHERE pubname = %s", nm->pub_lit);
+	if ((r = run(s->conn, sql, err, sizeof(err))) == NULL)
+		return failf(errbuf, errlen, OBX_FAIL_RETRY, "could not read publication comment: %s", err);
+	comment = strdup(PQntuples(r) > 0 ? PQgetvalue(r, 0, 0) : "");
+	PQclear(r);
+	if (comment == NULL)
+		return failf(errbuf, errlen, OBX_FAIL_FATAL, "out of memory");
+	marked = find_marker(comment, cfg->slot, msysid, sizeof(msysid), mlsn, sizeof(mlsn));
+	if (marked && !recreate) {
+		free(comment);
+		return failf(errbuf, errlen, OBX_FAIL_FATAL,
+		    "replication slot %s is missing but existed before (created at %s on system %s): "
+		    "after a failover, a drop or a restore, events committed since its last position may "
+		    "not be published; reconcile, then start once with --recreate-slot",
+		    cfg->slot, mlsn, msysid);
+	}
+	if (!marked && !cfg->create_slot) {
+		free(comment);
+		return failf(errbuf, errlen, OBX_FAIL_FATAL,
+		    "replication slot %s does not exist and create_slot = false", cfg->slot);
+	}
+
+	if (s->server_version >= 150000)
+		snprintf(sql, sizeof(sql), "CREATE_REPLICATION_SLOT %s LOGICAL pgoutput (SNAPSHOT 'nothing')",
+		    nm->slot_ident);
+	else
+		snprintf(sql, sizeof(sql), "CREATE_REPLICATION_SLOT %s LOGICAL pgoutput NOEXPORT_SNAPSHOT",
+		    nm->slot_ident);
+	if (is_sqlstate(s->conn, sql, "42710", err, sizeof(err), &r)) {
+		/* another instance created it a moment ago: use it */
+		free(comment);
+		obx_log_info("slot %s was created concurrently", cfg->slot);
+		return setup_slot(s, cfg, nm, recreate, errbuf, errlen);
+	}
+	if (r == NULL) {
+		free(comment);
+		return failf(errbuf, errlen, OBX_FAIL_FATAL, "could not create slot %s: %s", cfg->slot, err);
+	}
+	if (obx_lsn_parse(PQgetvalue(r, 0, 1), &s->start_confirmed) != 0) {
+		PQclear(r);
+		free(comment);
+		return failf(errbuf, errlen, OBX_FAIL_FATAL, "slot %s: unexpected consistent point",
+		    cfg->slot);
+	}
+	s->slot_created = true;
+	if (marked)
+		obx_log_warn("recreated slot %s at %s (--recreate-slot); the previous slot was created at %s: "
+		    "events committed between its last confirmed position and %s are not published",
+		    cfg->slot, PQgetvalue(r, 0, 1), mlsn, PQgetvalue(r, 0, 1));
+	else
+		obx_log_info("created slot %s at %s", cfg->slot, PQgetvalue(r, 0, 1));
+	record_marker(s->conn, cfg, nm, comment, s->sysid, PQgetvalue(r, 0, 1));
+	PQclear(r);
+	free(comment);
+
+	snprintf(sql, sizeof(sql), "SELECT count(*) FROM (SELECT 1 FROM %s LIMIT 1000001) x", nm->qualified);
+	if ((r = run(s->conn, sql, err, sizeof(err))) != NULL) {
+		if (strcmp(PQgetvalue(r, 0, 0), "0") != 0)
+			obx_log_warn("%s row(s) already in %s.%s will not be published: a new slot starts "
+			    "at its creation point (no snapshot)", PQgetvalue(r, 0, 0), cfg->table_schema,
+			    cfg->table_name);
+		PQclear(r);
+	}
+	return OBX_FAIL_NONE;
+}
+
+enum obx_fail
+obx_pgstream_open(struct obx_pgstream *s, const struct obx_config *cfg, bool recreate_slot,
+    char *errbuf, size_t errlen)
+{
+	static const char *const kw[] = { "replication", NULL };
+	static const char *const val[] = { "database", NULL };
+	struct sqlnames nm;
+	char err[1024], sql[1024];
+	enum obx_fail f;
+	PGresult *r;
+	char *pubs = NULL, *pubs_lit = NULL;
+
+	memset(s, 0, sizeof(*s));
+	s->conn = obx_pg_connect(cfg->conninfo, kw, val, "outboxd");
+	if (s->conn == NULL)
+		return failf(errbuf, errlen, OBX_FAIL_FATAL, "out of memory");
+	if (PQstatus(s->conn) != CONNECTION_OK) {
+		obx_pg_error_line(s->conn, err, sizeof(err));
+		return failf(errbuf, errlen, classify_connect_error(err),
+		    "could not connect to PostgreSQL: %s", err);
+	}
+	s->server_version = PQserverVersion(s->conn);
+	if (s->server_version < 100000)
+		return failf(errbuf, errlen, OBX_FAIL_FATAL,
+		    "PostgreSQL %d is too old: pgoutput needs 10 or later", s->server_version);
+
+	if ((r = run(s->conn, "IDENTIFY_SYSTEM", err, sizeof(err))) == NULL)
+		return failf(errbuf, errlen, OBX_FAIL_RETRY, "IDENTIFY_SYSTEM failed: %s", err);
+	if (PQntuples(r) != 1 || PQnfields(r) < 4 || PQgetisnull(r, 0, 3)) {
+		PQclear(r);
+		return failf(errbuf, errlen, OBX_FAIL_FATAL,
+		    "IDENTIFY_SYSTEM did not name a database: the connection is not a logical replication connection");
+	}
+	snprintf(s->sysid, sizeof(s->sysid), "%s", PQgetvalue(r, 0, 0));
+	s->timeline = atoi(PQgetvalue(r, 0, 1));
+	PQclear(r);
+
+	if ((r = run(s->conn, "SHOW wal_level", err, sizeof(err))) == NULL)
+		return failf(errbuf, errlen, OBX_FAIL_RETRY, "could not read wal_level: %s", err);
+	if (strcmp(PQgetvalue(r, 0, 0), "logical") != 0) {
+		f = failf(errbuf, errlen, OBX_FAIL_FATAL,
+		    "wal_level is '%s' but logical replication needs wal_level = logical "
+		    "(set it in postgresql.conf and restart the server)", PQgetvalue(r, 0, 0));
+		PQclear(r);
+		return f;
+	}
+	PQclear(r);
+	if ((r = run(s->conn, "SHOW wal_sender_timeout", err, sizeof(err))) == NULL)
+		return failf(errbuf, errlen, OBX_FAIL_RETRY, "could not read wal_sender_timeout: %s", err);
+	if (parse_guc_ms(PQgetvalue(r, 0, 0), &s->wal_sender_timeout_ms) != 0) {
+		f = failf(errbuf, errlen, OBX_FAIL_FATAL, "cannot parse wal_sender_timeout '%s'",
+		    PQgetvalue(r, 0, 0));
+		PQclear(r);
+		return f;
+	}
+	PQclear(r);
+	if (s->wal_sender_timeout_ms > 0 && cfg->status_interval_ms >= s->wal_sender_timeout_ms)
+		return failf(errbuf, errlen, OBX_FAIL_FATAL,
+		    "[source] status_interval (%d ms) must be below the server's wal_sender_timeout (%d ms)",
+		    cfg->status_interval_ms, s->wal_sender_timeout_ms);
+
+	if (sqlnames_init(&nm, s->conn, cfg) != 0) {
+		sqlnames_free(&nm);
+		return failf(errbuf, errlen, OBX_FAIL_FATAL, "out of memory");
+	}
+	/* publication first: a slot created before its publication breaks decoding */
+	f = setup_publication(s->conn, cfg, &nm, errbuf, errlen);
+	if (f == OBX_FAIL_NONE)
+		f = setup_slot(s, cfg, &nm, recreate_slot, errbuf, errlen);
+	if (f != OBX_FAIL_NONE) {
+		sqlnames_free(&nm);
+		return f;
+	}
+
+	pubs = nm.pub_ident; /* publication_names is a list of (quoted) identifiers */
+	pubs_lit = PQescapeLiteral(s->conn, pubs, strlen(pubs));
+	snprintf(sql, sizeof(sql),
+	    "START_REPLICATION SLOT %s LOGICAL 0/0 (proto_version '1', publication_names %s)",
+	    nm.slot_ident, pubs_lit ? pubs_lit : "''");
+	PQfreemem(pubs_lit);
+	sqlnames_free(&nm);
+	r = PQexec(s->conn, sql);
+	if (PQresultStatus(r) != PGRES_COPY_BOTH) {
+		const char *code = PQresultErrorField(r, PG_DIAG_SQLSTATE);
+
+		obx_pg_result_error_line(r, err, sizeof(err));
+		f = (code != NULL && strcmp(code, "55006") == 0) ? OBX_FAIL_RETRY :
+		    (code != NULL && code[0] == '4' && code[1] == '2') ? OBX_FAIL_FATAL : OBX_FAIL_RETRY;
+		PQclear(r);
+		return failf(errbuf, errlen, f, "could not start replication on slot %s: %s", cfg->slot,
+		    err);
+	}
+	PQclear(r);
+	if (PQsetnonblocking(s->conn, 1) != 0)
+		return failf(errbuf, errlen, OBX_FAIL_RETRY, "could not make the connection non-blocking");
+	return OBX_FAIL_NONE;
+}
+
+int
+obx_pgstream_fd(const struct obx_pgstream *s)
+{
+	return PQsocket(s->conn);
+}
+
+int
+obx_pgstream_consume(struct obx_pgstream *s, char *errbuf, size_t errlen)
+{
+	if (PQconsumeInput(s->conn) == 0) {
+		obx_pg_error_line(s->conn, errbuf, errlen);
+		return -1;
+	}
+	return 0;
+}
+
+int
+obx_pgstream_read(struct obx_pgstream *s, const uint8_t **buf, size_t *len, char *errbuf,
+    size_t errlen)
+{
+	char *copybuf = NULL;
+	int n;
+
+	if (s->copybuf != NULL) {
+		PQfreemem(s->copybuf);
+		s->copybuf = NULL;
+	}
+	n = PQgetCopyData(s->conn, &copybuf, 1);
+	if (n > 0) {
+		s->copybuf = (uint8_t *)copybuf;
+		*buf = s->copybuf;
+		*len = (size_t)n;
+		return 1;
+	}
+	if (n == 0)
+		return 0;
+	if (n == -1) {
+		PGresult *r = PQgetResult(s->conn);
+
+		if (r != NULL && PQresultStatus(r) != PGRES_COMMAND_OK)
+			obx_pg_result_error_line(r, errbuf, errlen);
+		else
+			snprintf(errbuf, errlen, "the server ended the replication stream");
+		PQclear(r);
+		return -1;
+	}
+	obx_pg_error_line(s->conn, errbuf, errlen);
+	return -1;
+}
+
+int
+obx_pgstream_send_status(struct obx_pgstream *s, obx_lsn write, obx_lsn flush, bool reply,
+    char *errbuf, size_t errlen)
+{
+	uint8_t msg[OBX_STATUS_UPDATE_LEN];
+
+	/* never report a position below what the slot had already confirmed */
+	if (flush < s->start_confirmed)
+		flush = s->start_confirmed;
+	if (write < flush)
+		write = flush;
+	obx_walmsg_status(msg, write, flush, flush, obx_pg_now(), reply);
+	if (PQputCopyData(s->conn, (const char *)msg, sizeof(msg)) <= 0) {
+		obx_pg_error_line(s->conn, errbuf, errlen);
+		return -1;
+	}
+	return 0;
+}
+
+int
+obx_pgstream_flush(struct obx_pgstream *s)
+{
+	return PQflush(s->conn);
+}
+
+void
+obx_pgstream_close(struct obx_pgstream *s)
+{
+	if (s->copybuf != NULL)
+		PQfreemem(s->copybuf);
+	s->copybuf = NULL;
+	if (s->conn != NULL && PQstatus(s->conn) == CONNECTION_OK &&
+	    PQputCopyEnd(s->conn, NULL) == 1) {
+		int64_t deadline = obx_pg_now() + 2000000;
+
+		/* drain until the server ends COPY too (so a last error is not missed); bounded */
+		while (obx_pg_now() < deadline) {
+			struct pollfd p = { PQsocket(s->conn), POLLIN, 0 };
+			char *buf = NULL;
+			int n;
+
+			if (PQflush(s->conn) == 1)
+				p.events |= POLLOUT;
+			n = PQgetCopyData(s->conn, &buf, 1);
+			if (buf != NULL)
+				PQfreemem(buf);
+			if (n < 0)
+				break;
+			if (n == 0 && (poll(&p, 1, 100) < 0 || PQconsumeInput(s->conn) == 0))
+				break;
+		}
+		for (int i = 0; i < 4; i++) {
+			PGresult *r;
+
+			if (PQisBusy(s->conn))
+				break;
+			if ((r = PQgetResult(s->conn)) == NULL)
+				break;
+			PQclear(r);
+		}
+	}
+	if (s->conn != NULL)
+		PQfinish(s->conn);
+	s->conn = NULL;
+}
