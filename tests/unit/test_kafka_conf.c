@@ -1,0 +1,92 @@
+/*
+ * Producer configuration: the guarantees are enforced, the defaults are
+ * outboxd's, and keys land on the partitions Kafka's Java client picks.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "obx/config.h"
+#include "obx/kafka.h"
+
+static void
+expect_prop(rd_kafka_conf_t *conf, const char *k, const char *want)
+{
+	char v[256];
+	size_t len = sizeof(v);
+
+	assert_int_equal(rd_kafka_conf_get(conf, k, v, &len), RD_KAFKA_CONF_OK);
+	assert_string_equal(v, want);
+}
+
+static void
+test_defaults_and_guarantees(void **state)
+{
+	struct obx_config cfg;
+	rd_kafka_conf_t *conf;
+	char err[512];
+
+	(void)state;
+	obx_config_init(&cfg);
+	assert_int_equal(obx_config_set(&cfg, "kafka", "bootstrap.servers", "h:1", "t", false, err, sizeof(err)), 0);
+	conf = obx_kafka_conf(&cfg, err, sizeof(err));
+	assert_non_null(conf);
+	expect_prop(conf, "enable.idempotence", "true");
+	expect_prop(conf, "acks", "-1");
+	expect_prop(conf, "message.timeout.ms", "0");
+	expect_prop(conf, "partitioner", "murmur2_random");
+	expect_prop(conf, "queue.buffering.max.messages", "21000");
+	rd_kafka_conf_destroy(conf);
+
+	/* user tuning wins where it does not weaken anything */
+	assert_int_equal(obx_config_set(&cfg, "kafka", "message.timeout.ms", "60000", "t", false, err, sizeof(err)), 0);
+	assert_int_equal(obx_config_set(&cfg, "kafka", "linger.ms", "20", "t", false, err, sizeof(err)), 0);
+	conf = obx_kafka_conf(&cfg, err, sizeof(err));
+	expect_prop(conf, "message.timeout.ms", "60000");
+	expect_prop(conf, "linger.ms", "20");
+	expect_prop(conf, "enable.idempotence", "true");
+	rd_kafka_conf_destroy(conf);
+	obx_config_reset(&cfg);
+}
+
+/*
+ * murmur2 values from Kafka's own Java client tests (UtilsTest.testMurmur2);
+ * the Java DefaultPartitioner picks toPositive(murmur2(key)) % partitions.
+ */
+static void
+test_murmur2_matches_java(void **state)
+{
+	static const struct { const char *key; int32_t murmur2; } cases[] = {
+		{ "21", -973932308 },
+		{ "foobar", -790332482 },
+		{ "a-little-bit-long-string", -985981536 },
+		{ "a-little-bit-longer-string", -1486304829 },
+		{ "lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8", -58897971 },
+		{ "abc", 479470107 },
+	};
+
+	(void)state;
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		for (int32_t parts = 1; parts <= 64; parts *= 2) {
+			int32_t want = (int32_t)(((uint32_t)cases[i].murmur2 & 0x7fffffff) % (uint32_t)parts);
+			int32_t got = rd_kafka_msg_partitioner_murmur2_random(NULL, cases[i].key,
+			    strlen(cases[i].key), parts, NULL, NULL);
+
+			assert_int_equal(got, want);
+		}
+	}
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_defaults_and_guarantees),
+		cmocka_unit_test(test_murmur2_matches_java),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
