@@ -441,3 +441,190 @@ t_msgs_free(struct t_msg *m, size_t n)
 	}
 	free(m);
 }
+
+/* ---- relay under test ---- */
+
+static void
+exec_file(PGconn *c, const char *relpath)
+{
+	const char *src = getenv("OBX_SOURCE_DIR");
+	char path[1024], *text;
+	FILE *fp;
+	long len;
+
+	snprintf(path, sizeof(path), "%s/%s", src ? src : ".", relpath);
+	fp = fopen(path, "r");
+	if (fp == NULL)
+		fail_msg("could not open %s", path);
+	fseek(fp, 0, SEEK_END);
+	len = ftell(fp);
+	fseek(fp, 0, SEEK_SET);
+	text = calloc(1, (size_t)len + 1);
+	if (fread(text, 1, (size_t)len, fp) != (size_t)len)
+		fail_msg("could not read %s", path);
+	fclose(fp);
+	t_exec(c, "%s", text);
+	free(text);
+}
+
+void
+t_relay_setup(struct t_relay *r, const char *prefix, int bare)
+{
+	memset(r, 0, sizeof(*r));
+	t_stack_load(&r->st);
+	t_create_db(&r->st, prefix, r->db, sizeof(r->db));
+	snprintf(r->slot, sizeof(r->slot), "%s", r->db);
+	r->pg = t_pg(&r->st, r->db, 0);
+	if (!bare)
+		exec_file(r->pg, "sql/001_outbox.sql");
+	t_broker_start(&r->b, 3);
+	snprintf(r->log, sizeof(r->log), "/tmp/obx-test-%s.log", r->db);
+	unlink(r->log);
+}
+
+void
+t_relay_config(struct t_relay *r, const char *extra)
+{
+	char text[8192], ci[512];
+
+	t_conninfo(&r->st, r->db, ci, sizeof(ci));
+	snprintf(text, sizeof(text),
+	    "[source]\nconninfo = %s\nslot = %s\nstatus_interval = 1s\n"
+	    "[kafka]\nbootstrap.servers = %s\n"
+	    "[log]\nformat = text\nlevel = debug\n%s",
+	    ci, r->slot, r->b.bootstrap, extra ? extra : "");
+	if (r->conf[0] != '\0')
+		unlink(r->conf);
+	t_write_file(r->conf, sizeof(r->conf), text);
+}
+
+void
+t_relay_start(struct t_relay *r, const char *arg, int wait)
+{
+	const char *bin = getenv("OBX_OUTBOXD");
+	char *argv[6];
+	int n = 0;
+	int64_t deadline = t_now_ms() + 20000;
+
+	if (bin == NULL)
+		fail_msg("OBX_OUTBOXD is not set");
+	argv[n++] = (char *)bin;
+	argv[n++] = "run";
+	argv[n++] = "-c";
+	argv[n++] = r->conf;
+	if (arg != NULL)
+		argv[n++] = (char *)arg;
+	argv[n] = NULL;
+	{
+		int before = t_log_count(r, "streaming from slot");
+
+		r->pid = t_spawn(argv, r->log);
+		while (wait && t_log_count(r, "streaming from slot") == before) {
+			if (t_now_ms() > deadline || waitpid(r->pid, NULL, WNOHANG) == r->pid) {
+				t_log_dump(r);
+				fail_msg("outboxd did not start streaming");
+			}
+			usleep(20000);
+		}
+	}
+}
+
+int
+t_relay_signal(struct t_relay *r, int sig, int timeout_ms)
+{
+	int st;
+
+	if (r->pid <= 0)
+		return -1;
+	kill(r->pid, sig);
+	st = t_wait(r->pid, timeout_ms);
+	if (st != -1)
+		r->pid = 0;
+	return st;
+}
+
+void
+t_relay_teardown(struct t_relay *r)
+{
+	if (r->pid > 0) {
+		kill(r->pid, SIGKILL);
+		waitpid(r->pid, NULL, 0);
+		r->pid = 0;
+	}
+	t_broker_stop(&r->b);
+	if (r->pg != NULL)
+		PQfinish(r->pg);
+	r->pg = NULL;
+	if (r->conf[0] != '\0')
+		unlink(r->conf);
+}
+
+int
+t_log_count(const struct t_relay *r, const char *needle)
+{
+	FILE *fp = fopen(r->log, "r");
+	char line[4096];
+	int n = 0;
+
+	if (fp == NULL)
+		return 0;
+	while (fgets(line, sizeof(line), fp) != NULL)
+		if (strstr(line, needle) != NULL)
+			n++;
+	fclose(fp);
+	return n;
+}
+
+void
+t_log_dump(const struct t_relay *r)
+{
+	FILE *fp = fopen(r->log, "r");
+	char line[4096];
+
+	if (fp == NULL)
+		return;
+	while (fgets(line, sizeof(line), fp) != NULL)
+		if (strstr(line, " kafka ") == NULL)
+			print_error("outboxd| %s", line);
+	fclose(fp);
+}
+
+uint64_t
+t_lsn(const char *s)
+{
+	unsigned hi = 0, lo = 0;
+
+	if (s == NULL || sscanf(s, "%X/%X", &hi, &lo) != 2)
+		return 0;
+	return ((uint64_t)hi << 32) | lo;
+}
+
+uint64_t
+t_slot_confirmed(struct t_relay *r)
+{
+	char *v = t_query1(r->pg, "SELECT coalesce((SELECT confirmed_flush_lsn::text FROM pg_replication_slots "
+	    "WHERE slot_name = '%s'), '0/0')", r->slot);
+	uint64_t l = t_lsn(v);
+
+	free(v);
+	return l;
+}
+
+void
+t_slot_wait_inactive(struct t_relay *r, int timeout_ms)
+{
+	int64_t deadline = t_now_ms() + timeout_ms;
+
+	for (;;) {
+		char *v = t_query1(r->pg, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = '%s' "
+		    "AND active", r->slot);
+		int active = atoi(v);
+
+		free(v);
+		if (!active)
+			return;
+		if (t_now_ms() > deadline)
+			fail_msg("slot %s still active", r->slot);
+		usleep(50000);
+	}
+}

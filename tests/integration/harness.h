@@ -100,3 +100,37 @@ void t_write_file(char *path, size_t len, const char *text);
 int64_t t_now_ms(void);
 
 #endif
+
+/* ---- a relay under test: database with the sql/ schema, broker, outboxd ---- */
+
+struct t_relay {
+	struct t_stack st;
+	char db[64];
+	struct t_broker b;
+	char conf[64];
+	char log[128];
+	char slot[64];
+	pid_t pid;
+	PGconn *pg; /* an ordinary connection to db */
+};
+
+/* Creates a database (with sql/001_outbox.sql unless bare) and starts a broker. */
+void t_relay_setup(struct t_relay *r, const char *prefix, int bare);
+/* Writes the config: the connection, slot, broker, 1s status interval, then extra lines. */
+void t_relay_config(struct t_relay *r, const char *extra);
+/* Starts outboxd run -c conf [arg]; waits for "streaming from slot" unless !wait. */
+void t_relay_start(struct t_relay *r, const char *arg, int wait);
+/* Sends sig and waits up to timeout_ms; returns the wait status (-1 on timeout). */
+int t_relay_signal(struct t_relay *r, int sig, int timeout_ms);
+/* Stops everything started (outboxd, broker) and closes the connection. */
+void t_relay_teardown(struct t_relay *r);
+/* Number of times needle appears in the outboxd log. */
+int t_log_count(const struct t_relay *r, const char *needle);
+/* Prints the outboxd log (for failures). */
+void t_log_dump(const struct t_relay *r);
+/* The slot's confirmed_flush_lsn (0 when missing). */
+uint64_t t_slot_confirmed(struct t_relay *r);
+/* Waits until the slot has no active walsender; fails after timeout_ms. */
+void t_slot_wait_inactive(struct t_relay *r, int timeout_ms);
+/* Parses "X/X". */
+uint64_t t_lsn(const char *s);
