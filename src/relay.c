@@ -78,6 +78,7 @@ struct relay {
 	enum session_end end; /* set when the session must end */
 	bool ending;
 	bool streamed; /* the last session got as far as streaming */
+	bool paused;   /* backpressure: not reading the stream */
 	char end_reason[1024];
 };
 
@@ -507,6 +508,7 @@ session(struct relay *r)
 	r->ending = false;
 	r->in_txn = false;
 	r->inflight = r->inflight_bytes = 0;
+	r->paused = false;
 	obx_relcache_init(&r->rels);
 	if (obx_kafka_open(&r->kf, r->cfg, on_delivery, r, err, sizeof(err)) != 0) {
 		end_session(r, END_FATAL, "%s", err);
@@ -545,6 +547,14 @@ session(struct relay *r)
 		if (r->ending)
 			break;
 		maybe_status(r);
+		if (backpressured(r) != r->paused) {
+			r->paused = !r->paused;
+			if (r->paused)
+				obx_log_info("backpressure: %" PRIu64 " event(s), %" PRIu64 " byte(s) in flight; "
+				    "pausing the replication stream", r->inflight, r->inflight_bytes);
+			else
+				obx_log_info("backpressure released: resuming the replication stream");
+		}
 		if (r->draining && (r->ack.outstanding == 0 || now_ms() >= r->drain_deadline)) {
 			if (r->ack.outstanding > 0)
 				obx_log_warn("stopping with %" PRIu64 " event(s) unacknowledged after %d s "
