@@ -282,15 +282,22 @@ produce_with_retry(struct relay *r, rd_kafka_resp_err_t *errp, const char *topic
 	return err == RD_KAFKA_RESP_ERR_NO_ERROR;
 }
 
-/* A row that cannot become an event, or an event the producer refused at once. */
+/*
+ * A row that cannot become an event, or an event the producer refused at
+ * once.  on_error = stop ends the run without confirming past it;
+ * dead_letter sends the whole row as JSON (or, when even that is refused,
+ * the identifying headers alone) to the dead-letter topic.
+ */
 static void
 poison(struct relay *r, const struct obx_rel *rel, const struct obx_pg_tuple *t, uint64_t ticket,
-    const char *id, const char *reason)
+    const char *id, const char *topic, const char *reason)
 {
 	char lsn[OBX_LSN_STRLEN], seq[16], xid[16];
-	struct obx_header h[4];
+	struct obx_header h[5];
+	size_t nh = 4;
 	rd_kafka_resp_err_t err;
 	char *row;
+	int64_t ts = (r->txn.commit_time + OBX_PG_EPOCH_OFFSET_US) / 1000;
 
 	obx_lsn_format(r->txn.commit_lsn, lsn, sizeof(lsn));
 	if (r->cfg->on_error == OBX_ON_ERROR_STOP) {
@@ -305,6 +312,8 @@ poison(struct relay *r, const struct obx_rel *rel, const struct obx_pg_tuple *t,
 	h[1] = (struct obx_header){ "seq", seq, strlen(seq) };
 	h[2] = (struct obx_header){ "xid", xid, strlen(xid) };
 	h[3] = (struct obx_header){ "id", id, id ? strlen(id) : 0 };
+	if (topic != NULL)
+		h[nh++] = (struct obx_header){ "original_topic", topic, strlen(topic) };
 	row = row_as_json(rel, t);
 	if (row == NULL) {
 		end_session(r, END_FATAL, "out of memory");
@@ -312,15 +321,25 @@ poison(struct relay *r, const struct obx_rel *rel, const struct obx_pg_tuple *t,
 	}
 	obx_log_warn("event id=%s at lsn %s cannot be published (%s): dead-lettering the row to %s",
 	    id ? id : "?", lsn, reason, r->cfg->dead_letter_topic);
-	if (!produce_with_retry(r, &err, r->cfg->dead_letter_topic, NULL, 0, row, strlen(row),
-	    (r->txn.commit_time + OBX_PG_EPOCH_OFFSET_US) / 1000, h, 4, "error", reason,
-	    make_opaque(r, ticket, true))) {
-		end_session(r, END_FATAL, "could not dead-letter event at lsn %s: %s", lsn,
-		    rd_kafka_err2str(err));
-	} else {
+	if (!produce_with_retry(r, &err, r->cfg->dead_letter_topic, NULL, 0, row, strlen(row), ts, h, nh,
+	    "error", reason, make_opaque(r, ticket, true)) && !r->ending &&
+	    obx_kafka_err_is_permanent(err)) {
+		/* the row itself is too large for a record: send what identifies it */
+		if (produce_with_retry(r, &err, r->cfg->dead_letter_topic, NULL, 0, NULL, 0, ts, h, nh,
+		    "error", reason, make_opaque(r, ticket, true))) {
+			r->inflight++;
+			free(row);
+			return;
+		}
+	} else if (err == RD_KAFKA_RESP_ERR_NO_ERROR) {
 		r->inflight++;
 		r->inflight_bytes += strlen(row);
+		free(row);
+		return;
 	}
+	if (!r->ending)
+		end_session(r, END_FATAL, "could not dead-letter event id=%s at lsn %s: %s", id ? id : "?",
+		    lsn, rd_kafka_err2str(err));
 	free(row);
 }
 
@@ -357,7 +376,7 @@ handle_insert(struct relay *r, const struct obx_pgmsg *m)
 		return;
 	}
 	if (rc != 0) {
-		poison(r, rel, &m->u.insert.tuple, ticket, NULL, why);
+		poison(r, rel, &m->u.insert.tuple, ticket, NULL, NULL, why);
 		return;
 	}
 	if (!produce_with_retry(r, &err, ev.topic, ev.key, ev.keylen, ev.value, ev.len, ev.timestamp_ms,
@@ -365,7 +384,7 @@ handle_insert(struct relay *r, const struct obx_pgmsg *m)
 		if (r->ending)
 			return;
 		if (obx_kafka_err_is_permanent(err) || err == RD_KAFKA_RESP_ERR__INVALID_ARG)
-			poison(r, rel, &m->u.insert.tuple, ticket, ev.id, rd_kafka_err2str(err));
+			poison(r, rel, &m->u.insert.tuple, ticket, ev.id, ev.topic, rd_kafka_err2str(err));
 		else
 			end_session(r, END_RETRY, "could not produce event id=%s: %s", ev.id,
 			    rd_kafka_err2str(err));

@@ -1,0 +1,267 @@
+/*
+ * Start-up checks and policies: publication and slot guards, poison events
+ * under on_error = stop | dead_letter, backpressure, partitioned outboxes.
+ */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+static struct t_relay R;
+
+static int
+teardown(void **state)
+{
+	(void)state;
+	t_relay_teardown(&R);
+	return 0;
+}
+
+/* Runs outboxd with extra config; expects exit status 1 and needle in its log. */
+static void
+expect_refusal(const char *extra, const char *arg, const char *needle)
+{
+	int st;
+
+	t_relay_config(&R, extra);
+	unlink(R.log);
+	t_relay_start(&R, arg, 0);
+	st = t_wait(R.pid, 20000);
+	if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 1 || t_log_count(&R, needle) != 1) {
+		t_log_dump(&R);
+		fail_msg("expected exit 1 with \"%s\" (status %d)", needle, st);
+	}
+	R.pid = 0;
+}
+
+static void
+test_publication_and_table_refusals(void **state)
+{
+	(void)state;
+	t_relay_setup(&R, "refuse", 0);
+	t_exec(R.pg, "CREATE TABLE other (id int)");
+
+	expect_refusal("[source]\ncreate_publication = false\n", NULL,
+	    "publication outboxd does not exist and create_publication = false");
+	expect_refusal("[source]\ntable = public.nothere\n", NULL, "outbox table public.nothere does not exist");
+	expect_refusal(NULL, "--set=source.status_interval=10s",
+	    "status_interval (10000 ms) must be below the server's wal_sender_timeout (10000 ms)");
+
+	t_exec(R.pg, "CREATE PUBLICATION outboxd FOR TABLE other");
+	expect_refusal(NULL, NULL, "publication outboxd does not publish table public.outbox");
+	t_exec(R.pg, "DROP PUBLICATION outboxd");
+	t_exec(R.pg, "CREATE PUBLICATION outboxd FOR TABLE outbox WITH (publish = 'update, delete')");
+	expect_refusal(NULL, NULL, "publication outboxd does not publish inserts");
+	t_exec(R.pg, "DROP PUBLICATION outboxd");
+	t_exec(R.pg, "CREATE PUBLICATION outboxd FOR TABLE outbox WHERE (aggregatetype <> 'secret')");
+	expect_refusal(NULL, NULL, "publication outboxd has a row filter on public.outbox");
+	t_exec(R.pg, "DROP PUBLICATION outboxd");
+	t_exec(R.pg, "CREATE PUBLICATION outboxd FOR TABLE outbox (id, aggregateid, type, payload)");
+	expect_refusal(NULL, NULL, "has a column list without the mapped column(s) aggregatetype");
+	t_exec(R.pg, "DROP PUBLICATION outboxd");
+	/* no slot may have been created by any of the refused starts */
+	{
+		char *n = t_query1(R.pg, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = '%s'", R.slot);
+
+		assert_string_equal(n, "0");
+		free(n);
+	}
+
+	/* a partitioned outbox needs publish_via_partition_root */
+	t_exec(R.pg, "DROP TABLE outbox");
+	t_exec(R.pg, "CREATE TABLE outbox (id uuid DEFAULT gen_random_uuid(), aggregatetype text NOT NULL, "
+	    "aggregateid text NOT NULL, type text NOT NULL, payload jsonb) PARTITION BY HASH (aggregateid)");
+	t_exec(R.pg, "CREATE TABLE outbox_0 PARTITION OF outbox FOR VALUES WITH (MODULUS 2, REMAINDER 0)");
+	t_exec(R.pg, "CREATE TABLE outbox_1 PARTITION OF outbox FOR VALUES WITH (MODULUS 2, REMAINDER 1)");
+	t_exec(R.pg, "CREATE PUBLICATION outboxd FOR TABLE outbox WITH (publish = 'insert')");
+	expect_refusal(NULL, NULL, "is partitioned but publication outboxd lacks publish_via_partition_root = true");
+}
+
+static void
+test_partitioned_outbox_created_publication(void **state)
+{
+	struct t_msg *m;
+	size_t n;
+
+	(void)state;
+	t_relay_setup(&R, "parts", 1);
+	t_exec(R.pg, "CREATE TABLE outbox (id uuid DEFAULT gen_random_uuid(), aggregatetype text NOT NULL, "
+	    "aggregateid text NOT NULL, type text NOT NULL, payload jsonb) PARTITION BY HASH (aggregateid)");
+	t_exec(R.pg, "CREATE TABLE outbox_0 PARTITION OF outbox FOR VALUES WITH (MODULUS 2, REMAINDER 0)");
+	t_exec(R.pg, "CREATE TABLE outbox_1 PARTITION OF outbox FOR VALUES WITH (MODULUS 2, REMAINDER 1)");
+	t_relay_config(&R, NULL);
+	t_relay_start(&R, NULL, 1);
+	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
+	    "SELECT 'part', 'k' || i, 'P', '{}' FROM generate_series(1, 10) i");
+	n = t_consume(R.b.bootstrap, "outbox.event.part", 10, 15000, &m);
+	assert_int_equal(n, 10);
+	t_msgs_free(m, n);
+}
+
+static void
+test_slot_guard(void **state)
+{
+	int st;
+
+	(void)state;
+	t_relay_setup(&R, "guard", 0);
+	/* rows that exist before the slot cannot be published: say so */
+	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('g', 'old', 'O', '{}')");
+	t_relay_config(&R, NULL);
+	t_relay_start(&R, NULL, 1);
+	assert_int_equal(t_log_count(&R, "1 row(s) already in public.outbox will not be published"), 1);
+	st = t_relay_signal(&R, SIGTERM, 40000);
+	assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	t_slot_wait_inactive(&R, 10000);
+
+	/* the slot vanishes (failover, drop, restore): refuse to recreate it silently */
+	t_exec(R.pg, "SELECT pg_drop_replication_slot('%s')", R.slot);
+	expect_refusal(NULL, NULL, "is missing but existed before");
+	{
+		char *n = t_query1(R.pg, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = '%s'", R.slot);
+
+		assert_string_equal(n, "0");
+		free(n);
+	}
+	/* an explicit --recreate-slot does it, with a warning naming the gap */
+	unlink(R.log);
+	t_relay_start(&R, "--recreate-slot", 1);
+	assert_int_equal(t_log_count(&R, "recreated slot"), 1);
+	st = t_relay_signal(&R, SIGTERM, 40000);
+	assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+}
+
+static void
+test_poison_stop_then_dead_letter(void **state)
+{
+	struct t_msg *m;
+	size_t n;
+	char *big, *after, *lsn_big, *end;
+	int st;
+	int64_t dl;
+
+	(void)state;
+	t_relay_setup(&R, "poison", 0);
+	/* the producer's own size limit: the test broker has none */
+	t_relay_config(&R, "[kafka]\nmessage.max.bytes = 2000\n");
+	t_relay_start(&R, NULL, 1);
+	lsn_big = t_query1(R.pg, "SELECT pg_current_wal_lsn()");
+	big = t_query1(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
+	    "VALUES ('poison', 'p1', 'Big', jsonb_build_object('blob', repeat('x', 5000))) RETURNING id");
+	after = t_query1(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
+	    "VALUES ('poison', 'p1', 'After', '{}') RETURNING id");
+	st = t_wait(R.pid, 20000);
+	assert_true(st != -1 && WIFEXITED(st));
+	assert_int_equal(WEXITSTATUS(st), 1);
+	R.pid = 0;
+	{
+		char needle[128];
+
+		snprintf(needle, sizeof(needle), "event id=%s at lsn", big);
+		assert_int_equal(t_log_count(&R, needle), 1);
+	}
+	t_slot_wait_inactive(&R, 10000);
+	assert_true(t_slot_confirmed(&R) <= t_lsn(lsn_big)); /* nothing past it confirmed */
+
+	/* dead_letter: the row goes to the dead-letter topic, the next event flows */
+	t_relay_config(&R, "[kafka]\nmessage.max.bytes = 2000\n[delivery]\non_error = dead_letter\n");
+	t_relay_start(&R, NULL, 1);
+	n = t_consume(R.b.bootstrap, "outbox.dead_letter", 1, 15000, &m);
+	assert_int_equal(n, 1);
+	assert_string_equal(t_msg_header(&m[0], "id"), big);
+	assert_non_null(t_msg_header(&m[0], "error"));
+	assert_string_equal(t_msg_header(&m[0], "original_topic"), "outbox.event.poison");
+	t_msgs_free(m, n);
+	n = t_consume(R.b.bootstrap, "outbox.event.poison", 1, 15000, &m);
+	assert_int_equal(n, 1);
+	assert_string_equal(t_msg_header(&m[0], "id"), after);
+	t_msgs_free(m, n);
+	end = t_query1(R.pg, "SELECT pg_current_wal_lsn()");
+	dl = t_now_ms() + 10000;
+	while (t_slot_confirmed(&R) < t_lsn(end) && t_now_ms() < dl)
+		usleep(100000);
+	assert_true(t_slot_confirmed(&R) >= t_lsn(end));
+	free(big);
+	free(after);
+	free(lsn_big);
+	free(end);
+}
+
+static void
+test_topic_error_dead_letter(void **state)
+{
+	struct t_msg *m;
+	size_t n;
+
+	(void)state;
+	t_relay_setup(&R, "topicerr", 0);
+	/*
+	 * librdkafka 2.0.2 waits out a topic error in metadata (the mock's
+	 * topic-error) until message.timeout.ms, so the broker rejects the
+	 * Produce request itself, as a real broker does for an ACL denial.
+	 */
+	assert_int_equal(t_broker_cmd(&R.b, "produce-errors 1 TOPIC_AUTHORIZATION_FAILED"), 0);
+	t_relay_config(&R, "[delivery]\non_error = dead_letter\n");
+	t_relay_start(&R, NULL, 1);
+	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('denied', 'd1', 'X', '{}')");
+	n = t_consume(R.b.bootstrap, "outbox.dead_letter", 1, 60000, &m);
+	if (n != 1)
+		t_log_dump(&R);
+	assert_int_equal(n, 1);
+	assert_string_equal(t_msg_header(&m[0], "original_topic"), "outbox.event.denied");
+	assert_non_null(strstr(t_msg_header(&m[0], "error"), "uthoriz"));
+	t_msgs_free(m, n);
+	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('fine', 'f1', 'Y', '{}')");
+	n = t_consume(R.b.bootstrap, "outbox.event.fine", 1, 15000, &m);
+	assert_int_equal(n, 1);
+	t_msgs_free(m, n);
+}
+
+static void
+test_backpressure(void **state)
+{
+	struct t_msg *m;
+	size_t n;
+
+	(void)state;
+	t_relay_setup(&R, "bp", 0);
+	t_relay_config(&R, "[delivery]\nmax_inflight = 5\n");
+	t_relay_start(&R, NULL, 1);
+	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('bp', 'w', 'W', '{}')");
+	n = t_consume(R.b.bootstrap, "outbox.event.bp", 1, 15000, &m);
+	assert_int_equal(n, 1);
+	t_msgs_free(m, n);
+	for (int b = 1; b <= 3; b++)
+		assert_int_equal(t_broker_cmd(&R.b, "down %d", b), 0);
+	for (int i = 0; i < 40; i++)
+		t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
+		    "VALUES ('bp', 'k%d', 'B', '{}')", i % 3);
+	sleep(2);
+	assert_int_equal(t_log_count(&R, "pausing the replication stream"), 1);
+	assert_int_equal(t_log_count(&R, "backpressure: 5 event(s)"), 1);
+	for (int b = 1; b <= 3; b++)
+		assert_int_equal(t_broker_cmd(&R.b, "up %d", b), 0);
+	n = t_consume(R.b.bootstrap, "outbox.event.bp", 41, 60000, &m);
+	assert_int_equal(n, 41);
+	t_msgs_free(m, n);
+	assert_true(t_log_count(&R, "resuming the replication stream") >= 1);
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_teardown(test_publication_and_table_refusals, teardown),
+		cmocka_unit_test_teardown(test_partitioned_outbox_created_publication, teardown),
+		cmocka_unit_test_teardown(test_slot_guard, teardown),
+		cmocka_unit_test_teardown(test_poison_stop_then_dead_letter, teardown),
+		cmocka_unit_test_teardown(test_topic_error_dead_letter, teardown),
+		cmocka_unit_test_teardown(test_backpressure, teardown),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
