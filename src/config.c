@@ -103,42 +103,48 @@ scale(long long v, long long mult, long long min, long long max, long long *out)
 	return 0;
 }
 
-int
-obx_parse_duration_ms(const char *s, long long min, long long max, long long *out)
+struct unit {
+	const char *name;
+	long long mult;
+};
+
+/* A number with one of units' suffixes, scaled and checked against [min, max]. */
+static int
+parse_with_unit(const char *s, const struct unit *units, size_t n, long long min, long long max,
+    long long *out)
 {
-	static const struct { const char *unit; long long ms; } units[] = {
-		{ "ms", 1 }, { "s", 1000 }, { "min", 60000 }, { "m", 60000 }, { "h", 3600000 },
-	};
 	const char *unit;
 	long long v;
 	int r;
 
 	if ((r = split_number(s, &v, &unit)) != 0)
 		return r;
-	for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++)
-		if (strcmp(unit, units[i].unit) == 0)
-			return scale(v, units[i].ms, min, max, out);
+	for (size_t i = 0; i < n; i++)
+		if (strcmp(unit, units[i].name) == 0)
+			return scale(v, units[i].mult, min, max, out);
 	return OBX_EINVAL;
+}
+
+int
+obx_parse_duration_ms(const char *s, long long min, long long max, long long *out)
+{
+	static const struct unit units[] = {
+		{ "ms", 1 }, { "s", 1000 }, { "min", 60000 }, { "m", 60000 }, { "h", 3600000 },
+	};
+
+	return parse_with_unit(s, units, sizeof(units) / sizeof(units[0]), min, max, out);
 }
 
 int
 obx_parse_size(const char *s, long long min, long long max, long long *out)
 {
-	static const struct { const char *unit; long long mult; } units[] = {
+	static const struct unit units[] = {
 		{ "", 1 }, { "B", 1 }, { "k", 1024 }, { "K", 1024 }, { "KiB", 1024 }, { "kB", 1024 },
 		{ "M", 1 << 20 }, { "MiB", 1 << 20 }, { "MB", 1 << 20 },
 		{ "G", 1 << 30 }, { "GiB", 1 << 30 }, { "GB", 1 << 30 },
 	};
-	const char *unit;
-	long long v;
-	int r;
 
-	if ((r = split_number(s, &v, &unit)) != 0)
-		return r;
-	for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++)
-		if (strcmp(unit, units[i].unit) == 0)
-			return scale(v, units[i].mult, min, max, out);
-	return OBX_EINVAL;
+	return parse_with_unit(s, units, sizeof(units) / sizeof(units[0]), min, max, out);
 }
 
 int

@@ -628,3 +628,16 @@ t_slot_wait_inactive(struct t_relay *r, int timeout_ms)
 		usleep(50000);
 	}
 }
+
+int
+t_wait_confirmed_current(struct t_relay *r, int timeout_ms)
+{
+	char *end = t_query1(r->pg, "SELECT pg_current_wal_lsn()");
+	uint64_t want = t_lsn(end);
+	int64_t deadline = t_now_ms() + timeout_ms;
+
+	free(end);
+	while (t_slot_confirmed(r) < want && t_now_ms() < deadline)
+		usleep(50000);
+	return t_slot_confirmed(r) >= want;
+}

@@ -130,6 +130,11 @@ int t_log_count(const struct t_relay *r, const char *needle);
 void t_log_dump(const struct t_relay *r);
 /* The slot's confirmed_flush_lsn (0 when missing). */
 uint64_t t_slot_confirmed(struct t_relay *r);
+/*
+ * Waits up to timeout_ms for the slot's confirmed_flush_lsn to reach the
+ * server's current WAL position (read now).  Returns 1 when it did.
+ */
+int t_wait_confirmed_current(struct t_relay *r, int timeout_ms);
 /* Waits until the slot has no active walsender; fails after timeout_ms. */
 void t_slot_wait_inactive(struct t_relay *r, int timeout_ms);
 /* Parses "X/X". */

@@ -140,9 +140,8 @@ test_poison_stop_then_dead_letter(void **state)
 {
 	struct t_msg *m;
 	size_t n;
-	char *big, *after, *lsn_big, *end;
+	char *big, *after, *lsn_big;
 	int st;
-	int64_t dl;
 
 	(void)state;
 	t_relay_setup(&R, "poison", 0);
@@ -180,15 +179,10 @@ test_poison_stop_then_dead_letter(void **state)
 	assert_int_equal(n, 1);
 	assert_string_equal(t_msg_header(&m[0], "id"), after);
 	t_msgs_free(m, n);
-	end = t_query1(R.pg, "SELECT pg_current_wal_lsn()");
-	dl = t_now_ms() + 10000;
-	while (t_slot_confirmed(&R) < t_lsn(end) && t_now_ms() < dl)
-		usleep(100000);
-	assert_true(t_slot_confirmed(&R) >= t_lsn(end));
+	assert_true(t_wait_confirmed_current(&R, 10000));
 	free(big);
 	free(after);
 	free(lsn_big);
-	free(end);
 }
 
 static void

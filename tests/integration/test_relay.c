@@ -81,15 +81,7 @@ test_one_insert(void **state)
 	t_msgs_free(m, n);
 
 	/* the slot confirms past the event once it is acknowledged */
-	{
-		char *end = t_query1(R.pg, "SELECT pg_current_wal_lsn()");
-		int64_t dl = t_now_ms() + 10000;
-
-		while (t_slot_confirmed(&R) < t_lsn(end) && t_now_ms() < dl)
-			usleep(100000);
-		assert_true(t_slot_confirmed(&R) >= t_lsn(end));
-		free(end);
-	}
+	assert_true(t_wait_confirmed_current(&R, 10000));
 	free(id);
 	free(stored);
 	free(xid);
@@ -245,15 +237,7 @@ test_kill9_resends_unconfirmed(void **state)
 	for (int i = 0; i < 20; i++)
 		t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
 		    "VALUES ('kill', 'early-%d', 'E', '{}')", i);
-	{
-		char *end = t_query1(R.pg, "SELECT pg_current_wal_lsn()");
-		int64_t dl = t_now_ms() + 10000;
-
-		while (t_slot_confirmed(&R) < t_lsn(end) && t_now_ms() < dl)
-			usleep(50000);
-		assert_true(t_slot_confirmed(&R) >= t_lsn(end));
-		free(end);
-	}
+	assert_true(t_wait_confirmed_current(&R, 10000));
 	/* slow the broker so the COPY's events are still unacknowledged at the kill */
 	for (int b = 1; b <= 3; b++)
 		assert_int_equal(t_broker_cmd(&R.b, "rtt %d 3000", b), 0);
@@ -370,19 +354,12 @@ test_broker_down(void **state)
 	{
 		char *cnt = t_query1(R.pg, "SELECT count(*) FROM outbox WHERE aggregatetype = 'down'");
 		size_t want = (size_t)atoi(cnt);
-		char *end;
-		int64_t dl;
 
 		n = t_consume(R.b.bootstrap, "outbox.event.down", want, 60000, &m);
 		assert_true(n >= want);
-		end = t_query1(R.pg, "SELECT pg_current_wal_lsn()");
-		dl = t_now_ms() + 15000;
-		while (t_slot_confirmed(&R) < t_lsn(end) && t_now_ms() < dl)
-			usleep(100000);
-		assert_true(t_slot_confirmed(&R) >= t_lsn(end));
+		assert_true(t_wait_confirmed_current(&R, 15000));
 		t_msgs_free(m, n);
 		free(cnt);
-		free(end);
 	}
 	free(pid_before);
 	free(before_lsn);
