@@ -127,6 +127,8 @@ classify_connect_error(const char *msg)
 		"password authentication failed", "does not exist", "no pg_hba.conf entry",
 		"must be superuser or replication role", "permission denied",
 		"must have the REPLICATION", "certificate", "SSL error", "invalid",
+		"could not translate host name", "Name or service not known",
+		"root certificate file", "server does not support SSL",
 	};
 
 	for (size_t i = 0; i < sizeof(permanent) / sizeof(permanent[0]); i++)
@@ -545,7 +547,7 @@ obx_pgstream_open(struct obx_pgstream *s, const struct obx_config *cfg, bool rec
 		const char *code = PQresultErrorField(r, PG_DIAG_SQLSTATE);
 
 		obx_pg_result_error_line(r, err, sizeof(err));
-		f = (code != NULL && strcmp(code, "55006") == 0) ? OBX_FAIL_RETRY :
+		f = (code != NULL && strcmp(code, "55006") == 0) ? OBX_FAIL_SLOT_IN_USE :
 		    (code != NULL && code[0] == '4' && code[1] == '2') ? OBX_FAIL_FATAL : OBX_FAIL_RETRY;
 		PQclear(r);
 		return failf(errbuf, errlen, f, "could not start replication on slot %s: %s", cfg->slot,

@@ -79,6 +79,12 @@ struct relay {
 	bool ending;
 	bool streamed; /* the last session got as far as streaming */
 	bool paused;   /* backpressure: not reading the stream */
+	bool standby;  /* the slot is in use by another instance */
+	bool was_standby;
+#ifdef OBX_TEST_HOOKS
+	long test_fatal_after;
+	long test_produced;
+#endif
 	char end_reason[1024];
 };
 
@@ -392,6 +398,14 @@ handle_insert(struct relay *r, const struct obx_pgmsg *m)
 	}
 	r->inflight++;
 	r->inflight_bytes += ev.len + ev.keylen;
+#ifdef OBX_TEST_HOOKS
+	/* test builds only: provoke a producer fatal error after N events (OBX_TEST_FATAL_AFTER) */
+	if (r->test_fatal_after > 0 && ++r->test_produced == r->test_fatal_after) {
+		obx_log_warn("test hook: raising a producer fatal error");
+		rd_kafka_test_fatal_error(r->kf.rk, RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER,
+		    "test hook");
+	}
+#endif
 }
 
 static void
@@ -529,21 +543,27 @@ session(struct relay *r)
 	r->inflight = r->inflight_bytes = 0;
 	r->paused = false;
 	obx_relcache_init(&r->rels);
-	if (obx_kafka_open(&r->kf, r->cfg, on_delivery, r, err, sizeof(err)) != 0) {
-		end_session(r, END_FATAL, "%s", err);
-		return END_FATAL;
-	}
+	r->standby = false;
 	f = obx_pgstream_open(&r->st, r->cfg, r->opts->recreate_slot, err, sizeof(err));
 	if (f != OBX_FAIL_NONE) {
 		obx_pgstream_close(&r->st);
-		obx_kafka_close(&r->kf, 0);
+		r->standby = f == OBX_FAIL_SLOT_IN_USE;
 		end_session(r, f == OBX_FAIL_FATAL ? END_FATAL : END_RETRY, "%s", err);
 		return r->end;
+	}
+	/* a fresh producer per session: nothing of an earlier stream can land after this one's events */
+	if (obx_kafka_open(&r->kf, r->cfg, on_delivery, r, err, sizeof(err)) != 0) {
+		obx_pgstream_close(&r->st);
+		end_session(r, END_FATAL, "%s", err);
+		return END_FATAL;
 	}
 	r->status_interval_ms = r->cfg->status_interval_ms;
 	if (r->st.wal_sender_timeout_ms > 0 && r->st.wal_sender_timeout_ms / 3 < r->status_interval_ms)
 		r->status_interval_ms = r->st.wal_sender_timeout_ms / 3;
 	r->streamed = true;
+	if (r->was_standby)
+		obx_log_info("taking over slot %s from the previous instance", r->cfg->slot);
+	r->was_standby = false;
 	obx_ack_init(&r->ack, r->st.start_confirmed);
 	r->received = r->sent_flush = r->st.start_confirmed;
 	r->last_status_ms = now_ms();
@@ -635,6 +655,10 @@ obx_relay_run(const struct obx_config *cfg, const struct obx_run_opts *opts)
 	r.cfg = cfg;
 	r.opts = opts;
 	obx_pgoutput_init(&r.dec, 1);
+#ifdef OBX_TEST_HOOKS
+	if (getenv("OBX_TEST_FATAL_AFTER") != NULL)
+		r.test_fatal_after = atol(getenv("OBX_TEST_FATAL_AFTER"));
+#endif
 	if (obx_event_builder_init(&r.eb, cfg) != 0) {
 		obx_log_error("out of memory");
 		goto out;
@@ -660,15 +684,22 @@ obx_relay_run(const struct obx_config *cfg, const struct obx_run_opts *opts)
 		if (r.streamed)
 			attempt = 0;
 		r.streamed = false;
-		/* log once per distinct failure, not per retry */
-		if (strcmp(last, r.end_reason) != 0) {
+		if (r.standby) {
+			/* a hot standby: poll the slot often so a takeover takes seconds */
+			if (!r.was_standby)
+				obx_log_info("standby: %s; holding no events, retrying every second", r.end_reason);
+			r.was_standby = true;
+			attempt = 0;
+			snprintf(last, sizeof(last), "%s", r.end_reason);
+		} else if (strcmp(last, r.end_reason) != 0) {
+			/* log once per distinct failure, not per retry */
 			obx_log_warn("%s; retrying", r.end_reason);
 			snprintf(last, sizeof(last), "%s", r.end_reason);
 		} else {
-			obx_log_debug("%s; retrying", r.end_reason);
+			obx_log_debug("still failing (attempt %d): %s", attempt + 1, r.end_reason);
 		}
 		{
-			int64_t cap = BACKOFF_MIN_MS << (attempt < 8 ? attempt : 8);
+			int64_t cap = r.standby ? 1000 : BACKOFF_MIN_MS << (attempt < 8 ? attempt : 8);
 			int64_t delay = cap > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : cap;
 			int64_t until;
 

@@ -20,6 +20,7 @@ enum obx_fail {
 	OBX_FAIL_NONE = 0,
 	OBX_FAIL_RETRY,     /* transient: reconnect with backoff */
 	OBX_FAIL_FATAL,     /* permanent: stop with exit status 1 */
+	OBX_FAIL_SLOT_IN_USE, /* another instance streams from the slot: wait as a standby */
 };
 
 struct obx_pgstream {

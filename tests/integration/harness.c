@@ -62,6 +62,51 @@ t_stack_load(struct t_stack *st)
 		fail_msg("%s has no OBX_PGPORT", path);
 }
 
+int
+t_pg_ctl(const struct t_stack *st, const char *args)
+{
+	char cmd[2048];
+	int rc;
+
+	snprintf(cmd, sizeof(cmd), "%s %s/pg_ctl -D %s -l %s/server.log -w -t 60 %s >/dev/null 2>&1",
+	    getuid() == 0 ? "runuser -u postgres --" : "", st->pgbin, st->pgdata, st->root, args);
+	rc = system(cmd);
+	return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+void
+t_stack_start_extra(struct t_stack *st, const char *statedir, const char *extra_conf_path)
+{
+	const char *src = getenv("OBX_SOURCE_DIR");
+	char cmd[2048], env[1024];
+	const char *saved = getenv("OBX_STACK_ENV");
+	char *keep = saved ? strdup(saved) : NULL;
+
+	snprintf(cmd, sizeof(cmd), "%s/tests/stack/pgstack.sh start %s %s >/dev/null", src ? src : ".",
+	    statedir, extra_conf_path ? extra_conf_path : "");
+	if (system(cmd) != 0)
+		fail_msg("could not start a second cluster");
+	snprintf(env, sizeof(env), "%s/env", statedir);
+	setenv("OBX_STACK_ENV", env, 1);
+	t_stack_load(st);
+	if (keep != NULL) {
+		setenv("OBX_STACK_ENV", keep, 1);
+		free(keep);
+	}
+}
+
+void
+t_stack_stop_extra(const char *statedir)
+{
+	const char *src = getenv("OBX_SOURCE_DIR");
+	char cmd[2048];
+
+	snprintf(cmd, sizeof(cmd), "%s/tests/stack/pgstack.sh stop %s >/dev/null 2>&1", src ? src : ".",
+	    statedir);
+	if (system(cmd) != 0)
+		print_error("could not stop the cluster in %s\n", statedir);
+}
+
 void
 t_conninfo(const struct t_stack *st, const char *db, char *buf, size_t len)
 {
@@ -501,7 +546,7 @@ t_relay_config(struct t_relay *r, const char *extra)
 void
 t_relay_start(struct t_relay *r, const char *arg, int wait)
 {
-	const char *bin = getenv("OBX_OUTBOXD");
+	const char *bin = r->bin ? r->bin : getenv("OBX_OUTBOXD");
 	char *argv[6];
 	int n = 0;
 	int64_t deadline = t_now_ms() + 20000;
@@ -557,6 +602,7 @@ t_relay_teardown(struct t_relay *r)
 	r->pg = NULL;
 	if (r->conf[0] != '\0')
 		unlink(r->conf);
+	unlink(r->log);
 }
 
 int

@@ -29,6 +29,13 @@ struct t_stack {
 /* Loads OBX_STACK_ENV (written by pgstack.sh start); fails the test when absent. */
 void t_stack_load(struct t_stack *st);
 
+/* Runs pg_ctl ARGS against the stack's cluster (as postgres when root); returns its exit status. */
+int t_pg_ctl(const struct t_stack *st, const char *args);
+
+/* Starts a second throwaway cluster in statedir with extra postgresql.conf lines. */
+void t_stack_start_extra(struct t_stack *st, const char *statedir, const char *extra_conf_path);
+void t_stack_stop_extra(const char *statedir);
+
 /* Connects to db (replication=database when repl); fails the test on error. */
 PGconn *t_pg(const struct t_stack *st, const char *db, int repl);
 
@@ -112,6 +119,7 @@ struct t_relay {
 	char slot[64];
 	pid_t pid;
 	PGconn *pg; /* an ordinary connection to db */
+	const char *bin; /* the daemon to run; NULL: OBX_OUTBOXD */
 };
 
 /* Creates a database (with sql/001_outbox.sql unless bare) and starts a broker. */

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# pgstack.sh start|stop STATEDIR
+# pgstack.sh start|stop STATEDIR [EXTRA_CONF_FILE]
 #
 # Starts (or stops and removes) a throwaway PostgreSQL 15 cluster for the
 # tests: a temp directory, a free loopback port, wal_level=logical, a short
@@ -11,6 +11,7 @@ set -euo pipefail
 
 cmd=${1:-}
 state=${2:-}
+extra=${3:-}
 if [ -z "$cmd" ] || [ -z "$state" ]; then
 	echo "usage: pgstack.sh start|stop STATEDIR" >&2
 	exit 2
@@ -75,8 +76,18 @@ shared_buffers = 128MB
 logging_collector = off
 log_min_messages = warning
 CONF
+	if [ -n "${extra:-}" ]; then
+		cat "$extra" >>"$root/data/postgresql.conf"
+		# files named in the extra settings (TLS keys) are copied next to it
+		for f in "$(dirname "$extra")"/server.crt "$(dirname "$extra")"/server.key; do
+			[ -f "$f" ] && install -m 600 "$f" "$root/data/"
+		done
+		if [ "$(id -u)" -eq 0 ]; then chown postgres: "$root/data"/server.* 2>/dev/null || true; fi
+	fi
 	# password auth over TCP for tests that check credentials; trust on the socket
 	cat >"$root/data/pg_hba.conf" <<HBA
+host    all           pwuser 127.0.0.1/32  scram-sha-256
+host    replication   pwuser 127.0.0.1/32  scram-sha-256
 local   all           all                 trust
 local   replication   all                 trust
 host    all           all   127.0.0.1/32  trust
