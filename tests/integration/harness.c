@@ -1,4 +1,5 @@
 #include <errno.h>
+#include <stdbool.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -362,10 +363,27 @@ dupmem(const void *p, size_t n)
 	return s;
 }
 
+static size_t consume(const char *bootstrap, const char *topic, size_t want, int timeout_ms,
+    bool to_hwm, struct t_msg **out);
+
 size_t
-t_consume(const char *bootstrap, const char *topic, size_t want, int timeout_ms,
+t_consume(const char *bootstrap, const char *topic, size_t want, int timeout_ms, struct t_msg **out)
+{
+	return consume(bootstrap, topic, want, timeout_ms, false, out);
+}
+
+size_t
+t_consume_all(const char *bootstrap, const char *topic, int timeout_ms, struct t_msg **out)
+{
+	return consume(bootstrap, topic, 0, timeout_ms, true, out);
+}
+
+static size_t
+consume(const char *bootstrap, const char *topic, size_t want, int timeout_ms, bool to_hwm,
     struct t_msg **out)
 {
+	int64_t hwm[256] = { 0 }, next[256] = { 0 };
+	int nparts;
 	rd_kafka_conf_t *conf = rd_kafka_conf_new();
 	rd_kafka_topic_partition_list_t *parts;
 	const struct rd_kafka_metadata *md = NULL;
@@ -402,6 +420,9 @@ t_consume(const char *bootstrap, const char *topic, size_t want, int timeout_ms,
 		}
 		usleep(200000);
 	}
+	nparts = md->topics[0].partition_cnt;
+	if (nparts > 256)
+		fail_msg("%s: too many partitions", topic);
 	parts = rd_kafka_topic_partition_list_new(md->topics[0].partition_cnt);
 	for (int i = 0; i < md->topics[0].partition_cnt; i++) {
 		int64_t lo = 0, hi = 0;
@@ -411,6 +432,7 @@ t_consume(const char *bootstrap, const char *topic, size_t want, int timeout_ms,
 		if (lo > 0)
 			fail_msg("%s [%d]: low watermark %lld > 0: the test broker evicted records; "
 			    "spread the data over more partitions or topics", topic, i, (long long)lo);
+		hwm[i] = hi;
 		rd_kafka_topic_partition_list_add(parts, topic, i)->offset = RD_KAFKA_OFFSET_BEGINNING;
 	}
 	rd_kafka_metadata_destroy(md);
@@ -420,7 +442,18 @@ t_consume(const char *bootstrap, const char *topic, size_t want, int timeout_ms,
 	rd_kafka_topic_partition_list_destroy(parts);
 
 	last = t_now_ms();
-	while (n < want || t_now_ms() - last < 300) {
+	for (;;) {
+		if (to_hwm) {
+			bool done = true;
+
+			for (int i = 0; i < nparts; i++)
+				if (next[i] < hwm[i])
+					done = false;
+			if (done)
+				break;
+		} else if (n >= want && t_now_ms() - last >= 300) {
+			break;
+		}
 		rd_kafka_message_t *m = rd_kafka_consumer_poll(rk, 100);
 		rd_kafka_headers_t *hdrs = NULL;
 		struct t_msg *t;
@@ -435,6 +468,8 @@ t_consume(const char *bootstrap, const char *topic, size_t want, int timeout_ms,
 			continue;
 		}
 		last = t_now_ms();
+		if (m->partition >= 0 && m->partition < nparts)
+			next[m->partition] = m->offset + 1;
 		if (n == cap) {
 			cap = cap ? cap * 2 : 64;
 			msgs = realloc(msgs, cap * sizeof(*msgs));

@@ -93,6 +93,8 @@ const char *t_msg_header(const struct t_msg *m, const char *name);
  */
 size_t t_consume(const char *bootstrap, const char *topic, size_t want, int timeout_ms,
     struct t_msg **out);
+/* Reads every partition of topic up to its high watermark at the start (timeout_ms without progress fails short). */
+size_t t_consume_all(const char *bootstrap, const char *topic, int timeout_ms, struct t_msg **out);
 void t_msgs_free(struct t_msg *m, size_t n);
 
 /* Starts a child process with argv; stdout+stderr go to logpath. */

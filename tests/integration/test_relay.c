@@ -269,7 +269,8 @@ test_kill9_resends_unconfirmed(void **state)
 	total = t_query1(R.pg, "SELECT count(*) FROM outbox");
 	assert_string_equal(total, "1020");
 	free(total);
-	n = t_consume(R.b.bootstrap, "outbox.event.kill", 1020, 30000, &m);
+	assert_true(t_wait_confirmed_current(&R, 30000));
+	n = t_consume_all(R.b.bootstrap, "outbox.event.kill", 20000, &m);
 	assert_true(n >= 1020);
 	res = PQexec(R.pg, "SELECT id::text FROM outbox");
 	assert_int_equal(PQntuples(res), 1020);

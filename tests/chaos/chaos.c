@@ -1,0 +1,371 @@
+/*
+ * The chaos suite: an application workload (concurrent transactions on many
+ * aggregates, some rolled back, some deleting their outbox row in the same
+ * transaction) while faults are injected at random: kill -9 of outboxd,
+ * brokers down, retriable Produce errors, broker RTT, walsender
+ * termination, PostgreSQL restarted with -m immediate.  At the end it
+ * drains, reads everything back, and checks against what the database says
+ * committed (a side table written in each transaction):
+ *   1 no committed event missing; 2 nothing from a rolled-back transaction;
+ *   3 per-key order (versions only ever continue by one or restart lower,
+ *     a re-sent suffix); 6 duplicates only when a crash-kind fault happened.
+ *
+ * OBX_CHAOS_SECONDS sets the fault phase (default 90; longer for a soak); OBX_CHAOS_SEED the
+ * random seed.  It fails when fewer than 25 faults were injected or a kind
+ * was missed.
+ */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+#define AGGS 40
+#define TOPICS 8
+#define WRITERS 4
+
+enum fault { F_KILL9, F_BROKERS_DOWN, F_PRODUCE_ERRORS, F_RTT, F_TERMINATE, F_PG_RESTART, F_COUNT };
+static const char *const fault_names[F_COUNT] = {
+	"kill -9 outboxd", "all brokers down", "produce errors", "broker rtt",
+	"walsender terminated", "postgres restart -m immediate",
+};
+
+static struct t_relay R;
+static volatile sig_atomic_t writer_stop;
+
+static void
+on_term(int sig)
+{
+	(void)sig;
+	writer_stop = 1;
+}
+
+static PGconn *
+writer_connect(const struct t_stack *st, const char *db)
+{
+	char ci[512];
+
+	t_conninfo(st, db, ci, sizeof(ci));
+	for (;;) {
+		PGconn *c = PQconnectdb(ci);
+
+		if (PQstatus(c) == CONNECTION_OK)
+			return c;
+		PQfinish(c);
+		if (writer_stop)
+			return NULL;
+		usleep(100000);
+	}
+}
+
+/* One application transaction; the outcome is judged later by the database. */
+static void
+writer_txn(PGconn *c, unsigned seed)
+{
+	static const char one[] =
+	    "WITH v AS (UPDATE agg SET version = version + 1 WHERE id = %d RETURNING id, version), "
+	    "e AS (INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
+	    "  SELECT 'chaos' || (id %% %d), id::text, 'V', jsonb_build_object('version', version) FROM v "
+	    "  RETURNING id, aggregateid, payload) "
+	    "INSERT INTO chaos_events (event_id, agg, version) "
+	    "  SELECT id, aggregateid::int, (payload->>'version')::int FROM e;";
+	char sql[4096];
+	size_t n = 0;
+	int a = (int)(seed % AGGS) + 1;
+	int kind = (int)((seed / AGGS) % 10);
+	PGresult *r;
+
+	n += (size_t)snprintf(sql + n, sizeof(sql) - n, "BEGIN;");
+	n += (size_t)snprintf(sql + n, sizeof(sql) - n, one, a, TOPICS);
+	if (kind >= 7) { /* a second aggregate, locked in id order (no deadlocks) */
+		int b = a % AGGS + 1;
+
+		if (b > a)
+			n += (size_t)snprintf(sql + n, sizeof(sql) - n, one, b, TOPICS);
+	}
+	if (kind == 3 || kind == 4) /* delete the row again in the same transaction */
+		n += (size_t)snprintf(sql + n, sizeof(sql) - n, "DELETE FROM outbox WHERE aggregateid = '%d';", a);
+	snprintf(sql + n, sizeof(sql) - n, kind == 5 ? "ROLLBACK;" : "COMMIT;");
+	r = PQexec(c, sql);
+	PQclear(r);
+}
+
+static void
+writer(const struct t_stack *st, const char *db, unsigned seed)
+{
+	PGconn *c;
+
+	signal(SIGTERM, on_term);
+	c = writer_connect(st, db);
+	while (!writer_stop && c != NULL) {
+		seed = seed * 1103515245u + 12345u;
+		writer_txn(c, seed >> 8);
+		if (PQstatus(c) != CONNECTION_OK) {
+			PQfinish(c);
+			c = writer_connect(st, db);
+		}
+		usleep(2000);
+	}
+	PQfinish(c);
+	_exit(0);
+}
+
+static void
+reconnect_driver(void)
+{
+	for (int i = 0; i < 300; i++) {
+		char ci[512];
+
+		if (R.pg != NULL && PQstatus(R.pg) == CONNECTION_OK) {
+			PGresult *r = PQexec(R.pg, "SELECT 1");
+			int ok = PQresultStatus(r) == PGRES_TUPLES_OK;
+
+			PQclear(r);
+			if (ok)
+				return;
+		}
+		PQfinish(R.pg);
+		t_conninfo(&R.st, R.db, ci, sizeof(ci));
+		R.pg = PQconnectdb(ci);
+		usleep(100000);
+	}
+	fail_msg("could not reconnect to PostgreSQL");
+}
+
+static void
+ensure_outboxd(void)
+{
+	if (R.pid > 0 && waitpid(R.pid, NULL, WNOHANG) == R.pid) {
+		t_log_dump(&R);
+		fail_msg("outboxd exited by itself during chaos");
+	}
+	if (R.pid <= 0)
+		t_relay_start(&R, NULL, 0);
+}
+
+static void
+inject(enum fault f)
+{
+	switch (f) {
+	case F_KILL9:
+		if (R.pid > 0) {
+			kill(R.pid, SIGKILL);
+			waitpid(R.pid, NULL, 0);
+			R.pid = 0;
+		}
+		usleep(200000);
+		ensure_outboxd();
+		break;
+	case F_BROKERS_DOWN:
+		for (int b = 1; b <= 3; b++)
+			t_broker_cmd(&R.b, "down %d", b);
+		usleep(2500000);
+		for (int b = 1; b <= 3; b++)
+			t_broker_cmd(&R.b, "up %d", b);
+		break;
+	case F_PRODUCE_ERRORS:
+		t_broker_cmd(&R.b, "produce-errors 4 NOT_ENOUGH_REPLICAS");
+		break;
+	case F_RTT:
+		for (int b = 1; b <= 3; b++)
+			t_broker_cmd(&R.b, "rtt %d 300", b);
+		usleep(1500000);
+		for (int b = 1; b <= 3; b++)
+			t_broker_cmd(&R.b, "rtt %d 0", b);
+		break;
+	case F_TERMINATE:
+		reconnect_driver();
+		PQclear(PQexec(R.pg, "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
+		    "WHERE active AND slot_name LIKE 'chaos%'"));
+		break;
+	case F_PG_RESTART:
+		if (t_pg_ctl(&R.st, "restart -m immediate") != 0)
+			fail_msg("could not restart PostgreSQL");
+		reconnect_driver();
+		break;
+	default:
+		break;
+	}
+}
+
+static int
+cmp_msg(const void *a, const void *b)
+{
+	const struct t_msg *x = a, *y = b;
+	int c = strcmp(x->topic, y->topic);
+
+	if (c != 0)
+		return c;
+	if (x->partition != y->partition)
+		return x->partition < y->partition ? -1 : 1;
+	return x->offset < y->offset ? -1 : x->offset > y->offset;
+}
+
+static int
+cmp_str(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static void
+test_chaos(void **state)
+{
+	const char *secs = getenv("OBX_CHAOS_SECONDS");
+	const char *seedenv = getenv("OBX_CHAOS_SEED");
+	int seconds = secs ? atoi(secs) : 90;
+	unsigned seed = seedenv ? (unsigned)strtoul(seedenv, NULL, 10) : (unsigned)time(NULL);
+	int counts[F_COUNT] = { 0 }, total = 0;
+	pid_t writers[WRITERS];
+	struct t_msg *all = NULL;
+	size_t nall = 0, committed, dups = 0, restarts = 0;
+	PGresult *res;
+	char **ids;
+	int64_t t0;
+
+	(void)state;
+	srandom(seed);
+	print_message("chaos: seed %u, %d s of faults\n", seed, seconds);
+	t_relay_setup(&R, "chaos", 0);
+	t_exec(R.pg, "CREATE TABLE agg (id int PRIMARY KEY, version int NOT NULL)");
+	t_exec(R.pg, "INSERT INTO agg SELECT g, 0 FROM generate_series(1, %d) g", AGGS);
+	t_exec(R.pg, "CREATE TABLE chaos_events (event_id uuid PRIMARY KEY, agg int, version int)");
+	for (int t = 0; t < TOPICS; t++)
+		assert_int_equal(t_broker_cmd(&R.b, "topic outbox.event.chaos%d 4", t), 0);
+	/*
+	 * The test broker checks idempotent sequence numbers only for transactional
+	 * producers, so with Produce errors and more than one request in flight it
+	 * could itself reorder or duplicate; one in flight keeps the test about outboxd.
+	 */
+	t_relay_config(&R, "[kafka]\nmax.in.flight.requests.per.connection = 1\n");
+	setenv("OUTBOXD_LOG_LEVEL", "info", 1); /* the environment overrides the file */
+	t_relay_start(&R, NULL, 1);
+	for (int w = 0; w < WRITERS; w++) {
+		writers[w] = fork();
+		if (writers[w] == 0)
+			writer(&R.st, R.db, seed + (unsigned)w * 7919u);
+	}
+
+	/* the fault phase: every kind once first, then at random */
+	for (t0 = t_now_ms(); t_now_ms() - t0 < (int64_t)seconds * 1000 || total < 25;) {
+		enum fault f = total < F_COUNT ? (enum fault)total : (enum fault)(random() % F_COUNT);
+
+		inject(f);
+		counts[f]++;
+		total++;
+		usleep((useconds_t)(500000 + random() % 1500000));
+		ensure_outboxd();
+	}
+	for (int w = 0; w < WRITERS; w++) {
+		kill(writers[w], SIGTERM);
+		waitpid(writers[w], NULL, 0);
+	}
+
+	/* drain: outboxd catches up with the server */
+	reconnect_driver();
+	ensure_outboxd();
+	if (!t_wait_confirmed_current(&R, 120000)) {
+		t_log_dump(&R);
+		fail_msg("outboxd did not catch up after the faults");
+	}
+	res = PQexec(R.pg, "SELECT event_id::text, agg, version FROM chaos_events ORDER BY event_id");
+	committed = (size_t)PQntuples(res);
+	for (int t = 0; t < TOPICS; t++) {
+		char topic[64];
+		struct t_msg *m;
+		size_t n;
+
+		char *want = t_query1(R.pg, "SELECT count(*) FROM chaos_events WHERE agg %% %d = %d", TOPICS, t);
+
+		snprintf(topic, sizeof(topic), "outbox.event.chaos%d", t);
+		n = t_consume_all(R.b.bootstrap, topic, 20000, &m);
+		print_message("chaos: %s: %s committed, %zu records\n", topic, want, n);
+		free(want);
+		all = realloc(all, (nall + n + 1) * sizeof(*all));
+		memcpy(all + nall, m, n * sizeof(*m));
+		nall += n;
+		free(m);
+	}
+
+	/* 1 and 2: every committed event is there; nothing else is */
+	ids = calloc(nall + 1, sizeof(char *));
+	for (size_t i = 0; i < nall; i++)
+		ids[i] = (char *)t_msg_header(&all[i], "id");
+	qsort(ids, nall, sizeof(char *), cmp_str);
+	{
+		size_t j = 0;
+
+		for (int i = 0; i < (int)committed; i++) {
+			const char *want = PQgetvalue(res, i, 0);
+
+			while (j < nall && strcmp(ids[j], want) < 0) {
+				fail_msg("invented event %s: not committed (rolled back?)", ids[j]);
+			}
+			if (j >= nall || strcmp(ids[j], want) != 0)
+				fail_msg("committed event %s (aggregate %s version %s) is missing", want,
+				    PQgetvalue(res, i, 1), PQgetvalue(res, i, 2));
+			j++;
+			while (j < nall && strcmp(ids[j], want) == 0) {
+				dups++;
+				j++;
+			}
+		}
+		if (j < nall)
+			fail_msg("invented event %s: not committed", ids[j]);
+	}
+	free(ids);
+	PQclear(res);
+
+	/* 3: per key, in partition order, a version continues by one or restarts lower (re-send) */
+	qsort(all, nall, sizeof(*all), cmp_msg);
+	{
+		int last[AGGS + 1] = { 0 };
+
+		for (size_t i = 0; i < nall; i++) {
+			int k = atoi(all[i].key);
+			const char *v = strstr(all[i].value, "\"version\": ");
+			int ver = v ? atoi(v + 11) : -1;
+
+			assert_true(k >= 1 && k <= AGGS);
+			if (ver > last[k] + 1)
+				fail_msg("aggregate %d: version %d after %d: order broken", k, ver, last[k]);
+			if (ver <= last[k])
+				restarts++;
+			last[k] = ver;
+		}
+	}
+	t_msgs_free(all, nall);
+
+	for (int f = 0; f < F_COUNT; f++)
+		print_message("chaos: %-32s %d\n", fault_names[f], counts[f]);
+	print_message("chaos: %d faults; %zu events committed, %zu records read, %zu duplicates, "
+	    "%zu re-sent runs\n", total, committed, committed + dups, dups, restarts);
+	assert_true(total >= 25);
+	for (int f = 0; f < F_COUNT; f++)
+		assert_true(counts[f] > 0);
+	assert_true(committed > 0);
+	/* 6: duplicates come only from crashes (kill -9, walsender, server restart) */
+	if (dups > 0)
+		assert_true(counts[F_KILL9] + counts[F_TERMINATE] + counts[F_PG_RESTART] > 0);
+}
+
+static int
+teardown(void **state)
+{
+	(void)state;
+	t_relay_teardown(&R);
+	return 0;
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_teardown(test_chaos, teardown),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
