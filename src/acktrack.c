@@ -59,13 +59,37 @@ advance(struct obx_acktrack *t)
 }
 
 int
-obx_ack_begin(struct obx_acktrack *t)
+obx_ack_begin_at(struct obx_acktrack *t, int64_t time)
 {
 	if (t->open)
 		return OBX_ESTATE;
 	t->open = true;
 	t->open_queued = false;
+	t->open_time = time;
 	return 0;
+}
+
+int
+obx_ack_begin(struct obx_acktrack *t)
+{
+	return obx_ack_begin_at(t, 0);
+}
+
+bool
+obx_ack_oldest_time(const struct obx_acktrack *t, int64_t *time)
+{
+	if (t->count == 0)
+		return false;
+	*time = t->ring[t->head].time;
+	return true;
+}
+
+int64_t
+obx_ack_ticket_time(const struct obx_acktrack *t, uint64_t ticket)
+{
+	if (ticket < t->head_ticket || ticket - t->head_ticket >= t->count)
+		return 0;
+	return t->ring[(t->head + (size_t)(ticket - t->head_ticket)) % t->cap].time;
 }
 
 int
@@ -78,7 +102,7 @@ obx_ack_add_event(struct obx_acktrack *t, uint64_t *ticket)
 	if (!t->open_queued) {
 		if (t->count == t->cap && (rc = grow(t)) != 0)
 			return rc;
-		*at(t, t->count) = (struct obx_ack_txn){ 0, 0, false };
+		*at(t, t->count) = (struct obx_ack_txn){ 0, t->open_time, 0, false };
 		t->count++;
 		t->open_queued = true;
 	}

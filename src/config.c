@@ -630,6 +630,19 @@ set_log(struct obx_config *cfg, const char *key, const char *value, const char *
 		}
 		return 0;
 	}
+	if (strcmp(key, "progress_interval") == 0) {
+		long long ms;
+		int r = strcmp(value, "0") == 0 ? (ms = 0, 0) : obx_parse_duration_ms(value, 1000, 86400000, &ms);
+
+		if (r != 0) {
+			fail(errbuf, errlen, origin, key, r == OBX_ERANGE ?
+			    "'%s' is out of range (1s to 24h, or 0 for none)" :
+			    "expected a duration such as 60s, or 0 for none, got '%s'", value);
+			return OBX_ECONFIG;
+		}
+		cfg->progress_interval_ms = (int)ms;
+		return 0;
+	}
 	fail(errbuf, errlen, origin, key, "unknown key in [log]");
 	return OBX_ECONFIG;
 }
@@ -712,6 +725,7 @@ obx_config_init(struct obx_config *cfg)
 	cfg->metrics_port = 9898;
 	cfg->log_level = OBX_LOG_INFO;
 	cfg->log_format = OBX_LOG_FORMAT_JSON;
+	cfg->progress_interval_ms = 60000;
 }
 
 static void

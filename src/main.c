@@ -89,6 +89,13 @@ cmd_run(const struct obx_config *cfg, bool recreate_slot)
 	return obx_relay_run(cfg, &opts);
 }
 
+static void
+init_proctitle(int argc, char **argv)
+{
+	/* libbsd moves argv and the environment aside so ps can show the relay's state */
+	setproctitle_init(argc, argv, environ);
+}
+
 int
 main(int argc, char **argv)
 {
@@ -177,6 +184,8 @@ main(int argc, char **argv)
 		return usage_error("--json applies to status only", NULL);
 	}
 
+	if (cmd == CMD_RUN)
+		init_proctitle(argc, argv);
 	rc = obx_config_load(&cfg, config_path, environ, sets, nsets, errbuf, sizeof(errbuf));
 	free(sets);
 	if (rc != 0) {

@@ -23,8 +23,10 @@
 #include "obx/acktrack.h"
 #include "obx/err.h"
 #include "obx/event.h"
+#include "obx/http.h"
 #include "obx/kafka.h"
 #include "obx/log.h"
+#include "obx/metrics.h"
 #include "obx/pgoutput.h"
 #include "obx/pgstream.h"
 #include "obx/relay.h"
@@ -80,6 +82,14 @@ struct relay {
 	bool streamed; /* the last session got as far as streaming */
 	bool paused;   /* backpressure: not reading the stream */
 	bool standby;  /* the slot is in use by another instance */
+	bool end_kafka; /* the session ended because of the broker side */
+	struct obx_metrics m;
+	struct obx_http http;
+	bool http_on;
+	int64_t last_progress_ms;
+	uint64_t progress_events;
+	uint64_t progress_txns;
+	enum obx_state title_state;
 	bool was_standby;
 #ifdef OBX_TEST_HOOKS
 	long test_fatal_after;
@@ -178,6 +188,12 @@ on_delivery(void *ctx, uint64_t opaque, const rd_kafka_message_t *m)
 	r->inflight--;
 	r->inflight_bytes -= m->len + m->key_len;
 	if (m->err == RD_KAFKA_RESP_ERR_NO_ERROR) {
+		int64_t committed = obx_ack_ticket_time(&r->ack, ticket);
+
+		if (committed != 0)
+			obx_metrics_observe(&r->m, (double)(obx_pg_now() - committed) / 1e6);
+		if (dl)
+			r->m.events_dead_lettered++;
 		if (obx_ack_ack(&r->ack, ticket) != 0) {
 			end_session(r, END_FATAL, "delivery report for unknown ticket %" PRIu64, ticket);
 			return;
@@ -188,6 +204,7 @@ on_delivery(void *ctx, uint64_t opaque, const rd_kafka_message_t *m)
 	}
 	if (m->err == RD_KAFKA_RESP_ERR__PURGE_QUEUE || m->err == RD_KAFKA_RESP_ERR__PURGE_INFLIGHT)
 		return; /* this session is being torn down */
+	obx_metrics_kafka_error(&r->m, rd_kafka_err2name(m->err));
 	header_value(m, "id", id, sizeof(id));
 	header_value(m, "lsn", lsn, sizeof(lsn));
 	if (dl) {
@@ -197,6 +214,7 @@ on_delivery(void *ctx, uint64_t opaque, const rd_kafka_message_t *m)
 	}
 	if (!obx_kafka_err_is_permanent(m->err)) {
 		/* timeouts (a user-set message.timeout.ms) and the like: rewind, never skip */
+		r->end_kafka = true;
 		end_session(r, END_RETRY, "delivery of event id=%s lsn=%s failed: %s; rewinding to the slot",
 		    id, lsn, rd_kafka_err2str(m->err));
 		return;
@@ -430,7 +448,7 @@ handle_xlogdata(struct relay *r, const struct obx_walmsg *w)
 	}
 	switch (m.type) {
 	case 'B':
-		if (obx_ack_begin(&r->ack) != 0) {
+		if (obx_ack_begin_at(&r->ack, m.u.begin.commit_time) != 0) {
 			end_session(r, END_FATAL, "Begin inside an open transaction at lsn %s",
 			    obx_lsn_format(m.u.begin.final_lsn, lsn, sizeof(lsn)));
 			return;
@@ -448,6 +466,7 @@ handle_xlogdata(struct relay *r, const struct obx_walmsg *w)
 			return;
 		}
 		r->in_txn = false;
+		r->m.transactions++;
 		if (m.u.commit.end_lsn > r->received)
 			r->received = m.u.commit.end_lsn;
 		break;
@@ -531,6 +550,62 @@ handle_signals(struct relay *r)
 	}
 }
 
+static void
+set_title(struct relay *r)
+{
+	char a[OBX_LSN_STRLEN];
+
+	setproctitle("%s slot %s confirmed %s", obx_state_name(r->m.state), r->cfg->slot,
+	    obx_lsn_format(r->sent_flush, a, sizeof(a)));
+	r->title_state = r->m.state;
+}
+
+static void
+publish(struct relay *r)
+{
+	r->m.heartbeat_ms = now_ms();
+	if (r->http_on)
+		obx_http_publish(&r->http, &r->m);
+	if (r->m.state != r->title_state)
+		set_title(r);
+}
+
+/* Copies the loop's numbers into the metrics, logs progress, publishes. */
+static void
+update_metrics(struct relay *r)
+{
+	int64_t now = now_ms(), oldest;
+
+	r->m.state = r->draining ? OBX_STATE_DRAINING : r->paused ? OBX_STATE_BACKPRESSURED :
+	    OBX_STATE_STREAMING;
+	r->m.state_reason[0] = '\0';
+	r->m.received_lsn = r->received;
+	r->m.confirmed_flush_lsn = r->sent_flush;
+	r->m.server_wal_end_lsn = r->server_wal_end > r->received ? r->server_wal_end : r->received;
+	r->m.inflight_events = r->inflight;
+	r->m.inflight_bytes = r->inflight_bytes;
+	r->m.events_published = r->published;
+	r->m.oldest_unacked_age_seconds = obx_ack_oldest_time(&r->ack, &oldest) ?
+	    (double)(obx_pg_now() - oldest) / 1e6 : 0;
+	if (r->cfg->progress_interval_ms > 0 && now - r->last_progress_ms >= r->cfg->progress_interval_ms) {
+		double secs = (double)(now - r->last_progress_ms) / 1000.0;
+		char a[OBX_LSN_STRLEN], b[OBX_LSN_STRLEN];
+
+		obx_log_info("progress: %s, received %s, confirmed %s, lag %" PRIu64 " bytes, "
+		    "%.1f events/s, %.1f transactions/s, %" PRIu64 " in flight",
+		    obx_state_name(r->m.state), obx_lsn_format(r->received, a, sizeof(a)),
+		    obx_lsn_format(r->sent_flush, b, sizeof(b)),
+		    r->m.server_wal_end_lsn - (r->sent_flush < r->m.server_wal_end_lsn ? r->sent_flush : r->m.server_wal_end_lsn),
+		    (double)(r->published - r->progress_events) / secs,
+		    (double)(r->m.transactions - r->progress_txns) / secs, r->inflight);
+		r->last_progress_ms = now;
+		r->progress_events = r->published;
+		r->progress_txns = r->m.transactions;
+		set_title(r);
+	}
+	publish(r);
+}
+
 static enum session_end
 session(struct relay *r)
 {
@@ -544,6 +619,9 @@ session(struct relay *r)
 	r->paused = false;
 	obx_relcache_init(&r->rels);
 	r->standby = false;
+	r->end_kafka = false;
+	r->m.state = OBX_STATE_CONNECTING;
+	publish(r);
 	f = obx_pgstream_open(&r->st, r->cfg, r->opts->recreate_slot, err, sizeof(err));
 	if (f != OBX_FAIL_NONE) {
 		obx_pgstream_close(&r->st);
@@ -567,6 +645,9 @@ session(struct relay *r)
 	obx_ack_init(&r->ack, r->st.start_confirmed);
 	r->received = r->sent_flush = r->st.start_confirmed;
 	r->last_status_ms = now_ms();
+	r->last_progress_ms = now_ms();
+	r->progress_events = r->published;
+	r->progress_txns = r->m.transactions;
 	obx_log_info("streaming from slot %s at %s (status every %d ms)", r->cfg->slot,
 	    obx_lsn_format(r->st.start_confirmed, a, sizeof(a)), r->status_interval_ms);
 
@@ -577,9 +658,13 @@ session(struct relay *r)
 
 		handle_signals(r);
 		obx_kafka_poll(&r->kf, 0);
-		if (r->kf.fatal)
+		if (r->kf.fatal) {
+			r->end_kafka = true;
+			obx_metrics_kafka_error(&r->m, "_FATAL");
 			end_session(r, END_RETRY, "producer fatal error: %s; recreating it and rewinding to the slot",
 			    r->kf.fatal_reason);
+		}
+		update_metrics(r);
 		if (r->ending)
 			break;
 		read_stream(r);
@@ -663,6 +748,18 @@ obx_relay_run(const struct obx_config *cfg, const struct obx_run_opts *opts)
 		obx_log_error("out of memory");
 		goto out;
 	}
+	{
+		char err[512];
+
+		if (obx_http_start(&r.http, cfg, err, sizeof(err)) != 0) {
+			obx_log_error("%s", err);
+			goto out;
+		}
+		r.http_on = true;
+		obx_log_info("metrics and health on %s:%d (/metrics, /healthz, /readyz)", cfg->metrics_host,
+		    r.http.port);
+	}
+	r.title_state = OBX_STATE_COUNT;
 	for (;;) {
 		enum session_end e = session(&r);
 
@@ -684,6 +781,16 @@ obx_relay_run(const struct obx_config *cfg, const struct obx_run_opts *opts)
 		if (r.streamed)
 			attempt = 0;
 		r.streamed = false;
+		if (r.end_kafka)
+			r.m.reconnects_kafka++;
+		else if (!r.standby)
+			r.m.reconnects_postgres++;
+		r.m.state = r.standby ? OBX_STATE_STANDBY : OBX_STATE_CONNECTING;
+		snprintf(r.m.state_reason, sizeof(r.m.state_reason), "%.*s", (int)sizeof(r.m.state_reason) - 1,
+		    r.end_reason);
+		r.m.inflight_events = r.m.inflight_bytes = 0;
+		r.m.oldest_unacked_age_seconds = 0;
+		publish(&r);
 		if (r.standby) {
 			/* a hot standby: poll the slot often so a takeover takes seconds */
 			if (!r.was_standby)
@@ -709,8 +816,9 @@ obx_relay_run(const struct obx_config *cfg, const struct obx_run_opts *opts)
 			while (now_ms() < until) {
 				struct pollfd p = { opts->signal_fd, POLLIN, 0 };
 
-				if (poll(&p, 1, (int)(until - now_ms())) > 0)
+				if (poll(&p, 1, (int)(until - now_ms() < 1000 ? until - now_ms() : 1000)) > 0)
 					break;
+				publish(&r); /* the loop is turning: /healthz stays green */
 			}
 			{
 				char buf[16];
@@ -727,6 +835,8 @@ obx_relay_run(const struct obx_config *cfg, const struct obx_run_opts *opts)
 		}
 	}
 out:
+	if (r.http_on)
+		obx_http_stop(&r.http);
 	obx_event_builder_reset(&r.eb);
 	obx_pgoutput_reset(&r.dec);
 	return rc;

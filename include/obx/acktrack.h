@@ -26,6 +26,7 @@
 
 struct obx_ack_txn {
 	obx_lsn end_lsn;  /* valid once committed */
+	int64_t time;     /* the caller's timestamp for the transaction (its commit time) */
 	uint32_t outstanding;
 	bool committed;
 };
@@ -38,6 +39,7 @@ struct obx_acktrack {
 	uint64_t head_ticket; /* ticket of ring[head] */
 	bool open;            /* Begin received, Commit not yet */
 	bool open_queued;     /* the open transaction has an entry (it has events) */
+	int64_t open_time;
 	obx_lsn flushable;
 	uint64_t outstanding; /* unacknowledged events in all transactions */
 };
@@ -49,6 +51,14 @@ void obx_ack_reset(struct obx_acktrack *t);
 
 /* A transaction begins.  Returns 0, or OBX_ESTATE when one is already open. */
 int obx_ack_begin(struct obx_acktrack *t);
+/* The same, remembering time (e.g. the commit time) for the age queries below. */
+int obx_ack_begin_at(struct obx_acktrack *t, int64_t time);
+
+/* The time of the oldest transaction with unacknowledged events; false when none. */
+bool obx_ack_oldest_time(const struct obx_acktrack *t, int64_t *time);
+
+/* The time of ticket's transaction, or 0 when the ticket is unknown. */
+int64_t obx_ack_ticket_time(const struct obx_acktrack *t, uint64_t ticket);
 
 /*
  * Registers one more event of the open transaction; *ticket identifies its

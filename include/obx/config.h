@@ -65,6 +65,7 @@ struct obx_config {
 	/* [log] */
 	enum obx_log_level log_level;
 	enum obx_log_format log_format;
+	int progress_interval_ms; /* 0: no periodic progress lines */
 
 	/* bookkeeping: keys set from the file, for duplicate detection */
 	struct obx_kv *seen;

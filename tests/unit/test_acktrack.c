@@ -142,6 +142,34 @@ test_many_transactions_grow_and_wrap(void **state)
 	obx_ack_reset(&a);
 }
 
+static void
+test_times(void **state)
+{
+	struct obx_acktrack a;
+	uint64_t t1, t2;
+	int64_t when;
+
+	(void)state;
+	obx_ack_init(&a, 0);
+	assert_false(obx_ack_oldest_time(&a, &when));
+	assert_int_equal(obx_ack_begin_at(&a, 1000), 0);
+	assert_int_equal(obx_ack_add_event(&a, &t1), 0);
+	assert_int_equal(obx_ack_commit(&a, 10), 0);
+	assert_int_equal(obx_ack_begin_at(&a, 2000), 0);
+	assert_int_equal(obx_ack_add_event(&a, &t2), 0);
+	assert_int_equal(obx_ack_commit(&a, 20), 0);
+	assert_true(obx_ack_oldest_time(&a, &when));
+	assert_int_equal(when, 1000);
+	assert_int_equal(obx_ack_ticket_time(&a, t2), 2000);
+	assert_int_equal(obx_ack_ack(&a, t1), 0);
+	assert_true(obx_ack_oldest_time(&a, &when));
+	assert_int_equal(when, 2000);
+	assert_int_equal(obx_ack_ticket_time(&a, t1), 0);
+	assert_int_equal(obx_ack_ack(&a, t2), 0);
+	assert_false(obx_ack_oldest_time(&a, &when));
+	obx_ack_reset(&a);
+}
+
 int
 main(void)
 {
@@ -152,6 +180,7 @@ main(void)
 		cmocka_unit_test(test_open_transaction_blocks_keepalive),
 		cmocka_unit_test(test_state_errors_and_unknown_tickets),
 		cmocka_unit_test(test_many_transactions_grow_and_wrap),
+		cmocka_unit_test(test_times),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -90,6 +90,7 @@ test_defaults(void **state)
 	assert_int_equal(cfg.metrics_port, 9898);
 	assert_int_equal(cfg.log_level, OBX_LOG_INFO);
 	assert_int_equal(cfg.log_format, OBX_LOG_FORMAT_JSON);
+	assert_int_equal(cfg.progress_interval_ms, 60000);
 	assert_string_equal(obx_config_kafka_get(&cfg, "bootstrap.servers"), "127.0.0.1:9092");
 	obx_config_reset(&cfg);
 }
@@ -193,6 +194,8 @@ test_value_errors(void **state)
 	expect_error(KAFKA "[metrics]\nlisten = host:70000\n", "key 'listen': expected host:port");
 	expect_error(KAFKA "[log]\nlevel = verbose\n", "key 'level': expected error, warn, info or debug, got 'verbose'");
 	expect_error(KAFKA "[log]\nformat = xml\n", "key 'format': expected json or text, got 'xml'");
+	expect_error(KAFKA "[log]\nprogress_interval = often\n", "key 'progress_interval': expected a duration");
+	expect_error(KAFKA "[log]\nprogress_interval = 10ms\n", "key 'progress_interval': '10ms' is out of range");
 }
 
 static void

@@ -1,0 +1,75 @@
+/*
+ * metrics.h - the numbers outboxd exposes (pure): a plain struct the relay
+ * updates without locks, and a renderer of the Prometheus text exposition
+ * format 0.0.4 from a snapshot of it.  The relay publishes snapshots to the
+ * HTTP thread (see http.h); rendering never touches the live struct.
+ */
+#ifndef OBX_METRICS_H
+#define OBX_METRICS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum obx_state {
+	OBX_STATE_CONNECTING,
+	OBX_STATE_STREAMING,
+	OBX_STATE_STANDBY,
+	OBX_STATE_BACKPRESSURED,
+	OBX_STATE_DRAINING,
+	OBX_STATE_COUNT
+};
+
+#define OBX_HIST_BUCKETS 12
+#define OBX_ERR_CODES 16
+
+struct obx_metrics {
+	enum obx_state state;
+	char state_reason[160]; /* why not ready, for /readyz */
+	uint64_t received_lsn;
+	uint64_t confirmed_flush_lsn;
+	uint64_t server_wal_end_lsn;
+	double oldest_unacked_age_seconds;
+	uint64_t events_published;
+	uint64_t events_dead_lettered;
+	uint64_t transactions;
+	uint64_t inflight_events;
+	uint64_t inflight_bytes;
+	uint64_t reconnects_postgres;
+	uint64_t reconnects_kafka;
+	/* commit-to-ack histogram (seconds) */
+	uint64_t hist_counts[OBX_HIST_BUCKETS]; /* per bucket, not cumulative */
+	uint64_t hist_count;
+	double hist_sum;
+	/* kafka errors by code name */
+	char err_names[OBX_ERR_CODES][40];
+	uint64_t err_counts[OBX_ERR_CODES];
+	/* from the slot poller; has_slot = 0 until the first poll */
+	int has_slot;
+	int64_t slot_retained_wal_bytes;
+	int64_t slot_safe_wal_size_bytes; /* -1 when NULL (max_slot_wal_keep_size = -1) */
+	int slot_wal_status; /* 0 unknown, 1 reserved, 2 extended, 3 unreserved, 4 lost */
+	int64_t heartbeat_ms; /* monotonic time the loop last turned */
+};
+
+/* The histogram's upper bounds in seconds (the +Inf bucket is implicit). */
+extern const double obx_hist_bounds[OBX_HIST_BUCKETS];
+
+/* Records one commit-to-ack observation. */
+void obx_metrics_observe(struct obx_metrics *m, double seconds);
+
+/* Counts one Kafka error under its name (the last slot collects the rest as "other"). */
+void obx_metrics_kafka_error(struct obx_metrics *m, const char *name);
+
+/* Maps pg_replication_slots.wal_status text to the gauge value. */
+int obx_metrics_wal_status(const char *s);
+
+/* A printable state name ("streaming", ...). */
+const char *obx_state_name(enum obx_state s);
+
+/*
+ * Renders m as Prometheus text into a malloc'd NUL-terminated buffer
+ * (caller frees).  Returns NULL when out of memory.
+ */
+char *obx_metrics_render(const struct obx_metrics *m, size_t *len);
+
+#endif

@@ -1,0 +1,145 @@
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "obx/metrics.h"
+
+const double obx_hist_bounds[OBX_HIST_BUCKETS] = {
+	0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5, 30,
+};
+
+static const char *const state_names[OBX_STATE_COUNT] = {
+	"connecting", "streaming", "standby", "backpressured", "draining",
+};
+
+const char *
+obx_state_name(enum obx_state s)
+{
+	return s < OBX_STATE_COUNT ? state_names[s] : "unknown";
+}
+
+void
+obx_metrics_observe(struct obx_metrics *m, double seconds)
+{
+	size_t i;
+
+	for (i = 0; i < OBX_HIST_BUCKETS; i++)
+		if (seconds <= obx_hist_bounds[i])
+			break;
+	if (i < OBX_HIST_BUCKETS)
+		m->hist_counts[i]++;
+	m->hist_count++;
+	m->hist_sum += seconds;
+}
+
+void
+obx_metrics_kafka_error(struct obx_metrics *m, const char *name)
+{
+	size_t i;
+
+	for (i = 0; i < OBX_ERR_CODES - 1 && m->err_names[i][0] != '\0'; i++)
+		if (strcmp(m->err_names[i], name) == 0)
+			break;
+	if (i == OBX_ERR_CODES - 1)
+		name = "other";
+	if (m->err_names[i][0] == '\0')
+		snprintf(m->err_names[i], sizeof(m->err_names[i]), "%s", name);
+	m->err_counts[i]++;
+}
+
+int
+obx_metrics_wal_status(const char *s)
+{
+	static const char *const names[] = { "reserved", "extended", "unreserved", "lost" };
+
+	for (int i = 0; i < 4; i++)
+		if (s != NULL && strcmp(s, names[i]) == 0)
+			return i + 1;
+	return 0;
+}
+
+static void
+family(FILE *fp, const char *name, const char *type, const char *help)
+{
+	fprintf(fp, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+static void
+gauge_u64(FILE *fp, const char *name, const char *help, uint64_t v)
+{
+	family(fp, name, "gauge", help);
+	fprintf(fp, "%s %" PRIu64 "\n", name, v);
+}
+
+static void
+counter_u64(FILE *fp, const char *name, const char *help, uint64_t v)
+{
+	family(fp, name, "counter", help);
+	fprintf(fp, "%s %" PRIu64 "\n", name, v);
+}
+
+char *
+obx_metrics_render(const struct obx_metrics *m, size_t *len)
+{
+	char *out = NULL;
+	size_t sz = 0;
+	FILE *fp = open_memstream(&out, &sz);
+	uint64_t cum = 0;
+	uint64_t lag;
+
+	if (fp == NULL)
+		return NULL;
+	gauge_u64(fp, "outboxd_up", "1 while the process runs", 1);
+	family(fp, "outboxd_state", "gauge", "1 for the current state, 0 for the others");
+	for (int s = 0; s < OBX_STATE_COUNT; s++)
+		fprintf(fp, "outboxd_state{state=\"%s\"} %d\n", state_names[s], m->state == (enum obx_state)s);
+	gauge_u64(fp, "outboxd_received_lsn", "highest WAL position received from the server", m->received_lsn);
+	gauge_u64(fp, "outboxd_confirmed_flush_lsn", "WAL position confirmed to the slot (everything before it is acknowledged by the broker)",
+	    m->confirmed_flush_lsn);
+	gauge_u64(fp, "outboxd_server_wal_end_lsn", "the server's WAL end as last reported on the stream",
+	    m->server_wal_end_lsn);
+	lag = m->server_wal_end_lsn > m->confirmed_flush_lsn ? m->server_wal_end_lsn - m->confirmed_flush_lsn : 0;
+	gauge_u64(fp, "outboxd_lag_bytes", "server WAL end minus confirmed flush position", lag);
+	family(fp, "outboxd_oldest_unacked_age_seconds", "gauge",
+	    "age (since commit) of the oldest event not yet acknowledged by the broker, 0 when none");
+	fprintf(fp, "outboxd_oldest_unacked_age_seconds %.3f\n", m->oldest_unacked_age_seconds);
+	family(fp, "outboxd_commit_to_ack_seconds", "histogram",
+	    "time from the transaction's commit to the broker's acknowledgement, per event");
+	for (int i = 0; i < OBX_HIST_BUCKETS; i++) {
+		cum += m->hist_counts[i];
+		fprintf(fp, "outboxd_commit_to_ack_seconds_bucket{le=\"%g\"} %" PRIu64 "\n", obx_hist_bounds[i], cum);
+	}
+	fprintf(fp, "outboxd_commit_to_ack_seconds_bucket{le=\"+Inf\"} %" PRIu64 "\n", m->hist_count);
+	fprintf(fp, "outboxd_commit_to_ack_seconds_sum %.6f\n", m->hist_sum);
+	fprintf(fp, "outboxd_commit_to_ack_seconds_count %" PRIu64 "\n", m->hist_count);
+	counter_u64(fp, "outboxd_events_published_total", "events acknowledged by the broker", m->events_published);
+	counter_u64(fp, "outboxd_events_dead_lettered_total", "events sent to the dead-letter topic",
+	    m->events_dead_lettered);
+	counter_u64(fp, "outboxd_transactions_total", "committed transactions received", m->transactions);
+	gauge_u64(fp, "outboxd_inflight_events", "events handed to the producer and not yet acknowledged",
+	    m->inflight_events);
+	gauge_u64(fp, "outboxd_inflight_bytes", "bytes of those events", m->inflight_bytes);
+	family(fp, "outboxd_reconnects_total", "counter", "sessions ended by a failure, by the side that failed");
+	fprintf(fp, "outboxd_reconnects_total{target=\"postgres\"} %" PRIu64 "\n", m->reconnects_postgres);
+	fprintf(fp, "outboxd_reconnects_total{target=\"kafka\"} %" PRIu64 "\n", m->reconnects_kafka);
+	family(fp, "outboxd_kafka_errors_total", "counter", "delivery and producer errors by code");
+	for (int i = 0; i < OBX_ERR_CODES && m->err_names[i][0] != '\0'; i++)
+		fprintf(fp, "outboxd_kafka_errors_total{code=\"%s\"} %" PRIu64 "\n", m->err_names[i], m->err_counts[i]);
+	if (m->has_slot) {
+		family(fp, "outboxd_slot_retained_wal_bytes", "gauge", "WAL the slot retains (current WAL LSN minus restart_lsn)");
+		fprintf(fp, "outboxd_slot_retained_wal_bytes %" PRId64 "\n", m->slot_retained_wal_bytes);
+		family(fp, "outboxd_slot_safe_wal_size_bytes", "gauge",
+		    "WAL that can still be written before the slot is lost (-1: unbounded, max_slot_wal_keep_size = -1)");
+		fprintf(fp, "outboxd_slot_safe_wal_size_bytes %" PRId64 "\n", m->slot_safe_wal_size_bytes);
+		family(fp, "outboxd_slot_wal_status", "gauge",
+		    "slot wal_status: 0 unknown, 1 reserved, 2 extended, 3 unreserved, 4 lost");
+		fprintf(fp, "outboxd_slot_wal_status %d\n", m->slot_wal_status);
+	}
+	if (fclose(fp) != 0) {
+		free(out);
+		return NULL;
+	}
+	*len = sz;
+	return out;
+}
