@@ -722,3 +722,82 @@ t_wait_confirmed_current(struct t_relay *r, int timeout_ms)
 		usleep(50000);
 	return t_slot_confirmed(r) >= want;
 }
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+int
+t_http_get(int port, const char *path, char *body, size_t len)
+{
+	struct sockaddr_in a;
+	char req[512];
+	static char buf[1 << 20];
+	size_t used = 0;
+	ssize_t n;
+	int fd, status = -1;
+	char *sep;
+
+	memset(&a, 0, sizeof(a));
+	a.sin_family = AF_INET;
+	a.sin_port = htons((uint16_t)port);
+	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	fd = socket(AF_INET, SOCK_STREAM, 0);
+	if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
+		if (fd >= 0)
+			close(fd);
+		return -1;
+	}
+	snprintf(req, sizeof(req), "GET %s HTTP/1.0\r\nHost: localhost\r\n\r\n", path);
+	if (write(fd, req, strlen(req)) != (ssize_t)strlen(req)) {
+		close(fd);
+		return -1;
+	}
+	while (used + 1 < sizeof(buf) && (n = read(fd, buf + used, sizeof(buf) - 1 - used)) > 0)
+		used += (size_t)n;
+	close(fd);
+	buf[used] = '\0';
+	if (sscanf(buf, "HTTP/1.%*d %d", &status) != 1)
+		return -1;
+	sep = strstr(buf, "\r\n\r\n");
+	snprintf(body, len, "%s", sep ? sep + 4 : "");
+	return status;
+}
+
+int
+t_metrics_port(const struct t_relay *r)
+{
+	int64_t deadline = t_now_ms() + 10000;
+
+	while (t_now_ms() < deadline) {
+		FILE *fp = fopen(r->log, "r");
+		char line[4096];
+		int port = -1;
+
+		while (fp != NULL && fgets(line, sizeof(line), fp) != NULL) {
+			char *p = strstr(line, "metrics and health on ");
+
+			if (p != NULL && (p = strchr(p + 22, ':')) != NULL)
+				port = atoi(p + 1);
+		}
+		if (fp != NULL)
+			fclose(fp);
+		if (port > 0)
+			return port;
+		usleep(50000);
+	}
+	fail_msg("outboxd did not log its metrics port");
+	return -1;
+}
+
+double
+t_metric(const char *body, const char *name)
+{
+	size_t len = strlen(name);
+
+	for (const char *p = body; p != NULL && *p != '\0'; p = strchr(p, '\n'), p = p ? p + 1 : NULL) {
+		if (strncmp(p, name, len) == 0 && p[len] == ' ')
+			return atof(p + len + 1);
+	}
+	return -1;
+}

@@ -149,3 +149,13 @@ int t_wait_confirmed_current(struct t_relay *r, int timeout_ms);
 void t_slot_wait_inactive(struct t_relay *r, int timeout_ms);
 /* Parses "X/X". */
 uint64_t t_lsn(const char *s);
+
+/*
+ * A minimal HTTP/1.0 GET to 127.0.0.1:port; returns the status code and
+ * writes the body (NUL-terminated, truncated to len) to body.  -1 on error.
+ */
+int t_http_get(int port, const char *path, char *body, size_t len);
+/* The metrics port outboxd logged ("metrics and health on HOST:PORT"), waiting up to 10 s. */
+int t_metrics_port(const struct t_relay *r);
+/* Value of a metric line "name value" in a /metrics body, or -1 when absent. */
+double t_metric(const char *body, const char *name);

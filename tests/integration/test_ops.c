@@ -1,0 +1,222 @@
+/*
+ * The operational surface: /metrics (every family, live values), /healthz,
+ * /readyz for the active instance and a standby, 404s, slow and malformed
+ * clients that must not stall the relay, and the process title.
+ */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+static struct t_relay R;
+static char body[1 << 20];
+
+static int
+teardown(void **state)
+{
+	(void)state;
+	t_relay_teardown(&R);
+	return 0;
+}
+
+static const char *const families[] = {
+	"outboxd_up", "outboxd_state", "outboxd_received_lsn", "outboxd_confirmed_flush_lsn",
+	"outboxd_server_wal_end_lsn", "outboxd_lag_bytes", "outboxd_oldest_unacked_age_seconds",
+	"outboxd_commit_to_ack_seconds", "outboxd_events_published_total",
+	"outboxd_events_dead_lettered_total", "outboxd_transactions_total", "outboxd_inflight_events",
+	"outboxd_inflight_bytes", "outboxd_reconnects_total", "outboxd_kafka_errors_total",
+	"outboxd_slot_retained_wal_bytes", "outboxd_slot_safe_wal_size_bytes", "outboxd_slot_wal_status",
+};
+
+static int
+raw_connect(int port)
+{
+	struct sockaddr_in a;
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+
+	memset(&a, 0, sizeof(a));
+	a.sin_family = AF_INET;
+	a.sin_port = htons((uint16_t)port);
+	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+	return fd;
+}
+
+static void
+test_metrics_health_and_slow_clients(void **state)
+{
+	int port, slow, bad;
+	struct t_msg *m;
+	size_t n;
+	int64_t t0;
+	char title[512];
+
+	(void)state;
+	t_relay_setup(&R, "ops", 0);
+	t_relay_config(&R, "[metrics]\nlisten = 127.0.0.1:0\n[log]\nprogress_interval = 1s\n");
+	t_relay_start(&R, NULL, 1);
+	port = t_metrics_port(&R);
+
+	/* a client that sends half a request and holds the socket, and one that sends garbage */
+	slow = raw_connect(port);
+	assert_int_equal(write(slow, "GET /metr", 9), 9);
+	bad = raw_connect(port);
+	assert_int_equal(write(bad, "\x16\x03\x01garbage\r\n\r\n", 14), 14);
+
+	for (int i = 0; i < 3; i++)
+		t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('ops', 'k%d', 'T', '{}')", i);
+	n = t_consume(R.b.bootstrap, "outbox.event.ops", 3, 15000, &m);
+	assert_int_equal(n, 3); /* the relay kept going */
+	t_msgs_free(m, n);
+	assert_true(t_wait_confirmed_current(&R, 10000));
+
+	/* every family with HELP and TYPE, and live values; slot gauges arrive from the poller */
+	t0 = t_now_ms();
+	do {
+		t0 = t0 ? t0 : t_now_ms();
+		assert_int_equal(t_http_get(port, "/metrics", body, sizeof(body)), 200);
+		if (t_metric(body, "outboxd_slot_wal_status") > 0 && t_metric(body, "outboxd_events_published_total") == 3)
+			break;
+		usleep(200000);
+	} while (t_now_ms() - t0 < 20000);
+	for (size_t i = 0; i < sizeof(families) / sizeof(families[0]); i++) {
+		char help[128], type[128];
+
+		snprintf(help, sizeof(help), "# HELP %s ", families[i]);
+		snprintf(type, sizeof(type), "# TYPE %s ", families[i]);
+		if (strstr(body, help) == NULL || strstr(body, type) == NULL)
+			fail_msg("family %s missing from /metrics:\n%s", families[i], body);
+	}
+	assert_true(t_metric(body, "outboxd_up") == 1);
+	assert_true(t_metric(body, "outboxd_state{state=\"streaming\"}") == 1);
+	assert_true(t_metric(body, "outboxd_state{state=\"standby\"}") == 0);
+	assert_true(t_metric(body, "outboxd_events_published_total") == 3);
+	assert_true(t_metric(body, "outboxd_transactions_total") >= 3);
+	assert_true(t_metric(body, "outboxd_inflight_events") == 0);
+	assert_true(t_metric(body, "outboxd_oldest_unacked_age_seconds") == 0);
+	assert_true(t_metric(body, "outboxd_commit_to_ack_seconds_count") == 3);
+	assert_true(t_metric(body, "outboxd_confirmed_flush_lsn") > 0);
+	assert_true(t_metric(body, "outboxd_slot_wal_status") == 1); /* reserved */
+	assert_true(t_metric(body, "outboxd_slot_safe_wal_size_bytes") == -1); /* max_slot_wal_keep_size = -1 */
+
+	assert_int_equal(t_http_get(port, "/healthz", body, sizeof(body)), 200);
+	assert_int_equal(t_http_get(port, "/readyz", body, sizeof(body)), 200);
+	assert_string_equal(body, "ready: streaming\n");
+	assert_int_equal(t_http_get(port, "/nope", body, sizeof(body)), 404);
+	assert_int_equal(t_http_get(port, "/", body, sizeof(body)), 404);
+
+	/* periodic progress lines, and the state in ps */
+	sleep(2);
+	assert_true(t_log_count(&R, "progress: streaming, received") >= 1);
+	{
+		char path[64];
+		FILE *fp;
+		size_t k;
+
+		snprintf(path, sizeof(path), "/proc/%d/cmdline", (int)R.pid);
+		fp = fopen(path, "r");
+		assert_non_null(fp);
+		k = fread(title, 1, sizeof(title) - 1, fp);
+		fclose(fp);
+		title[k] = '\0';
+		for (size_t i = 0; i < k; i++)
+			if (title[i] == '\0')
+				title[i] = ' ';
+		assert_non_null(strstr(title, "streaming slot"));
+	}
+
+	/* broker down with an event outstanding: the age of the oldest unacked event grows */
+	for (int b = 1; b <= 3; b++)
+		assert_int_equal(t_broker_cmd(&R.b, "down %d", b), 0);
+	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('ops', 'late', 'T', '{}')");
+	sleep(3);
+	assert_int_equal(t_http_get(port, "/metrics", body, sizeof(body)), 200);
+	assert_true(t_metric(body, "outboxd_oldest_unacked_age_seconds") >= 2);
+	assert_true(t_metric(body, "outboxd_inflight_events") == 1);
+	assert_true(t_metric(body, "outboxd_lag_bytes") > 0);
+	assert_int_equal(t_http_get(port, "/healthz", body, sizeof(body)), 200); /* an outage is not a restart reason */
+	for (int b = 1; b <= 3; b++)
+		assert_int_equal(t_broker_cmd(&R.b, "up %d", b), 0);
+	close(slow);
+	close(bad);
+}
+
+static void
+test_standby_is_ready(void **state)
+{
+	struct t_relay S;
+	int port;
+	int64_t t0;
+
+	(void)state;
+	t_relay_setup(&R, "opsstandby", 0);
+	t_relay_config(&R, "[metrics]\nlisten = 127.0.0.1:0\n");
+	t_relay_start(&R, NULL, 1);
+	S = R;
+	snprintf(S.log, sizeof(S.log), "/tmp/obx-test-%s.standby.log", R.db);
+	unlink(S.log);
+	S.pid = 0;
+	t_relay_start(&S, NULL, 0);
+	port = t_metrics_port(&S);
+	for (t0 = t_now_ms(); t_now_ms() - t0 < 10000; usleep(100000))
+		if (t_http_get(port, "/readyz", body, sizeof(body)) == 200)
+			break;
+	assert_string_equal(body, "ready: standby\n");
+	assert_int_equal(t_http_get(port, "/metrics", body, sizeof(body)), 200);
+	assert_true(t_metric(body, "outboxd_state{state=\"standby\"}") == 1);
+	assert_true(t_metric(body, "outboxd_state{state=\"streaming\"}") == 0);
+	kill(S.pid, SIGKILL);
+	waitpid(S.pid, NULL, 0);
+	unlink(S.log);
+}
+
+static void
+test_not_ready_while_failing(void **state)
+{
+	int port;
+	int64_t t0;
+
+	(void)state;
+	t_relay_setup(&R, "opsdown", 0);
+	/* a server that is not there: retried, not ready, but healthy */
+	t_relay_config(&R, "[metrics]\nlisten = 127.0.0.1:0\n");
+	{
+		char text[2048];
+		FILE *fp = fopen(R.conf, "w");
+
+		snprintf(text, sizeof(text), "[source]\nconninfo = host=127.0.0.1 port=1 dbname=x\n"
+		    "[kafka]\nbootstrap.servers = %s\n[metrics]\nlisten = 127.0.0.1:0\n[log]\nformat = text\n",
+		    R.b.bootstrap);
+		fputs(text, fp);
+		fclose(fp);
+	}
+	t_relay_start(&R, NULL, 0);
+	port = t_metrics_port(&R);
+	for (t0 = t_now_ms(); t_now_ms() - t0 < 10000; usleep(100000))
+		if (t_http_get(port, "/readyz", body, sizeof(body)) == 503 && strstr(body, "Connection refused"))
+			break;
+	assert_non_null(strstr(body, "not ready: connecting: could not connect to PostgreSQL"));
+	assert_int_equal(t_http_get(port, "/healthz", body, sizeof(body)), 200);
+	assert_int_equal(t_http_get(port, "/metrics", body, sizeof(body)), 200);
+	assert_true(t_metric(body, "outboxd_reconnects_total{target=\"postgres\"}") >= 1);
+	assert_true(t_metric(body, "outboxd_state{state=\"connecting\"}") == 1);
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_teardown(test_metrics_health_and_slow_clients, teardown),
+		cmocka_unit_test_teardown(test_standby_is_ready, teardown),
+		cmocka_unit_test_teardown(test_not_ready_while_failing, teardown),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
