@@ -14,8 +14,8 @@ packages=(
 	postgresql-15 postgresql-client-15 kcat util-linux procps iproute2 openssl
 	# sanitizers, fuzzing, profiling, benchmarks
 	clang-14 libclang-rt-14-dev llvm-14 valgrind gdb time linux-perf
-	# manifest linting (later: deploy/)
-	python3 python3-yaml yamllint
+	# manifest linting (deploy/): YAML/JSON parsing, promtool for the alert rules
+	python3 python3-yaml yamllint prometheus
 )
 
 missing=()
@@ -44,4 +44,13 @@ if [ ! -e /etc/postgresql-common/createcluster.conf ]; then
 	mkdir -p /etc/postgresql-common
 	echo "create_main_cluster = false" > /etc/postgresql-common/createcluster.conf
 fi
+# Packages such as prometheus ship a service; installing must not start one.
+policy=/usr/sbin/policy-rc.d
+own_policy=0
+if [ ! -e "$policy" ]; then
+	printf '#!/bin/sh\nexit 101\n' >"$policy"
+	chmod +x "$policy"
+	own_policy=1
+fi
+trap '[ "$own_policy" -eq 1 ] && rm -f "$policy"' EXIT
 apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -209,6 +209,41 @@ test_not_ready_while_failing(void **state)
 	assert_true(t_metric(body, "outboxd_state{state=\"connecting\"}") == 1);
 }
 
+/* The deployed set-up: the table owner runs sql/, outboxd logs in as its least-privilege role. */
+static void
+test_least_privilege_role(void **state)
+{
+	char cmd[2048], ci[512], text[2048];
+	const char *src = getenv("OBX_SOURCE_DIR");
+	struct t_msg *m;
+	size_t n;
+
+	(void)state;
+	t_relay_setup(&R, "role", 1);
+	snprintf(cmd, sizeof(cmd), "psql -X -q -v ON_ERROR_STOP=1 -h %s -p %s -U %s -d %s "
+	    "-f %s/sql/001_outbox.sql -f %s/sql/002_publication.sql -f %s/sql/003_role.sql >/dev/null",
+	    R.st.host, R.st.port, R.st.user, R.db, src, src, src);
+	assert_int_equal(system(cmd), 0);
+	snprintf(ci, sizeof(ci), "host=%s port=%s user=outboxd dbname=%s", R.st.host, R.st.port, R.db);
+	snprintf(text, sizeof(text), "[source]\nconninfo = %s\nslot = %s\ncreate_publication = false\n"
+	    "status_interval = 1s\n[kafka]\nbootstrap.servers = %s\n[metrics]\nlisten = 127.0.0.1:0\n"
+	    "[log]\nformat = text\n", ci, R.slot, R.b.bootstrap);
+	t_write_file(R.conf, sizeof(R.conf), text);
+	t_relay_start(&R, NULL, 1);
+	assert_int_equal(t_log_count(&R, "could not record"), 0);
+	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('role', 'r1', 'T', '{}')");
+	n = t_consume(R.b.bootstrap, "outbox.event.role", 1, 15000, &m);
+	assert_int_equal(n, 1);
+	t_msgs_free(m, n);
+	{
+		char *comment = t_query1(R.pg, "SELECT obj_description(oid, 'pg_publication') FROM pg_publication "
+		    "WHERE pubname = 'outboxd'");
+
+		assert_non_null(strstr(comment, "outboxd-slot"));
+		free(comment);
+	}
+}
+
 int
 main(void)
 {
@@ -216,6 +251,7 @@ main(void)
 		cmocka_unit_test_teardown(test_metrics_health_and_slow_clients, teardown),
 		cmocka_unit_test_teardown(test_standby_is_ready, teardown),
 		cmocka_unit_test_teardown(test_not_ready_while_failing, teardown),
+		cmocka_unit_test_teardown(test_least_privilege_role, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
