@@ -4,6 +4,7 @@
  * clients that must not stall the relay, and the process title.
  */
 #include <arpa/inet.h>
+#include <regex.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
@@ -34,6 +35,55 @@ static const char *const families[] = {
 	"outboxd_inflight_bytes", "outboxd_reconnects_total", "outboxd_kafka_errors_total",
 	"outboxd_slot_retained_wal_bytes", "outboxd_slot_safe_wal_size_bytes", "outboxd_slot_wal_status",
 };
+
+/* Every outboxd_* metric named in file exists in the scrape body. */
+static void
+expect_names_scraped(const char *relpath, const char *scrape)
+{
+	const char *src = getenv("OBX_SOURCE_DIR");
+	char path[1024], *text;
+	regex_t re;
+	regmatch_t mt;
+	FILE *fp;
+	long len;
+	int names = 0;
+
+	snprintf(path, sizeof(path), "%s/%s", src, relpath);
+	fp = fopen(path, "r");
+	assert_non_null(fp);
+	fseek(fp, 0, SEEK_END);
+	len = ftell(fp);
+	fseek(fp, 0, SEEK_SET);
+	text = calloc(1, (size_t)len + 1);
+	assert_int_equal(fread(text, 1, (size_t)len, fp), (size_t)len);
+	fclose(fp);
+	assert_int_equal(regcomp(&re, "outboxd_[a-z_]+", REG_EXTENDED), 0);
+	for (const char *p = text; regexec(&re, p, 1, &mt, 0) == 0; p += mt.rm_eo) {
+		char name[128], type[160];
+		size_t n = (size_t)(mt.rm_eo - mt.rm_so);
+		const char *suffixes[] = { "_bucket", "_sum", "_count" };
+
+		if (n >= sizeof(name))
+			continue;
+		memcpy(name, p + mt.rm_so, n);
+		name[n] = '\0';
+		for (size_t i = 0; i < 3; i++) {
+			size_t sl = strlen(suffixes[i]);
+
+			if (n > sl && strcmp(name + n - sl, suffixes[i]) == 0)
+				name[n - sl] = '\0';
+		}
+		if (strcmp(name, "outboxd_slot_status") == 0)
+			continue; /* the SQL view, not a metric */
+		snprintf(type, sizeof(type), "# TYPE %s ", name);
+		if (strstr(scrape, type) == NULL)
+			fail_msg("%s names %s, which a live scrape does not have", relpath, name);
+		names++;
+	}
+	regfree(&re);
+	free(text);
+	assert_true(names > 5);
+}
 
 static int
 raw_connect(int port)
@@ -105,6 +155,8 @@ test_metrics_health_and_slow_clients(void **state)
 	assert_true(t_metric(body, "outboxd_confirmed_flush_lsn") > 0);
 	assert_true(t_metric(body, "outboxd_slot_wal_status") == 1); /* reserved */
 	assert_true(t_metric(body, "outboxd_slot_safe_wal_size_bytes") == -1); /* max_slot_wal_keep_size = -1 */
+	expect_names_scraped("deploy/kubernetes/prometheusrule.yaml", body);
+	expect_names_scraped("deploy/grafana/outboxd-dashboard.json", body);
 
 	assert_int_equal(t_http_get(port, "/healthz", body, sizeof(body)), 200);
 	assert_int_equal(t_http_get(port, "/readyz", body, sizeof(body)), 200);
