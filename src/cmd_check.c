@@ -8,8 +8,10 @@
 #include <string.h>
 
 #include <jansson.h>
+#include <librdkafka/rdkafka.h>
 
 #include "obx/cli.h"
+#include "obx/kafka.h"
 #include "obx/pgutil.h"
 
 struct check_ctx {
@@ -53,6 +55,210 @@ query_value(PGconn *conn, const char *sql, int nparams, const char *const *param
 	}
 	PQclear(res);
 	return v;
+}
+
+static void
+check_publication(struct check_ctx *cx, PGconn *conn, const struct obx_config *cfg)
+{
+	const char *p[4] = { cfg->publication, cfg->table_schema, cfg->table_name, NULL };
+	const char *mapped[] = { cfg->col_id, cfg->col_key, cfg->col_type, cfg->col_payload,
+		cfg->col_aggregate_type };
+	char err[1024], *v, *cols;
+	PGresult *r;
+
+	v = query_value(conn, "SELECT pubinsert::text FROM pg_publication WHERE pubname = $1", 1, p, err,
+	    sizeof(err));
+	if (v == NULL) {
+		report(cx, cfg->create_publication ? "ok" : "FAIL", "publication: %s does not exist%s",
+		    cfg->publication, cfg->create_publication ? " (will be created)" :
+		    " and create_publication = false (run sql/002_publication.sql as the table owner)");
+		return;
+	}
+	if (strcmp(v, "true") != 0)
+		report(cx, "FAIL", "publication: %s does not publish inserts (ALTER PUBLICATION %s SET (publish = 'insert'))",
+		    cfg->publication, cfg->publication);
+	free(v);
+	r = PQexecParams(conn, "SELECT rowfilter IS NOT NULL, coalesce(array_to_string(attnames, ','), '') "
+	    "FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3",
+	    3, NULL, p, NULL, NULL, 0);
+	if (PQresultStatus(r) != PGRES_TUPLES_OK || PQntuples(r) == 0) {
+		report(cx, "FAIL", "publication: %s does not publish %s.%s (or publishes its partitions "
+		    "without publish_via_partition_root)", cfg->publication, cfg->table_schema, cfg->table_name);
+		PQclear(r);
+		return;
+	}
+	if (strcmp(PQgetvalue(r, 0, 0), "t") == 0)
+		report(cx, "FAIL", "publication: %s has a row filter: filtered events would never be published",
+		    cfg->publication);
+	cols = PQgetvalue(r, 0, 1);
+	for (size_t i = 0; cols[0] != '\0' && i < sizeof(mapped) / sizeof(mapped[0]); i++) {
+		char needle[160];
+
+		snprintf(needle, sizeof(needle), ",%s,", mapped[i]);
+		{
+			char hay[4096];
+
+			snprintf(hay, sizeof(hay), ",%s,", cols);
+			if (strstr(hay, needle) == NULL)
+				report(cx, "FAIL", "publication: %s's column list hides the mapped column %s",
+				    cfg->publication, mapped[i]);
+		}
+	}
+	report(cx, "ok", "publication: %s publishes inserts of %s.%s", cfg->publication,
+	    cfg->table_schema, cfg->table_name);
+	PQclear(r);
+}
+
+static void
+check_slot(struct check_ctx *cx, PGconn *conn, const struct obx_config *cfg)
+{
+	const char *p[1] = { cfg->slot };
+	char err[1024], *v;
+	PGresult *r;
+
+	r = PQexecParams(conn, "SELECT coalesce(wal_status, 'unknown'), coalesce(safe_wal_size::text, 'NULL'), "
+	    "active::text FROM pg_replication_slots WHERE slot_name = $1", 1, NULL, p, NULL, NULL, 0);
+	if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1) {
+		report(cx, strcmp(PQgetvalue(r, 0, 0), "lost") == 0 ? "FAIL" : "ok",
+		    "slot: %s, wal_status %s, safe_wal_size %s, active %s%s", cfg->slot, PQgetvalue(r, 0, 0),
+		    PQgetvalue(r, 0, 1), PQgetvalue(r, 0, 2),
+		    strcmp(PQgetvalue(r, 0, 0), "lost") == 0 ? " (events may have been lost: recreate the slot and reconcile)" : "");
+	} else {
+		v = query_value(conn, "SELECT (current_setting('max_replication_slots')::int - "
+		    "(SELECT count(*) FROM pg_replication_slots))::text", 0, NULL, err, sizeof(err));
+		if (!cfg->create_slot)
+			report(cx, "FAIL", "slot: %s does not exist and create_slot = false", cfg->slot);
+		else if (v != NULL && atoi(v) <= 0)
+			report(cx, "FAIL", "slot: %s does not exist and no replication slot is free "
+			    "(raise max_replication_slots)", cfg->slot);
+		else
+			report(cx, "ok", "slot: %s does not exist (will be created; %s slot(s) free)", cfg->slot,
+			    v ? v : "?");
+		free(v);
+	}
+	PQclear(r);
+	v = query_value(conn, "SELECT (current_setting('max_wal_senders')::int - "
+	    "(SELECT count(*) FROM pg_stat_replication))::text", 0, NULL, err, sizeof(err));
+	report(cx, v != NULL && atoi(v) > 0 ? "ok" : "FAIL", "wal senders: %s free%s", v ? v : "?",
+	    v != NULL && atoi(v) > 0 ? "" : " (raise max_wal_senders)");
+	free(v);
+	v = query_value(conn, "SELECT current_setting('max_slot_wal_keep_size')", 0, NULL, err, sizeof(err));
+	if (v != NULL && strcmp(v, "-1") == 0)
+		report(cx, "WARN", "max_slot_wal_keep_size = -1: nothing bounds the WAL a stalled slot retains "
+		    "(the disk can fill; set a limit and alert on outboxd_slot_safe_wal_size_bytes)");
+	else
+		report(cx, "ok", "max_slot_wal_keep_size = %s", v ? v : "?");
+	free(v);
+}
+
+/* The topic template as an SQL expression over the outbox's columns. */
+static char *
+template_sql(PGconn *conn, const char *tpl)
+{
+	char *out = NULL;
+	size_t len = 0;
+	FILE *fp = open_memstream(&out, &len);
+	const char *p = tpl;
+
+	if (fp == NULL)
+		return NULL;
+	fputs("''", fp);
+	while (*p != '\0') {
+		const char *open = strstr(p, "${");
+		const char *close = open ? strchr(open, '}') : NULL;
+		size_t lit = open && close ? (size_t)(open - p) : strlen(p);
+		char *e;
+
+		if (lit > 0) {
+			e = PQescapeLiteral(conn, p, lit);
+			fprintf(fp, " || %s", e ? e : "''");
+			PQfreemem(e);
+		}
+		if (open == NULL || close == NULL)
+			break;
+		e = PQescapeIdentifier(conn, open + 2, (size_t)(close - open - 2));
+		fprintf(fp, " || %s::text", e ? e : "NULL");
+		PQfreemem(e);
+		p = close + 1;
+	}
+	fclose(fp);
+	return out;
+}
+
+static void
+check_kafka(struct check_ctx *cx, PGconn *conn, const struct obx_config *cfg)
+{
+	const struct rd_kafka_metadata *md = NULL;
+	rd_kafka_conf_t *conf;
+	rd_kafka_resp_err_t e;
+	rd_kafka_t *rk;
+	char err[512];
+
+	conf = obx_kafka_conf(cfg, err, sizeof(err));
+	if (conf == NULL) {
+		report(cx, "FAIL", "broker: %s", err);
+		return;
+	}
+	rd_kafka_conf_set(conf, "log_level", "0", err, sizeof(err));
+	rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, err, sizeof(err));
+	if (rk == NULL) {
+		rd_kafka_conf_destroy(conf);
+		report(cx, "FAIL", "broker: could not create a producer: %s", err);
+		return;
+	}
+	e = rd_kafka_metadata(rk, 1, NULL, &md, 10000);
+	if (e != RD_KAFKA_RESP_ERR_NO_ERROR) {
+		report(cx, "FAIL", "broker: could not reach %s: %s", obx_config_kafka_get(cfg, "bootstrap.servers"),
+		    rd_kafka_err2str(e));
+		rd_kafka_destroy(rk);
+		return;
+	}
+	report(cx, "ok", "broker: reachable, %d broker(s), %d topic(s)", md->broker_cnt, md->topic_cnt);
+	{
+		char *expr = template_sql(conn, cfg->topic);
+		char *tq = NULL, *sql = NULL;
+		int missing = 0, total = 0;
+		PGresult *r = NULL;
+
+		tq = PQescapeIdentifier(conn, cfg->table_name, strlen(cfg->table_name));
+		if (expr != NULL && tq != NULL) {
+			char *sq = PQescapeIdentifier(conn, cfg->table_schema, strlen(cfg->table_schema));
+
+			if (sq != NULL && asprintf(&sql, "SELECT DISTINCT %s FROM %s.%s LIMIT 1000", expr, sq, tq) > 0)
+				r = PQexec(conn, sql);
+			PQfreemem(sq);
+		}
+		if (r != NULL && PQresultStatus(r) == PGRES_TUPLES_OK) {
+			for (int i = 0; i < PQntuples(r); i++) {
+				const char *t = PQgetvalue(r, i, 0);
+				int found = 0;
+
+				if (PQgetisnull(r, i, 0))
+					continue;
+				total++;
+				for (int j = 0; j < md->topic_cnt && !found; j++)
+					found = strcmp(md->topics[j].topic, t) == 0;
+				if (!found) {
+					report(cx, "WARN", "topic: %s does not exist (create it, or allow auto-creation)", t);
+					missing++;
+				}
+			}
+			if (total == 0)
+				report(cx, "ok", "topics: the outbox is empty; topic names come from '%s' at run time",
+				    cfg->topic);
+			else if (missing == 0)
+				report(cx, "ok", "topics: all %d topic(s) the outbox's rows map to exist", total);
+		} else {
+			report(cx, "FAIL", "topics: template '%s' does not fit the outbox's columns: %s", cfg->topic,
+			    r ? PQresultErrorMessage(r) : "out of memory");
+		}
+		PQclear(r);
+		free(sql);
+		free(expr);
+		PQfreemem(tq);
+	}
+	rd_kafka_metadata_destroy(md);
+	rd_kafka_destroy(rk);
 }
 
 int
@@ -122,20 +328,9 @@ obx_cmd_check(const struct obx_config *cfg)
 	}
 	free(v);
 
-	{
-		const char *p[1] = { cfg->slot };
-
-		v = query_value(conn, "SELECT coalesce(wal_status, 'unknown') FROM pg_replication_slots "
-		    "WHERE slot_name = $1", 1, p, err, sizeof(err));
-		if (v == NULL)
-			report(&cx, cfg->create_slot ? "ok" : "FAIL",
-			    "slot: %s does not exist%s", cfg->slot,
-			    cfg->create_slot ? " (will be created)" : " and create_slot = false");
-		else
-			report(&cx, strcmp(v, "lost") == 0 ? "FAIL" : "ok",
-			    "slot: %s, wal_status %s", cfg->slot, v);
-		free(v);
-	}
+	check_publication(&cx, conn, cfg);
+	check_slot(&cx, conn, cfg);
+	check_kafka(&cx, conn, cfg);
 
 	PQfinish(conn);
 	printf("%d failed, %d warnings\n", cx.failures, cx.warnings);
@@ -146,7 +341,7 @@ int
 obx_cmd_status(const struct obx_config *cfg, bool json)
 {
 	static const char *const names[] = { "slot", "active", "active_pid", "restart_lsn",
-		"confirmed_flush_lsn", "wal_status", "server_wal_lsn", "lag_bytes" };
+		"confirmed_flush_lsn", "wal_status", "safe_wal_size", "server_wal_lsn", "lag_bytes" };
 	const char *p[1] = { cfg->slot };
 	char err[1024];
 	PGconn *conn;
@@ -161,7 +356,7 @@ obx_cmd_status(const struct obx_config *cfg, bool json)
 		return OBX_EXIT_FAILURE;
 	}
 	res = PQexecParams(conn,
-	    "SELECT slot_name, active, active_pid, restart_lsn, confirmed_flush_lsn, wal_status, "
+	    "SELECT slot_name, active, active_pid, restart_lsn, confirmed_flush_lsn, wal_status, safe_wal_size, "
 	    "pg_current_wal_lsn(), pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint "
 	    "FROM pg_replication_slots WHERE slot_name = $1", 1, NULL, p, NULL, NULL, 0);
 	if (PQresultStatus(res) != PGRES_TUPLES_OK) {
@@ -180,7 +375,7 @@ obx_cmd_status(const struct obx_config *cfg, bool json)
 				val = json_null();
 			else if (i == 1)
 				val = json_boolean(strcmp(PQgetvalue(res, 0, i), "t") == 0);
-			else if (i == 2 || i == 7)
+			else if (i == 2 || i == 6 || i == 8)
 				val = json_integer(strtoll(PQgetvalue(res, 0, i), NULL, 10));
 			else
 				val = json_string(PQgetvalue(res, 0, i));

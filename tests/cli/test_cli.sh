@@ -7,6 +7,7 @@ n=0
 failed=0
 tmp=$(mktemp -d /tmp/obx-cli.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
+broker_pid=
 
 ok() { n=$((n + 1)); echo "ok $n - $1"; }
 not_ok() { n=$((n + 1)); failed=$((failed + 1)); echo "not ok $n - $1"; }
@@ -54,11 +55,18 @@ expect "--set error" 2 "config --set log.level: key 'level'" -- "$bin" check -c 
 refute "invalid sasl value not shown" "hunter2" -- "$bin" check -c "$tmp/ok.ini" \
 	--set kafka.sasl.password=hunter2 --set kafka.sasl.mechanisms=NOPE
 
-# against the real server started by the stack fixture
+# against the real server started by the stack fixture, and a test broker
 # shellcheck disable=SC1090
 . "$OBX_STACK_ENV"
+mkfifo "$tmp/broker.in"
+"$OBX_TESTBROKER" --brokers 1 <"$tmp/broker.in" >"$tmp/broker.out" 2>&1 &
+broker_pid=$!
+exec 9>"$tmp/broker.in"
+trap 'exec 9>&-; wait $broker_pid 2>/dev/null; rm -rf "$tmp"' EXIT
+for _ in $(seq 1 100); do grep -q bootstrap "$tmp/broker.out" && break; sleep 0.1; done
+bs=$(sed -n 's/^bootstrap.servers=//p' "$tmp/broker.out" | head -1)
 ci="host=$OBX_PGHOST port=$OBX_PGPORT user=$OBX_PGUSER dbname=postgres password=hunter2"
-printf '[kafka]\nbootstrap.servers = 127.0.0.1:1\n[source]\nconninfo = %s\nslot = cli_slot\n' "$ci" >"$tmp/real.ini"
+printf '[kafka]\nbootstrap.servers = %s\n[source]\nconninfo = %s\nslot = cli_slot\n' "$bs" "$ci" >"$tmp/real.ini"
 expect "check: reachable server, logical wal_level, missing table fails" 1 \
 	"ok   wal_level: logical" -- "$bin" check -c "$tmp/real.ini"
 expect "check: names the missing table" 1 "FAIL table: public.outbox does not exist" -- "$bin" check -c "$tmp/real.ini"
@@ -66,9 +74,22 @@ refute "check: no password in output" "hunter2" -- "$bin" check -c "$tmp/real.in
 psql -X -q -h "$OBX_PGHOST" -p "$OBX_PGPORT" -U "$OBX_PGUSER" -d postgres -v ON_ERROR_STOP=1 \
 	-c "CREATE TABLE IF NOT EXISTS public.outbox (id uuid, aggregatetype text, aggregateid text, type text, payload jsonb)" \
 	-c "SELECT pg_create_logical_replication_slot('cli_slot', 'pgoutput')" >/dev/null
-expect "check: all ok with table and slot" 0 "0 failed" -- "$bin" check -c "$tmp/real.ini"
+expect "check: all ok with table and slot" 0 "0 failed, 1 warnings" -- "$bin" check -c "$tmp/real.ini"
+expect "check: broker reachable" 0 "ok   broker: reachable, 1 broker" -- "$bin" check -c "$tmp/real.ini"
+expect "check: warns about unbounded WAL retention" 0 "WARN max_slot_wal_keep_size = -1" -- "$bin" check -c "$tmp/real.ini"
+expect "check: publication will be created" 0 "ok   publication: outboxd does not exist \(will be created\)" -- "$bin" check -c "$tmp/real.ini"
+expect "check: empty outbox, topics at run time" 0 "topics: the outbox is empty" -- "$bin" check -c "$tmp/real.ini"
+psql -X -q -h "$OBX_PGHOST" -p "$OBX_PGPORT" -U "$OBX_PGUSER" -d postgres -v ON_ERROR_STOP=1 \
+	-c "INSERT INTO public.outbox VALUES (gen_random_uuid(), 'order', 'k', 't', '{}')" \
+	-c "CREATE PUBLICATION outboxd FOR TABLE public.outbox WHERE (type <> 'x')" >/dev/null
+expect "check: lists a topic the rows map to that does not exist" 1 "WARN topic: outbox.event.order does not exist" -- "$bin" check -c "$tmp/real.ini"
+expect "check: refuses a row filter" 1 "FAIL publication: outboxd has a row filter" -- "$bin" check -c "$tmp/real.ini"
+psql -X -q -h "$OBX_PGHOST" -p "$OBX_PGPORT" -U "$OBX_PGUSER" -d postgres -c "DROP PUBLICATION outboxd" -c "DELETE FROM public.outbox" >/dev/null
+printf '[kafka]\nbootstrap.servers = 127.0.0.1:1\nmessage.timeout.ms = 1000\n[source]\nconninfo = %s\nslot = cli_slot\n' "$ci" >"$tmp/nobroker.ini"
+expect "check: unreachable broker fails" 1 "FAIL broker: could not reach 127.0.0.1:1" -- "$bin" check -c "$tmp/nobroker.ini"
 expect "status: slot position" 0 "confirmed_flush_lsn +[0-9A-F]+/[0-9A-F]+" -- "$bin" status -c "$tmp/real.ini"
 expect "status --json" 0 '"slot":"cli_slot"' -- "$bin" status -c "$tmp/real.ini" --json
+expect "status: safe_wal_size (null: unbounded)" 0 '"safe_wal_size":null' -- "$bin" status -c "$tmp/real.ini" --json
 psql -X -q -h "$OBX_PGHOST" -p "$OBX_PGPORT" -U "$OBX_PGUSER" -d postgres \
 	-c "SELECT pg_drop_replication_slot('cli_slot')" -c "DROP TABLE public.outbox" >/dev/null
 expect "status: missing slot" 1 "slot cli_slot does not exist" -- "$bin" status -c "$tmp/real.ini"
