@@ -568,11 +568,14 @@ t_relay_config(struct t_relay *r, const char *extra)
 	char text[8192], ci[512];
 
 	t_conninfo(&r->st, r->db, ci, sizeof(ci));
+	/* an ephemeral metrics port, so instances and parallel runs never collide */
 	snprintf(text, sizeof(text),
 	    "[source]\nconninfo = %s\nslot = %s\nstatus_interval = 1s\n"
 	    "[kafka]\nbootstrap.servers = %s\n"
-	    "[log]\nformat = text\nlevel = debug\n%s",
-	    ci, r->slot, r->b.bootstrap, extra ? extra : "");
+	    "[log]\nformat = text\nlevel = debug\n%s%s",
+	    ci, r->slot, r->b.bootstrap,
+	    extra != NULL && strstr(extra, "[metrics]") != NULL ? "" : "[metrics]\nlisten = 127.0.0.1:0\n",
+	    extra ? extra : "");
 	if (r->conf[0] != '\0')
 		unlink(r->conf);
 	t_write_file(r->conf, sizeof(r->conf), text);
