@@ -108,16 +108,18 @@ is_sqlstate(PGconn *c, const char *sql, const char *state, char *errbuf, size_t 
 	PGresult *r = PQexec(c, sql);
 	ExecStatusType st = PQresultStatus(r);
 	const char *code;
+	bool match;
 
 	*out = NULL;
 	if (st == PGRES_TUPLES_OK || st == PGRES_COMMAND_OK) {
 		*out = r;
 		return false;
 	}
-	code = PQresultErrorField(r, PG_DIAG_SQLSTATE);
+	code = PQresultErrorField(r, PG_DIAG_SQLSTATE); /* owned by r */
+	match = code != NULL && strcmp(code, state) == 0;
 	obx_pg_result_error_line(r, errbuf, errlen);
 	PQclear(r);
-	return code != NULL && strcmp(code, state) == 0;
+	return match;
 }
 
 static enum obx_fail

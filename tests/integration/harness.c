@@ -638,6 +638,39 @@ t_relay_teardown(struct t_relay *r)
 	if (r->pg != NULL)
 		PQfinish(r->pg);
 	r->pg = NULL;
+	/* the cluster is shared by the whole run: give back the slot and the database */
+	if (r->db[0] != '\0' && r->st.port[0] != '\0') {
+		char ci[512];
+		PGconn *c;
+
+		t_conninfo(&r->st, "postgres", ci, sizeof(ci));
+		c = PQconnectdb(ci);
+		for (int i = 0; i < 100 && PQstatus(c) == CONNECTION_OK; i++) {
+			char sql[256];
+			PGresult *res;
+			int busy;
+
+			snprintf(sql, sizeof(sql), "SELECT count(*) FROM pg_replication_slots WHERE database = '%s' "
+			    "AND active", r->db);
+			res = PQexec(c, sql);
+			busy = PQresultStatus(res) == PGRES_TUPLES_OK && atoi(PQgetvalue(res, 0, 0)) > 0;
+			PQclear(res);
+			if (!busy)
+				break;
+			usleep(100000);
+		}
+		if (PQstatus(c) == CONNECTION_OK) {
+			char sql[512];
+
+			snprintf(sql, sizeof(sql), "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+			    "WHERE database = '%s' AND NOT active", r->db);
+			PQclear(PQexec(c, sql));
+			snprintf(sql, sizeof(sql), "DROP DATABASE IF EXISTS %s WITH (FORCE)", r->db);
+			PQclear(PQexec(c, sql));
+		}
+		PQfinish(c);
+		r->db[0] = '\0';
+	}
 	if (r->conf[0] != '\0')
 		unlink(r->conf);
 	unlink(r->log);
