@@ -497,7 +497,9 @@ read_stream(struct relay *r)
 {
 	char err[1024];
 
-	for (int i = 0; i < READ_BATCH && !r->ending && !r->draining && !backpressured(r); i++) {
+	/* when stopping, read on to the end of an open transaction: stopping inside one
+	 * would leave its acknowledged events unconfirmed, to be sent again */
+	for (int i = 0; i < READ_BATCH && !r->ending && !(r->draining && !r->in_txn) && !backpressured(r); i++) {
 		const uint8_t *buf;
 		size_t len;
 		struct obx_walmsg w;
@@ -679,7 +681,7 @@ session(struct relay *r)
 			else
 				obx_log_info("backpressure released: resuming the replication stream");
 		}
-		if (r->draining && (r->ack.outstanding == 0 || now_ms() >= r->drain_deadline)) {
+		if (r->draining && ((r->ack.outstanding == 0 && !r->in_txn) || now_ms() >= r->drain_deadline)) {
 			if (r->ack.outstanding > 0)
 				obx_log_warn("stopping with %" PRIu64 " event(s) unacknowledged after %d s "
 				    "(they will be re-sent from the slot)", r->ack.outstanding,
@@ -694,7 +696,7 @@ session(struct relay *r)
 			break;
 		}
 		p[0] = (struct pollfd){ obx_pgstream_fd(&r->st), 0, 0 };
-		if (!r->draining && !backpressured(r))
+		if ((!r->draining || r->in_txn) && !backpressured(r))
 			p[0].events |= POLLIN;
 		if (flushing == 1)
 			p[0].events |= POLLOUT;
