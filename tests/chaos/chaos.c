@@ -24,8 +24,8 @@
 
 #include "harness.h"
 
-#define AGGS 40
-#define TOPICS 8
+#define AGGS 160
+#define TOPICS 16
 #define WRITERS 4
 
 enum fault { F_KILL9, F_BROKERS_DOWN, F_PRODUCE_ERRORS, F_RTT, F_TERMINATE, F_PG_RESTART, F_COUNT };
@@ -108,7 +108,7 @@ writer(const struct t_stack *st, const char *db, unsigned seed)
 			PQfinish(c);
 			c = writer_connect(st, db);
 		}
-		usleep(2000);
+		usleep(3000);
 	}
 	PQfinish(c);
 	_exit(0);
