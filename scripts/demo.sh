@@ -55,6 +55,8 @@ status_interval = 2s
 [kafka]
 bootstrap.servers = $bootstrap
 linger.ms = 5
+[metrics]
+listen = 127.0.0.1:9898
 [log]
 format = text
 INI
@@ -93,7 +95,7 @@ echo "== reconciliation"
 SELECT 'confirmed orders: ' || (SELECT count(*) FROM orders WHERE status = 'confirmed');
 SELECT 'invoices:         ' || (SELECT count(*) FROM invoices);
 SELECT 'orders invoiced more than once: ' || (SELECT count(*) FROM (SELECT order_id FROM invoices GROUP BY order_id HAVING count(*) > 1) d);
-SELECT 'duplicate deliveries absorbed by the inbox: ' || (SELECT count(*) FROM inbox);
+SELECT 'messages marked in the inbox (each was delivered twice): ' || (SELECT count(*) FROM inbox);
 SQL
 missing=$("${psql[@]}" -tA -f sql/006_reconciliation.sql | wc -l)
 echo "   confirmed orders without an invoice (sql/006_reconciliation.sql): $missing"
