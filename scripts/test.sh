@@ -18,6 +18,10 @@ before=$(ls -d /tmp/obx-pg.* 2>/dev/null | sort || true)
 rc=0
 (cd "$build" && ctest --output-on-failure --timeout 900) || rc=$?
 
+# the network-facing decoder under libFuzzer, for a bounded time
+echo "test.sh: fuzzing the decoder for ${OBX_FUZZ_SECONDS:-60} s"
+bash scripts/fuzz.sh "${OBX_FUZZ_SECONDS:-60}" || rc=1
+
 # the stack must leave nothing behind: no cluster directory, no server
 after=$(ls -d /tmp/obx-pg.* 2>/dev/null | sort || true)
 left=$(comm -13 <(echo "$before") <(echo "$after") | grep . || true)

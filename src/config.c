@@ -23,6 +23,9 @@
 #define MAX_LINE 200 /* libinih's INI_MAX_LINE in Debian's build */
 #define NAMEDATALEN_MAX 64 /* PostgreSQL identifiers: at most 63 bytes */
 
+static void fail(char *errbuf, size_t errlen, const char *origin, const char *key, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
 static void
 fail(char *errbuf, size_t errlen, const char *origin, const char *key, const char *fmt, ...)
 {

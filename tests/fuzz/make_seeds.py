@@ -1,0 +1,60 @@
+#!/usr/bin/env python3
+"""Writes the fuzzer's seed corpus: CopyData sequences a PostgreSQL 15 server
+sends for an outbox INSERT (layouts from src/backend/replication/logical/proto.c),
+each message prefixed by its 2-byte length as fuzz_pgoutput.c expects."""
+import os
+import struct
+import sys
+
+out = sys.argv[1] if len(sys.argv) > 1 else "corpus"
+os.makedirs(out, exist_ok=True)
+
+
+def xlog(payload, start=0x1000):
+    return b"w" + struct.pack(">QQQ", start, start + 0x100, 0) + payload
+
+
+def cstr(s):
+    return s.encode() + b"\0"
+
+
+def text(v):
+    if v is None:
+        return b"n"
+    b = v.encode()
+    return b"t" + struct.pack(">I", len(b)) + b
+
+
+cols = [("id", 2950), ("aggregatetype", 25), ("aggregateid", 25), ("type", 25),
+        ("payload", 3802), ("headers", 3802), ("created_at", 1184), ("origin", 25)]
+rel = b"R" + struct.pack(">I", 16384) + cstr("public") + cstr("outbox") + b"d" + struct.pack(">H", len(cols))
+for name, oid in cols:
+    rel += b"\0" + cstr(name) + struct.pack(">Ii", oid, -1)
+row = ["a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11", "order", "o-1", "OrderCreated",
+       '{"total": 1}', '{"tenant": "t", "n": 1}', "2026-11-30 08:40:12.5+01", "erp"]
+ins = b"I" + struct.pack(">I", 16384) + b"N" + struct.pack(">H", len(row)) + b"".join(text(v) for v in row)
+begin = b"B" + struct.pack(">QqI", 0x2000, 1000, 731)
+commit = b"C" + b"\0" + struct.pack(">QQq", 0x2000, 0x2030, 1000)
+keepalive = b"k" + struct.pack(">QQ", 0x3000, 0) + b"\1"
+upd = b"U" + struct.pack(">I", 16384) + b"K" + struct.pack(">H", 1) + text("k") + b"N" + struct.pack(">H", 2) + text("x") + b"u"
+dele = b"D" + struct.pack(">I", 16384) + b"O" + struct.pack(">H", 1) + text("x")
+trunc = b"T" + struct.pack(">IB", 1, 0) + struct.pack(">I", 16384)
+msg = b"M" + b"\1" + struct.pack(">Q", 0x10) + cstr("outboxd") + struct.pack(">I", 3) + b"abc"
+origin = b"O" + struct.pack(">Q", 0x10) + cstr("origin")
+typ = b"Y" + struct.pack(">I", 16500) + cstr("public") + cstr("mood")
+
+
+def seq(*msgs):
+    return b"".join(struct.pack(">H", len(m)) + m for m in msgs)
+
+
+seeds = {
+    "insert": seq(xlog(begin), xlog(rel, 0), xlog(ins), xlog(commit)),
+    "null_payload": seq(xlog(rel, 0), xlog(ins.replace(text('{"total": 1}'), b"n"))),
+    "bytea": seq(xlog(rel.replace(struct.pack(">Ii", 3802, -1), struct.pack(">Ii", 17, -1), 1), 0),
+                 xlog(ins.replace(text('{"total": 1}'), text("\\x00ff")))),
+    "others": seq(xlog(upd), xlog(dele), xlog(trunc), xlog(msg), xlog(origin), xlog(typ), keepalive),
+}
+for name, data in seeds.items():
+    with open(os.path.join(out, name), "wb") as f:
+        f.write(data)
