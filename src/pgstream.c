@@ -388,8 +388,12 @@ setup_slot(struct obx_pgstream *s, const struct obx_config *cfg, struct sqlnames
 			    "events committed after %s may have been lost; drop and recreate the slot, then "
 			    "reconcile from the business tables", cfg->slot,
 			    PQgetisnull(r, 0, 0) ? "its last position" : PQgetvalue(r, 0, 0));
-		else if (PQgetisnull(r, 0, 0) || obx_lsn_parse(PQgetvalue(r, 0, 0), &s->start_confirmed) != 0)
-			f = failf(errbuf, errlen, OBX_FAIL_FATAL, "slot %s has no confirmed position",
+		else if (PQgetisnull(r, 0, 0))
+			/* another instance is creating it right now: wait for it like for a slot in use */
+			f = failf(errbuf, errlen, OBX_FAIL_SLOT_IN_USE,
+			    "slot %s is being created by another instance", cfg->slot);
+		else if (obx_lsn_parse(PQgetvalue(r, 0, 0), &s->start_confirmed) != 0)
+			f = failf(errbuf, errlen, OBX_FAIL_FATAL, "slot %s has a malformed confirmed position",
 			    cfg->slot);
 		PQclear(r);
 		return f;

@@ -359,6 +359,76 @@ test_tls_and_wal_level(void **state)
 	assert_int_equal(system(cmd), 0);
 }
 
+/* Two instances starting together on a fresh database: one creates and streams, one waits. */
+static void
+test_two_instances_start_together(void **state)
+{
+	struct t_relay S;
+	int64_t t0;
+	int a, b;
+
+	(void)state;
+	t_relay_setup(&R, "together", 0);
+	t_relay_config(&R, NULL);
+	S = R;
+	snprintf(S.log, sizeof(S.log), "/tmp/obx-test-%s.second.log", R.db);
+	unlink(S.log);
+	t_relay_start(&R, NULL, 0);
+	t_relay_start(&S, NULL, 0);
+	for (t0 = t_now_ms(); t_now_ms() - t0 < 20000; usleep(50000)) {
+		a = t_log_count(&R, "streaming from slot") + t_log_count(&S, "streaming from slot");
+		b = t_log_count(&R, "standby:") + t_log_count(&S, "standby:");
+		if (a == 1 && b == 1)
+			break;
+	}
+	if (a != 1 || b != 1) {
+		t_log_dump(&R);
+		t_log_dump(&S);
+		fail_msg("expected one streaming and one standby instance (streaming %d, standby %d)", a, b);
+	}
+	assert_int_equal(t_log_count(&R, "could not create") + t_log_count(&S, "could not create"), 0);
+	insert_events(&R, "together", 0, 20);
+	expect_all_published(&R, "together", 20000);
+	kill(S.pid, SIGKILL);
+	waitpid(S.pid, NULL, 0);
+	unlink(S.log);
+}
+
+/* A second SIGTERM stops at once, without confirming what is not acknowledged. */
+static void
+test_second_signal_exits_at_once(void **state)
+{
+	char *before;
+	int64_t t0;
+	int st;
+
+	(void)state;
+	t_relay_setup(&R, "twice", 0);
+	t_relay_config(&R, NULL);
+	t_relay_start(&R, NULL, 1);
+	insert_events(&R, "twice", 0, 1);
+	expect_all_published(&R, "twice", 15000);
+	for (int b = 1; b <= 3; b++)
+		assert_int_equal(t_broker_cmd(&R.b, "down %d", b), 0);
+	before = t_query1(R.pg, "SELECT pg_current_wal_lsn()");
+	insert_events(&R, "twice", 1, 5);
+	sleep(1);
+	kill(R.pid, SIGTERM);
+	sleep(2);
+	assert_int_equal(waitpid(R.pid, &st, WNOHANG), 0); /* still draining */
+	t0 = t_now_ms();
+	st = t_relay_signal(&R, SIGTERM, 5000);
+	assert_true(st != -1 && WIFEXITED(st));
+	assert_int_equal(WEXITSTATUS(st), 0);
+	assert_true(t_now_ms() - t0 < 3000);
+	assert_int_equal(t_log_count(&R, "second signal: stopping at once"), 1);
+	t_slot_wait_inactive(&R, 10000);
+	assert_true(t_slot_confirmed(&R) <= t_lsn(before));
+	for (int b = 1; b <= 3; b++)
+		assert_int_equal(t_broker_cmd(&R.b, "up %d", b), 0);
+	free(before);
+}
+
 int
 main(void)
 {
@@ -366,6 +436,8 @@ main(void)
 		cmocka_unit_test_teardown(test_walsender_terminated, teardown),
 		cmocka_unit_test_teardown(test_producer_fatal_error_rewinds, teardown),
 		cmocka_unit_test_teardown(test_standby_takes_over, teardown),
+		cmocka_unit_test_teardown(test_two_instances_start_together, teardown),
+		cmocka_unit_test_teardown(test_second_signal_exits_at_once, teardown),
 		cmocka_unit_test_teardown(test_bad_credentials_and_privileges, teardown),
 		cmocka_unit_test_teardown(test_tls_and_wal_level, teardown),
 		cmocka_unit_test_teardown(test_invalidated_slot, teardown),

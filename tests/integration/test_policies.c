@@ -245,6 +245,40 @@ test_backpressure(void **state)
 	assert_true(t_log_count(&R, "resuming the replication stream") >= 1);
 }
 
+/* A row with a NULL key: stop names LSN, xid and column; dead_letter keeps the whole row. */
+static void
+test_null_key_row(void **state)
+{
+	struct t_msg *m;
+	size_t n;
+	int st;
+
+	(void)state;
+	t_relay_setup(&R, "nullkey", 1);
+	t_exec(R.pg, "CREATE TABLE outbox (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), aggregatetype text, "
+	    "aggregateid text, type text, payload jsonb)");
+	t_relay_config(&R, NULL);
+	t_relay_start(&R, NULL, 1);
+	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('nk', NULL, 'T', '{\"x\": 1}')");
+	st = t_wait(R.pid, 20000);
+	R.pid = 0;
+	assert_true(st != -1 && WIFEXITED(st));
+	assert_int_equal(WEXITSTATUS(st), 1);
+	assert_int_equal(t_log_count(&R, "key column 'aggregateid' is NULL"), 1);
+	assert_int_equal(t_log_count(&R, "(xid "), 1);
+	t_slot_wait_inactive(&R, 10000);
+
+	t_relay_config(&R, "[delivery]\non_error = dead_letter\n");
+	t_relay_start(&R, NULL, 1);
+	n = t_consume(R.b.bootstrap, "outbox.dead_letter", 1, 15000, &m);
+	assert_int_equal(n, 1);
+	assert_string_equal(t_msg_header(&m[0], "error"), "key column 'aggregateid' is NULL");
+	assert_non_null(strstr(m[0].value, "\"aggregateid\":null"));
+	assert_non_null(strstr(m[0].value, "\"payload\":\"{\\\"x\\\": 1}\""));
+	t_msgs_free(m, n);
+	assert_true(t_wait_confirmed_current(&R, 10000));
+}
+
 int
 main(void)
 {
@@ -255,6 +289,7 @@ main(void)
 		cmocka_unit_test_teardown(test_poison_stop_then_dead_letter, teardown),
 		cmocka_unit_test_teardown(test_topic_error_dead_letter, teardown),
 		cmocka_unit_test_teardown(test_backpressure, teardown),
+		cmocka_unit_test_teardown(test_null_key_row, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
