@@ -18,6 +18,10 @@ before=$(ls -d /tmp/obx-pg.* 2>/dev/null | sort || true)
 rc=0
 (cd "$build" && ctest --output-on-failure --timeout 900) || rc=$?
 
+# the micro-benchmarks must keep building and running (figures from a
+# sanitized build mean nothing; bench/ is run on a plain build)
+"$build/bench_micro" 0.2 || rc=1
+
 # the network-facing decoder under libFuzzer, for a bounded time
 echo "test.sh: fuzzing the decoder for ${OBX_FUZZ_SECONDS:-60} s"
 bash scripts/fuzz.sh "${OBX_FUZZ_SECONDS:-60}" || rc=1
