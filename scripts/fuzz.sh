@@ -23,7 +23,7 @@ cd "$build"
 rc=0
 ./fuzz_pgoutput -max_total_time="$seconds" -print_final_stats=1 -timeout=10 -rss_limit_mb=2048 \
 	-max_len=8192 corpus seeds >fuzz.log 2>&1 || rc=$?
-grep -E "DONE|stat::number_of_executed_units|stat::peak_rss_mb|ERROR|SUMMARY" fuzz.log | tail -6 || true
+grep -a -E "DONE|stat::number_of_executed_units|stat::peak_rss_mb|ERROR|SUMMARY" fuzz.log | tail -6 || true
 if [ "$rc" -ne 0 ]; then
 	tail -40 fuzz.log
 	echo "fuzz.sh: the fuzzer found a crash (see $build/crash-*); keep it in tests/fuzz/regressions/" >&2

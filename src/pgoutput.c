@@ -1,4 +1,5 @@
 #include <stdlib.h>
+#include <string.h>
 
 #include "obx/err.h"
 #include "obx/pgoutput.h"
@@ -8,6 +9,8 @@ void
 obx_pgoutput_init(struct obx_pgoutput *d, int proto_version)
 {
 	d->proto_version = proto_version;
+	d->stream_parallel = false;
+	d->in_stream = false;
 	d->datums = NULL;
 	d->datum_cap = 0;
 	d->relcols = NULL;
@@ -37,6 +40,15 @@ obx_pgoutput_type_name(char type)
 	case 'D': return "Delete";
 	case 'T': return "Truncate";
 	case 'M': return "Message";
+	case 'S': return "Stream Start";
+	case 'E': return "Stream Stop";
+	case 'c': return "Stream Commit";
+	case 'A': return "Stream Abort";
+	case 'b': return "Begin Prepare";
+	case 'P': return "Prepare";
+	case 'K': return "Commit Prepared";
+	case 'r': return "Rollback Prepared";
+	case 'p': return "Stream Prepare";
 	}
 	return "unknown";
 }
@@ -143,15 +155,109 @@ decode_relation(struct obx_pgoutput *d, struct obx_reader *r, struct obx_pgmsg *
 	return 0;
 }
 
+/* 'b' Begin Prepare has no flags byte; 'P', 'K' and 'p' start with one. */
+static int
+decode_prepared(struct obx_reader *r, struct obx_pgmsg *m, bool has_flags)
+{
+	uint64_t t;
+	int rc;
+
+	m->u.prepared.flags = 0;
+	if ((has_flags && (rc = obx_read_u8(r, &m->u.prepared.flags)) != 0) ||
+	    (rc = obx_read_u64(r, &m->u.prepared.lsn)) != 0 ||
+	    (rc = obx_read_u64(r, &m->u.prepared.end_lsn)) != 0 ||
+	    (rc = obx_read_u64(r, &t)) != 0 ||
+	    (rc = obx_read_u32(r, &m->u.prepared.xid)) != 0 ||
+	    (rc = obx_read_cstring(r, &m->u.prepared.gid)) != 0)
+		return rc;
+	m->u.prepared.time = (int64_t)t;
+	return 0;
+}
+
+/* The lowest protocol version that has message type t (0: unknown type). */
+static int
+type_version(char t)
+{
+	switch (t) {
+	case 'B': case 'C': case 'O': case 'R': case 'Y': case 'I': case 'U': case 'D': case 'T':
+	case 'M':
+		return 1;
+	case 'S': case 'E': case 'c': case 'A':
+		return 2;
+	case 'b': case 'P': case 'K': case 'r': case 'p':
+		return 3;
+	}
+	return 0;
+}
+
 static int
 decode_body(struct obx_pgoutput *d, struct obx_reader *r, struct obx_pgmsg *m)
 {
-	uint64_t t;
+	uint64_t t, t2;
 	uint8_t b;
 	uint32_t n;
 	int rc;
 
+	m->xid = 0;
+	if (type_version(m->type) == 0 || type_version(m->type) > d->proto_version)
+		return OBX_EPROTO; /* unknown, or not in the negotiated protocol version */
+	/* inside a streamed block, data messages carry their (sub)transaction id first */
+	if (d->in_stream && strchr("RYIUDTM", m->type) != NULL &&
+	    (rc = obx_read_u32(r, &m->xid)) != 0)
+		return rc;
 	switch (m->type) {
+	case 'S':
+		if (d->in_stream)
+			return OBX_EPROTO; /* Stream Start inside a stream */
+		if ((rc = obx_read_u32(r, &m->u.stream_start.xid)) != 0 ||
+		    (rc = obx_read_u8(r, &m->u.stream_start.first_segment)) != 0)
+			return rc;
+		d->in_stream = true;
+		return 0;
+	case 'E':
+		if (!d->in_stream)
+			return OBX_EPROTO;
+		d->in_stream = false;
+		return 0;
+	case 'c':
+		if ((rc = obx_read_u32(r, &m->u.stream_commit.xid)) != 0 ||
+		    (rc = obx_read_u8(r, &m->u.stream_commit.flags)) != 0 ||
+		    (rc = obx_read_u64(r, &m->u.stream_commit.commit_lsn)) != 0 ||
+		    (rc = obx_read_u64(r, &m->u.stream_commit.end_lsn)) != 0 ||
+		    (rc = obx_read_u64(r, &t)) != 0)
+			return rc;
+		m->u.stream_commit.commit_time = (int64_t)t;
+		return 0;
+	case 'A':
+		m->u.stream_abort.abort_lsn = 0;
+		m->u.stream_abort.abort_time = 0;
+		if ((rc = obx_read_u32(r, &m->u.stream_abort.xid)) != 0 ||
+		    (rc = obx_read_u32(r, &m->u.stream_abort.subxid)) != 0)
+			return rc;
+		if (d->proto_version >= 4 && d->stream_parallel) {
+			if ((rc = obx_read_u64(r, &m->u.stream_abort.abort_lsn)) != 0 ||
+			    (rc = obx_read_u64(r, &t)) != 0)
+				return rc;
+			m->u.stream_abort.abort_time = (int64_t)t;
+		}
+		return 0;
+	case 'b':
+		return decode_prepared(r, m, false);
+	case 'P':
+	case 'K':
+	case 'p':
+		return decode_prepared(r, m, true);
+	case 'r':
+		if ((rc = obx_read_u8(r, &m->u.rollback_prepared.flags)) != 0 ||
+		    (rc = obx_read_u64(r, &m->u.rollback_prepared.prepare_end_lsn)) != 0 ||
+		    (rc = obx_read_u64(r, &m->u.rollback_prepared.rollback_end_lsn)) != 0 ||
+		    (rc = obx_read_u64(r, &t)) != 0 || (rc = obx_read_u64(r, &t2)) != 0 ||
+		    (rc = obx_read_u32(r, &m->u.rollback_prepared.xid)) != 0 ||
+		    (rc = obx_read_cstring(r, &m->u.rollback_prepared.gid)) != 0)
+			return rc;
+		m->u.rollback_prepared.prepare_time = (int64_t)t;
+		m->u.rollback_prepared.rollback_time = (int64_t)t2;
+		return 0;
 	case 'B':
 		if ((rc = obx_read_u64(r, &m->u.begin.final_lsn)) != 0 ||
 		    (rc = obx_read_u64(r, &t)) != 0 ||

@@ -37,7 +37,16 @@ struct obx_pg_relcol {
 };
 
 struct obx_pgmsg {
-	char type; /* 'B' 'C' 'O' 'R' 'Y' 'I' 'U' 'D' 'T' 'M' */
+	/*
+	 * v1: 'B' Begin, 'C' Commit, 'O' Origin, 'R' Relation, 'Y' Type,
+	 *     'I' Insert, 'U' Update, 'D' Delete, 'T' Truncate, 'M' Message;
+	 * v2: 'S' Stream Start, 'E' Stream Stop, 'c' Stream Commit, 'A' Stream Abort;
+	 * v3: 'b' Begin Prepare, 'P' Prepare, 'K' Commit Prepared,
+	 *     'r' Rollback Prepared, 'p' Stream Prepare.
+	 */
+	char type;
+	/* inside a streamed block (v2+), R Y I U D T M carry the (sub)transaction id: */
+	uint32_t xid; /* 0 when the message carries none */
 	union {
 		struct {
 			obx_lsn final_lsn; /* the commit LSN */
@@ -85,11 +94,48 @@ struct obx_pgmsg {
 			const uint8_t *content;
 			uint32_t len;
 		} message;
+		struct {
+			uint32_t xid;
+			uint8_t first_segment;
+		} stream_start;
+		struct {
+			uint32_t xid;
+			uint8_t flags;
+			obx_lsn commit_lsn;
+			obx_lsn end_lsn;
+			int64_t commit_time;
+		} stream_commit;
+		struct {
+			uint32_t xid;
+			uint32_t subxid;
+			obx_lsn abort_lsn;   /* v4 with streaming = parallel only, else 0 */
+			int64_t abort_time;
+		} stream_abort;
+		/* 'b' 'P' 'K' 'p': lsn is the prepare (or commit) LSN, time likewise */
+		struct {
+			uint8_t flags;
+			obx_lsn lsn;
+			obx_lsn end_lsn;
+			int64_t time;
+			uint32_t xid;
+			const char *gid;
+		} prepared;
+		struct {
+			uint8_t flags;
+			obx_lsn prepare_end_lsn;
+			obx_lsn rollback_end_lsn;
+			int64_t prepare_time;
+			int64_t rollback_time;
+			uint32_t xid;
+			const char *gid;
+		} rollback_prepared;
 	} u;
 };
 
 struct obx_pgoutput {
 	int proto_version;
+	bool stream_parallel; /* streaming = parallel was requested (v4 abort fields) */
+	bool in_stream;       /* between Stream Start and Stream Stop */
 	struct obx_pg_datum *datums; /* scratch for tuples, grown on demand */
 	size_t datum_cap;
 	struct obx_pg_relcol *relcols; /* scratch for Relation columns */
@@ -97,7 +143,10 @@ struct obx_pgoutput {
 	size_t error_offset; /* where the last decode failed */
 };
 
-/* Prepares a decoder for proto_version (1 here).  Pair with obx_pgoutput_reset(). */
+/*
+ * Prepares a decoder for proto_version (1-4).  Pair with obx_pgoutput_reset().
+ * Messages of a later protocol version than negotiated are decode errors.
+ */
 void obx_pgoutput_init(struct obx_pgoutput *d, int proto_version);
 void obx_pgoutput_reset(struct obx_pgoutput *d);
 

@@ -1,7 +1,8 @@
 /*
  * libFuzzer entry point over what the network feeds: CopyData framing, the
  * pgoutput decoder, the relation cache and the event builder.  The input is
- * a sequence of messages, each prefixed by a 2-byte big-endian length; every
+ * a byte choosing the protocol version, then a sequence of messages, each
+ * prefixed by a 2-byte big-endian length; every
  * decoded Relation updates the cache and every Insert on a cached relation
  * is built into a record, as the relay does.
  */
@@ -40,7 +41,12 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		obx_config_set(&cfg, "outbox", "header.source", "origin", "fuzz", false, err, sizeof(err));
 		initialised = 1;
 	}
-	obx_pgoutput_init(&dec, 1);
+	/* the first byte picks the protocol version (1-4) and streaming = parallel */
+	if (size == 0)
+		return 0;
+	obx_pgoutput_init(&dec, 1 + data[0] % 4);
+	dec.stream_parallel = (data[0] & 4) != 0;
+	off = 1;
 	obx_relcache_init(&rc);
 	if (obx_event_builder_init(&eb, &cfg) != 0)
 		abort();

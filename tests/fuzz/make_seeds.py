@@ -44,8 +44,9 @@ origin = b"O" + struct.pack(">Q", 0x10) + cstr("origin")
 typ = b"Y" + struct.pack(">I", 16500) + cstr("public") + cstr("mood")
 
 
-def seq(*msgs):
-    return b"".join(struct.pack(">H", len(m)) + m for m in msgs)
+def seq(*msgs, version=0):
+    # first byte: protocol version - 1 (and bit 2: streaming = parallel)
+    return bytes([version]) + b"".join(struct.pack(">H", len(m)) + m for m in msgs)
 
 
 seeds = {
@@ -54,6 +55,17 @@ seeds = {
     "bytea": seq(xlog(rel.replace(struct.pack(">Ii", 3802, -1), struct.pack(">Ii", 17, -1), 1), 0),
                  xlog(ins.replace(text('{"total": 1}'), text("\\x00ff")))),
     "others": seq(xlog(upd), xlog(dele), xlog(trunc), xlog(msg), xlog(origin), xlog(typ), keepalive),
+    "stream": seq(xlog(b"S" + struct.pack(">IB", 900, 1)),
+                  xlog(b"R" + struct.pack(">I", 901) + rel[1:]),
+                  xlog(b"I" + struct.pack(">I", 901) + ins[1:]),
+                  xlog(b"E"),
+                  xlog(b"A" + struct.pack(">IIQq", 900, 901, 0x600, 1)),
+                  xlog(b"c" + struct.pack(">IBQQq", 900, 0, 0x500, 0x530, 1)), version=3 | 4),
+    "twophase": seq(xlog(b"b" + struct.pack(">QQqI", 0x700, 0x730, 1, 42) + cstr("g")),
+                    xlog(b"P" + b"\0" + struct.pack(">QQqI", 0x700, 0x730, 1, 42) + cstr("g")),
+                    xlog(b"K" + b"\0" + struct.pack(">QQqI", 0x800, 0x830, 1, 42) + cstr("g")),
+                    xlog(b"r" + b"\0" + struct.pack(">QQqqI", 0x900, 0x930, 1, 2, 42) + cstr("g")),
+                    version=2),
 }
 for name, data in seeds.items():
     with open(os.path.join(out, name), "wb") as f:

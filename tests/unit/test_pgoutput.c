@@ -161,7 +161,7 @@ test_skipped_messages(void **state)
 
 /* Every prefix of a valid message is refused without reading past it. */
 static void
-truncation_sweep(const struct bytes *w)
+truncation_sweep_with(struct obx_pgoutput *d, const struct bytes *w)
 {
 	struct obx_pgmsg m;
 
@@ -170,9 +170,15 @@ truncation_sweep(const struct bytes *w)
 		uint8_t *copy = malloc(n ? n : 1);
 
 		memcpy(copy, w->b, n);
-		assert_int_equal(obx_pgoutput_decode(&dec, copy, n, &m), OBX_EPROTO);
+		assert_int_equal(obx_pgoutput_decode(d, copy, n, &m), OBX_EPROTO);
 		free(copy);
 	}
+}
+
+static void
+truncation_sweep(const struct bytes *w)
+{
+	truncation_sweep_with(&dec, w);
 }
 
 static void
@@ -220,6 +226,105 @@ test_truncation_and_garbage(void **state)
 	assert_int_equal(obx_pgoutput_decode(&dec, w.b, w.n, &m), OBX_EPROTO);
 	/* empty */
 	assert_int_equal(obx_pgoutput_decode(&dec, w.b, 0, &m), OBX_EPROTO);
+}
+
+/* Protocol versions 2-4 (streaming, two-phase), layouts from proto.c. */
+static void
+test_protocol_v2_to_v4(void **state)
+{
+	struct obx_pgoutput d;
+	struct bytes w = { .n = 0 };
+	struct obx_pgmsg m;
+
+	(void)state;
+	obx_pgoutput_init(&d, 4);
+	d.stream_parallel = true;
+	put8(&w, 'S'); put32(&w, 900); put8(&w, 1);
+	assert_int_equal(obx_pgoutput_decode(&d, w.b, w.n, &m), 0);
+	assert_int_equal(m.u.stream_start.xid, 900);
+	assert_int_equal(m.u.stream_start.first_segment, 1);
+	assert_true(d.in_stream);
+	/* inside the block: Insert carries the subtransaction id first */
+	w.n = 0;
+	put8(&w, 'I'); put32(&w, 901); put32(&w, 16384); put8(&w, 'N'); put16(&w, 1); puttext(&w, "v");
+	assert_int_equal(obx_pgoutput_decode(&d, w.b, w.n, &m), 0);
+	assert_int_equal(m.xid, 901);
+	assert_int_equal(m.u.insert.relid, 16384);
+	w.n = 0;
+	put8(&w, 'M'); put32(&w, 900); put8(&w, 1); put64(&w, 5); putstr(&w, "p"); put32(&w, 0);
+	assert_int_equal(obx_pgoutput_decode(&d, w.b, w.n, &m), 0);
+	assert_int_equal(m.xid, 900);
+	w.n = 0;
+	put8(&w, 'S'); put32(&w, 900); put8(&w, 0);
+	assert_int_equal(obx_pgoutput_decode(&d, w.b, w.n, &m), OBX_EPROTO); /* nested start */
+	w.n = 0;
+	put8(&w, 'E');
+	assert_int_equal(obx_pgoutput_decode(&d, w.b, w.n, &m), 0);
+	assert_false(d.in_stream);
+	assert_int_equal(obx_pgoutput_decode(&d, w.b, w.n, &m), OBX_EPROTO); /* stop without start */
+	/* outside the block: no xid */
+	w.n = 0;
+	put8(&w, 'I'); put32(&w, 16384); put8(&w, 'N'); put16(&w, 0);
+	assert_int_equal(obx_pgoutput_decode(&d, w.b, w.n, &m), 0);
+	assert_int_equal(m.xid, 0);
+
+	w.n = 0;
+	put8(&w, 'c'); put32(&w, 900); put8(&w, 0); put64(&w, 0x500); put64(&w, 0x530); put64(&w, 77);
+	assert_int_equal(obx_pgoutput_decode(&d, w.b, w.n, &m), 0);
+	assert_int_equal(m.u.stream_commit.xid, 900);
+	assert_int_equal(m.u.stream_commit.commit_lsn, 0x500);
+	assert_int_equal(m.u.stream_commit.end_lsn, 0x530);
+	assert_int_equal(m.u.stream_commit.commit_time, 77);
+
+	/* Stream Abort: abort LSN and time only with streaming = parallel (v4) */
+	w.n = 0;
+	put8(&w, 'A'); put32(&w, 900); put32(&w, 901); put64(&w, 0x600); put64(&w, 88);
+	assert_int_equal(obx_pgoutput_decode(&d, w.b, w.n, &m), 0);
+	assert_int_equal(m.u.stream_abort.subxid, 901);
+	assert_int_equal(m.u.stream_abort.abort_lsn, 0x600);
+	assert_int_equal(m.u.stream_abort.abort_time, 88);
+	d.stream_parallel = false;
+	assert_int_equal(obx_pgoutput_decode(&d, w.b, 9, &m), 0);
+	assert_int_equal(m.u.stream_abort.abort_lsn, 0);
+	assert_int_equal(obx_pgoutput_decode(&d, w.b, w.n, &m), OBX_EPROTO); /* trailing fields */
+
+	w.n = 0;
+	put8(&w, 'b'); put64(&w, 0x700); put64(&w, 0x730); put64(&w, 99); put32(&w, 42); putstr(&w, "gid-1");
+	assert_int_equal(obx_pgoutput_decode(&d, w.b, w.n, &m), 0);
+	assert_int_equal(m.u.prepared.lsn, 0x700);
+	assert_int_equal(m.u.prepared.xid, 42);
+	assert_string_equal(m.u.prepared.gid, "gid-1");
+	for (const char *t = "PKp"; *t != '\0'; t++) {
+		w.n = 0;
+		put8(&w, (uint8_t)*t); put8(&w, 0); put64(&w, 0x800); put64(&w, 0x830); put64(&w, 5);
+		put32(&w, 43); putstr(&w, "gid-2");
+		assert_int_equal(obx_pgoutput_decode(&d, w.b, w.n, &m), 0);
+		assert_int_equal(m.u.prepared.end_lsn, 0x830);
+		assert_string_equal(m.u.prepared.gid, "gid-2");
+		truncation_sweep_with(&d, &w);
+	}
+	w.n = 0;
+	put8(&w, 'r'); put8(&w, 0); put64(&w, 0x900); put64(&w, 0x930); put64(&w, 1); put64(&w, 2);
+	put32(&w, 44); putstr(&w, "gid-3");
+	assert_int_equal(obx_pgoutput_decode(&d, w.b, w.n, &m), 0);
+	assert_int_equal(m.u.rollback_prepared.rollback_end_lsn, 0x930);
+	assert_int_equal(m.u.rollback_prepared.rollback_time, 2);
+	assert_string_equal(m.u.rollback_prepared.gid, "gid-3");
+	truncation_sweep_with(&d, &w);
+	obx_pgoutput_reset(&d);
+
+	/* a message of a later version than negotiated is an error, not skipped */
+	obx_pgoutput_init(&d, 1);
+	w.n = 0;
+	put8(&w, 'S'); put32(&w, 1); put8(&w, 1);
+	assert_int_equal(obx_pgoutput_decode(&d, w.b, w.n, &m), OBX_EPROTO);
+	obx_pgoutput_reset(&d);
+	obx_pgoutput_init(&d, 2);
+	w.n = 0;
+	put8(&w, 'b'); put64(&w, 1); put64(&w, 2); put64(&w, 3); put32(&w, 4); putstr(&w, "g");
+	assert_int_equal(obx_pgoutput_decode(&d, w.b, w.n, &m), OBX_EPROTO);
+	obx_pgoutput_reset(&d);
+	assert_string_equal(obx_pgoutput_type_name('p'), "Stream Prepare");
 }
 
 static void
@@ -298,6 +403,7 @@ main(void)
 		cmocka_unit_test(test_relation_and_insert),
 		cmocka_unit_test(test_skipped_messages),
 		cmocka_unit_test(test_truncation_and_garbage),
+		cmocka_unit_test(test_protocol_v2_to_v4),
 		cmocka_unit_test(test_walmsg),
 		cmocka_unit_test(test_lsn_text),
 	};
