@@ -53,4 +53,6 @@ if [ ! -e "$policy" ]; then
 	own_policy=1
 fi
 trap '[ "$own_policy" -eq 1 ] && rm -f "$policy"' EXIT
-apt-get install -y -qq --no-install-recommends "${missing[@]}"
+# keep the createcluster.conf written above if the package ships one too
+apt-get install -y -qq --no-install-recommends \
+	-o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold "${missing[@]}"
