@@ -101,8 +101,13 @@ run(PGconn *c, const char *sql, char *errbuf, size_t errlen)
 	return NULL;
 }
 
+/*
+ * Runs sql.  Returns true when it failed with one of states (SQLSTATEs
+ * separated by commas); false otherwise, with *out set to the result on
+ * success (caller clears) or NULL on any other error (errbuf filled).
+ */
 static bool
-is_sqlstate(PGconn *c, const char *sql, const char *state, char *errbuf, size_t errlen,
+is_sqlstate(PGconn *c, const char *sql, const char *states, char *errbuf, size_t errlen,
     PGresult **out)
 {
 	PGresult *r = PQexec(c, sql);
@@ -116,7 +121,7 @@ is_sqlstate(PGconn *c, const char *sql, const char *state, char *errbuf, size_t 
 		return false;
 	}
 	code = PQresultErrorField(r, PG_DIAG_SQLSTATE); /* owned by r */
-	match = code != NULL && strcmp(code, state) == 0;
+	match = code != NULL && strlen(code) == 5 && strstr(states, code) != NULL;
 	obx_pg_result_error_line(r, errbuf, errlen);
 	PQclear(r);
 	return match;
@@ -240,7 +245,8 @@ setup_publication(PGconn *c, const struct obx_config *cfg, struct sqlnames *nm, 
 		    "CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert'%s)",
 		    nm->pub_ident, nm->qualified,
 		    relkind == 'p' ? ", publish_via_partition_root = true" : "");
-		if (is_sqlstate(c, sql, "42710", err, sizeof(err), &r)) {
+		/* two instances racing: duplicate_object, or the catalog's unique index (unique_violation) */
+		if (is_sqlstate(c, sql, "42710,23505", err, sizeof(err), &r)) {
 			obx_log_info("publication %s was created concurrently", cfg->publication);
 		} else if (r == NULL) {
 			return failf(errbuf, errlen, OBX_FAIL_FATAL, "could not create publication %s: %s",
