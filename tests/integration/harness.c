@@ -612,6 +612,26 @@ t_relay_start(struct t_relay *r, const char *arg, int wait)
 	}
 }
 
+void
+t_relay_twin(const struct t_relay *r, struct t_relay *twin, const char *tag)
+{
+	*twin = *r;
+	twin->pid = 0;
+	snprintf(twin->log, sizeof(twin->log), "/tmp/obx-test-%s.%s.log", r->db, tag);
+	unlink(twin->log);
+}
+
+void
+t_relay_twin_stop(struct t_relay *twin)
+{
+	if (twin->pid > 0) {
+		kill(twin->pid, SIGKILL);
+		waitpid(twin->pid, NULL, 0);
+		twin->pid = 0;
+	}
+	unlink(twin->log);
+}
+
 int
 t_relay_signal(struct t_relay *r, int sig, int timeout_ms)
 {

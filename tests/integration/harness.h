@@ -132,6 +132,13 @@ void t_relay_config(struct t_relay *r, const char *extra);
 void t_relay_start(struct t_relay *r, const char *arg, int wait);
 /* Sends sig and waits up to timeout_ms; returns the wait status (-1 on timeout). */
 int t_relay_signal(struct t_relay *r, int sig, int timeout_ms);
+/*
+ * A second outboxd on the same database, slot, broker and config, logging to
+ * its own file (tag names it).  Not started; stop it with t_relay_twin_stop().
+ */
+void t_relay_twin(const struct t_relay *r, struct t_relay *twin, const char *tag);
+/* Kills the twin's process and removes its log; shares everything else with r. */
+void t_relay_twin_stop(struct t_relay *twin);
 /* Stops everything started (outboxd, broker) and closes the connection. */
 void t_relay_teardown(struct t_relay *r);
 /* Number of times needle appears in the outboxd log. */

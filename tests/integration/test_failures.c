@@ -135,10 +135,7 @@ test_standby_takes_over(void **state)
 	insert_events(&R, "standby", 0, 50);
 
 	/* a second instance, same slot and config: it waits as a hot standby */
-	S = R;
-	snprintf(S.log, sizeof(S.log), "/tmp/obx-test-%s.standby.log", R.db);
-	unlink(S.log);
-	S.pid = 0;
+	t_relay_twin(&R, &S, "standby");
 	t_relay_start(&S, NULL, 0);
 	for (t0 = t_now_ms(); t_log_count(&S, "standby:") == 0 && t_now_ms() - t0 < 10000;)
 		usleep(50000);
@@ -157,9 +154,7 @@ test_standby_takes_over(void **state)
 	assert_true(takeover < 10000);
 	insert_events(&R, "standby", 50, 100);
 	expect_all_published(&R, "standby", 30000);
-	kill(S.pid, SIGKILL);
-	waitpid(S.pid, NULL, 0);
-	unlink(S.log);
+	t_relay_twin_stop(&S);
 }
 
 static long
@@ -370,9 +365,7 @@ test_two_instances_start_together(void **state)
 	(void)state;
 	t_relay_setup(&R, "together", 0);
 	t_relay_config(&R, NULL);
-	S = R;
-	snprintf(S.log, sizeof(S.log), "/tmp/obx-test-%s.second.log", R.db);
-	unlink(S.log);
+	t_relay_twin(&R, &S, "second");
 	t_relay_start(&R, NULL, 0);
 	t_relay_start(&S, NULL, 0);
 	for (t0 = t_now_ms(); t_now_ms() - t0 < 20000; usleep(50000)) {
@@ -389,9 +382,7 @@ test_two_instances_start_together(void **state)
 	assert_int_equal(t_log_count(&R, "could not create") + t_log_count(&S, "could not create"), 0);
 	insert_events(&R, "together", 0, 20);
 	expect_all_published(&R, "together", 20000);
-	kill(S.pid, SIGKILL);
-	waitpid(S.pid, NULL, 0);
-	unlink(S.log);
+	t_relay_twin_stop(&S);
 }
 
 /* A second SIGTERM stops at once, without confirming what is not acknowledged. */

@@ -211,10 +211,7 @@ test_standby_is_ready(void **state)
 	t_relay_setup(&R, "opsstandby", 0);
 	t_relay_config(&R, "[metrics]\nlisten = 127.0.0.1:0\n");
 	t_relay_start(&R, NULL, 1);
-	S = R;
-	snprintf(S.log, sizeof(S.log), "/tmp/obx-test-%s.standby.log", R.db);
-	unlink(S.log);
-	S.pid = 0;
+	t_relay_twin(&R, &S, "standby");
 	t_relay_start(&S, NULL, 0);
 	port = t_metrics_port(&S);
 	for (t0 = t_now_ms(); t_now_ms() - t0 < 10000; usleep(100000))
@@ -224,9 +221,7 @@ test_standby_is_ready(void **state)
 	assert_int_equal(t_http_get(port, "/metrics", body, sizeof(body)), 200);
 	assert_true(t_metric(body, "outboxd_state{state=\"standby\"}") == 1);
 	assert_true(t_metric(body, "outboxd_state{state=\"streaming\"}") == 0);
-	kill(S.pid, SIGKILL);
-	waitpid(S.pid, NULL, 0);
-	unlink(S.log);
+	t_relay_twin_stop(&S);
 }
 
 static void
