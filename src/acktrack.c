@@ -156,7 +156,7 @@ obx_ack_ack(struct obx_acktrack *t, uint64_t ticket)
 void
 obx_ack_keepalive(struct obx_acktrack *t, obx_lsn wal_end)
 {
-	if (!t->open && t->count == 0 && wal_end > t->flushable)
+	if (!t->open && t->count == 0 && t->streams_open == 0 && wal_end > t->flushable)
 		t->flushable = wal_end;
 }
 
@@ -169,5 +169,11 @@ obx_ack_flushable(const struct obx_acktrack *t)
 bool
 obx_ack_idle(const struct obx_acktrack *t)
 {
-	return !t->open && t->count == 0;
+	return !t->open && t->count == 0 && t->streams_open == 0;
+}
+
+void
+obx_ack_streams_open(struct obx_acktrack *t, size_t n)
+{
+	t->streams_open = n;
 }

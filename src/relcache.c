@@ -12,8 +12,8 @@ obx_relcache_init(struct obx_relcache *c)
 	c->next_version = 1;
 }
 
-static void
-rel_free(struct obx_rel *r)
+void
+obx_rel_free(struct obx_rel *r)
 {
 	for (uint16_t i = 0; i < r->natts; i++)
 		free(r->cols[i].name);
@@ -27,9 +27,33 @@ void
 obx_relcache_reset(struct obx_relcache *c)
 {
 	for (size_t i = 0; i < c->n; i++)
-		rel_free(&c->rels[i]);
+		obx_rel_free(&c->rels[i]);
 	free(c->rels);
 	obx_relcache_init(c);
+}
+
+int
+obx_rel_copy(struct obx_rel *dst, const struct obx_rel *src)
+{
+	memset(dst, 0, sizeof(*dst));
+	dst->relid = src->relid;
+	dst->version = src->version;
+	dst->nspname = strdup(src->nspname);
+	dst->relname = strdup(src->relname);
+	dst->cols = calloc(src->natts ? src->natts : 1, sizeof(*dst->cols));
+	if (dst->nspname == NULL || dst->relname == NULL || dst->cols == NULL)
+		goto nomem;
+	for (uint16_t i = 0; i < src->natts; i++) {
+		dst->cols[i].name = strdup(src->cols[i].name);
+		dst->cols[i].type_oid = src->cols[i].type_oid;
+		dst->natts = (uint16_t)(i + 1);
+		if (dst->cols[i].name == NULL)
+			goto nomem;
+	}
+	return 0;
+nomem:
+	obx_rel_free(dst);
+	return OBX_ENOMEM;
 }
 
 int
@@ -58,7 +82,7 @@ obx_relcache_update(struct obx_relcache *c, const struct obx_pgmsg *m)
 		if (c->rels[i].relid == nr.relid)
 			slot = &c->rels[i];
 	if (slot != NULL) {
-		rel_free(slot);
+		obx_rel_free(slot);
 	} else {
 		struct obx_rel *grown = reallocarray(c->rels, c->n + 1, sizeof(*grown));
 
@@ -70,7 +94,7 @@ obx_relcache_update(struct obx_relcache *c, const struct obx_pgmsg *m)
 	*slot = nr;
 	return 0;
 nomem:
-	rel_free(&nr);
+	obx_rel_free(&nr);
 	return OBX_ENOMEM;
 }
 

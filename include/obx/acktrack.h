@@ -38,6 +38,7 @@ struct obx_acktrack {
 	size_t count;
 	uint64_t head_ticket; /* ticket of ring[head] */
 	bool open;            /* Begin received, Commit not yet */
+	size_t streams_open;  /* streamed transactions without Stream Commit/Abort yet */
 	bool open_queued;     /* the open transaction has an entry (it has events) */
 	int64_t open_time;
 	obx_lsn flushable;
@@ -83,7 +84,16 @@ void obx_ack_keepalive(struct obx_acktrack *t, obx_lsn wal_end);
 /* The highest LSN that may be confirmed as flushed. */
 obx_lsn obx_ack_flushable(const struct obx_acktrack *t);
 
-/* True when no transaction is open and no event is outstanding. */
+/*
+ * n streamed transactions are in progress (Stream Start seen, Stream
+ * Commit/Abort not yet).  Each counts as an open transaction: while n > 0
+ * keepalives never advance the flushable position.  Transactions that
+ * commit meanwhile are confirmed as usual; a streamed one enters the queue
+ * at its Stream Commit (begin, add_event..., commit).
+ */
+void obx_ack_streams_open(struct obx_acktrack *t, size_t n);
+
+/* True when no transaction (plain or streamed) is open and no event is outstanding. */
 bool obx_ack_idle(const struct obx_acktrack *t);
 
 #endif

@@ -41,6 +41,11 @@ int obx_relcache_update(struct obx_relcache *c, const struct obx_pgmsg *relation
 /* Returns the relation with relid (borrowed until the next update/reset) or NULL. */
 const struct obx_rel *obx_relcache_get(const struct obx_relcache *c, uint32_t relid);
 
+/* Deep-copies src into dst (caller frees with obx_rel_free()).  Returns 0 or OBX_ENOMEM. */
+int obx_rel_copy(struct obx_rel *dst, const struct obx_rel *src);
+/* Frees what a copied relation owns and zeroes it; a zeroed one is a no-op. */
+void obx_rel_free(struct obx_rel *r);
+
 /* Returns the index of column name in rel, or -1. */
 int obx_rel_column(const struct obx_rel *rel, const char *name);
 

@@ -102,6 +102,38 @@ test_open_transaction_blocks_keepalive(void **state)
 }
 
 static void
+test_streamed_transaction_blocks_keepalive(void **state)
+{
+	struct obx_acktrack a;
+	uint64_t t[2];
+
+	(void)state;
+	obx_ack_init(&a, 50);
+	obx_ack_streams_open(&a, 1); /* Stream Start of a large transaction */
+	obx_ack_keepalive(&a, 1000);
+	assert_int_equal(obx_ack_flushable(&a), 50);
+	assert_false(obx_ack_idle(&a));
+	/* a small transaction committing meanwhile is confirmed as usual */
+	txn(&a, 1, 300, t);
+	assert_int_equal(obx_ack_ack(&a, t[0]), 0);
+	assert_int_equal(obx_ack_flushable(&a), 300);
+	obx_ack_keepalive(&a, 1000);
+	assert_int_equal(obx_ack_flushable(&a), 300);
+	/* Stream Commit: the streamed one enters the queue with its events */
+	obx_ack_streams_open(&a, 0);
+	txn(&a, 2, 900, t);
+	obx_ack_keepalive(&a, 1000);
+	assert_int_equal(obx_ack_flushable(&a), 300);
+	assert_int_equal(obx_ack_ack(&a, t[1]), 0);
+	assert_int_equal(obx_ack_ack(&a, t[0]), 0);
+	assert_int_equal(obx_ack_flushable(&a), 900);
+	assert_true(obx_ack_idle(&a));
+	obx_ack_keepalive(&a, 1000);
+	assert_int_equal(obx_ack_flushable(&a), 1000);
+	obx_ack_reset(&a);
+}
+
+static void
 test_state_errors_and_unknown_tickets(void **state)
 {
 	struct obx_acktrack a;
@@ -178,6 +210,7 @@ main(void)
 		cmocka_unit_test(test_ack_before_confirm_in_commit_order),
 		cmocka_unit_test(test_partial_progress),
 		cmocka_unit_test(test_open_transaction_blocks_keepalive),
+		cmocka_unit_test(test_streamed_transaction_blocks_keepalive),
 		cmocka_unit_test(test_state_errors_and_unknown_tickets),
 		cmocka_unit_test(test_many_transactions_grow_and_wrap),
 		cmocka_unit_test(test_times),
