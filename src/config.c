@@ -304,7 +304,7 @@ set_source(struct obx_config *cfg, const char *key, const char *value, const cha
     char *errbuf, size_t errlen)
 {
 	static const struct str_key strs[] = {
-		SK(slot, true), SK(publication, true),
+		SK(slot, true), SK(publication, true), SK(message_prefix, true),
 	};
 	long long ms;
 	int r;
@@ -342,6 +342,31 @@ set_source(struct obx_config *cfg, const char *key, const char *value, const cha
 		free(cfg->table_name);
 		cfg->table_schema = schema;
 		cfg->table_name = name;
+		return 0;
+	}
+	if (strcmp(key, "streaming") == 0) {
+		if (strcmp(value, "on") == 0 || strcmp(value, "off") == 0) {
+			cfg->streaming = value[1] == 'n';
+			return 0;
+		}
+		fail(errbuf, errlen, origin, key, "expected on or off, got '%s'", value);
+		return OBX_ECONFIG;
+	}
+	if (strcmp(key, "messages") == 0) {
+		if (obx_parse_bool(value, &cfg->messages) != 0) {
+			fail(errbuf, errlen, origin, key, "expected true or false, got '%s'", value);
+			return OBX_ECONFIG;
+		}
+		return 0;
+	}
+	if (strcmp(key, "stream_buffer") == 0) {
+		r = obx_parse_size(value, 1024, 1LL << 40, &cfg->stream_buffer_bytes);
+		if (r != 0) {
+			fail(errbuf, errlen, origin, key, r == OBX_ERANGE ?
+			    "'%s' is out of range (1KiB to 1TiB)" :
+			    "expected a size such as 64MiB or 65536, got '%s'", value);
+			return OBX_ECONFIG;
+		}
 		return 0;
 	}
 	if (strcmp(key, "create_slot") == 0 || strcmp(key, "create_publication") == 0) {
@@ -712,6 +737,10 @@ obx_config_init(struct obx_config *cfg)
 	cfg->create_slot = true;
 	cfg->create_publication = true;
 	cfg->status_interval_ms = 10000;
+	cfg->streaming = false;
+	cfg->stream_buffer_bytes = 64LL << 20;
+	cfg->messages = false;
+	cfg->message_prefix = strdup("outboxd");
 	cfg->col_id = strdup("id");
 	cfg->col_key = strdup("aggregateid");
 	cfg->col_aggregate_type = strdup("aggregatetype");
@@ -749,7 +778,7 @@ obx_config_reset(struct obx_config *cfg)
 		&cfg->conninfo, &cfg->slot, &cfg->publication, &cfg->table_schema,
 		&cfg->table_name, &cfg->col_id, &cfg->col_key, &cfg->col_aggregate_type,
 		&cfg->col_type, &cfg->col_payload, &cfg->topic, &cfg->col_headers,
-		&cfg->col_timestamp, &cfg->dead_letter_topic, &cfg->metrics_host,
+		&cfg->col_timestamp, &cfg->dead_letter_topic, &cfg->metrics_host, &cfg->message_prefix,
 	};
 
 	for (size_t i = 0; i < sizeof(strs) / sizeof(strs[0]); i++)

@@ -352,3 +352,15 @@ obx_pgoutput_decode(struct obx_pgoutput *d, const uint8_t *buf, size_t len, stru
 		d->error_offset = r.off;
 	return rc;
 }
+
+int
+obx_pgoutput_proto_for_server(int server_version)
+{
+	if (server_version >= 160000)
+		return 4;
+	if (server_version >= 150000)
+		return 3;
+	if (server_version >= 140000)
+		return 2;
+	return 1;
+}

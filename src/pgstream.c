@@ -14,6 +14,7 @@
 
 #include "obx/err.h"
 #include "obx/log.h"
+#include "obx/pgoutput.h"
 #include "obx/pgstream.h"
 #include "obx/pgutil.h"
 #include "obx/walmsg.h"
@@ -204,6 +205,45 @@ mapped_columns_sql(PGconn *c, const struct obx_config *cfg)
 	return out;
 }
 
+/*
+ * [source] messages = on without an outbox table: events come from logical
+ * decoding messages only, which pgoutput sends whatever the publication
+ * holds; an empty publication is enough.
+ */
+static enum obx_fail
+setup_message_publication(PGconn *c, const struct obx_config *cfg, struct sqlnames *nm,
+    char *errbuf, size_t errlen)
+{
+	char sql[1024], err[1024];
+	PGresult *r;
+	bool exists;
+
+	snprintf(sql, sizeof(sql), "SELECT 1 FROM pg_publication WHERE pubname = %s", nm->pub_lit);
+	if ((r = run(c, sql, err, sizeof(err))) == NULL)
+		return failf(errbuf, errlen, OBX_FAIL_RETRY, "could not read publication %s: %s",
+		    cfg->publication, err);
+	exists = PQntuples(r) > 0;
+	PQclear(r);
+	if (!exists && !cfg->create_publication)
+		return failf(errbuf, errlen, OBX_FAIL_FATAL,
+		    "publication %s does not exist and create_publication = false "
+		    "(with no outbox table, CREATE PUBLICATION %s is enough for messages)",
+		    cfg->publication, cfg->publication);
+	if (!exists) {
+		snprintf(sql, sizeof(sql), "CREATE PUBLICATION %s WITH (publish = 'insert')", nm->pub_ident);
+		if (is_sqlstate(c, sql, "42710,23505", err, sizeof(err), &r))
+			obx_log_info("publication %s was created concurrently", cfg->publication);
+		else if (r == NULL)
+			return failf(errbuf, errlen, OBX_FAIL_FATAL, "could not create publication %s: %s",
+			    cfg->publication, err);
+		else
+			PQclear(r);
+	}
+	obx_log_info("outbox table %s.%s does not exist: publishing logical decoding messages with "
+	    "prefix '%s' only", cfg->table_schema, cfg->table_name, cfg->message_prefix);
+	return OBX_FAIL_NONE;
+}
+
 static enum obx_fail
 setup_publication(PGconn *c, const struct obx_config *cfg, struct sqlnames *nm, char *errbuf,
     size_t errlen)
@@ -220,6 +260,10 @@ setup_publication(PGconn *c, const struct obx_config *cfg, struct sqlnames *nm, 
 	if ((r = run(c, sql, err, sizeof(err))) == NULL)
 		return failf(errbuf, errlen, OBX_FAIL_RETRY, "could not look up table %s.%s: %s",
 		    cfg->table_schema, cfg->table_name, err);
+	if (PQntuples(r) == 0 && cfg->messages) {
+		PQclear(r);
+		return setup_message_publication(c, cfg, nm, errbuf, errlen);
+	}
 	if (PQntuples(r) == 0) {
 		PQclear(r);
 		return failf(errbuf, errlen, OBX_FAIL_FATAL,
@@ -275,11 +319,17 @@ setup_publication(PGconn *c, const struct obx_config *cfg, struct sqlnames *nm, 
 	cols = mapped_columns_sql(c, cfg);
 	if (cols == NULL)
 		return failf(errbuf, errlen, OBX_FAIL_FATAL, "out of memory");
+	/* a column list hiding a mapped column is refused; a mapped column the table
+	 * lacks now (renamed, dropped) is only said: its rows follow on_error */
 	snprintf(sql, sizeof(sql),
+	    "WITH t AS (SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(quote_ident(%s) || '.' || quote_ident(%s)) "
+	    "AND attnum > 0 AND NOT attisdropped) "
 	    "SELECT rowfilter IS NOT NULL, (SELECT string_agg(m, ', ') FROM unnest(ARRAY[%s]::name[]) m "
-	    "WHERE attnames IS NOT NULL AND NOT m = ANY(attnames)) "
+	    "WHERE attnames IS NOT NULL AND NOT m = ANY(attnames) AND m IN (SELECT attname FROM t)), "
+	    "(SELECT string_agg(m, ', ') FROM unnest(ARRAY[%s]::name[]) m WHERE m NOT IN (SELECT attname FROM t)) "
 	    "FROM pg_publication_tables WHERE pubname = %s AND schemaname = %s AND tablename = %s",
-	    cols, nm->pub_lit, nm->schema_lit, nm->table_lit);
+	    nm->schema_lit, nm->table_lit, cols, cols, nm->pub_lit, nm->schema_lit,
+	    nm->table_lit);
 	free(cols);
 	if ((r = run(c, sql, err, sizeof(err))) == NULL)
 		return failf(errbuf, errlen, OBX_FAIL_RETRY, "could not read publication %s: %s",
@@ -303,6 +353,10 @@ setup_publication(PGconn *c, const struct obx_config *cfg, struct sqlnames *nm, 
 		PQclear(r);
 		return OBX_FAIL_FATAL;
 	}
+	if (!PQgetisnull(r, 0, 2))
+		obx_log_warn("outbox table %s.%s has no column(s) %s now: rows without them cannot become "
+		    "events and follow on_error (%s)", cfg->table_schema, cfg->table_name,
+		    PQgetvalue(r, 0, 2), cfg->on_error == OBX_ON_ERROR_STOP ? "stop" : "dead_letter");
 	PQclear(r);
 	return OBX_FAIL_NONE;
 }
@@ -475,7 +529,7 @@ setup_slot(struct obx_pgstream *s, const struct obx_config *cfg, struct sqlnames
 
 enum obx_fail
 obx_pgstream_open(struct obx_pgstream *s, const struct obx_config *cfg, bool recreate_slot,
-    char *errbuf, size_t errlen)
+    bool streaming, char *errbuf, size_t errlen)
 {
 	static const char *const kw[] = { "replication", NULL };
 	static const char *const val[] = { "database", NULL };
@@ -498,6 +552,14 @@ obx_pgstream_open(struct obx_pgstream *s, const struct obx_config *cfg, bool rec
 	if (s->server_version < 100000)
 		return failf(errbuf, errlen, OBX_FAIL_FATAL,
 		    "PostgreSQL %d is too old: pgoutput needs 10 or later", s->server_version);
+	s->proto_version = obx_pgoutput_proto_for_server(s->server_version);
+	if (cfg->messages && s->proto_version < 2)
+		return failf(errbuf, errlen, OBX_FAIL_FATAL,
+		    "[source] messages = on needs PostgreSQL 14 or later (server is %d)", s->server_version);
+	s->streaming = streaming && s->proto_version >= 2;
+	if (streaming && !s->streaming)
+		obx_log_warn("[source] streaming = on needs PostgreSQL 14 or later (server is %d): "
+		    "not streaming", s->server_version);
 
 	if ((r = run(s->conn, "IDENTIFY_SYSTEM", err, sizeof(err))) == NULL)
 		return failf(errbuf, errlen, OBX_FAIL_RETRY, "IDENTIFY_SYSTEM failed: %s", err);
@@ -550,8 +612,9 @@ obx_pgstream_open(struct obx_pgstream *s, const struct obx_config *cfg, bool rec
 	pubs = nm.pub_ident; /* publication_names is a list of (quoted) identifiers */
 	pubs_lit = PQescapeLiteral(s->conn, pubs, strlen(pubs));
 	snprintf(sql, sizeof(sql),
-	    "START_REPLICATION SLOT %s LOGICAL 0/0 (proto_version '1', publication_names %s)",
-	    nm.slot_ident, pubs_lit ? pubs_lit : "''");
+	    "START_REPLICATION SLOT %s LOGICAL 0/0 (proto_version '%d', publication_names %s%s%s)",
+	    nm.slot_ident, s->proto_version, pubs_lit ? pubs_lit : "''",
+	    s->streaming ? ", streaming 'on'" : "", cfg->messages ? ", messages 'true'" : "");
 	PQfreemem(pubs_lit);
 	sqlnames_free(&nm);
 	r = PQexec(s->conn, sql);

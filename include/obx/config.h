@@ -35,6 +35,10 @@ struct obx_config {
 	bool create_slot;
 	bool create_publication;
 	int status_interval_ms;
+	bool streaming;             /* ask the server to stream large in-progress transactions */
+	long long stream_buffer_bytes; /* cap on buffered streamed events before falling back */
+	bool messages;              /* transactional logical decoding messages become events */
+	char *message_prefix;
 
 	/* [outbox]: column names and the topic template */
 	char *col_id;

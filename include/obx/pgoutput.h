@@ -159,6 +159,12 @@ void obx_pgoutput_reset(struct obx_pgoutput *d);
 int obx_pgoutput_decode(struct obx_pgoutput *d, const uint8_t *buf, size_t len,
     struct obx_pgmsg *out);
 
+/*
+ * The highest pgoutput protocol version a server of server_version
+ * (PQserverVersion) speaks: 1 before 14, 2 on 14, 3 on 15, 4 from 16.
+ */
+int obx_pgoutput_proto_for_server(int server_version);
+
 /* A printable name for a message type byte ("Begin", "Insert", ... or "unknown"). */
 const char *obx_pgoutput_type_name(char type);
 

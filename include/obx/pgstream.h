@@ -30,18 +30,23 @@ struct obx_pgstream {
 	obx_lsn start_confirmed; /* the slot's confirmed_flush before START_REPLICATION */
 	int wal_sender_timeout_ms; /* 0: disabled */
 	int server_version;
+	int proto_version; /* the pgoutput protocol version asked for */
+	bool streaming;    /* the server streams large in-progress transactions */
 	bool slot_created; /* this run created the slot */
 	uint8_t *copybuf; /* the last CopyData message, owned (PQfreemem) */
 };
 
 /*
- * Connects and starts streaming.  recreate_slot allows creating a slot that
- * this database records as having existed (see DESIGN: slot guard).
- * Returns OBX_FAIL_NONE, or a failure class with errbuf filled (one line,
- * no secrets).
+ * Connects and starts streaming with the highest pgoutput protocol version
+ * the server speaks (s->proto_version).  recreate_slot allows creating a
+ * slot that this database records as having existed (see DESIGN: slot
+ * guard).  streaming asks for in-progress transactions (cfg->streaming may be
+ * overridden by the caller after a buffer overflow); s->streaming says
+ * whether it was requested.  Returns OBX_FAIL_NONE, or a failure class with
+ * errbuf filled (one line, no secrets).
  */
 enum obx_fail obx_pgstream_open(struct obx_pgstream *s, const struct obx_config *cfg,
-    bool recreate_slot, char *errbuf, size_t errlen);
+    bool recreate_slot, bool streaming, char *errbuf, size_t errlen);
 
 /* The socket to poll for reading (and writing while obx_pgstream_flush() returns 1). */
 int obx_pgstream_fd(const struct obx_pgstream *s);
