@@ -114,6 +114,13 @@ clear_dumps(struct obx_event_builder *b)
 }
 
 void
+obx_event_builder_forget(struct obx_event_builder *b)
+{
+	b->rel = NULL;
+	b->rel_version = 0;
+}
+
+void
 obx_event_builder_reset(struct obx_event_builder *b)
 {
 	for (size_t i = 0; i < b->ntpl; i++)

@@ -117,6 +117,14 @@ obx_metrics_render(const struct obx_metrics *m, size_t *len)
 	counter_u64(fp, "outboxd_events_dead_lettered_total", "events sent to the dead-letter topic",
 	    m->events_dead_lettered);
 	counter_u64(fp, "outboxd_transactions_total", "committed transactions received", m->transactions);
+	counter_u64(fp, "outboxd_messages_refused_total",
+	    "non-transactional logical decoding messages with the event prefix, not published",
+	    m->messages_refused);
+	counter_u64(fp, "outboxd_stream_aborted_events_total",
+	    "buffered events of streamed transactions or savepoints that rolled back, discarded",
+	    m->stream_aborted_events);
+	gauge_u64(fp, "outboxd_stream_buffer_bytes",
+	    "memory held by outbox rows of streamed transactions not yet committed", m->stream_buffer_bytes);
 	gauge_u64(fp, "outboxd_inflight_events", "events handed to the producer and not yet acknowledged",
 	    m->inflight_events);
 	gauge_u64(fp, "outboxd_inflight_bytes", "bytes of those events", m->inflight_bytes);

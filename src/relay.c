@@ -31,6 +31,7 @@
 #include "obx/pgstream.h"
 #include "obx/relay.h"
 #include "obx/relcache.h"
+#include "obx/streambuf.h"
 #include "obx/walmsg.h"
 
 #define DRAIN_TIMEOUT_MS 30000
@@ -61,6 +62,20 @@ struct relay {
 	bool in_txn;
 	struct obx_txninfo txn;
 	uint32_t txn_events;
+
+	/* streaming = on: rows of in-progress transactions until their Stream Commit */
+	struct obx_streambuf sbuf;
+	uint32_t stream_xid;  /* the transaction of the current Stream Start block */
+	bool streaming_off;   /* the buffer overflowed once: the server buffers from now on */
+
+	/* a logical decoding message seen as a row of a table with the message's keys */
+	struct obx_rel mrel;
+	struct obx_relcol mcols[64];
+	struct obx_pg_datum mdat[64];
+	char *mdumps[64];
+	size_t nmdumps;
+	json_t *mjson;
+	unsigned mversion;
 
 	obx_lsn received;
 	obx_lsn sent_flush;
@@ -367,40 +382,32 @@ poison(struct relay *r, const struct obx_rel *rel, const struct obx_pg_tuple *t,
 	free(row);
 }
 
+/*
+ * Publishes one outbox row of the current transaction (r->txn): registers
+ * it with the ack tracker, builds the record and hands it to the producer,
+ * or follows on_error when it cannot become one.
+ */
 static void
-handle_insert(struct relay *r, const struct obx_pgmsg *m)
+publish_row(struct relay *r, const struct obx_rel *rel, const struct obx_pg_tuple *tuple)
 {
-	const struct obx_rel *rel = obx_relcache_get(&r->rels, m->u.insert.relid);
 	struct obx_event ev;
 	char why[512];
 	uint64_t ticket;
 	rd_kafka_resp_err_t err;
 	int rc;
 
-	if (rel == NULL) {
-		end_session(r, END_FATAL, "Insert for relation %" PRIu32 " that no Relation message announced",
-		    m->u.insert.relid);
-		return;
-	}
-	if (!obx_event_is_outbox(&r->eb, rel))
-		return;
-	if (!r->in_txn) {
-		end_session(r, END_FATAL, "Insert outside of a transaction");
-		return;
-	}
 	if (obx_ack_add_event(&r->ack, &ticket) != 0) {
 		end_session(r, END_FATAL, "out of memory");
 		return;
 	}
 	r->txn_events++;
-	rc = obx_event_build(&r->eb, rel, &m->u.insert.tuple, &r->txn, r->txn_events - 1, &ev, why,
-	    sizeof(why));
+	rc = obx_event_build(&r->eb, rel, tuple, &r->txn, r->txn_events - 1, &ev, why, sizeof(why));
 	if (rc == OBX_ENOMEM) {
 		end_session(r, END_FATAL, "out of memory");
 		return;
 	}
 	if (rc != 0) {
-		poison(r, rel, &m->u.insert.tuple, ticket, NULL, NULL, why);
+		poison(r, rel, tuple, ticket, NULL, NULL, why);
 		return;
 	}
 	if (!produce_with_retry(r, &err, ev.topic, ev.key, ev.keylen, ev.value, ev.len, ev.timestamp_ms,
@@ -408,7 +415,7 @@ handle_insert(struct relay *r, const struct obx_pgmsg *m)
 		if (r->ending)
 			return;
 		if (obx_kafka_err_is_permanent(err) || err == RD_KAFKA_RESP_ERR__INVALID_ARG)
-			poison(r, rel, &m->u.insert.tuple, ticket, ev.id, ev.topic, rd_kafka_err2str(err));
+			poison(r, rel, tuple, ticket, ev.id, ev.topic, rd_kafka_err2str(err));
 		else
 			end_session(r, END_RETRY, "could not produce event id=%s: %s", ev.id,
 			    rd_kafka_err2str(err));
@@ -424,6 +431,246 @@ handle_insert(struct relay *r, const struct obx_pgmsg *m)
 		    "test hook");
 	}
 #endif
+}
+
+/* A row of the current transaction that cannot become an event: on_error decides. */
+static void
+poison_row(struct relay *r, const struct obx_rel *rel, const struct obx_pg_tuple *t, const char *why)
+{
+	uint64_t ticket;
+
+	if (obx_ack_add_event(&r->ack, &ticket) != 0) {
+		end_session(r, END_FATAL, "out of memory");
+		return;
+	}
+	r->txn_events++;
+	poison(r, rel, t, ticket, NULL, NULL, why);
+}
+
+/* A row of a streamed transaction: kept until its Stream Commit or Abort. */
+static void
+buffer_row(struct relay *r, uint32_t subxid, const struct obx_rel *rel, const struct obx_pg_tuple *t)
+{
+	char a[OBX_LSN_STRLEN];
+	int rc = obx_streambuf_add(&r->sbuf, r->stream_xid, subxid, rel, t);
+
+	if (rc == OBX_EFULL) {
+		/* the server then decodes the transaction whole, spilling to its own disk */
+		r->streaming_off = true;
+		end_session(r, END_RETRY, "streamed transaction %" PRIu32 " holds more outbox rows than "
+		    "[source] stream_buffer (%lld bytes) after lsn %s; reconnecting with streaming off",
+		    r->stream_xid, r->cfg->stream_buffer_bytes, obx_lsn_format(r->received, a, sizeof(a)));
+		return;
+	}
+	if (rc != 0)
+		end_session(r, END_FATAL, rc == OBX_ENOMEM ? "out of memory" :
+		    "streamed change for transaction %" PRIu32 " outside of Stream Start", r->stream_xid);
+	r->m.stream_buffer_bytes = r->sbuf.bytes;
+}
+
+static void
+handle_insert(struct relay *r, const struct obx_pgmsg *m)
+{
+	const struct obx_rel *rel = obx_relcache_get(&r->rels, m->u.insert.relid);
+
+	if (rel == NULL) {
+		end_session(r, END_FATAL, "Insert for relation %" PRIu32 " that no Relation message announced",
+		    m->u.insert.relid);
+		return;
+	}
+	if (!obx_event_is_outbox(&r->eb, rel))
+		return;
+	if (r->dec.in_stream) {
+		buffer_row(r, m->xid, rel, &m->u.insert.tuple);
+		return;
+	}
+	if (!r->in_txn) {
+		end_session(r, END_FATAL, "Insert outside of a transaction");
+		return;
+	}
+	publish_row(r, rel, &m->u.insert.tuple);
+}
+
+static void
+message_row_free(struct relay *r)
+{
+	for (size_t i = 0; i < r->nmdumps; i++)
+		free(r->mdumps[i]);
+	r->nmdumps = 0;
+	json_decref(r->mjson);
+	r->mjson = NULL;
+}
+
+/*
+ * Turns the JSON object of a logical decoding message into a row of a
+ * relation whose columns are the object's keys, so the outbox mapping
+ * applies unchanged: strings are column text as they are, other values
+ * their compact JSON, null a NULL.  An unparsable content becomes a row
+ * with one column "content" (for the dead-letter record) and *why says so.
+ */
+static int
+message_row(struct relay *r, const struct obx_pgmsg *m, struct obx_pg_tuple *t, char *why,
+    size_t whylen)
+{
+	json_error_t jerr;
+	const char *k;
+	json_t *v;
+	uint16_t n = 0;
+
+	message_row_free(r);
+	r->mrel = (struct obx_rel){ .relid = 0, .nspname = r->cfg->table_schema,
+		.relname = r->cfg->table_name, .cols = r->mcols, .version = ++r->mversion };
+	obx_event_builder_forget(&r->eb);
+	r->mjson = json_loadb((const char *)m->u.message.content, m->u.message.len, 0, &jerr);
+	why[0] = '\0';
+	if (r->mjson == NULL || !json_is_object(r->mjson) || json_object_size(r->mjson) > 64) {
+		snprintf(why, whylen, r->mjson == NULL ? "message content is not JSON: %s" :
+		    !json_is_object(r->mjson) ? "message content is not a JSON object%s" :
+		    "message content has more than 64 keys%s", r->mjson == NULL ? jerr.text : "");
+		r->mcols[0] = (struct obx_relcol){ "content", 25 };
+		r->mdat[0] = (struct obx_pg_datum){ 't', m->u.message.content, m->u.message.len };
+		r->mrel.natts = 1;
+		*t = (struct obx_pg_tuple){ 1, r->mdat };
+		return OBX_EINVAL;
+	}
+	json_object_foreach(r->mjson, k, v) {
+		r->mcols[n] = (struct obx_relcol){ (char *)k, json_is_object(v) || json_is_array(v) ? 3802 : 25 };
+		if (json_is_null(v)) {
+			r->mdat[n] = (struct obx_pg_datum){ 'n', NULL, 0 };
+		} else if (json_is_string(v)) {
+			r->mdat[n] = (struct obx_pg_datum){ 't', (const uint8_t *)json_string_value(v),
+				(uint32_t)json_string_length(v) };
+		} else {
+			char *d = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+
+			if (d == NULL)
+				return OBX_ENOMEM;
+			r->mdumps[r->nmdumps++] = d;
+			r->mdat[n] = (struct obx_pg_datum){ 't', (const uint8_t *)d, (uint32_t)strlen(d) };
+		}
+		n++;
+	}
+	r->mrel.natts = n;
+	*t = (struct obx_pg_tuple){ n, r->mdat };
+	return 0;
+}
+
+/* A logical decoding message: with [source] messages = on, ours become events. */
+static void
+handle_message(struct relay *r, const struct obx_pgmsg *m)
+{
+	struct obx_pg_tuple t;
+	char why[512], a[OBX_LSN_STRLEN];
+	int rc;
+
+	if (!r->cfg->messages || strcmp(m->u.message.prefix, r->cfg->message_prefix) != 0)
+		return;
+	if (!(m->u.message.flags & 1)) {
+		r->m.messages_refused++;
+		obx_log_warn("non-transactional message with prefix '%s' at lsn %s not published: "
+		    "only pg_logical_emit_message(true, ...) is tied to a commit", m->u.message.prefix,
+		    obx_lsn_format(m->u.message.lsn, a, sizeof(a)));
+		return;
+	}
+	if (!r->dec.in_stream && !r->in_txn) {
+		end_session(r, END_FATAL, "transactional message outside of a transaction at lsn %s",
+		    obx_lsn_format(m->u.message.lsn, a, sizeof(a)));
+		return;
+	}
+	rc = message_row(r, m, &t, why, sizeof(why));
+	if (rc == OBX_ENOMEM) {
+		end_session(r, END_FATAL, "out of memory");
+	} else if (r->dec.in_stream) {
+		buffer_row(r, m->xid, &r->mrel, &t); /* a bad one is judged at Stream Commit again */
+	} else if (rc != 0) {
+		poison_row(r, &r->mrel, &t, why);
+	} else {
+		publish_row(r, &r->mrel, &t);
+	}
+	message_row_free(r);
+}
+
+static bool backpressured(const struct relay *r);
+
+/* Waits (serving delivery reports and status updates) until the in-flight caps allow more. */
+static void
+wait_inflight(struct relay *r)
+{
+	while (backpressured(r) && !r->ending) {
+		obx_kafka_poll(&r->kf, 50);
+		if (r->kf.fatal) {
+			r->end_kafka = true;
+			end_session(r, END_RETRY, "producer fatal error: %s; recreating it and rewinding to the slot",
+			    r->kf.fatal_reason);
+			break;
+		}
+		maybe_status(r);
+		obx_pgstream_flush(&r->st);
+	}
+}
+
+/* Stream Commit: the buffered rows become events of one transaction, in insertion order. */
+static void
+stream_commit(struct relay *r, const struct obx_pgmsg *m)
+{
+	const struct obx_sbuf_txn *t = obx_streambuf_get(&r->sbuf, m->u.stream_commit.xid);
+	char a[OBX_LSN_STRLEN];
+
+	if (r->in_txn || obx_ack_begin_at(&r->ack, m->u.stream_commit.commit_time) != 0) {
+		end_session(r, END_FATAL, "Stream Commit inside an open transaction at lsn %s",
+		    obx_lsn_format(m->u.stream_commit.commit_lsn, a, sizeof(a)));
+		return;
+	}
+	r->in_txn = true;
+	r->txn.commit_lsn = m->u.stream_commit.commit_lsn;
+	r->txn.xid = m->u.stream_commit.xid;
+	r->txn.commit_time = m->u.stream_commit.commit_time;
+	r->txn_events = 0;
+	obx_event_builder_forget(&r->eb);
+	for (size_t i = 0; t != NULL && i < t->nrows && !r->ending; i++) {
+		const struct obx_sbuf_row *row = &t->rows[i];
+		const struct obx_rel *rel = &t->rels[row->rel];
+
+		wait_inflight(r);
+		if (r->ending)
+			break;
+		if (rel->relid == 0 && rel->natts == 1 && strcmp(rel->cols[0].name, "content") == 0) {
+			/* a message whose content was not an object: say why under on_error */
+			struct obx_pgmsg mm = { .type = 'M' };
+			struct obx_pg_tuple mt;
+			char why[512];
+			int rc;
+
+			mm.u.message.content = row->tuple.cols[0].data;
+			mm.u.message.len = row->tuple.cols[0].len;
+			rc = message_row(r, &mm, &mt, why, sizeof(why));
+			if (rc != 0) {
+				if (rc == OBX_ENOMEM)
+					end_session(r, END_FATAL, "out of memory");
+				else
+					poison_row(r, &r->mrel, &mt, why);
+				message_row_free(r);
+				continue;
+			}
+			message_row_free(r);
+		}
+		publish_row(r, rel, &row->tuple);
+	}
+	obx_event_builder_forget(&r->eb);
+	if (r->ending)
+		return;
+	if (obx_ack_commit(&r->ack, m->u.stream_commit.end_lsn) != 0) {
+		end_session(r, END_FATAL, "Stream Commit without its transaction at lsn %s",
+		    obx_lsn_format(m->u.stream_commit.commit_lsn, a, sizeof(a)));
+		return;
+	}
+	r->in_txn = false;
+	r->m.transactions++;
+	obx_streambuf_drop(&r->sbuf, m->u.stream_commit.xid);
+	obx_ack_streams_open(&r->ack, obx_streambuf_open(&r->sbuf));
+	r->m.stream_buffer_bytes = r->sbuf.bytes;
+	if (m->u.stream_commit.end_lsn > r->received)
+		r->received = m->u.stream_commit.end_lsn;
 }
 
 static void
@@ -477,8 +724,40 @@ handle_xlogdata(struct relay *r, const struct obx_walmsg *w)
 	case 'I':
 		handle_insert(r, &m);
 		break;
+	case 'M':
+		handle_message(r, &m);
+		break;
+	case 'S':
+		if (obx_streambuf_start(&r->sbuf, m.u.stream_start.xid) != 0) {
+			end_session(r, END_FATAL, "out of memory");
+			return;
+		}
+		r->stream_xid = m.u.stream_start.xid;
+		obx_ack_streams_open(&r->ack, obx_streambuf_open(&r->sbuf));
+		break;
+	case 'c':
+		stream_commit(r, &m);
+		break;
+	case 'A': {
+		size_t n = obx_streambuf_abort(&r->sbuf, m.u.stream_abort.xid, m.u.stream_abort.subxid);
+
+		r->m.stream_aborted_events += n;
+		if (n > 0)
+			obx_log_debug("streamed transaction %" PRIu32 " rolled back %s %" PRIu32 ": %zu "
+			    "buffered event(s) discarded", m.u.stream_abort.xid,
+			    m.u.stream_abort.subxid == m.u.stream_abort.xid ? "whole, xid" : "savepoint, subxid",
+			    m.u.stream_abort.subxid, n);
+		obx_ack_streams_open(&r->ack, obx_streambuf_open(&r->sbuf));
+		r->m.stream_buffer_bytes = r->sbuf.bytes;
+		break;
+	}
+	case 'b': case 'P': case 'K': case 'r': case 'p':
+		end_session(r, END_FATAL, "unexpected two-phase %s message at lsn %s: outboxd does not "
+		    "request two_phase", obx_pgoutput_type_name(m.type),
+		    obx_lsn_format(w->data_start ? w->data_start : r->received, lsn, sizeof(lsn)));
+		return;
 	default:
-		/* Origin, Type, Update, Delete, Truncate, Message: nothing to publish */
+		/* Stream Stop, Origin, Type, Update, Delete, Truncate: nothing to publish */
 		break;
 	}
 }
@@ -624,7 +903,8 @@ session(struct relay *r)
 	r->end_kafka = false;
 	r->m.state = OBX_STATE_CONNECTING;
 	publish(r);
-	f = obx_pgstream_open(&r->st, r->cfg, r->opts->recreate_slot, err, sizeof(err));
+	f = obx_pgstream_open(&r->st, r->cfg, r->opts->recreate_slot,
+	    r->cfg->streaming && !r->streaming_off, err, sizeof(err));
 	if (f != OBX_FAIL_NONE) {
 		obx_pgstream_close(&r->st);
 		r->standby = f == OBX_FAIL_SLOT_IN_USE;
@@ -637,6 +917,10 @@ session(struct relay *r)
 		end_session(r, END_FATAL, "%s", err);
 		return END_FATAL;
 	}
+	obx_pgoutput_reset(&r->dec);
+	obx_pgoutput_init(&r->dec, r->st.proto_version);
+	obx_streambuf_init(&r->sbuf, (size_t)r->cfg->stream_buffer_bytes);
+	obx_event_builder_forget(&r->eb);
 	r->status_interval_ms = r->cfg->status_interval_ms;
 	if (r->st.wal_sender_timeout_ms > 0 && r->st.wal_sender_timeout_ms / 3 < r->status_interval_ms)
 		r->status_interval_ms = r->st.wal_sender_timeout_ms / 3;
@@ -650,8 +934,10 @@ session(struct relay *r)
 	r->last_progress_ms = now_ms();
 	r->progress_events = r->published;
 	r->progress_txns = r->m.transactions;
-	obx_log_info("streaming from slot %s at %s (status every %d ms)", r->cfg->slot,
-	    obx_lsn_format(r->st.start_confirmed, a, sizeof(a)), r->status_interval_ms);
+	obx_log_info("streaming from slot %s at %s (pgoutput protocol %d%s%s, status every %d ms)",
+	    r->cfg->slot, obx_lsn_format(r->st.start_confirmed, a, sizeof(a)), r->st.proto_version,
+	    r->st.streaming ? ", streaming in-progress transactions" : "",
+	    r->cfg->messages ? ", messages" : "", r->status_interval_ms);
 
 	while (!r->ending) {
 		struct pollfd p[3];
@@ -727,6 +1013,8 @@ session(struct relay *r)
 	obx_kafka_close(&r->kf, 5000);
 	obx_ack_reset(&r->ack);
 	obx_relcache_reset(&r->rels);
+	obx_streambuf_reset(&r->sbuf);
+	r->m.stream_buffer_bytes = 0;
 	return r->end;
 }
 
@@ -841,5 +1129,6 @@ out:
 		obx_http_stop(&r.http);
 	obx_event_builder_reset(&r.eb);
 	obx_pgoutput_reset(&r.dec);
+	message_row_free(&r);
 	return rc;
 }

@@ -81,6 +81,13 @@ struct obx_event_builder {
 int obx_event_builder_init(struct obx_event_builder *b, const struct obx_config *cfg);
 void obx_event_builder_reset(struct obx_event_builder *b);
 
+/*
+ * Forgets the column resolution cached for the last relation, which is
+ * keyed by its address and version: call it when relations may be freed
+ * and others allocated at the same address (a new session, dropped copies).
+ */
+void obx_event_builder_forget(struct obx_event_builder *b);
+
 /* True when rel is the configured outbox table. */
 bool obx_event_is_outbox(const struct obx_event_builder *b, const struct obx_rel *rel);
 

@@ -32,6 +32,9 @@ struct obx_metrics {
 	uint64_t events_published;
 	uint64_t events_dead_lettered;
 	uint64_t transactions;
+	uint64_t messages_refused;     /* non-transactional messages with our prefix */
+	uint64_t stream_aborted_events; /* buffered events of streamed (sub)transactions rolled back */
+	uint64_t stream_buffer_bytes;
 	uint64_t inflight_events;
 	uint64_t inflight_bytes;
 	uint64_t reconnects_postgres;

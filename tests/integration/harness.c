@@ -398,6 +398,9 @@ consume(const char *bootstrap, const char *topic, size_t want, int timeout_ms, b
 	rd_kafka_conf_set(conf, "group.id", "obx-test", err, sizeof(err));
 	rd_kafka_conf_set(conf, "enable.auto.commit", "false", err, sizeof(err));
 	rd_kafka_conf_set(conf, "log_level", "3", err, sizeof(err));
+	/* records up to 128 MiB (the large-value tests) */
+	rd_kafka_conf_set(conf, "receive.message.max.bytes", "200000000", err, sizeof(err));
+	rd_kafka_conf_set(conf, "fetch.max.bytes", "150000000", err, sizeof(err));
 	rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, err, sizeof(err));
 	if (rk == NULL)
 		fail_msg("consumer: %s", err);
