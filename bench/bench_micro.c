@@ -4,7 +4,9 @@
  * on a fixture mix, and the ack tracker with 1e6 events outstanding.
  * Prints MB/s, messages/s and operations/s.  Figures, not pass/fail: the
  * machines are shared; compare runs on one machine.
- *   bench_micro [seconds per benchmark, default 1]
+ * A third run decodes the messages a real server emitted (the captured
+ * fixtures of tests/fixtures/pgoutput: streaming, two-phase, every kind).
+ *   bench_micro [seconds per benchmark, default 1] [fixture.hex ...]
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -17,6 +19,8 @@
 #include "obx/event.h"
 #include "obx/pgoutput.h"
 #include "obx/relcache.h"
+
+#include "../tests/unit/fixture_file.h"
 
 static double
 now_s(void)
@@ -193,12 +197,53 @@ bench_acktrack(double seconds)
 	free(tickets);
 }
 
+/* Decodes the captured messages of path (protocol version from its name) over and over. */
+static int
+bench_fixtures(const char *path, double seconds)
+{
+	struct fx_msg *fx = NULL;
+	long n = fx_load(path, &fx);
+	struct obx_pgoutput dec;
+	double t0, el;
+	uint64_t bytes = 0, msgs = 0;
+	int rounds = 0;
+
+	if (n <= 0) {
+		fprintf(stderr, "bench: could not read fixture %s\n", path);
+		return 1;
+	}
+	obx_pgoutput_init(&dec, strstr(path, "-v3") != NULL ? 3 : 1);
+	t0 = now_s();
+	do {
+		for (long i = 0; i < n; i++) {
+			struct obx_pgmsg m;
+
+			if (obx_pgoutput_decode(&dec, fx[i].data, fx[i].len, &m) != 0) {
+				fprintf(stderr, "bench: %s message %ld does not decode\n", path, i);
+				return 1;
+			}
+			bytes += fx[i].len;
+		}
+		msgs += (uint64_t)n;
+		rounds++;
+	} while ((el = now_s() - t0) < seconds);
+	printf("decoder on %s: %.1f MB/s, %.0f messages/s (%ld captured messages, %d rounds)\n",
+	    strrchr(path, '/') ? strrchr(path, '/') + 1 : path, (double)bytes / el / 1e6,
+	    (double)msgs / el, n, rounds);
+	obx_pgoutput_reset(&dec);
+	fx_free(fx, n);
+	return 0;
+}
+
 int
 main(int argc, char **argv)
 {
 	double seconds = argc > 1 ? atof(argv[1]) : 1.0;
+	int rc = 0;
 
 	bench_decoder(seconds);
 	bench_acktrack(seconds);
-	return 0;
+	for (int i = 2; i < argc; i++)
+		rc |= bench_fixtures(argv[i], seconds);
+	return rc;
 }

@@ -20,7 +20,7 @@ rc=0
 
 # the micro-benchmarks must keep building and running (figures from a
 # sanitized build mean nothing; bench/ is run on a plain build)
-"$build/bench_micro" 0.2 || rc=1
+"$build/bench_micro" 0.2 tests/fixtures/pgoutput/pg15-v3.hex tests/fixtures/pgoutput/pg15-v1-binary.hex || rc=1
 
 # the network-facing decoder under libFuzzer, for a bounded time
 echo "test.sh: fuzzing the decoder for ${OBX_FUZZ_SECONDS:-60} s"

@@ -297,20 +297,24 @@ decode_body(struct obx_pgoutput *d, struct obx_reader *r, struct obx_pgmsg *m)
 		if ((rc = obx_read_u32(r, &m->u.change.relid)) != 0 ||
 		    (rc = obx_read_u8(r, &b)) != 0)
 			return rc;
+		m->u.change.old_kind = 0;
 		if (b == 'K' || b == 'O') {
+			m->u.change.old_kind = (char)b;
+			/* the old tuple shares the scratch space: only the new one is kept */
 			if ((rc = skip_tuple(d, r)) != 0 || (rc = obx_read_u8(r, &b)) != 0)
 				return rc;
 		}
 		if (b != 'N')
 			return OBX_EPROTO;
-		return skip_tuple(d, r);
+		return read_tuple(d, r, &m->u.change.tuple);
 	case 'D':
 		if ((rc = obx_read_u32(r, &m->u.change.relid)) != 0 ||
 		    (rc = obx_read_u8(r, &b)) != 0)
 			return rc;
 		if (b != 'K' && b != 'O')
 			return OBX_EPROTO;
-		return skip_tuple(d, r);
+		m->u.change.old_kind = (char)b;
+		return read_tuple(d, r, &m->u.change.tuple);
 	case 'T':
 		if ((rc = obx_read_u32(r, &m->u.truncate.nrels)) != 0 ||
 		    (rc = obx_read_u8(r, &m->u.truncate.options)) != 0)

@@ -82,7 +82,9 @@ struct obx_pgmsg {
 		} insert;
 		struct {
 			uint32_t relid;
-		} change; /* 'U' and 'D': only the relation is kept */
+			char old_kind; /* 'K' old key, 'O' old tuple, 0 none (Update only) */
+			struct obx_pg_tuple tuple; /* Update: the new tuple; Delete: the old key or tuple */
+		} change;
 		struct {
 			uint32_t nrels;
 			uint8_t options;

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Writes the fuzzer's seed corpus: CopyData sequences a PostgreSQL 15 server
 sends for an outbox INSERT (layouts from src/backend/replication/logical/proto.c),
-each message prefixed by its 2-byte length as fuzz_pgoutput.c expects."""
+each message prefixed by its 2-byte length as fuzz_pgoutput.c expects, plus
+runs of the messages captured from a real server (tests/fixtures/pgoutput)."""
 import os
 import struct
 import sys
@@ -70,3 +71,26 @@ seeds = {
 for name, data in seeds.items():
     with open(os.path.join(out, name), "wb") as f:
         f.write(data)
+
+
+# captured fixtures: consecutive runs of messages, each run under libFuzzer's max_len
+fixtures = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures", "pgoutput")
+for name, version in (("pg15-v3.hex", 2), ("pg15-v1-binary.hex", 0)):
+    path = os.path.join(fixtures, name)
+    if not os.path.exists(path):
+        sys.exit("make_seeds: %s is missing (tests/fixtures/capture-pgoutput.sh writes it)" % path)
+    run, size, k = [], 0, 0
+    with open(path) as f:
+        msgs = [bytes.fromhex(line.split()[1]) for line in f if line.strip()]
+    for m in msgs:
+        framed = xlog(m)
+        if run and size + len(framed) + 2 > 8000:
+            with open(os.path.join(out, "%s-%03d" % (name[:-4], k)), "wb") as f:
+                f.write(seq(*run, version=version))
+            run, size, k = [], 0, k + 1
+        if len(framed) + 3 <= 8000:
+            run.append(framed)
+            size += len(framed) + 2
+    if run:
+        with open(os.path.join(out, "%s-%03d" % (name[:-4], k)), "wb") as f:
+            f.write(seq(*run, version=version))

@@ -74,6 +74,10 @@ test_defaults(void **state)
 	assert_true(cfg.create_slot);
 	assert_true(cfg.create_publication);
 	assert_int_equal(cfg.status_interval_ms, 10000);
+	assert_false(cfg.streaming);
+	assert_int_equal(cfg.stream_buffer_bytes, 64LL << 20);
+	assert_false(cfg.messages);
+	assert_string_equal(cfg.message_prefix, "outboxd");
 	assert_string_equal(cfg.col_id, "id");
 	assert_string_equal(cfg.col_key, "aggregateid");
 	assert_string_equal(cfg.col_aggregate_type, "aggregatetype");
@@ -169,6 +173,11 @@ test_value_errors(void **state)
 	expect_error(KAFKA "[source]\ncreate_slot = maybe\n",
 	    ":4: key 'create_slot': expected true or false, got 'maybe'");
 	expect_error(KAFKA "[source]\ncreate_publication = 2\n", "key 'create_publication': expected true or false");
+	expect_error(KAFKA "[source]\nstreaming = parallel\n", ":4: key 'streaming': expected on or off, got 'parallel'");
+	expect_error(KAFKA "[source]\nmessages = sometimes\n", ":4: key 'messages': expected true or false");
+	expect_error(KAFKA "[source]\nmessage_prefix =\n", ":4: key 'message_prefix'");
+	expect_error(KAFKA "[source]\nstream_buffer = 12\n", ":4: key 'stream_buffer': '12' is out of range (1KiB to 1TiB)");
+	expect_error(KAFKA "[source]\nstream_buffer = lots\n", ":4: key 'stream_buffer': expected a size");
 	expect_error(KAFKA "[source]\nstatus_interval = 10\n",
 	    ":4: key 'status_interval': expected a duration such as 10s or 500ms, got '10'");
 	expect_error(KAFKA "[source]\nstatus_interval = 10 parsecs\n", "key 'status_interval': expected a duration");
