@@ -58,7 +58,7 @@ query_value(PGconn *conn, const char *sql, int nparams, const char *const *param
 }
 
 static void
-check_publication(struct check_ctx *cx, PGconn *conn, const struct obx_config *cfg)
+check_publication(struct check_ctx *cx, PGconn *conn, const struct obx_config *cfg, bool has_table)
 {
 	const char *p[4] = { cfg->publication, cfg->table_schema, cfg->table_name, NULL };
 	const char *mapped[] = { cfg->col_id, cfg->col_key, cfg->col_type, cfg->col_payload,
@@ -78,6 +78,11 @@ check_publication(struct check_ctx *cx, PGconn *conn, const struct obx_config *c
 		report(cx, "FAIL", "publication: %s does not publish inserts (ALTER PUBLICATION %s SET (publish = 'insert'))",
 		    cfg->publication, cfg->publication);
 	free(v);
+	if (!has_table) {
+		report(cx, "ok", "publication: %s exists (messages only: its tables do not matter)",
+		    cfg->publication);
+		return;
+	}
 	r = PQexecParams(conn, "SELECT rowfilter IS NOT NULL, coalesce(array_to_string(attnames, ','), '') "
 	    "FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3",
 	    3, NULL, p, NULL, NULL, 0);
@@ -186,7 +191,7 @@ template_sql(PGconn *conn, const char *tpl)
 }
 
 static void
-check_kafka(struct check_ctx *cx, PGconn *conn, const struct obx_config *cfg)
+check_kafka(struct check_ctx *cx, PGconn *conn, const struct obx_config *cfg, bool has_table)
 {
 	const struct rd_kafka_metadata *md = NULL;
 	rd_kafka_conf_t *conf;
@@ -214,7 +219,7 @@ check_kafka(struct check_ctx *cx, PGconn *conn, const struct obx_config *cfg)
 		return;
 	}
 	report(cx, "ok", "broker: reachable, %d broker(s), %d topic(s)", md->broker_cnt, md->topic_cnt);
-	{
+	if (has_table) {
 		char *expr = template_sql(conn, cfg->topic);
 		char *tq = NULL, *sql = NULL;
 		int missing = 0, total = 0;
@@ -271,6 +276,7 @@ obx_cmd_check(const struct obx_config *cfg)
 	char err[1024], ver[32];
 	PGconn *conn;
 	char *v;
+	bool has_table;
 
 	conn = obx_pg_connect(cfg->conninfo, NULL, NULL, "outboxd check");
 	if (conn == NULL || PQstatus(conn) != CONNECTION_OK) {
@@ -303,7 +309,10 @@ obx_cmd_check(const struct obx_config *cfg)
 	v = query_value(conn,
 	    "SELECT c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
 	    "WHERE n.nspname = $1 AND c.relname = $2", 2, tparams, err, sizeof(err));
-	if (v == NULL) {
+	if (v == NULL && cfg->messages) {
+		report(&cx, "ok", "table: %s.%s does not exist: logical decoding messages with prefix '%s' "
+		    "only", cfg->table_schema, cfg->table_name, cfg->message_prefix);
+	} else if (v == NULL) {
 		report(&cx, "FAIL", "table: %s.%s does not exist", cfg->table_schema, cfg->table_name);
 	} else {
 		report(&cx, "ok", "table: %s.%s exists", cfg->table_schema, cfg->table_name);
@@ -326,11 +335,12 @@ obx_cmd_check(const struct obx_config *cfg)
 			free(t);
 		}
 	}
+	has_table = v != NULL;
 	free(v);
+	check_publication(&cx, conn, cfg, has_table);
 
-	check_publication(&cx, conn, cfg);
 	check_slot(&cx, conn, cfg);
-	check_kafka(&cx, conn, cfg);
+	check_kafka(&cx, conn, cfg, has_table);
 
 	PQfinish(conn);
 	printf("%d failed, %d warnings\n", cx.failures, cx.warnings);

@@ -354,6 +354,22 @@ test_messages_without_table(void **state)
 	(void)state;
 	t_relay_setup(&R, "msgonly", 1);
 	t_relay_config(&R, "[source]\nmessages = on\nmessage_prefix = orders\n");
+	{
+		/* check agrees: no table is fine with messages = on */
+		char *argv[] = { getenv("OBX_OUTBOXD"), "check", "-c", R.conf, NULL };
+		char log[] = "/tmp/obx-check-msgonly.log";
+		pid_t pid = t_spawn(argv, log);
+		int st = t_wait(pid, 30000);
+		char cmd[128];
+
+		snprintf(cmd, sizeof(cmd), "grep -q 'logical decoding messages with prefix' %s", log);
+		if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 0 || system(cmd) != 0) {
+			snprintf(cmd, sizeof(cmd), "cat %s", log);
+			(void)system(cmd);
+			fail_msg("outboxd check refused a messages-only set-up (status %d)", st);
+		}
+		unlink(log);
+	}
 	t_relay_start(&R, NULL, 1);
 	assert_int_equal(t_log_count(&R, "publishing logical decoding messages with prefix 'orders' only"), 1);
 	t_exec(R.pg, "BEGIN");
