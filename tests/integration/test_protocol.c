@@ -225,6 +225,50 @@ test_streaming(void **state)
 }
 
 /*
+ * Invariant 4 with streaming on: a streamed transaction whose events the
+ * broker cannot take is never confirmed, while the stream stays up.
+ */
+static void
+test_streaming_broker_down(void **state)
+{
+	static const int warm[] = { 5000, 5000, 0 };
+	PGconn *c;
+	char *commit_lsn;
+	int64_t t0;
+
+	(void)state;
+	t_relay_setup(&R, "streamdown", 0);
+	t_exec(R.pg, "ALTER DATABASE %s SET logical_decoding_work_mem = '64kB'", R.db);
+	t_relay_config(&R, "[source]\nstreaming = on\n");
+	t_relay_start(&R, NULL, 1);
+	insert_rows(R.pg, "sdwarm", 5000, 5000); /* warm up: the producer knows the brokers */
+	expect_rows("outbox.event.sdwarm", warm, 1);
+	for (int b = 1; b <= 3; b++)
+		assert_int_equal(t_broker_cmd(&R.b, "down %d", b), 0);
+	c = t_pg(&R.st, R.db, 0);
+	t_exec(c, "BEGIN");
+	insert_rows(c, "sd", 1, 1000);
+	t_exec(c, "COMMIT");
+	commit_lsn = t_query1(R.pg, "SELECT pg_current_wal_lsn()");
+	t0 = t_now_ms();
+	while (t_now_ms() - t0 < 6000) {
+		assert_true(t_slot_confirmed(&R) < t_lsn(commit_lsn));
+		usleep(250000);
+	}
+	assert_int_equal(t_log_count(&R, "retrying"), 0);
+	for (int b = 1; b <= 3; b++)
+		assert_int_equal(t_broker_cmd(&R.b, "up %d", b), 0);
+	{
+		static const int all[] = { 1, 1000, 0 };
+
+		expect_rows("outbox.event.sd", all, 1000);
+	}
+	assert_int_equal(t_wait_confirmed_current(&R, 20000), 1);
+	free(commit_lsn);
+	PQfinish(c);
+}
+
+/*
  * A streamed transaction larger than [source] stream_buffer: outboxd
  * reconnects with streaming off, the server decodes it whole, nothing lost.
  */
@@ -532,6 +576,7 @@ main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_teardown(test_streaming, teardown),
+		cmocka_unit_test_teardown(test_streaming_broker_down, teardown),
 		cmocka_unit_test_teardown(test_stream_buffer_overflow, teardown),
 		cmocka_unit_test_teardown(test_messages, teardown),
 		cmocka_unit_test_teardown(test_messages_without_table, teardown),
