@@ -308,9 +308,12 @@ obx_format_pg_time(int64_t pg_us, char *buf, size_t len)
 		frac += 1000000;
 		secs--;
 	}
+	char tmp[96];
+
 	gmtime_r(&secs, &tm);
-	snprintf(buf, len, "%04d-%02d-%02dT%02d:%02d:%02d.%06ldZ", tm.tm_year + 1900, tm.tm_mon + 1,
-	    tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, frac);
+	snprintf(tmp, sizeof(tmp), "%04d-%02d-%02dT%02d:%02d:%02d.%06ldZ", tm.tm_year + 1900,
+	    tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, frac);
+	strlcpy(buf, tmp, len);
 }
 
 static int

@@ -106,6 +106,7 @@ struct relay {
 	uint64_t progress_txns;
 	enum obx_state title_state;
 	bool was_standby;
+	bool first_message; /* logged once per process */
 #ifdef OBX_TEST_HOOKS
 	long test_fatal_after;
 	long test_produced;
@@ -789,6 +790,11 @@ read_stream(struct relay *r)
 		if (n < 0) {
 			end_session(r, END_RETRY, "replication stream lost: %s", err);
 			return;
+		}
+		if (!r->first_message) {
+			/* start-up is measured to here (bench/): process start to the first CopyData */
+			obx_log_info("first replication message received");
+			r->first_message = true;
 		}
 		if (obx_walmsg_parse(buf, len, &w) != 0) {
 			end_session(r, END_FATAL, "malformed CopyData message (type 0x%02x, %zu bytes) after lsn %s",

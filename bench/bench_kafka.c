@@ -1,0 +1,322 @@
+/*
+ * bench_kafka - the broker side of the end-to-end benchmarks (bench/run.py).
+ *
+ *   bench_kafka produce BOOTSTRAP TOPIC COUNT SIZE KEYS
+ *       The broker's limit: sends COUNT records of SIZE bytes over KEYS keys
+ *       as fast as the producer allows, with outboxd's producer settings
+ *       (idempotence, acks=all, murmur2_random, no message timeout), and
+ *       prints "events_per_s=... seconds=..." once every record is
+ *       acknowledged.
+ *   bench_kafka rate BOOTSTRAP TOPIC RATE SECONDS SIZE
+ *       An open-loop generator straight to the broker (the latency floor):
+ *       RATE records per second for SECONDS, each with a header "sent_us"
+ *       (wall-clock microseconds at the produce call).
+ *   bench_kafka latency BOOTSTRAP TOPIC SECONDS HEADER
+ *       Consumes TOPIC from its end for SECONDS and prints, per record, the
+ *       time from HEADER ("sent_us", or "commit_ts" as outboxd writes it) to
+ *       receipt: "count=... p50_ms=... p90_ms=... p99_ms=... max_ms=...".
+ *       Prints "ready" once it is assigned and positioned at the end.
+ */
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <librdkafka/rdkafka.h>
+
+static int64_t
+wall_us(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+static double
+mono_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void
+die(const char *what, const char *why)
+{
+	fprintf(stderr, "bench_kafka: %s: %s\n", what, why);
+	exit(1);
+}
+
+static void
+set(rd_kafka_conf_t *c, const char *k, const char *v)
+{
+	char err[256];
+
+	if (rd_kafka_conf_set(c, k, v, err, sizeof(err)) != RD_KAFKA_CONF_OK)
+		die(k, err);
+}
+
+static long delivered, failed;
+
+static void
+on_dr(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
+{
+	(void)rk;
+	(void)opaque;
+	if (m->err)
+		failed++;
+	else
+		delivered++;
+}
+
+/* outboxd's producer settings (src/kafka.c), so the comparison is like for like */
+static rd_kafka_t *
+producer(const char *bootstrap)
+{
+	rd_kafka_conf_t *c = rd_kafka_conf_new();
+	char err[256];
+	rd_kafka_t *rk;
+
+	set(c, "bootstrap.servers", bootstrap);
+	set(c, "enable.idempotence", "true");
+	set(c, "acks", "all");
+	set(c, "partitioner", "murmur2_random");
+	set(c, "message.timeout.ms", "0");
+	set(c, "queue.buffering.max.messages", "1000000");
+	set(c, "log_level", "3");
+	rd_kafka_conf_set_dr_msg_cb(c, on_dr);
+	rk = rd_kafka_new(RD_KAFKA_PRODUCER, c, err, sizeof(err));
+	if (rk == NULL)
+		die("producer", err);
+	return rk;
+}
+
+static char *
+payload(size_t size)
+{
+	char *p = malloc(size + 1);
+
+	/* incompressible enough: the producer does not compress by default anyway */
+	for (size_t i = 0; i < size; i++)
+		p[i] = "0123456789abcdef"[(i * 2654435761u >> 7) & 15];
+	p[size] = '\0';
+	return p;
+}
+
+static void
+produce_one(rd_kafka_t *rk, const char *topic, const char *key, const char *value, size_t len,
+    const char *hname, const char *hval)
+{
+	rd_kafka_resp_err_t e;
+
+	for (;;) {
+		if (hname != NULL)
+			e = rd_kafka_producev(rk, RD_KAFKA_V_TOPIC(topic), RD_KAFKA_V_KEY(key, strlen(key)),
+			    RD_KAFKA_V_VALUE((void *)value, len), RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+			    RD_KAFKA_V_HEADER(hname, hval, (ssize_t)strlen(hval)), RD_KAFKA_V_END);
+		else
+			e = rd_kafka_producev(rk, RD_KAFKA_V_TOPIC(topic), RD_KAFKA_V_KEY(key, strlen(key)),
+			    RD_KAFKA_V_VALUE((void *)value, len), RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+			    RD_KAFKA_V_END);
+		if (e != RD_KAFKA_RESP_ERR__QUEUE_FULL)
+			break;
+		rd_kafka_poll(rk, 10);
+	}
+	if (e)
+		die("produce", rd_kafka_err2str(e));
+}
+
+static int
+cmd_produce(const char *bootstrap, const char *topic, long count, size_t size, long keys)
+{
+	rd_kafka_t *rk = producer(bootstrap);
+	char *value = payload(size), key[32];
+	double t0;
+
+	/* connect and learn the topic's leaders before the clock starts */
+	produce_one(rk, topic, "warm", value, size, NULL, NULL);
+	while (delivered + failed < 1)
+		rd_kafka_poll(rk, 10);
+	delivered = 0;
+	t0 = mono_s();
+	for (long i = 0; i < count; i++) {
+		snprintf(key, sizeof(key), "agg-%ld", i % keys);
+		produce_one(rk, topic, key, value, size, NULL, NULL);
+		rd_kafka_poll(rk, 0);
+	}
+	while (delivered + failed < count)
+		rd_kafka_poll(rk, 10);
+	printf("events_per_s=%.1f seconds=%.3f failed=%ld\n", (double)count / (mono_s() - t0),
+	    mono_s() - t0, failed);
+	rd_kafka_destroy(rk);
+	free(value);
+	return failed != 0;
+}
+
+static int
+cmd_rate(const char *bootstrap, const char *topic, double rate, double seconds, size_t size)
+{
+	rd_kafka_t *rk = producer(bootstrap);
+	char *value = payload(size), key[32], sent[32];
+	double t0;
+	long i = 0;
+
+	produce_one(rk, topic, "warm", value, size, "sent_us", "0");
+	while (delivered + failed < 1)
+		rd_kafka_poll(rk, 10);
+	t0 = mono_s();
+	for (;;) {
+		double now = mono_s() - t0;
+		long due = (long)(now * rate);
+
+		if (now >= seconds)
+			break;
+		for (; i < due; i++) {
+			snprintf(key, sizeof(key), "agg-%ld", i % 1000);
+			snprintf(sent, sizeof(sent), "%" PRId64, wall_us());
+			produce_one(rk, topic, key, value, size, "sent_us", sent);
+		}
+		rd_kafka_poll(rk, 0);
+		usleep(200); /* open loop: the schedule, not the acks, sets the pace */
+	}
+	rd_kafka_flush(rk, 30000);
+	printf("sent=%ld rate=%.1f\n", i, (double)i / seconds);
+	rd_kafka_destroy(rk);
+	free(value);
+	return 0;
+}
+
+/* "2026-11-30T11:42:00.123456Z" -> Unix microseconds (UTC) */
+static int64_t
+iso_us(const char *s, size_t len)
+{
+	struct tm tm = { 0 };
+	char buf[64];
+	long frac = 0;
+
+	if (len >= sizeof(buf))
+		return 0;
+	memcpy(buf, s, len);
+	buf[len] = '\0';
+	if (sscanf(buf, "%4d-%2d-%2dT%2d:%2d:%2d.%6ldZ", &tm.tm_year, &tm.tm_mon, &tm.tm_mday,
+	    &tm.tm_hour, &tm.tm_min, &tm.tm_sec, &frac) != 7)
+		return 0;
+	tm.tm_year -= 1900;
+	tm.tm_mon -= 1;
+	return (int64_t)timegm(&tm) * 1000000 + frac;
+}
+
+static int
+cmp_i64(const void *a, const void *b)
+{
+	int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+static int
+cmd_latency(const char *bootstrap, const char *topic, double seconds, const char *header)
+{
+	rd_kafka_conf_t *c = rd_kafka_conf_new();
+	rd_kafka_topic_partition_list_t *parts = rd_kafka_topic_partition_list_new(64);
+	const struct rd_kafka_metadata *md = NULL;
+	rd_kafka_topic_t *rkt;
+	rd_kafka_t *rk;
+	char err[256];
+	int64_t *lat = NULL;
+	size_t n = 0, cap = 0;
+	double t0, first = 0, last = 0;
+
+	set(c, "bootstrap.servers", bootstrap);
+	set(c, "group.id", "bench-latency");
+	set(c, "enable.auto.commit", "false");
+	set(c, "fetch.wait.max.ms", "5"); /* the consumer must not add its own wait */
+	set(c, "fetch.min.bytes", "1");
+	set(c, "log_level", "3");
+	rk = rd_kafka_new(RD_KAFKA_CONSUMER, c, err, sizeof(err));
+	if (rk == NULL)
+		die("consumer", err);
+	rkt = rd_kafka_topic_new(rk, topic, NULL);
+	for (int tries = 0; rd_kafka_metadata(rk, 0, rkt, &md, 5000) != 0 || md->topics[0].err ||
+	    md->topics[0].partition_cnt == 0; tries++) {
+		if (md != NULL)
+			rd_kafka_metadata_destroy(md);
+		md = NULL;
+		if (tries > 50)
+			die(topic, "topic does not exist");
+		usleep(200000);
+	}
+	for (int i = 0; i < md->topics[0].partition_cnt; i++)
+		rd_kafka_topic_partition_list_add(parts, topic, i)->offset = RD_KAFKA_OFFSET_END;
+	rd_kafka_metadata_destroy(md);
+	rd_kafka_topic_destroy(rkt);
+	rd_kafka_assign(rk, parts);
+	rd_kafka_topic_partition_list_destroy(parts);
+	/* positioned once a poll round has fetched the end offsets */
+	for (double w = mono_s(); mono_s() - w < 1.0;) {
+		rd_kafka_message_t *m = rd_kafka_consumer_poll(rk, 50);
+
+		if (m != NULL)
+			rd_kafka_message_destroy(m);
+	}
+	printf("ready\n");
+	fflush(stdout);
+	t0 = mono_s();
+	while (mono_s() - t0 < seconds) {
+		rd_kafka_message_t *m = rd_kafka_consumer_poll(rk, 50);
+		int64_t now = wall_us(), at = 0;
+		rd_kafka_headers_t *h = NULL;
+		const void *v;
+		size_t sz;
+
+		if (m == NULL)
+			continue;
+		if (m->err == 0 && rd_kafka_message_headers(m, &h) == 0 &&
+		    rd_kafka_header_get_last(h, header, &v, &sz) == 0 && v != NULL) {
+			at = strcmp(header, "sent_us") == 0 ? strtoll(v, NULL, 10) : iso_us(v, sz);
+			if (at > 0) {
+				if (n == cap) {
+					cap = cap ? cap * 2 : 4096;
+					lat = realloc(lat, cap * sizeof(*lat));
+				}
+				lat[n++] = now - at;
+				if (first == 0)
+					first = mono_s();
+				last = mono_s();
+			}
+		}
+		rd_kafka_message_destroy(m);
+	}
+	rd_kafka_consumer_close(rk);
+	rd_kafka_destroy(rk);
+	if (n == 0) {
+		printf("count=0\n");
+		return 1;
+	}
+	qsort(lat, n, sizeof(*lat), cmp_i64);
+	printf("count=%zu rate=%.1f p50_ms=%.3f p90_ms=%.3f p99_ms=%.3f max_ms=%.3f\n", n,
+	    last > first ? (double)n / (last - first) : 0.0, lat[n / 2] / 1e3, lat[n * 9 / 10] / 1e3,
+	    lat[n * 99 / 100] / 1e3, lat[n - 1] / 1e3);
+	free(lat);
+	return 0;
+}
+
+int
+main(int argc, char **argv)
+{
+	if (argc == 7 && strcmp(argv[1], "produce") == 0)
+		return cmd_produce(argv[2], argv[3], atol(argv[4]), (size_t)atol(argv[5]), atol(argv[6]));
+	if (argc == 7 && strcmp(argv[1], "rate") == 0)
+		return cmd_rate(argv[2], argv[3], atof(argv[4]), atof(argv[5]), (size_t)atol(argv[6]));
+	if (argc == 6 && strcmp(argv[1], "latency") == 0)
+		return cmd_latency(argv[2], argv[3], atof(argv[4]), argv[5]);
+	fprintf(stderr, "usage: bench_kafka produce BOOTSTRAP TOPIC COUNT SIZE KEYS\n"
+	    "       bench_kafka rate BOOTSTRAP TOPIC RATE SECONDS SIZE\n"
+	    "       bench_kafka latency BOOTSTRAP TOPIC SECONDS HEADER\n");
+	return 2;
+}

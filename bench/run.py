@@ -1,0 +1,439 @@
+#!/usr/bin/env python3
+"""End-to-end benchmarks of outboxd against the limits measured in the same run.
+
+    python3 bench/run.py [--runs 3] [--scale 1.0] [--latency-seconds 20] [--shapes abc]
+
+Builds outboxd without sanitizers (build-bench/), starts the tests' PostgreSQL
+15 (tuned like a production server, fsync on) and Kafka test broker, then for
+each workload shape creates the slots first, loads the events with pgbench (8
+clients) and measures on that very WAL:
+
+  1. pg_recvlogical with pgoutput (proto_version 1, same publication) to
+     /dev/null up to the end LSN: the server's limit;
+  2. bench_kafka produce: the same number and size of records with
+     acks=all and idempotence: the broker's limit;
+  3. outboxd from process start until every event is acknowledged and the
+     slot's confirmed_flush_lsn reached the end LSN: events/s, peak RSS, CPU
+     seconds per 1,000 events, start-up time (process start to the first
+     CopyData message).
+
+Then latency: pgbench --rate commits 1-event transactions at 1,000 and 5,000
+events/s while a consumer records commit-to-receive time (commit_ts header);
+the same rate produced straight to the broker with outboxd's producer
+settings gives the floor.  Every figure is the median of the runs, with min
+and max.  Results: bench/results/<time>.md and .json (git-ignored).
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BUILD = os.path.join(ROOT, "build-bench")
+PGBIN = os.environ.get("OBX_PGBIN", "/usr/lib/postgresql/15/bin")
+
+SHAPES = {
+    # name: (events, events per transaction, payload bytes, description)
+    "a": (50000, 1, 300, "1 event/txn, 300 B"),
+    "b": (200000, 100, 300, "100 events/txn, 300 B"),
+    "c": (20000, 1, 16384, "1 event/txn, 16 KiB incompressible (TOASTed)"),
+}
+TARGETS = {"a": 0.85, "b": 0.85, "c": 0.8}
+
+PG_TUNING = """
+shared_buffers = 512MB
+max_wal_size = 8GB
+min_wal_size = 1GB
+checkpoint_timeout = 30min
+wal_buffers = 64MB
+max_connections = 100
+"""
+
+
+def log(msg):
+    print("bench: " + msg, file=sys.stderr, flush=True)
+
+
+def run(cmd, **kw):
+    return subprocess.run(cmd, check=True, text=True, capture_output=True, **kw)
+
+
+class Stack:
+    """The tests' PostgreSQL (tests/stack/pgstack.sh) and one test broker."""
+
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="obx-bench.")
+        os.chmod(self.dir, 0o755)
+        conf = os.path.join(self.dir, "tuning.conf")
+        with open(conf, "w") as f:
+            f.write(PG_TUNING)
+        os.chmod(conf, 0o644)
+        run([os.path.join(ROOT, "tests/stack/pgstack.sh"), "start", os.path.join(self.dir, "pg"), conf])
+        self.env = {}
+        with open(os.path.join(self.dir, "pg", "env")) as f:
+            for line in f:
+                k, _, v = line.strip().partition("=")
+                self.env[k] = v
+        self.host, self.port = self.env["OBX_PGHOST"], self.env["OBX_PGPORT"]
+        self.broker = subprocess.Popen([os.path.join(BUILD, "tests", "obx-testbroker"), "1"],
+                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        line = self.broker.stdout.readline().strip()
+        if not line.startswith("bootstrap.servers="):
+            raise SystemExit("bench: the test broker did not start: %r" % line)
+        self.bootstrap = line.split("=", 1)[1]
+
+    def broker_cmd(self, cmd):
+        self.broker.stdin.write(cmd + "\n")
+        self.broker.stdin.flush()
+        answer = self.broker.stdout.readline().strip()
+        if answer != "ok":
+            raise SystemExit("bench: broker command %r: %s" % (cmd, answer))
+
+    def psql(self, db, sql):
+        return run([os.path.join(PGBIN, "psql"), "-X", "-q", "-At", "-v", "ON_ERROR_STOP=1",
+                    "-h", self.host, "-p", self.port, "-U", "postgres", "-d", db, "-c", sql]).stdout.strip()
+
+    def conninfo(self, db):
+        return "host=%s port=%s user=postgres dbname=%s" % (self.host, self.port, db)
+
+    def close(self):
+        try:
+            self.broker.stdin.close()
+            self.broker.wait(timeout=10)
+        except Exception:
+            self.broker.kill()
+        subprocess.run([os.path.join(ROOT, "tests/stack/pgstack.sh"), "stop", os.path.join(self.dir, "pg")])
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def lsn(text):
+    hi, lo = text.split("/")
+    return int(hi, 16) << 32 | int(lo, 16)
+
+
+def payload_sql(size):
+    """A JSON payload of about size bytes; md5 hex is incompressible enough for pglz."""
+    chunks = max(1, (size - 40) // 32)
+    return ("jsonb_build_object('n', :n, 'blob', (SELECT string_agg(md5(random()::text), '') "
+            "FROM generate_series(1, %d)))" % chunks)
+
+
+def pgbench_script(path, per_txn, size, aggtype):
+    with open(path, "w") as f:
+        f.write("\\set n random(1, 1000000000)\n\\set agg random(1, 1000)\n")
+        if per_txn == 1:
+            f.write("INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES "
+                    "('%s', 'agg-' || :agg, 'created', %s);\n" % (aggtype, payload_sql(size)))
+        else:
+            f.write("INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
+                    "SELECT '%s', 'agg-' || ((:agg + i) %% 1000), 'created', %s "
+                    "FROM generate_series(1, %d) i;\n" % (aggtype, payload_sql(size).replace(":n", "i"), per_txn))
+    os.chmod(path, 0o644)
+
+
+def pgbench(stack, db, script, args):
+    out = run([os.path.join(PGBIN, "pgbench"), "-n", "-h", stack.host, "-p", stack.port, "-U", "postgres",
+               "-f", script] + args + [db]).stdout
+    m = re.search(r"tps = ([0-9.]+)", out)
+    return float(m.group(1)) if m else 0.0
+
+
+class Outboxd:
+    def __init__(self, stack, db, slot, topic, workdir, extra=""):
+        self.log = os.path.join(workdir, "outboxd-%s.log" % slot)
+        conf = os.path.join(workdir, "outboxd-%s.conf" % slot)
+        with open(conf, "w") as f:
+            f.write("[source]\nconninfo = %s\nslot = %s\npublication = bench\ncreate_slot = false\n"
+                    "[outbox]\ntopic = %s\n[kafka]\nbootstrap.servers = %s\n"
+                    "[metrics]\nlisten = 127.0.0.1:0\n[log]\nformat = text\nprogress_interval = 0\n%s"
+                    % (stack.conninfo(db), slot, topic, stack.bootstrap, extra))
+        self.start_wall = time.time()
+        self.start = time.monotonic()
+        self.proc = subprocess.Popen([os.path.join(BUILD, "outboxd"), "run", "-c", conf],
+                                     stdout=open(self.log, "w"), stderr=subprocess.STDOUT)
+        self.port = None
+
+    def logged(self, needle):
+        with open(self.log) as f:
+            for line in f:
+                if needle in line:
+                    return line
+        return None
+
+    def metrics(self):
+        if self.port is None:
+            line = self.logged("metrics and health on")
+            if line is None:
+                return None
+            self.port = int(re.search(r":(\d+) \(", line).group(1))
+        try:
+            body = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % self.port, timeout=2).read().decode()
+        except Exception:
+            return None
+        out = {}
+        for line in body.splitlines():
+            if line and not line.startswith("#"):
+                k, _, v = line.rpartition(" ")
+                out[k] = float(v)
+        return out
+
+    def startup_ms(self):
+        line = self.logged("first replication message received")
+        if line is None:
+            return None
+        ts = datetime.datetime.strptime(line.split()[0], "%Y-%m-%dT%H:%M:%S.%fZ")
+        ts = ts.replace(tzinfo=datetime.timezone.utc).timestamp()
+        return (ts - self.start_wall) * 1000.0
+
+    def usage(self):
+        """Peak RSS (MiB) and CPU seconds (user + system) so far."""
+        with open("/proc/%d/status" % self.proc.pid) as f:
+            hwm = int(re.search(r"VmHWM:\s+(\d+) kB", f.read()).group(1)) / 1024.0
+        with open("/proc/%d/stat" % self.proc.pid) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return hwm, cpu
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=40)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def median(xs):
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "runs": xs}
+
+
+def shape_run(stack, name, args, workdir):
+    events, per_txn, size, desc = SHAPES[name]
+    events = max(per_txn * 8, int(events * args.scale) // (per_txn * 8) * per_txn * 8)
+    db = "bench_%s" % name
+    stack.psql("postgres", "DROP DATABASE IF EXISTS %s" % db)
+    stack.psql("postgres", "CREATE DATABASE %s" % db)
+    stack.psql(db, open(os.path.join(ROOT, "sql/001_outbox.sql")).read())
+    stack.psql(db, "CREATE PUBLICATION bench FOR TABLE outbox WITH (publish = 'insert')")
+    # the slots first: everything loaded after this is decoded by each of them
+    stack.psql(db, "SELECT 1 FROM pg_create_logical_replication_slot('base_%s', 'pgoutput')" % name)
+    for r in range(args.runs):
+        stack.psql(db, "SELECT 1 FROM pg_copy_logical_replication_slot('base_%s', 'rl_%s_%d')" % (name, name, r))
+        stack.psql(db, "SELECT 1 FROM pg_copy_logical_replication_slot('base_%s', 'ob_%s_%d')" % (name, name, r))
+    script = os.path.join(workdir, "load_%s.sql" % name)
+    pgbench_script(script, per_txn, size, "bench")
+    t0 = time.monotonic()
+    txns = events // per_txn
+    tps = pgbench(stack, db, script, ["-c", "8", "-j", "2", "-t", str(txns // 8)])
+    load_s = time.monotonic() - t0
+    end = stack.psql(db, "SELECT pg_current_wal_lsn()")
+    count = int(stack.psql(db, "SELECT count(*) FROM outbox"))
+    value_size = int(float(stack.psql(db, "SELECT avg(length(payload::text)) FROM outbox")))
+    wal = lsn(end) - lsn(stack.psql(db, "SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = 'base_%s'" % name))
+    log("shape %s: %d events in %d transactions loaded in %.1f s (%.0f tps), %.1f MiB of WAL, end %s"
+        % (name, count, txns, load_s, tps, wal / 1048576.0, end))
+    res = {"description": desc, "events": count, "transactions": txns, "value_bytes": value_size,
+           "wal_bytes": wal, "end_lsn": end}
+    rl, kp, ob, rss, cpu, start = [], [], [], [], [], []
+    for r in range(args.runs):
+        t0 = time.monotonic()
+        run([os.path.join(PGBIN, "pg_recvlogical"), "-h", stack.host, "-p", stack.port, "-U", "postgres",
+             "-d", db, "--slot", "rl_%s_%d" % (name, r), "--start", "--no-loop", "-E", end,
+             "-o", "proto_version=1", "-o", "publication_names=bench", "-f", "/dev/null"])
+        rl.append(count / (time.monotonic() - t0))
+
+        out = run([os.path.join(BUILD, "bench_kafka"), "produce", stack.bootstrap, "direct.%s.%d" % (name, r),
+                   str(count), str(value_size), "1000"]).stdout
+        kp.append(float(re.search(r"events_per_s=([0-9.]+)", out).group(1)))
+
+        o = Outboxd(stack, db, "ob_%s_%d" % (name, r), "outboxd.%s.%d" % (name, r), workdir)
+        try:
+            deadline = o.start + 600
+            while True:
+                m = o.metrics()
+                if m and m.get("outboxd_events_published_total", 0) >= count:
+                    conf = stack.psql(db, "SELECT confirmed_flush_lsn FROM pg_replication_slots "
+                                      "WHERE slot_name = 'ob_%s_%d'" % (name, r))
+                    if lsn(conf) >= lsn(end):
+                        break
+                if o.proc.poll() is not None:
+                    raise SystemExit("bench: outboxd exited: see %s" % o.log)
+                if time.monotonic() > deadline:
+                    raise SystemExit("bench: outboxd did not finish shape %s in 600 s" % name)
+                time.sleep(0.02)
+            elapsed = time.monotonic() - o.start
+            hwm, cpus = o.usage()
+            ob.append(count / elapsed)
+            rss.append(hwm)
+            cpu.append(cpus / count * 1000.0)
+            start.append(o.startup_ms())
+        finally:
+            o.stop()
+        log("shape %s run %d: pg_recvlogical %.0f/s, producer %.0f/s, outboxd %.0f/s (%.2f x), "
+            "RSS %.1f MiB, CPU %.3f s/1000, start-up %.0f ms"
+            % (name, r + 1, rl[-1], kp[-1], ob[-1], ob[-1] / rl[-1], rss[-1], cpu[-1], start[-1]))
+    res.update({"pg_recvlogical_eps": median(rl), "producer_eps": median(kp), "outboxd_eps": median(ob),
+                "ratio_to_pg_recvlogical": median([o / r for o, r in zip(ob, rl)]),
+                "peak_rss_mib": median(rss), "cpu_s_per_1000": median(cpu), "startup_ms": median(start),
+                "target_ratio": TARGETS[name]})
+    stack.psql("postgres", "DROP DATABASE %s WITH (FORCE)" % db)
+    return res
+
+
+def latency_run(stack, rate, args, workdir):
+    db = "bench_lat"
+    stack.psql("postgres", "DROP DATABASE IF EXISTS %s" % db)
+    stack.psql("postgres", "CREATE DATABASE %s" % db)
+    stack.psql(db, open(os.path.join(ROOT, "sql/001_outbox.sql")).read())
+    stack.psql(db, "CREATE PUBLICATION bench FOR TABLE outbox WITH (publish = 'insert')")
+    ob_stats, floor_stats = [], []
+    for r in range(args.runs):
+        slot = "lat_%d_%d" % (rate, r)
+        topic = "lat.%d.%d" % (rate, r)
+        stack.psql(db, "SELECT 1 FROM pg_create_logical_replication_slot('%s', 'pgoutput')" % slot)
+        stack.broker_cmd("topic %s 4" % topic)
+        o = Outboxd(stack, db, slot, "${aggregatetype}", workdir)
+        try:
+            while o.metrics() is None or not o.logged("streaming from slot"):
+                time.sleep(0.05)
+            script = os.path.join(workdir, "lat_%d_%d.sql" % (rate, r))
+            pgbench_script(script, 1, 300, topic)
+            ob_stats.append(measure_latency(stack, topic, "commit_ts", args.latency_seconds, lambda: pgbench(
+                stack, db, script, ["-c", "8", "-j", "2", "-R", str(rate), "-T", str(args.latency_seconds)])))
+        finally:
+            o.stop()
+        dtopic = "dlat.%d.%d" % (rate, r)
+        stack.broker_cmd("topic %s 4" % dtopic)
+        floor_stats.append(measure_latency(stack, dtopic, "sent_us", args.latency_seconds, lambda: run(
+            [os.path.join(BUILD, "bench_kafka"), "rate", stack.bootstrap, dtopic, str(rate),
+             str(args.latency_seconds), "300"])))
+        log("latency %d/s run %d: outboxd p50 %.2f p99 %.2f ms (%.0f/s), direct p50 %.2f p99 %.2f ms (%.0f/s)"
+            % (rate, r + 1, ob_stats[-1]["p50_ms"], ob_stats[-1]["p99_ms"], ob_stats[-1]["rate"],
+               floor_stats[-1]["p50_ms"], floor_stats[-1]["p99_ms"], floor_stats[-1]["rate"]))
+    stack.psql("postgres", "DROP DATABASE %s WITH (FORCE)" % db)
+    out = {}
+    for key in ("rate", "p50_ms", "p90_ms", "p99_ms", "max_ms"):
+        out["outboxd_" + key] = median([s[key] for s in ob_stats])
+        out["direct_" + key] = median([s[key] for s in floor_stats])
+    out["p99_difference_ms"] = median([o["p99_ms"] - f["p99_ms"] for o, f in zip(ob_stats, floor_stats)])
+    out["target_p99_difference_ms"] = 2.0 if rate <= 1000 else 5.0
+    return out
+
+
+def measure_latency(stack, topic, header, seconds, generate):
+    c = subprocess.Popen([os.path.join(BUILD, "bench_kafka"), "latency", stack.bootstrap, topic,
+                          str(seconds + 5), header], stdout=subprocess.PIPE, text=True)
+    if c.stdout.readline().strip() != "ready":
+        raise SystemExit("bench: the latency consumer did not start")
+    generate()
+    line = c.stdout.read().strip()
+    c.wait()
+    stats = {k: float(v) for k, v in re.findall(r"(\w+)=([0-9.]+)", line)}
+    if stats.get("count", 0) == 0:
+        raise SystemExit("bench: no record reached the latency consumer on %s" % topic)
+    return stats
+
+
+def machine():
+    model = "?"
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    with open("/proc/meminfo") as f:
+        mem = int(f.readline().split()[1]) // 1048576
+    pg = run([os.path.join(PGBIN, "postgres"), "--version"]).stdout.strip()
+    rdk = run(["pkg-config", "--modversion", "rdkafka"]).stdout.strip()
+    return {"cpus": os.cpu_count(), "cpu": model, "memory_gib": mem, "kernel": platform.release(),
+            "postgresql": pg, "librdkafka": rdk, "broker": "librdkafka mock cluster (tests/broker), 1 broker"}
+
+
+def fmt(m, unit="", digits=0):
+    f = "%%.%df" % digits
+    return (f + "%s (%s-%s)") % (m["median"], unit, f % m["min"], f % m["max"])
+
+
+def markdown(res):
+    lines = ["# outboxd benchmarks", "", "%s, UTC. Machine: %d CPUs (%s), %d GiB, kernel %s; %s; librdkafka %s; %s."
+             % (res["time"], res["machine"]["cpus"], res["machine"]["cpu"], res["machine"]["memory_gib"],
+                res["machine"]["kernel"], res["machine"]["postgresql"], res["machine"]["librdkafka"],
+                res["machine"]["broker"]),
+             "", "Median of %d runs (min-max). Throughput in events/s on the same WAL." % res["runs"], "",
+             "| shape | events | pg_recvlogical | producer limit | outboxd | outboxd / pg_recvlogical (target) "
+             "| peak RSS MiB | CPU s / 1000 events | start-up ms |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for name, s in res["shapes"].items():
+        ratio = s["ratio_to_pg_recvlogical"]
+        lines.append("| %s: %s | %d | %s | %s | %s | %.2f (>= %.2f %s) | %s | %s | %s |" % (
+            name, s["description"], s["events"], fmt(s["pg_recvlogical_eps"]), fmt(s["producer_eps"]),
+            fmt(s["outboxd_eps"]), ratio["median"], s["target_ratio"],
+            "met" if ratio["median"] >= s["target_ratio"] else "MISSED",
+            fmt(s["peak_rss_mib"], "", 1), fmt(s["cpu_s_per_1000"], "", 3), fmt(s["startup_ms"])))
+    if res["latency"]:
+        lines += ["", "Latency, commit to receipt (outboxd) and produce call to receipt (direct, the floor), ms:", "",
+                  "| rate | achieved (outboxd / direct) | p50 | p90 | p99 | max | p99 difference (target) |",
+                  "|---|---|---|---|---|---|---|"]
+        for rate, l in res["latency"].items():
+            d = l["p99_difference_ms"]["median"]
+            lines.append("| %s/s | %.0f / %.0f | %.2f / %.2f | %.2f / %.2f | %.2f / %.2f | %.2f / %.2f | %.2f (<= %.0f %s) |" % (
+                rate, l["outboxd_rate"]["median"], l["direct_rate"]["median"], l["outboxd_p50_ms"]["median"],
+                l["direct_p50_ms"]["median"], l["outboxd_p90_ms"]["median"], l["direct_p90_ms"]["median"],
+                l["outboxd_p99_ms"]["median"], l["direct_p99_ms"]["median"], l["outboxd_max_ms"]["median"],
+                l["direct_max_ms"]["median"], d, l["target_p99_difference_ms"],
+                "met" if d <= l["target_p99_difference_ms"] else "MISSED"))
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--scale", type=float, default=1.0, help="fraction of each shape's events")
+    ap.add_argument("--shapes", default="abc")
+    ap.add_argument("--latency-seconds", type=int, default=20)
+    ap.add_argument("--rates", default="1000,5000", help="latency rates, events/s ('' for none)")
+    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
+    args = ap.parse_args()
+
+    log("building without sanitizers in %s" % BUILD)
+    run(["cmake", "-S", ROOT, "-B", BUILD, "-DCMAKE_BUILD_TYPE=RelWithDebInfo", "-DOBX_SANITIZE=OFF",
+         "-DOBX_TEST_HOOKS=OFF"])
+    run(["cmake", "--build", BUILD, "-j", str(os.cpu_count()), "--target", "outboxd", "bench_kafka",
+         "obx-testbroker"])
+    stack = Stack()
+    workdir = tempfile.mkdtemp(prefix="obx-bench-run.")
+    os.chmod(workdir, 0o755)
+    res = {"time": datetime.datetime.utcnow().strftime("%Y-%m-%d %H:%M"), "machine": machine(),
+           "runs": args.runs, "scale": args.scale, "shapes": {}, "latency": {}}
+    try:
+        for name in args.shapes:
+            res["shapes"][name] = shape_run(stack, name, args, workdir)
+        for rate in [int(x) for x in args.rates.split(",") if x]:
+            res["latency"][str(rate)] = latency_run(stack, rate, args, workdir)
+    finally:
+        stack.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+    os.makedirs(args.out, exist_ok=True)
+    stamp = datetime.datetime.utcnow().strftime("%Y%m%dT%H%M%SZ")
+    md = markdown(res)
+    with open(os.path.join(args.out, stamp + ".json"), "w") as f:
+        json.dump(res, f, indent=2)
+    with open(os.path.join(args.out, stamp + ".md"), "w") as f:
+        f.write(md)
+    print(md)
+    log("results in %s/%s.{md,json}" % (args.out, stamp))
+
+
+if __name__ == "__main__":
+    main()
