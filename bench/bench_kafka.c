@@ -15,7 +15,8 @@
  *       Consumes TOPIC from its end for SECONDS and prints, per record, the
  *       time from HEADER ("sent_us", or "commit_ts" as outboxd writes it) to
  *       receipt: "count=... p50_ms=... p90_ms=... p99_ms=... max_ms=...".
- *       Prints "ready" once it is assigned and positioned at the end.
+ *       Prints "ready" once it is assigned and positioned at the end; with
+ *       OBX_BENCH_TRACE set, one line per record on stderr.
  */
 #include <inttypes.h>
 #include <signal.h>
@@ -231,6 +232,7 @@ cmd_latency(const char *bootstrap, const char *topic, double seconds, const char
 	int64_t *lat = NULL;
 	size_t n = 0, cap = 0;
 	double t0, first = 0, last = 0;
+	int trace = getenv("OBX_BENCH_TRACE") != NULL; /* per record: time, latency, partition, offset */
 
 	set(c, "bootstrap.servers", bootstrap);
 	set(c, "group.id", "bench-latency");
@@ -285,6 +287,9 @@ cmd_latency(const char *bootstrap, const char *topic, double seconds, const char
 					lat = realloc(lat, cap * sizeof(*lat));
 				}
 				lat[n++] = now - at;
+				if (trace)
+					fprintf(stderr, "%.3f %.3f %d %" PRId64 "\n", mono_s() - t0,
+					    (double)(now - at) / 1e3, (int)m->partition, m->offset);
 				if (first == 0)
 					first = mono_s();
 				last = mono_s();

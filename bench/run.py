@@ -57,6 +57,7 @@ min_wal_size = 1GB
 checkpoint_timeout = 30min
 wal_buffers = 64MB
 max_connections = 100
+wal_sender_timeout = 60s
 """
 
 
@@ -85,7 +86,7 @@ class Stack:
                 k, _, v = line.strip().partition("=")
                 self.env[k] = v
         self.host, self.port = self.env["OBX_PGHOST"], self.env["OBX_PGPORT"]
-        self.broker = subprocess.Popen([os.path.join(BUILD, "tests", "obx-testbroker"), "1"],
+        self.broker = subprocess.Popen([os.path.join(BUILD, "tests", "obx-testbroker"), "--brokers", "1"],
                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         line = self.broker.stdout.readline().strip()
         if not line.startswith("bootstrap.servers="):
@@ -153,7 +154,7 @@ class Outboxd:
         self.log = os.path.join(workdir, "outboxd-%s.log" % slot)
         conf = os.path.join(workdir, "outboxd-%s.conf" % slot)
         with open(conf, "w") as f:
-            f.write("[source]\nconninfo = %s\nslot = %s\npublication = bench\ncreate_slot = false\n"
+            f.write("[source]\nconninfo = %s\nslot = %s\npublication = bench\ncreate_slot = false\nstatus_interval = 3s\n"
                     "[outbox]\ntopic = %s\n[kafka]\nbootstrap.servers = %s\n"
                     "[metrics]\nlisten = 127.0.0.1:0\n[log]\nformat = text\nprogress_interval = 0\n%s"
                     % (stack.conninfo(db), slot, topic, stack.bootstrap, extra))
@@ -253,10 +254,13 @@ def shape_run(stack, name, args, workdir):
              "-o", "proto_version=1", "-o", "publication_names=bench", "-f", "/dev/null"])
         rl.append(count / (time.monotonic() - t0))
 
+        stack.broker_cmd("topic direct.%s.%d 4" % (name, r))
         out = run([os.path.join(BUILD, "bench_kafka"), "produce", stack.bootstrap, "direct.%s.%d" % (name, r),
                    str(count), str(value_size), "1000"]).stdout
         kp.append(float(re.search(r"events_per_s=([0-9.]+)", out).group(1)))
 
+        # topics exist beforehand, as in production (the direct producer's is warmed up too)
+        stack.broker_cmd("topic outboxd.%s.%d 4" % (name, r))
         o = Outboxd(stack, db, "ob_%s_%d" % (name, r), "outboxd.%s.%d" % (name, r), workdir)
         try:
             deadline = o.start + 600
@@ -268,7 +272,7 @@ def shape_run(stack, name, args, workdir):
                     if lsn(conf) >= lsn(end):
                         break
                 if o.proc.poll() is not None:
-                    raise SystemExit("bench: outboxd exited: see %s" % o.log)
+                    raise SystemExit("bench: outboxd exited:\n" + open(o.log).read())
                 if time.monotonic() > deadline:
                     raise SystemExit("bench: outboxd did not finish shape %s in 600 s" % name)
                 time.sleep(0.02)
@@ -309,6 +313,10 @@ def latency_run(stack, rate, args, workdir):
                 time.sleep(0.05)
             script = os.path.join(workdir, "lat_%d_%d.sql" % (rate, r))
             pgbench_script(script, 1, 300, topic)
+            # warm up as the direct producer does: the producer learns the topic's leaders
+            pgbench(stack, db, script, ["-c", "1", "-t", "1"])
+            while (o.metrics() or {}).get("outboxd_events_published_total", 0) < 1:
+                time.sleep(0.05)
             ob_stats.append(measure_latency(stack, topic, "commit_ts", args.latency_seconds, lambda: pgbench(
                 stack, db, script, ["-c", "8", "-j", "2", "-R", str(rate), "-T", str(args.latency_seconds)])))
         finally:
@@ -332,8 +340,10 @@ def latency_run(stack, rate, args, workdir):
 
 
 def measure_latency(stack, topic, header, seconds, generate):
+    trace = os.environ.get("OBX_BENCH_TRACE")
     c = subprocess.Popen([os.path.join(BUILD, "bench_kafka"), "latency", stack.bootstrap, topic,
-                          str(seconds + 5), header], stdout=subprocess.PIPE, text=True)
+                          str(seconds + 5), header], stdout=subprocess.PIPE, text=True,
+                         stderr=open("%s.%s" % (trace, topic), "w") if trace else None)
     if c.stdout.readline().strip() != "ready":
         raise SystemExit("bench: the latency consumer did not start")
     generate()
@@ -423,7 +433,10 @@ def main():
             res["latency"][str(rate)] = latency_run(stack, rate, args, workdir)
     finally:
         stack.close()
-        shutil.rmtree(workdir, ignore_errors=True)
+        if os.environ.get("OBX_BENCH_KEEP"):
+            log("kept %s" % workdir)
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
     os.makedirs(args.out, exist_ok=True)
     stamp = datetime.datetime.utcnow().strftime("%Y%m%dT%H%M%SZ")
     md = markdown(res)

@@ -126,6 +126,19 @@ obx_kafka_open(struct obx_kafka *k, const struct obx_config *cfg, obx_delivery_f
 	}
 	k->mainq = rd_kafka_queue_get_main(k->rk);
 	rd_kafka_queue_io_event_enable(k->mainq, k->wake[1], "1", 1);
+	{
+		/*
+		 * Learn the cluster's topics now: a producer that meets a topic
+		 * for the first time holds its records until a metadata refresh
+		 * places them (most of a second with librdkafka 2.0), while a
+		 * topic already in the metadata cache is placed at once.  A broker
+		 * that does not answer soon is not waited for.
+		 */
+		const struct rd_kafka_metadata *md = NULL;
+
+		if (rd_kafka_metadata(k->rk, 1, NULL, &md, 1000) == RD_KAFKA_RESP_ERR_NO_ERROR)
+			rd_kafka_metadata_destroy(md);
+	}
 	return 0;
 }
 
