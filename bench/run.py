@@ -160,7 +160,11 @@ class Outboxd:
                     % (stack.conninfo(db), slot, topic, stack.bootstrap, extra))
         self.start_wall = time.time()
         self.start = time.monotonic()
-        self.proc = subprocess.Popen([os.path.join(BUILD, "outboxd"), "run", "-c", conf],
+        cmd = [os.path.join(BUILD, "outboxd"), "run", "-c", conf]
+        if os.environ.get("OBX_BENCH_PERF"):
+            # profile: perf record -g into OBX_BENCH_PERF.<slot> (RSS and CPU then include perf)
+            cmd = ["perf", "record", "-q", "-g", "-o", "%s.%s" % (os.environ["OBX_BENCH_PERF"], slot), "--"] + cmd
+        self.proc = subprocess.Popen(cmd,
                                      stdout=open(self.log, "w"), stderr=subprocess.STDOUT)
         self.port = None
 

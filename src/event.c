@@ -476,9 +476,15 @@ obx_event_build(struct obx_event_builder *b, const struct obx_rel *rel,
 
 	/* headers */
 	snprintf(b->seq, sizeof(b->seq), "%" PRIu32, seq);
-	snprintf(b->xid, sizeof(b->xid), "%" PRIu32, txn->xid);
-	obx_lsn_format(txn->commit_lsn, b->lsn, sizeof(b->lsn));
-	obx_format_pg_time(txn->commit_time, b->commit_ts, sizeof(b->commit_ts));
+	if (!b->txn_fmt_valid || b->txn_fmt.commit_lsn != txn->commit_lsn || b->txn_fmt.xid != txn->xid ||
+	    b->txn_fmt.commit_time != txn->commit_time) {
+		/* the transaction's headers are formatted once for all its events */
+		snprintf(b->xid, sizeof(b->xid), "%" PRIu32, txn->xid);
+		obx_lsn_format(txn->commit_lsn, b->lsn, sizeof(b->lsn));
+		obx_format_pg_time(txn->commit_time, b->commit_ts, sizeof(b->commit_ts));
+		b->txn_fmt = *txn;
+		b->txn_fmt_valid = true;
+	}
 	if (add_header(b, &nh, "id", d_id->data, d_id->len) == NULL ||
 	    add_header(b, &nh, "type", d_type->kind == 'n' ? NULL : d_type->data, d_type->len) == NULL ||
 	    add_header(b, &nh, "lsn", b->lsn, strlen(b->lsn)) == NULL ||

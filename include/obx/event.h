@@ -70,6 +70,8 @@ struct obx_event_builder {
 	/* scratch */
 	struct obx_dbuf topic, id, value;
 	char lsn[OBX_LSN_STRLEN], seq[24], xid[16], commit_ts[40];
+	struct obx_txninfo txn_fmt; /* the transaction lsn, xid and commit_ts were formatted for */
+	bool txn_fmt_valid;
 	struct obx_header *headers;
 	size_t header_cap;
 	json_t *hdr_json;
