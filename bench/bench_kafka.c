@@ -89,6 +89,8 @@ producer(const char *bootstrap)
 	set(c, "partitioner", "murmur2_random");
 	set(c, "message.timeout.ms", "0");
 	set(c, "queue.buffering.max.messages", "1000000");
+	if (getenv("BENCH_MESSAGE_MAX_BYTES") != NULL) /* records above the 1 MB default */
+		set(c, "message.max.bytes", getenv("BENCH_MESSAGE_MAX_BYTES"));
 	set(c, "log_level", "3");
 	rd_kafka_conf_set_dr_msg_cb(c, on_dr);
 	rk = rd_kafka_new(RD_KAFKA_PRODUCER, c, err, sizeof(err));

@@ -21,6 +21,8 @@ rc=0
 # the micro-benchmarks must keep building and running (figures from a
 # sanitized build mean nothing; bench/ is run on a plain build)
 "$build/bench_micro" 0.2 tests/fixtures/pgoutput/pg15-v3.hex tests/fixtures/pgoutput/pg15-v1-binary.hex || rc=1
+# the end-to-end harness (bench/run.py, minutes long, not run here) must at least parse
+python3 -m py_compile bench/run.py || rc=1
 
 # the network-facing decoder under libFuzzer, for a bounded time
 echo "test.sh: fuzzing the decoder for ${OBX_FUZZ_SECONDS:-60} s"
