@@ -376,6 +376,19 @@ test_walmsg(void **state)
 	assert_int_equal(obx_reader_left(&r), 0);
 }
 
+/* The version asked for follows the server: what a PostgreSQL release's pgoutput accepts. */
+static void
+test_proto_for_server(void **state)
+{
+	(void)state;
+	assert_int_equal(obx_pgoutput_proto_for_server(100023), 1);
+	assert_int_equal(obx_pgoutput_proto_for_server(130014), 1);
+	assert_int_equal(obx_pgoutput_proto_for_server(140000), 2);
+	assert_int_equal(obx_pgoutput_proto_for_server(150018), 3);
+	assert_int_equal(obx_pgoutput_proto_for_server(160004), 4);
+	assert_int_equal(obx_pgoutput_proto_for_server(170000), 4);
+}
+
 static void
 test_lsn_text(void **state)
 {
@@ -405,6 +418,7 @@ main(void)
 		cmocka_unit_test(test_truncation_and_garbage),
 		cmocka_unit_test(test_protocol_v2_to_v4),
 		cmocka_unit_test(test_walmsg),
+		cmocka_unit_test(test_proto_for_server),
 		cmocka_unit_test(test_lsn_text),
 	};
 
