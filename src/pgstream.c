@@ -206,6 +206,32 @@ mapped_columns_sql(PGconn *c, const struct obx_config *cfg)
 }
 
 /*
+ * Runs a CREATE PUBLICATION.  Two instances racing make the loser see
+ * duplicate_object, or the catalog's unique index (unique_violation): the
+ * publication exists either way.  Returns 1 when this call created it, 0 when
+ * another did, -1 with errbuf filled.
+ */
+static int
+create_publication(PGconn *c, const struct obx_config *cfg, const char *sql, char *errbuf,
+    size_t errlen)
+{
+	char err[1024];
+	PGresult *r;
+
+	if (is_sqlstate(c, sql, "42710,23505", err, sizeof(err), &r)) {
+		obx_log_info("publication %s was created concurrently", cfg->publication);
+		return 0;
+	}
+	if (r == NULL) {
+		failf(errbuf, errlen, OBX_FAIL_FATAL, "could not create publication %s: %s",
+		    cfg->publication, err);
+		return -1;
+	}
+	PQclear(r);
+	return 1;
+}
+
+/*
  * [source] messages = on without an outbox table: events come from logical
  * decoding messages only, which pgoutput sends whatever the publication
  * holds; an empty publication is enough.
@@ -231,13 +257,8 @@ setup_message_publication(PGconn *c, const struct obx_config *cfg, struct sqlnam
 		    cfg->publication, cfg->publication);
 	if (!exists) {
 		snprintf(sql, sizeof(sql), "CREATE PUBLICATION %s WITH (publish = 'insert')", nm->pub_ident);
-		if (is_sqlstate(c, sql, "42710,23505", err, sizeof(err), &r))
-			obx_log_info("publication %s was created concurrently", cfg->publication);
-		else if (r == NULL)
-			return failf(errbuf, errlen, OBX_FAIL_FATAL, "could not create publication %s: %s",
-			    cfg->publication, err);
-		else
-			PQclear(r);
+		if (create_publication(c, cfg, sql, errbuf, errlen) < 0)
+			return OBX_FAIL_FATAL;
 	}
 	obx_log_info("outbox table %s.%s does not exist: publishing logical decoding messages with "
 	    "prefix '%s' only", cfg->table_schema, cfg->table_name, cfg->message_prefix);
@@ -289,16 +310,13 @@ setup_publication(PGconn *c, const struct obx_config *cfg, struct sqlnames *nm, 
 		    "CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert'%s)",
 		    nm->pub_ident, nm->qualified,
 		    relkind == 'p' ? ", publish_via_partition_root = true" : "");
-		/* two instances racing: duplicate_object, or the catalog's unique index (unique_violation) */
-		if (is_sqlstate(c, sql, "42710,23505", err, sizeof(err), &r)) {
-			obx_log_info("publication %s was created concurrently", cfg->publication);
-		} else if (r == NULL) {
-			return failf(errbuf, errlen, OBX_FAIL_FATAL, "could not create publication %s: %s",
-			    cfg->publication, err);
-		} else {
-			PQclear(r);
+		switch (create_publication(c, cfg, sql, errbuf, errlen)) {
+		case -1:
+			return OBX_FAIL_FATAL;
+		case 1:
 			obx_log_info("created publication %s for table %s.%s (inserts only)",
 			    cfg->publication, cfg->table_schema, cfg->table_name);
+			break;
 		}
 		return setup_publication(c, cfg, nm, errbuf, errlen);
 	}

@@ -593,18 +593,27 @@ handle_message(struct relay *r, const struct obx_pgmsg *m)
 
 static bool backpressured(const struct relay *r);
 
+/* After a poll: a producer fatal error ends the session (recreate and rewind).  True when it did. */
+static bool
+producer_failed(struct relay *r)
+{
+	if (!r->kf.fatal)
+		return false;
+	r->end_kafka = true;
+	obx_metrics_kafka_error(&r->m, "_FATAL");
+	end_session(r, END_RETRY, "producer fatal error: %s; recreating it and rewinding to the slot",
+	    r->kf.fatal_reason);
+	return true;
+}
+
 /* Waits (serving delivery reports and status updates) until the in-flight caps allow more. */
 static void
 wait_inflight(struct relay *r)
 {
 	while (backpressured(r) && !r->ending) {
 		obx_kafka_poll(&r->kf, 50);
-		if (r->kf.fatal) {
-			r->end_kafka = true;
-			end_session(r, END_RETRY, "producer fatal error: %s; recreating it and rewinding to the slot",
-			    r->kf.fatal_reason);
+		if (producer_failed(r))
 			break;
-		}
 		maybe_status(r);
 		obx_pgstream_flush(&r->st);
 	}
@@ -952,12 +961,7 @@ session(struct relay *r)
 
 		handle_signals(r);
 		obx_kafka_poll(&r->kf, 0);
-		if (r->kf.fatal) {
-			r->end_kafka = true;
-			obx_metrics_kafka_error(&r->m, "_FATAL");
-			end_session(r, END_RETRY, "producer fatal error: %s; recreating it and rewinding to the slot",
-			    r->kf.fatal_reason);
-		}
+		producer_failed(r);
 		update_metrics(r);
 		if (r->ending)
 			break;
