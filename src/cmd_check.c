@@ -13,6 +13,7 @@
 #include "obx/cli.h"
 #include "obx/kafka.h"
 #include "obx/pgutil.h"
+#include "obx/template.h"
 
 struct check_ctx {
 	int failures;
@@ -156,37 +157,39 @@ check_slot(struct check_ctx *cx, PGconn *conn, const struct obx_config *cfg)
 	free(v);
 }
 
-/* The topic template as an SQL expression over the outbox's columns. */
+/* The topic template as an SQL expression over the outbox's columns; NULL when out of memory. */
 static char *
-template_sql(PGconn *conn, const char *tpl)
+template_sql(PGconn *conn, const char *topic)
 {
+	struct obx_template tpl;
+	char why[256];
 	char *out = NULL;
 	size_t len = 0;
-	FILE *fp = open_memstream(&out, &len);
-	const char *p = tpl;
+	FILE *fp;
 
-	if (fp == NULL)
+	if (obx_template_parse(&tpl, topic, why, sizeof(why)) != 0)
 		return NULL;
+	fp = open_memstream(&out, &len);
+	if (fp == NULL) {
+		obx_template_reset(&tpl);
+		return NULL;
+	}
 	fputs("''", fp);
-	while (*p != '\0') {
-		const char *open = strstr(p, "${");
-		const char *close = open ? strchr(open, '}') : NULL;
-		size_t lit = open && close ? (size_t)(open - p) : strlen(p);
+	for (size_t i = 0; i < tpl.nparts; i++) {
+		const struct obx_template_part *part = &tpl.parts[i];
 		char *e;
 
-		if (lit > 0) {
-			e = PQescapeLiteral(conn, p, lit);
+		if (part->is_column) {
+			e = PQescapeIdentifier(conn, part->text, strlen(part->text));
+			fprintf(fp, " || %s::text", e ? e : "NULL");
+		} else {
+			e = PQescapeLiteral(conn, part->text, strlen(part->text));
 			fprintf(fp, " || %s", e ? e : "''");
-			PQfreemem(e);
 		}
-		if (open == NULL || close == NULL)
-			break;
-		e = PQescapeIdentifier(conn, open + 2, (size_t)(close - open - 2));
-		fprintf(fp, " || %s::text", e ? e : "NULL");
 		PQfreemem(e);
-		p = close + 1;
 	}
 	fclose(fp);
+	obx_template_reset(&tpl);
 	return out;
 }
 

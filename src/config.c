@@ -19,6 +19,7 @@
 
 #include "obx/config.h"
 #include "obx/err.h"
+#include "obx/template.h"
 
 #define MAX_LINE 200 /* libinih's INI_MAX_LINE in Debian's build */
 #define NAMEDATALEN_MAX 64 /* PostgreSQL identifiers: at most 63 bytes */
@@ -393,30 +394,20 @@ set_source(struct obx_config *cfg, const char *key, const char *value, const cha
 	return OBX_ECONFIG;
 }
 
-/* Checks a topic template: text with ${column} references, nothing else. */
+/* A topic must be a template the event builder can fill: text with ${column} references. */
 static int
-check_template(const char *t, char *why, size_t whylen)
+check_topic(const char *value, char *why, size_t whylen)
 {
-	for (const char *p = t; *p != '\0'; p++) {
-		if (p[0] == '$' && p[1] == '{') {
-			const char *close = strchr(p + 2, '}');
+	struct obx_template t;
+	int r;
 
-			if (close == NULL) {
-				snprintf(why, whylen, "unclosed '${' in topic template '%s'", t);
-				return OBX_EINVAL;
-			}
-			if (close == p + 2) {
-				snprintf(why, whylen, "empty '${}' in topic template '%s'", t);
-				return OBX_EINVAL;
-			}
-			p = close;
-		}
-	}
-	if (t[0] == '\0') {
+	r = obx_template_parse(&t, value, why, whylen);
+	obx_template_reset(&t);
+	if (r == 0 && value[0] == '\0') {
 		snprintf(why, whylen, "must not be empty");
-		return OBX_EINVAL;
+		r = OBX_EINVAL;
 	}
-	return 0;
+	return r;
 }
 
 static int
@@ -449,9 +440,11 @@ set_outbox(struct obx_config *cfg, const char *key, const char *value, const cha
 		return kv_put(&cfg->extra_headers, &cfg->n_extra_headers, key + 7, value, origin);
 	}
 	if (strcmp(key, "topic") == 0) {
-		if (check_template(value, why, sizeof(why)) != 0) {
+		int r = check_topic(value, why, sizeof(why));
+
+		if (r != 0) {
 			fail(errbuf, errlen, origin, key, "%s", why);
-			return OBX_ECONFIG;
+			return r == OBX_ENOMEM ? r : OBX_ECONFIG;
 		}
 		return replace_str(&cfg->topic, value);
 	}

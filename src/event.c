@@ -51,50 +51,18 @@ dbuf_free(struct obx_dbuf *d)
 	memset(d, 0, sizeof(*d));
 }
 
-static int
-parse_template(struct obx_event_builder *b, const char *t)
-{
-	const char *p = t;
-
-	while (*p != '\0') {
-		struct obx_tpl_part *grown;
-		const char *start = p;
-		bool col = false;
-		size_t n;
-
-		if (p[0] == '$' && p[1] == '{' && strchr(p + 2, '}') != NULL) {
-			start = p + 2;
-			n = (size_t)(strchr(start, '}') - start);
-			p = start + n + 1;
-			col = true;
-		} else {
-			const char *next = strstr(p + 1, "${");
-
-			n = next != NULL ? (size_t)(next - p) : strlen(p);
-			p += n;
-		}
-		grown = reallocarray(b->tpl, b->ntpl + 1, sizeof(*grown));
-		if (grown == NULL)
-			return OBX_ENOMEM;
-		b->tpl = grown;
-		b->tpl[b->ntpl].is_column = col;
-		b->tpl[b->ntpl].text = strndup(start, n);
-		if (b->tpl[b->ntpl++].text == NULL)
-			return OBX_ENOMEM;
-	}
-	return 0;
-}
-
 int
 obx_event_builder_init(struct obx_event_builder *b, const struct obx_config *cfg)
 {
 	size_t nh = 6 + cfg->n_extra_headers + 16;
+	char why[256];
+	int r;
 
 	memset(b, 0, sizeof(*b));
 	b->cfg = cfg;
-	if (parse_template(b, cfg->topic) != 0)
-		return OBX_ENOMEM;
-	b->i_tpl = calloc(b->ntpl ? b->ntpl : 1, sizeof(int));
+	if ((r = obx_template_parse(&b->tpl, cfg->topic, why, sizeof(why))) != 0)
+		return r;
+	b->i_tpl = calloc(b->tpl.nparts ? b->tpl.nparts : 1, sizeof(int));
 	b->i_extra = calloc(cfg->n_extra_headers ? cfg->n_extra_headers : 1, sizeof(int));
 	b->headers = calloc(nh, sizeof(*b->headers));
 	b->header_cap = nh;
@@ -123,9 +91,7 @@ obx_event_builder_forget(struct obx_event_builder *b)
 void
 obx_event_builder_reset(struct obx_event_builder *b)
 {
-	for (size_t i = 0; i < b->ntpl; i++)
-		free(b->tpl[i].text);
-	free(b->tpl);
+	obx_template_reset(&b->tpl);
 	free(b->i_tpl);
 	free(b->i_extra);
 	free(b->headers);
@@ -165,8 +131,8 @@ resolve(struct obx_event_builder *b, const struct obx_rel *rel)
 	b->i_payload = obx_rel_column(rel, c->col_payload);
 	b->i_headers = col_or_none(rel, c->col_headers);
 	b->i_timestamp = col_or_none(rel, c->col_timestamp);
-	for (size_t i = 0; i < b->ntpl; i++)
-		b->i_tpl[i] = b->tpl[i].is_column ? obx_rel_column(rel, b->tpl[i].text) : -2;
+	for (size_t i = 0; i < b->tpl.nparts; i++)
+		b->i_tpl[i] = b->tpl.parts[i].is_column ? obx_rel_column(rel, b->tpl.parts[i].text) : -2;
 	for (size_t i = 0; i < c->n_extra_headers; i++)
 		b->i_extra[i] = obx_rel_column(rel, c->extra_headers[i].value);
 }
@@ -411,14 +377,16 @@ obx_event_build(struct obx_event_builder *b, const struct obx_rel *rel,
 	if (dbuf_reserve(&b->topic, 1) != 0)
 		return OBX_ENOMEM;
 	b->topic.p[0] = '\0';
-	for (size_t i = 0; i < b->ntpl; i++) {
-		if (!b->tpl[i].is_column) {
-			rc = dbuf_append(&b->topic, b->tpl[i].text, strlen(b->tpl[i].text));
+	for (size_t i = 0; i < b->tpl.nparts; i++) {
+		const struct obx_template_part *part = &b->tpl.parts[i];
+
+		if (!part->is_column) {
+			rc = dbuf_append(&b->topic, part->text, strlen(part->text));
 		} else {
-			if ((rc = datum(t, b->i_tpl[i], b->tpl[i].text, "topic template", &d, why, whylen)) != 0)
+			if ((rc = datum(t, b->i_tpl[i], part->text, "topic template", &d, why, whylen)) != 0)
 				return rc;
 			if (d->kind == 'n') {
-				snprintf(why, whylen, "topic column '%s' is NULL", b->tpl[i].text);
+				snprintf(why, whylen, "topic column '%s' is NULL", part->text);
 				return OBX_EINVAL;
 			}
 			rc = dbuf_append(&b->topic, d->data, d->len);

@@ -21,6 +21,7 @@
 #include "obx/lsn.h"
 #include "obx/pgoutput.h"
 #include "obx/relcache.h"
+#include "obx/template.h"
 
 struct obx_txninfo {
 	obx_lsn commit_lsn; /* Begin's final_lsn */
@@ -46,11 +47,6 @@ struct obx_event {
 	size_t nheaders;
 };
 
-struct obx_tpl_part {
-	bool is_column;
-	char *text; /* literal text or column name */
-};
-
 struct obx_dbuf {
 	char *p;
 	size_t len;
@@ -59,13 +55,12 @@ struct obx_dbuf {
 
 struct obx_event_builder {
 	const struct obx_config *cfg; /* borrowed; outlives the builder */
-	struct obx_tpl_part *tpl;
-	size_t ntpl;
+	struct obx_template tpl; /* cfg->topic, parsed */
 	/* column indexes resolved for one relation version */
 	const struct obx_rel *rel;
 	unsigned rel_version;
 	int i_id, i_key, i_type, i_payload, i_headers, i_timestamp;
-	int *i_tpl;   /* per template part (-1 for literals) */
+	int *i_tpl;   /* per template part (-2 for literals) */
 	int *i_extra; /* per [outbox] header.<name> */
 	/* scratch */
 	struct obx_dbuf topic, id, value;
@@ -79,7 +74,11 @@ struct obx_event_builder {
 	size_t n_dumps;
 };
 
-/* Prepares a builder for cfg (borrowed).  Returns 0, OBX_ENOMEM. */
+/*
+ * Prepares a builder for cfg (borrowed).  Returns 0, OBX_ENOMEM, or
+ * OBX_EINVAL when cfg->topic is not a template (obx_config_set() refuses
+ * those, so a checked configuration never meets it).
+ */
 int obx_event_builder_init(struct obx_event_builder *b, const struct obx_config *cfg);
 void obx_event_builder_reset(struct obx_event_builder *b);
 
