@@ -790,6 +790,28 @@ obx_config_kafka_get(const struct obx_config *cfg, const char *key)
 	return e != NULL ? e->value : NULL;
 }
 
+int
+obx_config_mapped_columns(const struct obx_config *cfg, struct obx_names *out)
+{
+	const char *fixed[] = { cfg->col_id, cfg->col_key, cfg->col_type, cfg->col_payload,
+		cfg->col_headers, cfg->col_timestamp };
+	struct obx_template tpl;
+	char why[256];
+	int r;
+
+	for (size_t i = 0; i < sizeof(fixed) / sizeof(fixed[0]); i++)
+		if (fixed[i][0] != '\0' && (r = obx_names_add(out, fixed[i])) != 0)
+			return r;
+	for (size_t i = 0; i < cfg->n_extra_headers; i++)
+		if ((r = obx_names_add(out, cfg->extra_headers[i].value)) != 0)
+			return r;
+	if ((r = obx_template_parse(&tpl, cfg->topic, why, sizeof(why))) != 0)
+		return r;
+	r = obx_template_columns(&tpl, out);
+	obx_template_reset(&tpl);
+	return r;
+}
+
 /* ---- environment and --set ------------------------------------------- */
 
 int

@@ -161,48 +161,42 @@ parse_guc_ms(const char *v, int *out)
 	return 0;
 }
 
-/* The mapped columns a publication's column list must keep, as an SQL name[] literal list. */
+/*
+ * The mapped columns (obx_config_mapped_columns), which a publication's
+ * column list must keep, as SQL literals separated by commas for
+ * ARRAY[...].  Returns a string the caller frees, or NULL when out of memory.
+ */
 static char *
 mapped_columns_sql(PGconn *c, const struct obx_config *cfg)
 {
-	const char *cols[64];
-	size_t n = 0;
+	struct obx_names cols = { 0 };
 	char *out = NULL;
-	size_t len = 0;
-	FILE *fp;
+	size_t used = 0;
 
-	cols[n++] = cfg->col_id;
-	cols[n++] = cfg->col_key;
-	cols[n++] = cfg->col_type;
-	cols[n++] = cfg->col_payload;
-	if (cfg->col_headers[0] != '\0')
-		cols[n++] = cfg->col_headers;
-	if (cfg->col_timestamp[0] != '\0')
-		cols[n++] = cfg->col_timestamp;
-	for (size_t i = 0; i < cfg->n_extra_headers && n < 48; i++)
-		cols[n++] = cfg->extra_headers[i].value;
-	for (const char *p = cfg->topic; (p = strstr(p, "${")) != NULL && n < 63;) {
-		const char *e = strchr(p, '}');
-		static char names[16][128];
+	if (obx_config_mapped_columns(cfg, &cols) != 0)
+		goto fail;
+	for (size_t i = 0; i < cols.n; i++) {
+		char *lit = PQescapeLiteral(c, cols.v[i], strlen(cols.v[i]));
+		size_t n = lit != NULL ? strlen(lit) : 0;
+		char *grown = lit != NULL ? realloc(out, used + n + 2) : NULL;
 
-		if (e == NULL)
-			break;
-		snprintf(names[n % 16], sizeof(names[0]), "%.*s", (int)(e - p - 2), p + 2);
-		cols[n] = names[n % 16];
-		n++;
-		p = e + 1;
-	}
-	fp = open_memstream(&out, &len);
-	if (fp == NULL)
-		return NULL;
-	for (size_t i = 0; i < n; i++) {
-		char *lit = PQescapeLiteral(c, cols[i], strlen(cols[i]));
-
-		fprintf(fp, "%s%s", i ? "," : "", lit ? lit : "''");
+		if (grown == NULL) {
+			PQfreemem(lit);
+			goto fail;
+		}
+		out = grown;
+		if (used > 0)
+			out[used++] = ',';
+		memcpy(out + used, lit, n + 1);
+		used += n;
 		PQfreemem(lit);
 	}
-	fclose(fp);
+	obx_names_reset(&cols);
 	return out;
+fail:
+	obx_names_reset(&cols);
+	free(out);
+	return NULL;
 }
 
 /*
@@ -273,7 +267,8 @@ setup_publication(PGconn *c, const struct obx_config *cfg, struct sqlnames *nm, 
 	PGresult *r;
 	char relkind;
 	bool viaroot;
-	char *cols;
+	char *cols, *colsql;
+	int n;
 
 	snprintf(sql, sizeof(sql),
 	    "SELECT c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
@@ -339,7 +334,7 @@ setup_publication(PGconn *c, const struct obx_config *cfg, struct sqlnames *nm, 
 		return failf(errbuf, errlen, OBX_FAIL_FATAL, "out of memory");
 	/* a column list hiding a mapped column is refused; a mapped column the table
 	 * lacks now (renamed, dropped) is only said: its rows follow on_error */
-	snprintf(sql, sizeof(sql),
+	n = asprintf(&colsql,
 	    "WITH t AS (SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(quote_ident(%s) || '.' || quote_ident(%s)) "
 	    "AND attnum > 0 AND NOT attisdropped) "
 	    "SELECT rowfilter IS NOT NULL, (SELECT string_agg(m, ', ') FROM unnest(ARRAY[%s]::name[]) m "
@@ -349,7 +344,11 @@ setup_publication(PGconn *c, const struct obx_config *cfg, struct sqlnames *nm, 
 	    nm->schema_lit, nm->table_lit, cols, cols, nm->pub_lit, nm->schema_lit,
 	    nm->table_lit);
 	free(cols);
-	if ((r = run(c, sql, err, sizeof(err))) == NULL)
+	if (n < 0)
+		return failf(errbuf, errlen, OBX_FAIL_FATAL, "out of memory");
+	r = run(c, colsql, err, sizeof(err));
+	free(colsql);
+	if (r == NULL)
 		return failf(errbuf, errlen, OBX_FAIL_RETRY, "could not read publication %s: %s",
 		    cfg->publication, err);
 	if (PQntuples(r) == 0) {

@@ -15,6 +15,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "obx/template.h"
+
 enum obx_on_error { OBX_ON_ERROR_STOP, OBX_ON_ERROR_DEAD_LETTER };
 enum obx_log_format { OBX_LOG_FORMAT_JSON, OBX_LOG_FORMAT_TEXT };
 enum obx_log_level { OBX_LOG_ERROR, OBX_LOG_WARN, OBX_LOG_INFO, OBX_LOG_DEBUG };
@@ -119,6 +121,16 @@ int obx_config_load(struct obx_config *cfg, const char *path, char *const *envp,
 
 /* Returns the value of librdkafka property key, or NULL when not set. Borrowed. */
 const char *obx_config_kafka_get(const struct obx_config *cfg, const char *key);
+
+/*
+ * Adds to out the outbox columns the event builder reads (id, key, type,
+ * payload, the headers and timestamp columns when set, every header.<name>
+ * column and the topic template's columns), each once, in that order.
+ * The names are copies; the caller frees them with obx_names_reset().
+ * Returns 0, OBX_ENOMEM, or OBX_EINVAL when cfg->topic is not a template
+ * (obx_config_set() refuses those).
+ */
+int obx_config_mapped_columns(const struct obx_config *cfg, struct obx_names *out);
 
 /* True when librdkafka treats property key as sensitive (never print its value). */
 bool obx_kafka_prop_is_secret(const char *key);

@@ -388,6 +388,81 @@ test_value_parsers(void **state)
 	assert_int_equal(obx_parse_bool("", &b), OBX_EINVAL);
 }
 
+static void
+set_ok(struct obx_config *cfg, const char *section, const char *key, const char *value)
+{
+	errbuf[0] = '\0';
+	if (obx_config_set(cfg, section, key, value, "test", false, errbuf, sizeof(errbuf)) != 0)
+		fail_msg("%s.%s = %s: %s", section, key, value, errbuf);
+}
+
+/* Expects got->v[from...] to be prefix00, prefix01, ... (count names). */
+static void
+expect_numbered(const struct obx_names *got, size_t from, const char *prefix, int count)
+{
+	for (int i = 0; i < count; i++) {
+		char want[32];
+
+		snprintf(want, sizeof(want), "%s%02d", prefix, i);
+		assert_true(from + (size_t)i < got->n);
+		assert_string_equal(got->v[from + (size_t)i], want);
+	}
+}
+
+static void
+test_mapped_columns(void **state)
+{
+	struct obx_config cfg;
+	struct obx_names cols = { 0 };
+	char topic[512], key[32], col[32];
+	size_t o = 0;
+
+	(void)state;
+	obx_config_init(&cfg);
+	assert_int_equal(obx_config_mapped_columns(&cfg, &cols), 0);
+	assert_int_equal(cols.n, 5);
+	assert_string_equal(cols.v[0], "id");
+	assert_string_equal(cols.v[1], "aggregateid");
+	assert_string_equal(cols.v[2], "type");
+	assert_string_equal(cols.v[3], "payload");
+	assert_string_equal(cols.v[4], "aggregatetype"); /* from the default topic template */
+	obx_names_reset(&cols);
+
+	/* 56 distinct columns, 20 of them from the template: none is lost or repeated */
+	set_ok(&cfg, "outbox", "headers", "meta");
+	set_ok(&cfg, "outbox", "timestamp", "created_at");
+	for (int i = 0; i < 30; i++) {
+		snprintf(key, sizeof(key), "header.h%02d", i);
+		snprintf(col, sizeof(col), "hcol%02d", i);
+		set_ok(&cfg, "outbox", key, col);
+	}
+	set_ok(&cfg, "outbox", "header.again", "type");
+	for (int i = 0; i < 20; i++)
+		o += (size_t)snprintf(topic + o, sizeof(topic) - o, "${tcol%02d}.", i);
+	snprintf(topic + o, sizeof(topic) - o, "${hcol05}.${type}.${tcol00}");
+	set_ok(&cfg, "outbox", "topic", topic);
+	assert_int_equal(obx_config_mapped_columns(&cfg, &cols), 0);
+	assert_int_equal(cols.n, 56);
+	assert_string_equal(cols.v[4], "meta");
+	assert_string_equal(cols.v[5], "created_at");
+	expect_numbered(&cols, 6, "hcol", 30);
+	expect_numbered(&cols, 36, "tcol", 20);
+	obx_names_reset(&cols);
+
+	/* more header mappings than any fixed-size list held */
+	for (int i = 30; i < 100; i++) {
+		snprintf(key, sizeof(key), "header.h%02d", i);
+		snprintf(col, sizeof(col), "hcol%02d", i);
+		set_ok(&cfg, "outbox", key, col);
+	}
+	assert_int_equal(obx_config_mapped_columns(&cfg, &cols), 0);
+	assert_int_equal(cols.n, 126);
+	expect_numbered(&cols, 6, "hcol", 100);
+	expect_numbered(&cols, 106, "tcol", 20);
+	obx_names_reset(&cols);
+	obx_config_reset(&cfg);
+}
+
 int
 main(void)
 {
@@ -401,6 +476,7 @@ main(void)
 		cmocka_unit_test(test_environment_and_set_overrides),
 		cmocka_unit_test(test_missing_file),
 		cmocka_unit_test(test_value_parsers),
+		cmocka_unit_test(test_mapped_columns),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
