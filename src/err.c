@@ -14,6 +14,7 @@ obx_strerror(int code)
 	case OBX_EIO: return "input/output error";
 	case OBX_ECONFIG: return "configuration error";
 	case OBX_ESTATE: return "invalid state";
+	case OBX_EBUSY: return "in use by another";
 	}
 	return "unknown error";
 }

@@ -20,6 +20,7 @@ enum obx_err {
 	OBX_EIO = -7,      /* I/O failure (socket, file) */
 	OBX_ECONFIG = -8,  /* configuration error */
 	OBX_ESTATE = -9,   /* call not valid in the current state */
+	OBX_EBUSY = -10,   /* held by someone else (a replication slot in use) */
 };
 
 /* Returns a static string for code; never NULL, also for unknown codes. */

@@ -1,7 +1,11 @@
 /*
- * pgstream.h - the replication connection (I/O): connect with
- * replication=database, IDENTIFY_SYSTEM, check wal_level, publication first
- * and then the slot, START_REPLICATION, CopyData in and status updates out.
+ * pgstream.h - the replication stream (I/O): a connection prepared by
+ * pgsetup.h (connect with replication=database, server checks,
+ * IDENTIFY_SYSTEM, publication first and then the slot), then
+ * START_REPLICATION, CopyData in and standby status updates out.
+ *
+ * Ownership: the stream owns its connection and the last CopyData message;
+ * obx_pgstream_close() frees both, also after a failed open.
  */
 #ifndef OBX_PGSTREAM_H
 #define OBX_PGSTREAM_H
@@ -39,11 +43,14 @@ struct obx_pgstream {
 /*
  * Connects and starts streaming with the highest pgoutput protocol version
  * the server speaks (s->proto_version).  recreate_slot allows creating a
- * slot that this database records as having existed (see DESIGN: slot
- * guard).  streaming asks for in-progress transactions (cfg->streaming may be
- * overridden by the caller after a buffer overflow); s->streaming says
- * whether it was requested.  Returns OBX_FAIL_NONE, or a failure class with
- * errbuf filled (one line, no secrets).
+ * slot that this database records as having existed (the slot guard, see
+ * pgsetup.h).  streaming asks for in-progress transactions (cfg->streaming
+ * may be overridden by the caller after a buffer overflow); s->streaming
+ * says whether it was requested.  Returns OBX_FAIL_NONE, or a failure class
+ * with errbuf filled (one line, no secrets): OBX_FAIL_RETRY for a transient
+ * failure (OBX_EIO from the setup), OBX_FAIL_SLOT_IN_USE when another
+ * instance holds or is creating the slot, OBX_FAIL_FATAL otherwise.  Call
+ * obx_pgstream_close() either way.
  */
 enum obx_fail obx_pgstream_open(struct obx_pgstream *s, const struct obx_config *cfg,
     bool recreate_slot, bool streaming, char *errbuf, size_t errlen);

@@ -1,0 +1,781 @@
+/*
+ * pgsetup.c - preparing the replication connection: connect, server checks,
+ * IDENTIFY_SYSTEM, publication, slot and the slot guard (see pgsetup.h).
+ *
+ * A replication=database connection speaks only the simple query protocol,
+ * so every literal and identifier in the SQL below goes through
+ * PQescapeLiteral/PQescapeIdentifier.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "obx/err.h"
+#include "obx/log.h"
+#include "obx/pgoutput.h"
+#include "obx/pgsetup.h"
+#include "obx/pgutil.h"
+
+#define MARKER "outboxd-slot"
+
+/*
+ * A publication or slot created by a racing instance is read again; one
+ * dropped again each time it was read is given up on after this many reads.
+ */
+#define SETUP_ATTEMPTS 3
+
+static int failf(char *errbuf, size_t errlen, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static int
+failf(char *errbuf, size_t errlen, int code, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(errbuf, errlen, fmt, ap);
+	va_end(ap);
+	return code;
+}
+
+/* Escaped pieces of SQL, freed together. */
+struct sqlnames {
+	char *pub_ident, *pub_lit, *slot_ident, *slot_lit, *schema_lit, *table_lit, *qualified;
+};
+
+static void
+sqlnames_free(struct sqlnames *n)
+{
+	PQfreemem(n->pub_ident);
+	PQfreemem(n->pub_lit);
+	PQfreemem(n->slot_ident);
+	PQfreemem(n->slot_lit);
+	PQfreemem(n->schema_lit);
+	PQfreemem(n->table_lit);
+	free(n->qualified);
+	memset(n, 0, sizeof(*n));
+}
+
+/* Returns 0, or OBX_ENOMEM with errbuf filled (n is then empty). */
+static int
+sqlnames_init(struct sqlnames *n, PGconn *c, const struct obx_config *cfg, char *errbuf,
+    size_t errlen)
+{
+	char *si, *ti;
+
+	memset(n, 0, sizeof(*n));
+	n->pub_ident = PQescapeIdentifier(c, cfg->publication, strlen(cfg->publication));
+	n->pub_lit = PQescapeLiteral(c, cfg->publication, strlen(cfg->publication));
+	n->slot_ident = PQescapeIdentifier(c, cfg->slot, strlen(cfg->slot));
+	n->slot_lit = PQescapeLiteral(c, cfg->slot, strlen(cfg->slot));
+	n->schema_lit = PQescapeLiteral(c, cfg->table_schema, strlen(cfg->table_schema));
+	n->table_lit = PQescapeLiteral(c, cfg->table_name, strlen(cfg->table_name));
+	si = PQescapeIdentifier(c, cfg->table_schema, strlen(cfg->table_schema));
+	ti = PQescapeIdentifier(c, cfg->table_name, strlen(cfg->table_name));
+	if (si != NULL && ti != NULL && asprintf(&n->qualified, "%s.%s", si, ti) < 0)
+		n->qualified = NULL;
+	PQfreemem(si);
+	PQfreemem(ti);
+	if (!n->pub_ident || !n->pub_lit || !n->slot_ident || !n->slot_lit || !n->schema_lit ||
+	    !n->table_lit || !n->qualified) {
+		sqlnames_free(n);
+		return failf(errbuf, errlen, OBX_ENOMEM, "out of memory");
+	}
+	return 0;
+}
+
+/*
+ * Runs sql expecting rows or a completed command.  Returns 0 with *out set
+ * (the caller clears it), or OBX_EIO with the server's message in errbuf
+ * and its SQLSTATE in sqlstate ("" when there is none; sqlstate may be NULL).
+ */
+static int
+query(PGconn *c, const char *sql, PGresult **out, char sqlstate[6], char *errbuf, size_t errlen)
+{
+	PGresult *res = PQexec(c, sql);
+	ExecStatusType st = PQresultStatus(res);
+	const char *code;
+
+	*out = NULL;
+	if (st == PGRES_TUPLES_OK || st == PGRES_COMMAND_OK) {
+		*out = res;
+		return 0;
+	}
+	code = PQresultErrorField(res, PG_DIAG_SQLSTATE); /* owned by res */
+	if (sqlstate != NULL)
+		strlcpy(sqlstate, code != NULL && strlen(code) == 5 ? code : "", 6);
+	obx_pg_result_error_line(res, errbuf, errlen);
+	if (errbuf[0] == '\0')
+		obx_pg_error_line(c, errbuf, errlen);
+	PQclear(res);
+	return OBX_EIO;
+}
+
+/* ---- connection and server ------------------------------------------- */
+
+/* Connection failures that no retry can heal; everything else may be transient. */
+static int
+classify_connect_error(const char *msg)
+{
+	static const char *const permanent[] = {
+		"password authentication failed", "does not exist", "no pg_hba.conf entry",
+		"must be superuser or replication role", "permission denied",
+		"must have the REPLICATION", "certificate", "SSL error", "invalid",
+		"could not translate host name", "Name or service not known",
+		"root certificate file", "server does not support SSL",
+	};
+
+	for (size_t i = 0; i < sizeof(permanent) / sizeof(permanent[0]); i++)
+		if (strstr(msg, permanent[i]) != NULL)
+			return OBX_ECONFIG;
+	return OBX_EIO;
+}
+
+int
+obx_pgsetup_connect(const char *conninfo, PGconn **out, char *errbuf, size_t errlen)
+{
+	static const char *const kw[] = { "replication", NULL };
+	static const char *const val[] = { "database", NULL };
+	char err[1024];
+	PGconn *c;
+
+	*out = NULL;
+	c = obx_pg_connect(conninfo, kw, val, "outboxd");
+	if (c == NULL)
+		return failf(errbuf, errlen, OBX_ENOMEM, "out of memory");
+	if (PQstatus(c) != CONNECTION_OK) {
+		obx_pg_error_line(c, err, sizeof(err));
+		PQfinish(c);
+		return failf(errbuf, errlen, classify_connect_error(err),
+		    "could not connect to PostgreSQL: %s", err);
+	}
+	*out = c;
+	return 0;
+}
+
+int
+obx_pgsetup_protocol(int server_version, const struct obx_config *cfg, bool want_streaming,
+    int *proto_version, bool *streaming, char *errbuf, size_t errlen)
+{
+	if (server_version < 100000)
+		return failf(errbuf, errlen, OBX_ECONFIG,
+		    "PostgreSQL %d is too old: pgoutput needs 10 or later", server_version);
+	*proto_version = obx_pgoutput_proto_for_server(server_version);
+	if (cfg->messages && *proto_version < 2)
+		return failf(errbuf, errlen, OBX_ECONFIG,
+		    "[source] messages = on needs PostgreSQL 14 or later (server is %d)", server_version);
+	*streaming = want_streaming && *proto_version >= 2;
+	if (want_streaming && !*streaming)
+		obx_log_warn("[source] streaming = on needs PostgreSQL 14 or later (server is %d): "
+		    "not streaming", server_version);
+	return 0;
+}
+
+int
+obx_pgsetup_identify(PGconn *c, char *sysid, size_t sysidlen, int *timeline, char *errbuf,
+    size_t errlen)
+{
+	char err[1024];
+	PGresult *res;
+	int r;
+
+	if (query(c, "IDENTIFY_SYSTEM", &res, NULL, err, sizeof(err)) != 0)
+		return failf(errbuf, errlen, OBX_EIO, "IDENTIFY_SYSTEM failed: %s", err);
+	if (PQntuples(res) != 1 || PQnfields(res) < 4 || PQgetisnull(res, 0, 3)) {
+		r = failf(errbuf, errlen, OBX_EPROTO, "IDENTIFY_SYSTEM did not name a database: "
+		    "the connection is not a logical replication connection");
+	} else {
+		strlcpy(sysid, PQgetvalue(res, 0, 0), sysidlen);
+		*timeline = atoi(PQgetvalue(res, 0, 1));
+		r = 0;
+	}
+	PQclear(res);
+	return r;
+}
+
+/* Reads setting name with SHOW into val.  Returns 0 or OBX_EIO (errbuf). */
+static int
+show(PGconn *c, const char *name, char *val, size_t vallen, char *errbuf, size_t errlen)
+{
+	char sql[128], err[1024];
+	PGresult *res;
+
+	snprintf(sql, sizeof(sql), "SHOW %s", name);
+	if (query(c, sql, &res, NULL, err, sizeof(err)) != 0)
+		return failf(errbuf, errlen, OBX_EIO, "could not read %s: %s", name, err);
+	strlcpy(val, PQntuples(res) > 0 ? PQgetvalue(res, 0, 0) : "", vallen);
+	PQclear(res);
+	return 0;
+}
+
+/* A duration setting as SHOW prints it ("60s", "0", "500ms") in milliseconds. */
+static int
+parse_guc_ms(const char *v, int *out)
+{
+	long long ms;
+
+	if (strcmp(v, "0") == 0) {
+		*out = 0;
+		return 0;
+	}
+	if (obx_parse_duration_ms(v, 0, 1LL << 31, &ms) != 0 &&
+	    obx_parse_int(v, 0, 1LL << 31, &ms) != 0)
+		return OBX_EINVAL;
+	*out = (int)ms;
+	return 0;
+}
+
+int
+obx_pgsetup_check_server(PGconn *c, const struct obx_config *cfg, int *wal_sender_timeout_ms,
+    char *errbuf, size_t errlen)
+{
+	char v[256];
+	int r;
+
+	if ((r = show(c, "wal_level", v, sizeof(v), errbuf, errlen)) != 0)
+		return r;
+	if (strcmp(v, "logical") != 0)
+		return failf(errbuf, errlen, OBX_ECONFIG,
+		    "wal_level is '%s' but logical replication needs wal_level = logical "
+		    "(set it in postgresql.conf and restart the server)", v);
+	if ((r = show(c, "wal_sender_timeout", v, sizeof(v), errbuf, errlen)) != 0)
+		return r;
+	if (parse_guc_ms(v, wal_sender_timeout_ms) != 0)
+		return failf(errbuf, errlen, OBX_EPROTO, "cannot parse wal_sender_timeout '%s'", v);
+	if (*wal_sender_timeout_ms > 0 && cfg->status_interval_ms >= *wal_sender_timeout_ms)
+		return failf(errbuf, errlen, OBX_ECONFIG,
+		    "[source] status_interval (%d ms) must be below the server's wal_sender_timeout (%d ms)",
+		    cfg->status_interval_ms, *wal_sender_timeout_ms);
+	return 0;
+}
+
+/* ---- publication ------------------------------------------------------ */
+
+/*
+ * The mapped columns (obx_config_mapped_columns), which a publication's
+ * column list must keep, as SQL literals separated by commas for
+ * ARRAY[...].  Returns a string the caller frees, or NULL when out of memory.
+ */
+static char *
+mapped_columns_sql(PGconn *c, const struct obx_config *cfg)
+{
+	struct obx_names cols = { 0 };
+	char *out = NULL;
+	size_t used = 0;
+
+	if (obx_config_mapped_columns(cfg, &cols) != 0)
+		goto fail;
+	for (size_t i = 0; i < cols.n; i++) {
+		char *lit = PQescapeLiteral(c, cols.v[i], strlen(cols.v[i]));
+		size_t n = lit != NULL ? strlen(lit) : 0;
+		char *grown = lit != NULL ? realloc(out, used + n + 2) : NULL;
+
+		if (grown == NULL) {
+			PQfreemem(lit);
+			goto fail;
+		}
+		out = grown;
+		if (used > 0)
+			out[used++] = ',';
+		memcpy(out + used, lit, n + 1);
+		used += n;
+		PQfreemem(lit);
+	}
+	obx_names_reset(&cols);
+	return out;
+fail:
+	obx_names_reset(&cols);
+	free(out);
+	return NULL;
+}
+
+/*
+ * Runs a CREATE PUBLICATION.  Two instances racing make the loser see
+ * duplicate_object, or the catalog's unique index (unique_violation): the
+ * publication exists either way, and *created says whether this call made
+ * it.  Returns 0 or OBX_ECONFIG (errbuf).
+ */
+static int
+create_publication(PGconn *c, const struct obx_config *cfg, const char *sql, bool *created,
+    char *errbuf, size_t errlen)
+{
+	char err[1024], state[6];
+	PGresult *res;
+
+	*created = false;
+	if (query(c, sql, &res, state, err, sizeof(err)) == 0) {
+		PQclear(res);
+		*created = true;
+		return 0;
+	}
+	if (strcmp(state, "42710") == 0 || strcmp(state, "23505") == 0) {
+		obx_log_info("publication %s was created concurrently", cfg->publication);
+		return 0;
+	}
+	return failf(errbuf, errlen, OBX_ECONFIG, "could not create publication %s: %s",
+	    cfg->publication, err);
+}
+
+/*
+ * [source] messages = on without an outbox table: events come from logical
+ * decoding messages only, which pgoutput sends whatever the publication
+ * holds; an empty publication is enough.
+ */
+static int
+message_publication(PGconn *c, const struct obx_config *cfg, const struct sqlnames *nm,
+    char *errbuf, size_t errlen)
+{
+	char sql[1024], err[1024];
+	PGresult *res;
+	bool exists, created;
+	int r;
+
+	snprintf(sql, sizeof(sql), "SELECT 1 FROM pg_publication WHERE pubname = %s", nm->pub_lit);
+	if (query(c, sql, &res, NULL, err, sizeof(err)) != 0)
+		return failf(errbuf, errlen, OBX_EIO, "could not read publication %s: %s",
+		    cfg->publication, err);
+	exists = PQntuples(res) > 0;
+	PQclear(res);
+	if (!exists && !cfg->create_publication)
+		return failf(errbuf, errlen, OBX_ECONFIG,
+		    "publication %s does not exist and create_publication = false "
+		    "(with no outbox table, CREATE PUBLICATION %s is enough for messages)",
+		    cfg->publication, cfg->publication);
+	if (!exists) {
+		snprintf(sql, sizeof(sql), "CREATE PUBLICATION %s WITH (publish = 'insert')", nm->pub_ident);
+		if ((r = create_publication(c, cfg, sql, &created, errbuf, errlen)) != 0)
+			return r;
+	}
+	obx_log_info("outbox table %s.%s does not exist: publishing logical decoding messages with "
+	    "prefix '%s' only", cfg->table_schema, cfg->table_name, cfg->message_prefix);
+	return 0;
+}
+
+/* Sets *relkind of the outbox table.  Returns 0, OBX_ENOENT (no such table), OBX_EIO. */
+static int
+table_relkind(PGconn *c, const struct obx_config *cfg, const struct sqlnames *nm, char *relkind,
+    char *errbuf, size_t errlen)
+{
+	char sql[1024], err[1024];
+	PGresult *res;
+	int r = OBX_ENOENT;
+
+	snprintf(sql, sizeof(sql),
+	    "SELECT c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+	    "WHERE n.nspname = %s AND c.relname = %s", nm->schema_lit, nm->table_lit);
+	if (query(c, sql, &res, NULL, err, sizeof(err)) != 0)
+		return failf(errbuf, errlen, OBX_EIO, "could not look up table %s.%s: %s",
+		    cfg->table_schema, cfg->table_name, err);
+	if (PQntuples(res) > 0) {
+		*relkind = PQgetvalue(res, 0, 0)[0];
+		r = 0;
+	}
+	PQclear(res);
+	return r;
+}
+
+/*
+ * Makes sure the publication exists, creating it for a table of relkind
+ * when cfg allows, and publishes inserts; sets *viaroot.  Returns 0,
+ * OBX_EIO or OBX_ECONFIG.
+ */
+static int
+ensure_publication(PGconn *c, const struct obx_config *cfg, const struct sqlnames *nm,
+    char relkind, bool *viaroot, char *errbuf, size_t errlen)
+{
+	char sql[2048], err[1024];
+	PGresult *res;
+	bool exists, inserts, created;
+	int r;
+
+	for (int attempt = 0; attempt < SETUP_ATTEMPTS; attempt++) {
+		snprintf(sql, sizeof(sql),
+		    "SELECT pubinsert, pubviaroot FROM pg_publication WHERE pubname = %s", nm->pub_lit);
+		if (query(c, sql, &res, NULL, err, sizeof(err)) != 0)
+			return failf(errbuf, errlen, OBX_EIO, "could not read publication %s: %s",
+			    cfg->publication, err);
+		exists = PQntuples(res) > 0;
+		inserts = exists && strcmp(PQgetvalue(res, 0, 0), "t") == 0;
+		*viaroot = exists && strcmp(PQgetvalue(res, 0, 1), "t") == 0;
+		PQclear(res);
+		if (exists && !inserts)
+			return failf(errbuf, errlen, OBX_ECONFIG,
+			    "publication %s does not publish inserts (ALTER PUBLICATION %s SET (publish = 'insert'))",
+			    cfg->publication, cfg->publication);
+		if (exists)
+			return 0;
+		if (!cfg->create_publication)
+			return failf(errbuf, errlen, OBX_ECONFIG,
+			    "publication %s does not exist and create_publication = false "
+			    "(create it FOR TABLE %s.%s WITH (publish = 'insert'), see sql/)",
+			    cfg->publication, cfg->table_schema, cfg->table_name);
+		snprintf(sql, sizeof(sql), "CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert'%s)",
+		    nm->pub_ident, nm->qualified,
+		    relkind == 'p' ? ", publish_via_partition_root = true" : "");
+		if ((r = create_publication(c, cfg, sql, &created, errbuf, errlen)) != 0)
+			return r;
+		if (created)
+			obx_log_info("created publication %s for table %s.%s (inserts only)",
+			    cfg->publication, cfg->table_schema, cfg->table_name);
+	}
+	return failf(errbuf, errlen, OBX_EIO, "publication %s was dropped each time it was created",
+	    cfg->publication);
+}
+
+/*
+ * Refuses a publication that would let events be confirmed unpublished: one
+ * without the table, with a row filter, or with a column list hiding a
+ * mapped column.  A mapped column the table lacks now (renamed, dropped) is
+ * only logged: its rows follow on_error.  Returns 0, OBX_EIO, OBX_ECONFIG
+ * or OBX_ENOMEM.
+ */
+static int
+check_publication_columns(PGconn *c, const struct obx_config *cfg, const struct sqlnames *nm,
+    char *errbuf, size_t errlen)
+{
+	char err[1024];
+	char *cols, *sql = NULL;
+	PGresult *res;
+	int r;
+
+	cols = mapped_columns_sql(c, cfg);
+	if (cols == NULL ||
+	    asprintf(&sql,
+	    "WITH t AS (SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(quote_ident(%s) || '.' || quote_ident(%s)) "
+	    "AND attnum > 0 AND NOT attisdropped) "
+	    "SELECT rowfilter IS NOT NULL, (SELECT string_agg(m, ', ') FROM unnest(ARRAY[%s]::name[]) m "
+	    "WHERE attnames IS NOT NULL AND NOT m = ANY(attnames) AND m IN (SELECT attname FROM t)), "
+	    "(SELECT string_agg(m, ', ') FROM unnest(ARRAY[%s]::name[]) m WHERE m NOT IN (SELECT attname FROM t)) "
+	    "FROM pg_publication_tables WHERE pubname = %s AND schemaname = %s AND tablename = %s",
+	    nm->schema_lit, nm->table_lit, cols, cols, nm->pub_lit, nm->schema_lit,
+	    nm->table_lit) < 0) {
+		free(cols);
+		return failf(errbuf, errlen, OBX_ENOMEM, "out of memory");
+	}
+	free(cols);
+	r = query(c, sql, &res, NULL, err, sizeof(err));
+	free(sql);
+	if (r != 0)
+		return failf(errbuf, errlen, OBX_EIO, "could not read publication %s: %s",
+		    cfg->publication, err);
+	if (PQntuples(res) == 0)
+		r = failf(errbuf, errlen, OBX_ECONFIG,
+		    "publication %s does not publish table %s.%s (ALTER PUBLICATION %s ADD TABLE ...)",
+		    cfg->publication, cfg->table_schema, cfg->table_name, cfg->publication);
+	else if (strcmp(PQgetvalue(res, 0, 0), "t") == 0)
+		r = failf(errbuf, errlen, OBX_ECONFIG,
+		    "publication %s has a row filter on %s.%s: filtered events would be confirmed without being published",
+		    cfg->publication, cfg->table_schema, cfg->table_name);
+	else if (!PQgetisnull(res, 0, 1))
+		r = failf(errbuf, errlen, OBX_ECONFIG,
+		    "publication %s has a column list without the mapped column(s) %s",
+		    cfg->publication, PQgetvalue(res, 0, 1));
+	else if (!PQgetisnull(res, 0, 2))
+		obx_log_warn("outbox table %s.%s has no column(s) %s now: rows without them cannot become "
+		    "events and follow on_error (%s)", cfg->table_schema, cfg->table_name,
+		    PQgetvalue(res, 0, 2), cfg->on_error == OBX_ON_ERROR_STOP ? "stop" : "dead_letter");
+	PQclear(res);
+	return r;
+}
+
+int
+obx_pgsetup_publication(PGconn *c, const struct obx_config *cfg, char *errbuf, size_t errlen)
+{
+	struct sqlnames nm;
+	char relkind = 'r';
+	bool viaroot = false;
+	int r;
+
+	if ((r = sqlnames_init(&nm, c, cfg, errbuf, errlen)) != 0)
+		return r;
+	r = table_relkind(c, cfg, &nm, &relkind, errbuf, errlen);
+	if (r == OBX_ENOENT && cfg->messages) {
+		r = message_publication(c, cfg, &nm, errbuf, errlen);
+		goto out;
+	}
+	if (r == OBX_ENOENT)
+		r = failf(errbuf, errlen, OBX_ECONFIG,
+		    "outbox table %s.%s does not exist (create it, see sql/, or set [source] table)",
+		    cfg->table_schema, cfg->table_name);
+	if (r != 0)
+		goto out;
+	if ((r = ensure_publication(c, cfg, &nm, relkind, &viaroot, errbuf, errlen)) != 0)
+		goto out;
+	if (relkind == 'p' && !viaroot) {
+		r = failf(errbuf, errlen, OBX_ECONFIG,
+		    "outbox %s.%s is partitioned but publication %s lacks publish_via_partition_root = true: "
+		    "events would arrive under partition names (ALTER PUBLICATION %s SET (publish_via_partition_root = true))",
+		    cfg->table_schema, cfg->table_name, cfg->publication, cfg->publication);
+		goto out;
+	}
+	r = check_publication_columns(c, cfg, &nm, errbuf, errlen);
+out:
+	sqlnames_free(&nm);
+	return r;
+}
+
+/* ---- the slot guard --------------------------------------------------- */
+
+/* Finds "outboxd-slot SLOT SYSID LSN" in the publication comment; returns true when present. */
+static bool
+find_marker(const char *comment, const char *slot, char *sysid, size_t sl, char *lsn, size_t ll)
+{
+	const char *p = comment;
+
+	while (p != NULL && *p != '\0') {
+		char s[128], id[32], l[32];
+
+		if (sscanf(p, MARKER " %127s %31s %31s", s, id, l) == 3 && strcmp(s, slot) == 0) {
+			strlcpy(sysid, id, sl);
+			strlcpy(lsn, l, ll);
+			return true;
+		}
+		p = strchr(p, '\n');
+		if (p != NULL)
+			p++;
+	}
+	return false;
+}
+
+/*
+ * Reads the guard's record of the slot from the publication comment:
+ * *comment is the whole comment (the caller frees it), *marked says whether
+ * it records the slot, and then msysid and mlsn hold the record.  Returns
+ * 0, OBX_EIO or OBX_ENOMEM.
+ */
+static int
+read_guard(PGconn *c, const struct obx_config *cfg, const struct sqlnames *nm, char **comment,
+    bool *marked, char *msysid, size_t msysidlen, char *mlsn, size_t mlsnlen, char *errbuf,
+    size_t errlen)
+{
+	char sql[1024], err[1024];
+	PGresult *res;
+
+	snprintf(sql, sizeof(sql), "SELECT coalesce(obj_description(oid, 'pg_publication'), '') "
+	    "FROM pg_publication WHERE pubname = %s", nm->pub_lit);
+	if (query(c, sql, &res, NULL, err, sizeof(err)) != 0)
+		return failf(errbuf, errlen, OBX_EIO, "could not read publication comment: %s", err);
+	*comment = strdup(PQntuples(res) > 0 ? PQgetvalue(res, 0, 0) : "");
+	PQclear(res);
+	if (*comment == NULL)
+		return failf(errbuf, errlen, OBX_ENOMEM, "out of memory");
+	*marked = find_marker(*comment, cfg->slot, msysid, msysidlen, mlsn, mlsnlen);
+	return 0;
+}
+
+/* Adds (or replaces) the guard's record of the slot in the publication comment; only warns on failure. */
+static void
+record_marker(PGconn *c, const struct obx_config *cfg, const struct sqlnames *nm,
+    const char *comment, const char *sysid, const char *lsn)
+{
+	char *text = NULL, *lit, *sql = NULL;
+	size_t len = 0;
+	FILE *fp = open_memstream(&text, &len);
+	char err[1024];
+	PGresult *res;
+
+	if (fp == NULL)
+		return;
+	/* keep the other lines (other slots, a human's note), replace ours */
+	for (const char *p = comment; p != NULL && *p != '\0';) {
+		const char *nl = strchr(p, '\n');
+		size_t n = nl ? (size_t)(nl - p) : strlen(p);
+		char prefix[160];
+
+		snprintf(prefix, sizeof(prefix), MARKER " %s ", cfg->slot);
+		if (strncmp(p, prefix, strlen(prefix)) != 0 && n > 0)
+			fprintf(fp, "%.*s\n", (int)n, p);
+		p = nl ? nl + 1 : NULL;
+	}
+	fprintf(fp, MARKER " %s %s %s", cfg->slot, sysid, lsn);
+	fclose(fp);
+	lit = PQescapeLiteral(c, text, strlen(text));
+	if (lit != NULL && asprintf(&sql, "COMMENT ON PUBLICATION %s IS %s", nm->pub_ident, lit) > 0) {
+		if (query(c, sql, &res, NULL, err, sizeof(err)) == 0)
+			PQclear(res);
+		else
+			obx_log_warn("could not record the creation of slot %s on publication %s: %s; "
+			    "a later loss of the slot will not be detected (make the outboxd role own the publication)",
+			    cfg->slot, cfg->publication, err);
+	}
+	free(sql);
+	PQfreemem(lit);
+	free(text);
+}
+
+/* ---- slot ------------------------------------------------------------- */
+
+/*
+ * Reads the slot.  Returns 0 with *confirmed set when it exists and can be
+ * used, OBX_ENOENT when there is none, else OBX_EIO, OBX_EBUSY (being
+ * created), OBX_ECONFIG (not pgoutput, invalidated) or OBX_EPROTO.
+ */
+static int
+read_slot(PGconn *c, const struct obx_config *cfg, const struct sqlnames *nm, obx_lsn *confirmed,
+    char *errbuf, size_t errlen)
+{
+	char sql[1024], err[1024];
+	PGresult *res;
+	int r = 0;
+
+	snprintf(sql, sizeof(sql),
+	    "SELECT confirmed_flush_lsn, plugin, slot_type, database, coalesce(wal_status, '') "
+	    "FROM pg_replication_slots WHERE slot_name = %s", nm->slot_lit);
+	if (query(c, sql, &res, NULL, err, sizeof(err)) != 0)
+		return failf(errbuf, errlen, OBX_EIO, "could not read slot %s: %s", cfg->slot, err);
+	if (PQntuples(res) == 0)
+		r = OBX_ENOENT;
+	else if (strcmp(PQgetvalue(res, 0, 2), "logical") != 0 ||
+	    strcmp(PQgetvalue(res, 0, 1), "pgoutput") != 0)
+		r = failf(errbuf, errlen, OBX_ECONFIG,
+		    "slot %s exists but is not a logical pgoutput slot (plugin %s)", cfg->slot,
+		    PQgetvalue(res, 0, 1));
+	else if (strcmp(PQgetvalue(res, 0, 4), "lost") == 0)
+		r = failf(errbuf, errlen, OBX_ECONFIG,
+		    "slot %s is invalidated (wal_status = lost): the server removed WAL it still needed, "
+		    "events committed after %s may have been lost; drop and recreate the slot, then "
+		    "reconcile from the business tables", cfg->slot,
+		    PQgetisnull(res, 0, 0) ? "its last position" : PQgetvalue(res, 0, 0));
+	else if (PQgetisnull(res, 0, 0))
+		/* another instance is creating it right now: wait for it like for a slot in use */
+		r = failf(errbuf, errlen, OBX_EBUSY, "slot %s is being created by another instance",
+		    cfg->slot);
+	else if (obx_lsn_parse(PQgetvalue(res, 0, 0), confirmed) != 0)
+		r = failf(errbuf, errlen, OBX_EPROTO, "slot %s has a malformed confirmed position",
+		    cfg->slot);
+	PQclear(res);
+	return r;
+}
+
+/*
+ * Creates the slot without a snapshot.  Returns 0 with *confirmed and point
+ * (its consistent point as text) set, or with *raced set when another
+ * instance created it first; OBX_ECONFIG or OBX_EPROTO (errbuf).
+ */
+static int
+create_slot(PGconn *c, const struct obx_config *cfg, const struct sqlnames *nm, obx_lsn *confirmed,
+    char *point, size_t pointlen, bool *raced, char *errbuf, size_t errlen)
+{
+	char sql[1024], err[1024], state[6];
+	PGresult *res;
+	int r = 0;
+
+	*raced = false;
+	if (PQserverVersion(c) >= 150000)
+		snprintf(sql, sizeof(sql), "CREATE_REPLICATION_SLOT %s LOGICAL pgoutput (SNAPSHOT 'nothing')",
+		    nm->slot_ident);
+	else
+		snprintf(sql, sizeof(sql), "CREATE_REPLICATION_SLOT %s LOGICAL pgoutput NOEXPORT_SNAPSHOT",
+		    nm->slot_ident);
+	if (query(c, sql, &res, state, err, sizeof(err)) != 0) {
+		if (strcmp(state, "42710") != 0)
+			return failf(errbuf, errlen, OBX_ECONFIG, "could not create slot %s: %s",
+			    cfg->slot, err);
+		*raced = true;
+		return 0;
+	}
+	if (PQntuples(res) < 1 || PQnfields(res) < 2 ||
+	    obx_lsn_parse(PQgetvalue(res, 0, 1), confirmed) != 0)
+		r = failf(errbuf, errlen, OBX_EPROTO, "slot %s: unexpected consistent point", cfg->slot);
+	else
+		strlcpy(point, PQgetvalue(res, 0, 1), pointlen);
+	PQclear(res);
+	return r;
+}
+
+/* A new slot starts at its creation point: says how many rows that leaves behind. */
+static void
+warn_unpublished_rows(PGconn *c, const struct obx_config *cfg, const struct sqlnames *nm)
+{
+	char sql[1024], err[1024];
+	PGresult *res;
+
+	snprintf(sql, sizeof(sql), "SELECT count(*) FROM (SELECT 1 FROM %s LIMIT 1000001) x", nm->qualified);
+	if (query(c, sql, &res, NULL, err, sizeof(err)) != 0)
+		return;
+	if (strcmp(PQgetvalue(res, 0, 0), "0") != 0)
+		obx_log_warn("%s row(s) already in %s.%s will not be published: a new slot starts "
+		    "at its creation point (no snapshot)", PQgetvalue(res, 0, 0), cfg->table_schema,
+		    cfg->table_name);
+	PQclear(res);
+}
+
+/*
+ * Decides with the slot guard whether a missing slot may be created: not
+ * when it existed before (unless recreate), nor when cfg forbids it.
+ * Returns 0 or OBX_ECONFIG.
+ */
+static int
+may_create_slot(const struct obx_config *cfg, bool marked, bool recreate, const char *msysid,
+    const char *mlsn, char *errbuf, size_t errlen)
+{
+	if (marked && !recreate)
+		return failf(errbuf, errlen, OBX_ECONFIG,
+		    "replication slot %s is missing but existed before (created at %s on system %s): "
+		    "after a failover, a drop or a restore, events committed since its last position may "
+		    "not be published; reconcile, then start once with --recreate-slot",
+		    cfg->slot, mlsn, msysid);
+	if (!marked && !cfg->create_slot)
+		return failf(errbuf, errlen, OBX_ECONFIG,
+		    "replication slot %s does not exist and create_slot = false", cfg->slot);
+	return 0;
+}
+
+/* Says what was created; a recreated slot skipped what its predecessor had not confirmed. */
+static void
+log_created(const struct obx_config *cfg, bool marked, const char *mlsn, const char *point)
+{
+	if (marked)
+		obx_log_warn("recreated slot %s at %s (--recreate-slot); the previous slot was created at %s: "
+		    "events committed between its last confirmed position and %s are not published",
+		    cfg->slot, point, mlsn, point);
+	else
+		obx_log_info("created slot %s at %s", cfg->slot, point);
+}
+
+int
+obx_pgsetup_slot(PGconn *c, const struct obx_config *cfg, const char *sysid, bool recreate,
+    obx_lsn *confirmed, bool *created, char *errbuf, size_t errlen)
+{
+	char msysid[32], mlsn[32], point[32];
+	char *comment = NULL;
+	struct sqlnames nm;
+	bool marked = false, raced = false;
+	int r;
+
+	*created = false;
+	if ((r = sqlnames_init(&nm, c, cfg, errbuf, errlen)) != 0)
+		return r;
+	for (int attempt = 0; attempt < SETUP_ATTEMPTS; attempt++) {
+		r = read_slot(c, cfg, &nm, confirmed, errbuf, errlen);
+		if (r != OBX_ENOENT)
+			goto out;
+		free(comment);
+		comment = NULL;
+		r = read_guard(c, cfg, &nm, &comment, &marked, msysid, sizeof(msysid), mlsn,
+		    sizeof(mlsn), errbuf, errlen);
+		if (r == 0)
+			r = may_create_slot(cfg, marked, recreate, msysid, mlsn, errbuf, errlen);
+		if (r == 0)
+			r = create_slot(c, cfg, &nm, confirmed, point, sizeof(point), &raced, errbuf,
+			    errlen);
+		if (r != 0)
+			goto out;
+		if (!raced) {
+			*created = true;
+			log_created(cfg, marked, mlsn, point);
+			record_marker(c, cfg, &nm, comment, sysid, point);
+			warn_unpublished_rows(c, cfg, &nm);
+			goto out;
+		}
+		/* another instance created it a moment ago: use it */
+		obx_log_info("slot %s was created concurrently", cfg->slot);
+	}
+	r = failf(errbuf, errlen, OBX_EIO, "slot %s was dropped each time another instance created it",
+	    cfg->slot);
+out:
+	free(comment);
+	sqlnames_free(&nm);
+	return r;
+}
