@@ -1,9 +1,8 @@
 /*
- * config.c - configuration loading and validation.
- *
- * The file is read with libinih; everything else (environment, --set,
- * value parsing, cross-checks) is plain string work so that the unit tests
- * can drive every error path.
+ * config.c - configuration validation (pure): every value is parsed and
+ * checked as it is set, from whatever source config_load.c (the file) or
+ * the caller (environment, --set) hands over, so that the unit tests can
+ * drive every error path.
  */
 #include <ctype.h>
 #include <errno.h>
@@ -13,22 +12,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <ini.h>
-#include <libpq-fe.h>
-#include <librdkafka/rdkafka.h>
-
 #include "obx/config.h"
 #include "obx/err.h"
 #include "obx/template.h"
 
-#define MAX_LINE 200 /* libinih's INI_MAX_LINE in Debian's build */
 #define NAMEDATALEN_MAX 64 /* PostgreSQL identifiers: at most 63 bytes */
 
-static void fail(char *errbuf, size_t errlen, const char *origin, const char *key, const char *fmt, ...)
-    __attribute__((format(printf, 5, 6)));
-
-static void
-fail(char *errbuf, size_t errlen, const char *origin, const char *key, const char *fmt, ...)
+void
+obx_config_fail(char *errbuf, size_t errlen, const char *origin, const char *key, const char *fmt, ...)
 {
 	char reason[512];
 	va_list ap;
@@ -185,39 +176,6 @@ obx_kafka_prop_is_secret(const char *key)
 	return strstr(key, "password") != NULL || strstr(key, "secret") != NULL;
 }
 
-int
-obx_conninfo_redact(const char *conninfo, char *out, size_t outlen)
-{
-	PQconninfoOption *opts;
-	char *errmsg = NULL;
-	size_t used = 0;
-
-	if (outlen == 0)
-		return OBX_EINVAL;
-	out[0] = '\0';
-	opts = PQconninfoParse(conninfo, &errmsg);
-	if (opts == NULL) {
-		PQfreemem(errmsg);
-		strlcpy(out, "(unparsable connection string)", outlen);
-		return OBX_EINVAL;
-	}
-	for (PQconninfoOption *o = opts; o->keyword != NULL; o++) {
-		const char *val = o->val;
-		int n;
-
-		if (val == NULL)
-			continue;
-		if (strcmp(o->keyword, "password") == 0 || o->dispchar[0] == '*')
-			val = "********";
-		n = snprintf(out + used, outlen - used, "%s%s=%s", used ? " " : "", o->keyword, val);
-		if (n < 0 || (size_t)n >= outlen - used)
-			break;
-		used += (size_t)n;
-	}
-	PQconninfoFree(opts);
-	return 0;
-}
-
 /* ---- per-section setters ---------------------------------------------- */
 
 static int kv_put(struct obx_kv **kv, size_t *n, const char *key, const char *value,
@@ -238,12 +196,12 @@ set_str(struct obx_config *cfg, const struct str_key *k, const char *key, const 
 	int r;
 
 	if (k->nonempty && value[0] == '\0') {
-		fail(errbuf, errlen, origin, key, "must not be empty");
+		obx_config_fail(errbuf, errlen, origin, key, "must not be empty");
 		return OBX_ECONFIG;
 	}
 	r = replace_str((char **)((char *)cfg + k->off), value);
 	if (r != 0)
-		fail(errbuf, errlen, origin, key, "%s", obx_strerror(r));
+		obx_config_fail(errbuf, errlen, origin, key, "%s", obx_strerror(r));
 	return r;
 }
 
@@ -314,18 +272,12 @@ set_source(struct obx_config *cfg, const char *key, const char *value, const cha
 		if (strcmp(key, strs[i].name) == 0)
 			return set_str(cfg, &strs[i], key, value, origin, errbuf, errlen);
 	if (strcmp(key, "conninfo") == 0) {
-		PQconninfoOption *opts;
-		char *errmsg = NULL;
-
-		/* libpq's parse error quotes the input, which may hold the password. */
-		opts = PQconninfoParse(value, &errmsg);
-		PQfreemem(errmsg);
-		if (opts == NULL) {
-			fail(errbuf, errlen, origin, key,
+		if (cfg->checks != NULL && cfg->checks->conninfo != NULL &&
+		    cfg->checks->conninfo(value) != 0) {
+			obx_config_fail(errbuf, errlen, origin, key,
 			    "not a valid libpq connection string or URI (value not shown, it may hold a password)");
 			return OBX_ECONFIG;
 		}
-		PQconninfoFree(opts);
 		return replace_str(&cfg->conninfo, value);
 	}
 	if (strcmp(key, "table") == 0) {
@@ -335,7 +287,7 @@ set_source(struct obx_config *cfg, const char *key, const char *value, const cha
 		if (r != 0) {
 			free(schema);
 			free(name);
-			fail(errbuf, errlen, origin, key,
+			obx_config_fail(errbuf, errlen, origin, key,
 			    "expected [schema.]table, got '%s'", value);
 			return r == OBX_ENOMEM ? r : OBX_ECONFIG;
 		}
@@ -350,12 +302,12 @@ set_source(struct obx_config *cfg, const char *key, const char *value, const cha
 			cfg->streaming = value[1] == 'n';
 			return 0;
 		}
-		fail(errbuf, errlen, origin, key, "expected on or off, got '%s'", value);
+		obx_config_fail(errbuf, errlen, origin, key, "expected on or off, got '%s'", value);
 		return OBX_ECONFIG;
 	}
 	if (strcmp(key, "messages") == 0) {
 		if (obx_parse_bool(value, &cfg->messages) != 0) {
-			fail(errbuf, errlen, origin, key, "expected true or false, got '%s'", value);
+			obx_config_fail(errbuf, errlen, origin, key, "expected true or false, got '%s'", value);
 			return OBX_ECONFIG;
 		}
 		return 0;
@@ -363,7 +315,7 @@ set_source(struct obx_config *cfg, const char *key, const char *value, const cha
 	if (strcmp(key, "stream_buffer") == 0) {
 		r = obx_parse_size(value, 1024, 1LL << 40, &cfg->stream_buffer_bytes);
 		if (r != 0) {
-			fail(errbuf, errlen, origin, key, r == OBX_ERANGE ?
+			obx_config_fail(errbuf, errlen, origin, key, r == OBX_ERANGE ?
 			    "'%s' is out of range (1KiB to 1TiB)" :
 			    "expected a size such as 64MiB or 65536, got '%s'", value);
 			return OBX_ECONFIG;
@@ -374,7 +326,7 @@ set_source(struct obx_config *cfg, const char *key, const char *value, const cha
 		bool *dst = key[7] == 's' ? &cfg->create_slot : &cfg->create_publication;
 
 		if (obx_parse_bool(value, dst) != 0) {
-			fail(errbuf, errlen, origin, key, "expected true or false, got '%s'", value);
+			obx_config_fail(errbuf, errlen, origin, key, "expected true or false, got '%s'", value);
 			return OBX_ECONFIG;
 		}
 		return 0;
@@ -382,7 +334,7 @@ set_source(struct obx_config *cfg, const char *key, const char *value, const cha
 	if (strcmp(key, "status_interval") == 0) {
 		r = obx_parse_duration_ms(value, 100, 3600000, &ms);
 		if (r != 0) {
-			fail(errbuf, errlen, origin, key, r == OBX_ERANGE ?
+			obx_config_fail(errbuf, errlen, origin, key, r == OBX_ERANGE ?
 			    "'%s' is out of range (100ms to 1h)" :
 			    "expected a duration such as 10s or 500ms, got '%s'", value);
 			return OBX_ECONFIG;
@@ -390,7 +342,7 @@ set_source(struct obx_config *cfg, const char *key, const char *value, const cha
 		cfg->status_interval_ms = (int)ms;
 		return 0;
 	}
-	fail(errbuf, errlen, origin, key, "unknown key in [source]");
+	obx_config_fail(errbuf, errlen, origin, key, "unknown key in [source]");
 	return OBX_ECONFIG;
 }
 
@@ -433,7 +385,7 @@ set_outbox(struct obx_config *cfg, const char *key, const char *value, const cha
 			return set_str(cfg, &cols[i].k, key, value, origin, errbuf, errlen);
 	if (strncmp(key, "header.", 7) == 0) {
 		if (key[7] == '\0' || value[0] == '\0') {
-			fail(errbuf, errlen, origin, key,
+			obx_config_fail(errbuf, errlen, origin, key,
 			    "expected header.<name> = <column>, e.g. header.eventType = type");
 			return OBX_ECONFIG;
 		}
@@ -443,12 +395,12 @@ set_outbox(struct obx_config *cfg, const char *key, const char *value, const cha
 		int r = check_topic(value, why, sizeof(why));
 
 		if (r != 0) {
-			fail(errbuf, errlen, origin, key, "%s", why);
+			obx_config_fail(errbuf, errlen, origin, key, "%s", why);
 			return r == OBX_ENOMEM ? r : OBX_ECONFIG;
 		}
 		return replace_str(&cfg->topic, value);
 	}
-	fail(errbuf, errlen, origin, key, "unknown key in [outbox]");
+	obx_config_fail(errbuf, errlen, origin, key, "unknown key in [outbox]");
 	return OBX_ECONFIG;
 }
 
@@ -501,8 +453,6 @@ static int
 set_kafka(struct obx_config *cfg, const char *key, const char *value, const char *origin,
     char *errbuf, size_t errlen)
 {
-	rd_kafka_conf_t *conf;
-	rd_kafka_conf_res_t res;
 	char why[512];
 	int r;
 
@@ -511,43 +461,42 @@ set_kafka(struct obx_config *cfg, const char *key, const char *value, const char
 		bool b;
 
 		if (obx_parse_bool(value, &b) != 0 || !b) {
-			fail(errbuf, errlen, origin, key,
+			obx_config_fail(errbuf, errlen, origin, key,
 			    "must stay true: without idempotence retries can reorder or duplicate events");
 			return OBX_ECONFIG;
 		}
 	}
 	if (strcmp(key, "acks") == 0 || strcmp(key, "request.required.acks") == 0) {
 		if (strcmp(value, "all") != 0 && strcmp(value, "-1") != 0) {
-			fail(errbuf, errlen, origin, key,
+			obx_config_fail(errbuf, errlen, origin, key,
 			    "must stay 'all': an event acknowledged by fewer replicas can be lost");
 			return OBX_ECONFIG;
 		}
 	}
 	if (strcmp(key, "transactional.id") == 0) {
-		fail(errbuf, errlen, origin, key, "transactional producers are not supported");
+		obx_config_fail(errbuf, errlen, origin, key, "transactional producers are not supported");
 		return OBX_ECONFIG;
 	}
 
 	/* Let librdkafka judge the property; it knows every name and range. */
-	conf = rd_kafka_conf_new();
-	if (conf == NULL)
-		return OBX_ENOMEM;
-	res = rd_kafka_conf_set(conf, key, value, why, sizeof(why));
-	rd_kafka_conf_destroy(conf);
-	if (res == RD_KAFKA_CONF_UNKNOWN) {
-		fail(errbuf, errlen, origin, key, "unknown librdkafka property");
+	r = cfg->checks != NULL && cfg->checks->kafka_property != NULL ?
+	    cfg->checks->kafka_property(key, value, why, sizeof(why)) : 0;
+	if (r == OBX_ENOMEM)
+		return r;
+	if (r == OBX_ENOENT) {
+		obx_config_fail(errbuf, errlen, origin, key, "unknown librdkafka property");
 		return OBX_ECONFIG;
 	}
-	if (res != RD_KAFKA_CONF_OK) {
+	if (r != 0) {
 		if (obx_kafka_prop_is_secret(key))
-			fail(errbuf, errlen, origin, key, "invalid value (not shown: secret)");
+			obx_config_fail(errbuf, errlen, origin, key, "invalid value (not shown: secret)");
 		else
-			fail(errbuf, errlen, origin, key, "%s", why);
+			obx_config_fail(errbuf, errlen, origin, key, "%s", why);
 		return OBX_ECONFIG;
 	}
 	r = kv_put(&cfg->kafka, &cfg->n_kafka, key, value, origin);
 	if (r != 0)
-		fail(errbuf, errlen, origin, key, "%s", obx_strerror(r));
+		obx_config_fail(errbuf, errlen, origin, key, "%s", obx_strerror(r));
 	return r;
 }
 
@@ -560,7 +509,7 @@ set_delivery(struct obx_config *cfg, const char *key, const char *value, const c
 	if (strcmp(key, "max_inflight") == 0) {
 		r = obx_parse_int(value, 1, 10000000, &cfg->max_inflight);
 		if (r != 0) {
-			fail(errbuf, errlen, origin, key, r == OBX_ERANGE ?
+			obx_config_fail(errbuf, errlen, origin, key, r == OBX_ERANGE ?
 			    "'%s' is out of range (1 to 10000000)" :
 			    "expected an integer, got '%s'", value);
 			return OBX_ECONFIG;
@@ -570,7 +519,7 @@ set_delivery(struct obx_config *cfg, const char *key, const char *value, const c
 	if (strcmp(key, "max_inflight_bytes") == 0) {
 		r = obx_parse_size(value, 1024, 1LL << 40, &cfg->max_inflight_bytes);
 		if (r != 0) {
-			fail(errbuf, errlen, origin, key, r == OBX_ERANGE ?
+			obx_config_fail(errbuf, errlen, origin, key, r == OBX_ERANGE ?
 			    "'%s' is out of range (1KiB to 1TiB)" :
 			    "expected a size such as 16MiB or 65536, got '%s'", value);
 			return OBX_ECONFIG;
@@ -583,7 +532,7 @@ set_delivery(struct obx_config *cfg, const char *key, const char *value, const c
 		else if (strcmp(value, "dead_letter") == 0)
 			cfg->on_error = OBX_ON_ERROR_DEAD_LETTER;
 		else {
-			fail(errbuf, errlen, origin, key,
+			obx_config_fail(errbuf, errlen, origin, key,
 			    "expected stop or dead_letter, got '%s'", value);
 			return OBX_ECONFIG;
 		}
@@ -594,7 +543,7 @@ set_delivery(struct obx_config *cfg, const char *key, const char *value, const c
 
 		return set_str(cfg, &k, key, value, origin, errbuf, errlen);
 	}
-	fail(errbuf, errlen, origin, key, "unknown key in [delivery]");
+	obx_config_fail(errbuf, errlen, origin, key, "unknown key in [delivery]");
 	return OBX_ECONFIG;
 }
 
@@ -607,13 +556,13 @@ set_metrics(struct obx_config *cfg, const char *key, const char *value, const ch
 	long long port;
 
 	if (strcmp(key, "listen") != 0) {
-		fail(errbuf, errlen, origin, key, "unknown key in [metrics]");
+		obx_config_fail(errbuf, errlen, origin, key, "unknown key in [metrics]");
 		return OBX_ECONFIG;
 	}
 	colon = strrchr(value, ':');
 	if (colon == NULL || colon == value || (size_t)(colon - value) >= sizeof(host) ||
 	    obx_parse_int(colon + 1, 0, 65535, &port) != 0) {
-		fail(errbuf, errlen, origin, key,
+		obx_config_fail(errbuf, errlen, origin, key,
 		    "expected host:port with a port from 0 to 65535, got '%s'", value);
 		return OBX_ECONFIG;
 	}
@@ -636,7 +585,7 @@ set_log(struct obx_config *cfg, const char *key, const char *value, const char *
 				return 0;
 			}
 		}
-		fail(errbuf, errlen, origin, key,
+		obx_config_fail(errbuf, errlen, origin, key,
 		    "expected error, warn, info or debug, got '%s'", value);
 		return OBX_ECONFIG;
 	}
@@ -646,7 +595,7 @@ set_log(struct obx_config *cfg, const char *key, const char *value, const char *
 		else if (strcmp(value, "text") == 0)
 			cfg->log_format = OBX_LOG_FORMAT_TEXT;
 		else {
-			fail(errbuf, errlen, origin, key, "expected json or text, got '%s'", value);
+			obx_config_fail(errbuf, errlen, origin, key, "expected json or text, got '%s'", value);
 			return OBX_ECONFIG;
 		}
 		return 0;
@@ -656,7 +605,7 @@ set_log(struct obx_config *cfg, const char *key, const char *value, const char *
 		int r = strcmp(value, "0") == 0 ? (ms = 0, 0) : obx_parse_duration_ms(value, 1000, 86400000, &ms);
 
 		if (r != 0) {
-			fail(errbuf, errlen, origin, key, r == OBX_ERANGE ?
+			obx_config_fail(errbuf, errlen, origin, key, r == OBX_ERANGE ?
 			    "'%s' is out of range (1s to 24h, or 0 for none)" :
 			    "expected a duration such as 60s, or 0 for none, got '%s'", value);
 			return OBX_ECONFIG;
@@ -664,7 +613,7 @@ set_log(struct obx_config *cfg, const char *key, const char *value, const char *
 		cfg->progress_interval_ms = (int)ms;
 		return 0;
 	}
-	fail(errbuf, errlen, origin, key, "unknown key in [log]");
+	obx_config_fail(errbuf, errlen, origin, key, "unknown key in [log]");
 	return OBX_ECONFIG;
 }
 
@@ -690,7 +639,7 @@ obx_config_set(struct obx_config *cfg, const char *section, const char *key, con
 		if (strcmp(section, sections[i].name) != 0)
 			continue;
 		if (key[0] == '\0') {
-			fail(errbuf, errlen, origin, NULL, "empty key in [%s]", section);
+			obx_config_fail(errbuf, errlen, origin, NULL, "empty key in [%s]", section);
 			return OBX_ECONFIG;
 		}
 		if (from_file) {
@@ -699,7 +648,7 @@ obx_config_set(struct obx_config *cfg, const char *section, const char *key, con
 			snprintf(full, sizeof(full), "%s.%s", section, key);
 			prev = kv_find(cfg->seen, cfg->n_seen, full);
 			if (prev != NULL) {
-				fail(errbuf, errlen, origin, key, "set twice in [%s] (first at %s)",
+				obx_config_fail(errbuf, errlen, origin, key, "set twice in [%s] (first at %s)",
 				    section, prev->origin);
 				return OBX_ECONFIG;
 			}
@@ -709,9 +658,9 @@ obx_config_set(struct obx_config *cfg, const char *section, const char *key, con
 		return sections[i].set(cfg, key, value, origin, errbuf, errlen);
 	}
 	if (section[0] == '\0')
-		fail(errbuf, errlen, origin, key, "outside of any [section]");
+		obx_config_fail(errbuf, errlen, origin, key, "outside of any [section]");
 	else
-		fail(errbuf, errlen, origin, NULL, "section '%s': unknown section "
+		obx_config_fail(errbuf, errlen, origin, NULL, "section '%s': unknown section "
 		    "(known: source, outbox, kafka, delivery, metrics, log)", section);
 	return OBX_ECONFIG;
 }
@@ -830,7 +779,7 @@ obx_config_apply_env(struct obx_config *cfg, char *const *envp, char *errbuf, si
 		if (strncmp(e, prefix, sizeof(prefix) - 1) != 0 || eq == NULL)
 			continue;
 		if ((size_t)(eq - e) >= sizeof(name)) {
-			fail(errbuf, errlen, "environment", NULL, "variable name too long");
+			obx_config_fail(errbuf, errlen, "environment", NULL, "variable name too long");
 			return OBX_ECONFIG;
 		}
 		memcpy(name, e, (size_t)(eq - e));
@@ -838,7 +787,7 @@ obx_config_apply_env(struct obx_config *cfg, char *const *envp, char *errbuf, si
 		snprintf(origin, sizeof(origin), "environment %s", name);
 		under = strchr(name + sizeof(prefix) - 1, '_');
 		if (under == NULL || under[1] == '\0') {
-			fail(errbuf, errlen, origin, NULL,
+			obx_config_fail(errbuf, errlen, origin, NULL,
 			    "expected OUTBOXD_<SECTION>_<KEY>");
 			return OBX_ECONFIG;
 		}
@@ -871,13 +820,13 @@ obx_config_apply_set(struct obx_config *cfg, const char *assignment, char *errbu
 
 	if (dot == NULL || eq == NULL || dot > eq || dot == assignment || eq == dot + 1) {
 		/* Do not echo the argument: it may carry a secret value. */
-		fail(errbuf, errlen, "--set", NULL, "expected section.key=value");
+		obx_config_fail(errbuf, errlen, "--set", NULL, "expected section.key=value");
 		return OBX_ECONFIG;
 	}
 	slen = (size_t)(dot - assignment);
 	klen = (size_t)(eq - dot - 1);
 	if (slen >= sizeof(section) || klen >= sizeof(key)) {
-		fail(errbuf, errlen, "--set", NULL, "section or key name too long");
+		obx_config_fail(errbuf, errlen, "--set", NULL, "section or key name too long");
 		return OBX_ECONFIG;
 	}
 	memcpy(section, assignment, slen);
@@ -888,101 +837,6 @@ obx_config_apply_set(struct obx_config *cfg, const char *assignment, char *errbu
 	return obx_config_set(cfg, section, key, eq + 1, origin, false, errbuf, errlen);
 }
 
-/* ---- the file --------------------------------------------------------- */
-
-struct file_state {
-	struct obx_config *cfg;
-	const char *path;
-	FILE *fp;
-	int lineno;
-	bool line_indented;
-	bool line_too_long;
-	int rc;
-	char *errbuf;
-	size_t errlen;
-};
-
-/* libinih reader: one physical line per call, so lineno matches libinih's. */
-static char *
-file_reader(char *str, int num, void *stream)
-{
-	struct file_state *st = stream;
-	int c;
-	int n = 0;
-
-	if (feof(st->fp))
-		return NULL;
-	st->line_too_long = false;
-	while ((c = fgetc(st->fp)) != EOF) {
-		if (n < num - 1)
-			str[n++] = (char)c;
-		else if (c != '\n')
-			st->line_too_long = true;
-		if (c == '\n')
-			break;
-	}
-	if (c == EOF && n == 0)
-		return NULL;
-	str[n] = '\0';
-	st->lineno++;
-	st->line_indented = n > 0 && (str[0] == ' ' || str[0] == '\t');
-	if (st->line_too_long && st->rc == 0) {
-		char origin[PATH_MAX + 16];
-
-		snprintf(origin, sizeof(origin), "%s:%d", st->path, st->lineno);
-		fail(st->errbuf, st->errlen, origin, NULL,
-		    "line longer than %d characters; set long values through the environment (OUTBOXD_<SECTION>_<KEY>)",
-		    MAX_LINE - 2);
-		st->rc = OBX_ECONFIG;
-	}
-	return str;
-}
-
-static int
-file_handler(void *user, const char *section, const char *name, const char *value)
-{
-	struct file_state *st = user;
-	char origin[PATH_MAX + 16];
-
-	if (st->rc != 0)
-		return 0;
-	snprintf(origin, sizeof(origin), "%s:%d", st->path, st->lineno);
-	if (st->line_indented) {
-		fail(st->errbuf, st->errlen, origin, name,
-		    "indented line (continuation lines are not supported)");
-		st->rc = OBX_ECONFIG;
-		return 0;
-	}
-	st->rc = obx_config_set(st->cfg, section, name, value, origin, true, st->errbuf,
-	    st->errlen);
-	return st->rc == 0;
-}
-
-static int
-load_file(struct obx_config *cfg, const char *path, char *errbuf, size_t errlen)
-{
-	struct file_state st = { cfg, path, NULL, 0, false, false, 0, errbuf, errlen };
-	char origin[PATH_MAX + 16];
-	int line;
-
-	st.fp = fopen(path, "r");
-	if (st.fp == NULL) {
-		fail(errbuf, errlen, path, NULL, "could not open: %s", strerror(errno));
-		return OBX_ECONFIG;
-	}
-	line = ini_parse_stream(file_reader, &st, file_handler, &st);
-	fclose(st.fp);
-	if (st.rc != 0)
-		return st.rc;
-	if (line != 0) {
-		snprintf(origin, sizeof(origin), "%s:%d", path, line);
-		fail(errbuf, errlen, origin, NULL,
-		    "syntax error (expected [section], key = value or a comment)");
-		return OBX_ECONFIG;
-	}
-	return 0;
-}
-
 int
 obx_config_finish(struct obx_config *cfg, const char *path, char *errbuf, size_t errlen)
 {
@@ -991,33 +845,14 @@ obx_config_finish(struct obx_config *cfg, const char *path, char *errbuf, size_t
 	if (bs == NULL)
 		bs = obx_config_kafka_get(cfg, "metadata.broker.list");
 	if (bs == NULL || bs[0] == '\0') {
-		fail(errbuf, errlen, path, "bootstrap.servers",
+		obx_config_fail(errbuf, errlen, path, "bootstrap.servers",
 		    "required in [kafka] (or OUTBOXD_KAFKA_BOOTSTRAP_SERVERS)");
 		return OBX_ECONFIG;
 	}
 	if (cfg->on_error == OBX_ON_ERROR_DEAD_LETTER && cfg->dead_letter_topic[0] == '\0') {
-		fail(errbuf, errlen, path, "dead_letter_topic",
+		obx_config_fail(errbuf, errlen, path, "dead_letter_topic",
 		    "required when on_error = dead_letter");
 		return OBX_ECONFIG;
 	}
 	return 0;
-}
-
-int
-obx_config_load(struct obx_config *cfg, const char *path, char *const *envp,
-    const char *const *sets, size_t nsets, char *errbuf, size_t errlen)
-{
-	int r;
-
-	obx_config_init(cfg);
-	if (cfg->conninfo == NULL || cfg->dead_letter_topic == NULL || cfg->metrics_host == NULL)
-		return OBX_ENOMEM;
-	if ((r = load_file(cfg, path, errbuf, errlen)) != 0)
-		return r;
-	if ((r = obx_config_apply_env(cfg, envp, errbuf, errlen)) != 0)
-		return r;
-	for (size_t i = 0; i < nsets; i++)
-		if ((r = obx_config_apply_set(cfg, sets[i], errbuf, errlen)) != 0)
-			return r;
-	return obx_config_finish(cfg, path, errbuf, errlen);
 }

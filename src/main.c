@@ -14,6 +14,7 @@
 
 #include "obx/cli.h"
 #include "obx/config.h"
+#include "obx/config_load.h"
 #include "obx/err.h"
 #include "obx/log.h"
 #include "obx/relay.h"

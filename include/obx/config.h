@@ -1,12 +1,18 @@
 /*
- * config.h - outboxd configuration: INI file (libinih), then environment
+ * config.h - outboxd configuration (pure): INI file, then environment
  * overrides OUTBOXD_<SECTION>_<KEY>, then --set section.key=value.
+ * Reading the file, and the checks that need libpq or librdkafka, are
+ * config_load.h's; they reach this module through obx_config_set() and
+ * cfg->checks.
  *
  * Every value is validated as it is set; an error is one line in errbuf of
  * the form "config ORIGIN: key 'x': reason", where ORIGIN is FILE:LINE,
  * "environment OUTBOXD_..." or "--set section.key".  Secret values
  * (the conninfo password, sensitive librdkafka properties) are never
  * copied into errbuf.
+ *
+ * Ownership: struct obx_config owns every string and list in it;
+ * obx_config_reset() frees them.  Returned strings are borrowed from cfg.
  */
 #ifndef OBX_CONFIG_H
 #define OBX_CONFIG_H
@@ -27,7 +33,25 @@ struct obx_kv {
 	char *origin; /* where the value came from, for later error messages */
 };
 
+/*
+ * Checks of values that only a library with I/O can judge.  Each member may
+ * be NULL: the value is then taken as it is.  obx_config_init() installs
+ * none; obx_config_load() installs libpq's and librdkafka's.
+ */
+struct obx_config_checks {
+	/* Returns 0 when value is a connection string or URI libpq accepts. */
+	int (*conninfo)(const char *value);
+	/*
+	 * Returns 0 when librdkafka accepts property key = value, OBX_ENOENT
+	 * when it knows no such property, OBX_EINVAL with why filled when it
+	 * refuses the value, OBX_ENOMEM.
+	 */
+	int (*kafka_property)(const char *key, const char *value, char *why, size_t whylen);
+};
+
 struct obx_config {
+	const struct obx_config_checks *checks; /* borrowed, may be NULL */
+
 	/* [source] */
 	char *conninfo; /* "" means: libpq environment only */
 	char *slot;
@@ -78,7 +102,14 @@ struct obx_config {
 	size_t n_seen;
 };
 
-/* Fills cfg with the defaults.  Pair with obx_config_reset(). */
+/*
+ * Writes "config ORIGIN: key 'KEY': REASON" (or "config ORIGIN: REASON"
+ * when key is NULL) to errbuf: the one form of every configuration error.
+ */
+void obx_config_fail(char *errbuf, size_t errlen, const char *origin, const char *key,
+    const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+/* Fills cfg with the defaults and no checks.  Pair with obx_config_reset(). */
 void obx_config_init(struct obx_config *cfg);
 
 /* Frees everything cfg owns; cfg may be re-initialised afterwards. */
@@ -111,14 +142,6 @@ int obx_config_apply_set(struct obx_config *cfg, const char *assignment, char *e
  */
 int obx_config_finish(struct obx_config *cfg, const char *path, char *errbuf, size_t errlen);
 
-/*
- * The whole sequence: defaults, file (path must be readable), environment,
- * --set overrides, finish.  On error cfg is still valid for
- * obx_config_reset().  Returns 0, OBX_ECONFIG or OBX_ENOMEM.
- */
-int obx_config_load(struct obx_config *cfg, const char *path, char *const *envp,
-    const char *const *sets, size_t nsets, char *errbuf, size_t errlen);
-
 /* Returns the value of librdkafka property key, or NULL when not set. Borrowed. */
 const char *obx_config_kafka_get(const struct obx_config *cfg, const char *key);
 
@@ -134,13 +157,6 @@ int obx_config_mapped_columns(const struct obx_config *cfg, struct obx_names *ou
 
 /* True when librdkafka treats property key as sensitive (never print its value). */
 bool obx_kafka_prop_is_secret(const char *key);
-
-/*
- * Writes conninfo (key/value or URI form) to out with any password replaced
- * by "********", as key/value pairs.  Returns 0, or OBX_EINVAL when conninfo
- * does not parse (out then holds a placeholder that reveals nothing).
- */
-int obx_conninfo_redact(const char *conninfo, char *out, size_t outlen);
 
 /*
  * Parsers for value kinds, exposed for tests.  Each returns 0 or OBX_EINVAL

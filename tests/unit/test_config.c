@@ -10,6 +10,7 @@
 #include <cmocka.h>
 
 #include "obx/config.h"
+#include "obx/config_load.h"
 #include "obx/err.h"
 
 static char path[64];
@@ -463,6 +464,32 @@ test_mapped_columns(void **state)
 	obx_config_reset(&cfg);
 }
 
+/* The pure core judges syntax only; libpq and librdkafka judge through the loader's checks. */
+static void
+test_io_checks_come_from_the_loader(void **state)
+{
+	struct obx_config cfg;
+
+	(void)state;
+	obx_config_init(&cfg);
+	assert_null(cfg.checks);
+	set_ok(&cfg, "kafka", "no.such.property", "1");
+	set_ok(&cfg, "source", "conninfo", "host='unclosed");
+
+	cfg.checks = &obx_config_io_checks;
+	assert_int_equal(obx_config_set(&cfg, "kafka", "another.unknown", "1", "test", false, errbuf,
+	    sizeof(errbuf)), OBX_ECONFIG);
+	assert_string_equal(errbuf, "config test: key 'another.unknown': unknown librdkafka property");
+	assert_int_equal(obx_config_set(&cfg, "kafka", "linger.ms", "5", "test", false, errbuf,
+	    sizeof(errbuf)), 0);
+	assert_int_equal(obx_config_set(&cfg, "source", "conninfo", "host='unclosed", "test", false,
+	    errbuf, sizeof(errbuf)), OBX_ECONFIG);
+	assert_non_null(strstr(errbuf, "key 'conninfo': not a valid libpq connection string"));
+	set_ok(&cfg, "source", "conninfo", "host=db dbname=shop");
+	obx_config_reset(&cfg);
+	assert_null(cfg.checks);
+}
+
 int
 main(void)
 {
@@ -477,6 +504,7 @@ main(void)
 		cmocka_unit_test(test_missing_file),
 		cmocka_unit_test(test_value_parsers),
 		cmocka_unit_test(test_mapped_columns),
+		cmocka_unit_test(test_io_checks_come_from_the_loader),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,0 +1,204 @@
+/*
+ * config_load.c - the I/O edge of the configuration: the file is read with
+ * libinih, connection strings are judged by libpq and properties by
+ * librdkafka; every value then goes through the pure obx_config_set().
+ */
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <ini.h>
+#include <libpq-fe.h>
+#include <librdkafka/rdkafka.h>
+
+#include "obx/config_load.h"
+#include "obx/err.h"
+
+#define MAX_LINE 200 /* libinih's INI_MAX_LINE in Debian's build */
+
+/* ---- the checks only libpq and librdkafka can make -------------------- */
+
+static int
+check_conninfo(const char *value)
+{
+	PQconninfoOption *opts;
+	char *errmsg = NULL;
+
+	/* libpq's parse error quotes the input, which may hold the password: dropped. */
+	opts = PQconninfoParse(value, &errmsg);
+	PQfreemem(errmsg);
+	if (opts == NULL)
+		return OBX_EINVAL;
+	PQconninfoFree(opts);
+	return 0;
+}
+
+static int
+check_kafka_property(const char *key, const char *value, char *why, size_t whylen)
+{
+	rd_kafka_conf_t *conf;
+	rd_kafka_conf_res_t res;
+
+	conf = rd_kafka_conf_new();
+	if (conf == NULL)
+		return OBX_ENOMEM;
+	res = rd_kafka_conf_set(conf, key, value, why, whylen);
+	rd_kafka_conf_destroy(conf);
+	if (res == RD_KAFKA_CONF_UNKNOWN)
+		return OBX_ENOENT;
+	return res == RD_KAFKA_CONF_OK ? 0 : OBX_EINVAL;
+}
+
+const struct obx_config_checks obx_config_io_checks = {
+	.conninfo = check_conninfo,
+	.kafka_property = check_kafka_property,
+};
+
+int
+obx_conninfo_redact(const char *conninfo, char *out, size_t outlen)
+{
+	PQconninfoOption *opts;
+	char *errmsg = NULL;
+	size_t used = 0;
+
+	if (outlen == 0)
+		return OBX_EINVAL;
+	out[0] = '\0';
+	opts = PQconninfoParse(conninfo, &errmsg);
+	if (opts == NULL) {
+		PQfreemem(errmsg);
+		strlcpy(out, "(unparsable connection string)", outlen);
+		return OBX_EINVAL;
+	}
+	for (PQconninfoOption *o = opts; o->keyword != NULL; o++) {
+		const char *val = o->val;
+		int n;
+
+		if (val == NULL)
+			continue;
+		if (strcmp(o->keyword, "password") == 0 || o->dispchar[0] == '*')
+			val = "********";
+		n = snprintf(out + used, outlen - used, "%s%s=%s", used ? " " : "", o->keyword, val);
+		if (n < 0 || (size_t)n >= outlen - used)
+			break;
+		used += (size_t)n;
+	}
+	PQconninfoFree(opts);
+	return 0;
+}
+
+/* ---- the file --------------------------------------------------------- */
+
+struct file_state {
+	struct obx_config *cfg;
+	const char *path;
+	FILE *fp;
+	int lineno;
+	bool line_indented;
+	bool line_too_long;
+	int rc;
+	char *errbuf;
+	size_t errlen;
+};
+
+/* libinih reader: one physical line per call, so lineno matches libinih's. */
+static char *
+file_reader(char *str, int num, void *stream)
+{
+	struct file_state *st = stream;
+	int c;
+	int n = 0;
+
+	if (feof(st->fp))
+		return NULL;
+	st->line_too_long = false;
+	while ((c = fgetc(st->fp)) != EOF) {
+		if (n < num - 1)
+			str[n++] = (char)c;
+		else if (c != '\n')
+			st->line_too_long = true;
+		if (c == '\n')
+			break;
+	}
+	if (c == EOF && n == 0)
+		return NULL;
+	str[n] = '\0';
+	st->lineno++;
+	st->line_indented = n > 0 && (str[0] == ' ' || str[0] == '\t');
+	if (st->line_too_long && st->rc == 0) {
+		char origin[PATH_MAX + 16];
+
+		snprintf(origin, sizeof(origin), "%s:%d", st->path, st->lineno);
+		obx_config_fail(st->errbuf, st->errlen, origin, NULL,
+		    "line longer than %d characters; set long values through the environment (OUTBOXD_<SECTION>_<KEY>)",
+		    MAX_LINE - 2);
+		st->rc = OBX_ECONFIG;
+	}
+	return str;
+}
+
+static int
+file_handler(void *user, const char *section, const char *name, const char *value)
+{
+	struct file_state *st = user;
+	char origin[PATH_MAX + 16];
+
+	if (st->rc != 0)
+		return 0;
+	snprintf(origin, sizeof(origin), "%s:%d", st->path, st->lineno);
+	if (st->line_indented) {
+		obx_config_fail(st->errbuf, st->errlen, origin, name,
+		    "indented line (continuation lines are not supported)");
+		st->rc = OBX_ECONFIG;
+		return 0;
+	}
+	st->rc = obx_config_set(st->cfg, section, name, value, origin, true, st->errbuf,
+	    st->errlen);
+	return st->rc == 0;
+}
+
+static int
+load_file(struct obx_config *cfg, const char *path, char *errbuf, size_t errlen)
+{
+	struct file_state st = { cfg, path, NULL, 0, false, false, 0, errbuf, errlen };
+	char origin[PATH_MAX + 16];
+	int line;
+
+	st.fp = fopen(path, "r");
+	if (st.fp == NULL) {
+		obx_config_fail(errbuf, errlen, path, NULL, "could not open: %s", strerror(errno));
+		return OBX_ECONFIG;
+	}
+	line = ini_parse_stream(file_reader, &st, file_handler, &st);
+	fclose(st.fp);
+	if (st.rc != 0)
+		return st.rc;
+	if (line != 0) {
+		snprintf(origin, sizeof(origin), "%s:%d", path, line);
+		obx_config_fail(errbuf, errlen, origin, NULL,
+		    "syntax error (expected [section], key = value or a comment)");
+		return OBX_ECONFIG;
+	}
+	return 0;
+}
+
+int
+obx_config_load(struct obx_config *cfg, const char *path, char *const *envp,
+    const char *const *sets, size_t nsets, char *errbuf, size_t errlen)
+{
+	int r;
+
+	obx_config_init(cfg);
+	if (cfg->conninfo == NULL || cfg->dead_letter_topic == NULL || cfg->metrics_host == NULL)
+		return OBX_ENOMEM;
+	cfg->checks = &obx_config_io_checks;
+	if ((r = load_file(cfg, path, errbuf, errlen)) != 0)
+		return r;
+	if ((r = obx_config_apply_env(cfg, envp, errbuf, errlen)) != 0)
+		return r;
+	for (size_t i = 0; i < nsets; i++)
+		if ((r = obx_config_apply_set(cfg, sets[i], errbuf, errlen)) != 0)
+			return r;
+	return obx_config_finish(cfg, path, errbuf, errlen);
+}

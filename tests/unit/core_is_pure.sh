@@ -1,0 +1,28 @@
+#!/bin/sh
+# The pure core (libobx_core.a) may call jansson, libbsd and libc's string,
+# memory and formatting functions (a memory stream counts as memory), but
+# nothing that reaches outside the process: no libpq, librdkafka or inih, no
+# files, sockets, clocks, environment or process control.  Fails naming the
+# calls that would.
+#
+# usage: core_is_pure.sh NM LIBRARY
+set -eu
+nm=${1:?nm}
+lib=${2:?library}
+
+forbidden='^(PQ.*|pq.*|lo_.*|rd_kafka_.*|ini_.*'
+forbidden="$forbidden|open|open64|openat|creat|fopen|fopen64|fdopen|freopen|opendir|stat|fstat|lstat"
+forbidden="$forbidden|read|write|pread|pwrite|readv|writev|fread|fwrite|fgets|fgetc|getc|feof|fputs|fputc"
+forbidden="$forbidden|puts|putchar|printf|vprintf|perror|fflush|unlink|rename|mkdir|remove"
+forbidden="$forbidden|socket|connect|accept|accept4|bind|listen|getaddrinfo|poll|ppoll|select|epoll_.*"
+forbidden="$forbidden|recv|recvfrom|recvmsg|send|sendto|sendmsg|pipe|pipe2|dup|dup2|close|ioctl|fcntl"
+forbidden="$forbidden|clock_gettime|gettimeofday|time|sleep|usleep|nanosleep|getenv|secure_getenv|setenv"
+forbidden="$forbidden|syslog|stdin|stdout|stderr|exit|_exit|abort|kill|raise|signal|sigaction|system|popen|fork|exec.*)$"
+
+symbols=$("$nm" -u --format=just-symbols "$lib" | sort -u)
+bad=$(printf '%s\n' "$symbols" | grep -E "$forbidden" || true)
+if [ -n "$bad" ]; then
+	echo "core_is_pure: $lib calls what a pure module must not:" $bad >&2
+	exit 1
+fi
+echo "core_is_pure: $(printf '%s\n' "$symbols" | grep -c .) undefined symbols, none forbidden"
