@@ -281,11 +281,8 @@ obx_cmd_check(const struct obx_config *cfg)
 	char *v;
 	bool has_table;
 
-	conn = obx_pg_connect(cfg->conninfo, NULL, NULL, "outboxd check");
-	if (conn == NULL || PQstatus(conn) != CONNECTION_OK) {
-		report(&cx, "FAIL", "server: could not connect: %s",
-		    conn ? obx_pg_error_line(conn, err, sizeof(err)) : "out of memory");
-		PQfinish(conn);
+	if (obx_pg_connect(cfg->conninfo, NULL, NULL, "outboxd check", &conn, err, sizeof(err)) != 0) {
+		report(&cx, "FAIL", "server: could not connect: %s", err);
 		return OBX_EXIT_FAILURE;
 	}
 	snprintf(ver, sizeof(ver), "%d", PQserverVersion(conn));
@@ -361,11 +358,8 @@ obx_cmd_status(const struct obx_config *cfg, bool json)
 	PGresult *res;
 	int rc = OBX_EXIT_FAILURE;
 
-	conn = obx_pg_connect(cfg->conninfo, NULL, NULL, "outboxd status");
-	if (conn == NULL || PQstatus(conn) != CONNECTION_OK) {
-		fprintf(stderr, "outboxd: could not connect: %s\n",
-		    conn ? obx_pg_error_line(conn, err, sizeof(err)) : "out of memory");
-		PQfinish(conn);
+	if (obx_pg_connect(cfg->conninfo, NULL, NULL, "outboxd status", &conn, err, sizeof(err)) != 0) {
+		fprintf(stderr, "outboxd: could not connect: %s\n", err);
 		return OBX_EXIT_FAILURE;
 	}
 	res = PQexecParams(conn,

@@ -102,9 +102,11 @@ poll_slot(struct obx_http *h, PGconn **conn)
 	bool found = false;
 
 	if (*conn == NULL || PQstatus(*conn) != CONNECTION_OK) {
+		char err[512];
+
 		PQfinish(*conn);
-		*conn = obx_pg_connect(h->cfg->conninfo, NULL, NULL, "outboxd metrics");
-		if (*conn == NULL || PQstatus(*conn) != CONNECTION_OK)
+		if (obx_pg_connect(h->cfg->conninfo, NULL, NULL, "outboxd metrics", conn, err,
+		    sizeof(err)) != 0)
 			return false;
 	}
 	r = PQexecParams(*conn,

@@ -138,20 +138,15 @@ obx_pgsetup_connect(const char *conninfo, PGconn **out, char *errbuf, size_t err
 	static const char *const kw[] = { "replication", NULL };
 	static const char *const val[] = { "database", NULL };
 	char err[1024];
-	PGconn *c;
+	int r;
 
-	*out = NULL;
-	c = obx_pg_connect(conninfo, kw, val, "outboxd");
-	if (c == NULL)
-		return failf(errbuf, errlen, OBX_ENOMEM, "out of memory");
-	if (PQstatus(c) != CONNECTION_OK) {
-		obx_pg_error_line(c, err, sizeof(err));
-		PQfinish(c);
-		return failf(errbuf, errlen, classify_connect_error(err),
+	r = obx_pg_connect(conninfo, kw, val, "outboxd", out, err, sizeof(err));
+	if (r == OBX_EIO)
+		r = failf(errbuf, errlen, classify_connect_error(err),
 		    "could not connect to PostgreSQL: %s", err);
-	}
-	*out = c;
-	return 0;
+	else if (r != 0)
+		r = failf(errbuf, errlen, r, "%s", err);
+	return r;
 }
 
 int

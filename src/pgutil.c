@@ -1,13 +1,15 @@
+#include <stdio.h>
 #include <string.h>
 
-
+#include "obx/err.h"
 #include "obx/pgutil.h"
 
-PGconn *
+int
 obx_pg_connect(const char *conninfo, const char *const *extra_kw, const char *const *extra_val,
-    const char *application_name)
+    const char *application_name, PGconn **out, char *errbuf, size_t errlen)
 {
 	const char *kw[16], *val[16];
+	PGconn *c;
 	int n = 0;
 
 	/*
@@ -24,7 +26,19 @@ obx_pg_connect(const char *conninfo, const char *const *extra_kw, const char *co
 	}
 	kw[n] = NULL;
 	val[n] = NULL;
-	return PQconnectdbParams(kw, val, 1);
+	*out = NULL;
+	c = PQconnectdbParams(kw, val, 1);
+	if (c == NULL) {
+		snprintf(errbuf, errlen, "out of memory");
+		return OBX_ENOMEM;
+	}
+	if (PQstatus(c) != CONNECTION_OK) {
+		obx_pg_error_line(c, errbuf, errlen);
+		PQfinish(c);
+		return OBX_EIO;
+	}
+	*out = c;
+	return 0;
 }
 
 static char *

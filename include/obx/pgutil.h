@@ -1,5 +1,7 @@
 /*
- * pgutil.h - small helpers around libpq shared by the commands and the relay.
+ * pgutil.h - small helpers around libpq shared by the commands, the setup
+ * and the metrics poller (I/O).  Functions that can fail return 0 or a
+ * negative OBX_E* code (err.h).
  */
 #ifndef OBX_PGUTIL_H
 #define OBX_PGUTIL_H
@@ -11,11 +13,14 @@
 /*
  * Opens a connection with conninfo plus extra keyword/value pairs
  * (NULL-terminated; may be NULL), e.g. replication=database.  conninfo may
- * be a key/value string or a URI.  Returns the connection (check
- * PQstatus); NULL only when out of memory.  Caller frees with PQfinish().
+ * be a key/value string or a URI.  Returns 0 with *out set (the caller
+ * closes it with PQfinish()); otherwise *out is NULL and the code is
+ * OBX_EIO (could not connect: libpq's message is in errbuf, one line) or
+ * OBX_ENOMEM.
  */
-PGconn *obx_pg_connect(const char *conninfo, const char *const *extra_kw,
-    const char *const *extra_val, const char *application_name);
+int obx_pg_connect(const char *conninfo, const char *const *extra_kw,
+    const char *const *extra_val, const char *application_name, PGconn **out, char *errbuf,
+    size_t errlen);
 
 /*
  * Copies libpq's last error for conn into buf as one line (newlines become
