@@ -11,6 +11,7 @@
 #include <librdkafka/rdkafka.h>
 
 #include "obx/cli.h"
+#include "obx/err.h"
 #include "obx/kafka.h"
 #include "obx/pgutil.h"
 #include "obx/template.h"
@@ -39,23 +40,32 @@ report(struct check_ctx *cx, const char *verdict, const char *fmt, ...)
 		cx->warnings++;
 }
 
-/* Runs a one-row, one-column query with text parameters; returns a malloc'd value or NULL. */
-static char *
-query_value(PGconn *conn, const char *sql, int nparams, const char *const *params,
+/*
+ * Runs a one-row, one-column query with text parameters.  Returns 0 with
+ * *out set to a copy of the value (the caller frees it); OBX_ENOENT when
+ * there is no row or the value is NULL; OBX_EIO with the server's message
+ * in err; OBX_ENOMEM.  *out stays NULL unless 0 is returned.
+ */
+static int
+query_value(PGconn *conn, const char *sql, int nparams, const char *const *params, char **out,
     char *err, size_t errlen)
 {
 	PGresult *res = PQexecParams(conn, sql, nparams, NULL, params, NULL, NULL, 0);
-	char *v = NULL;
+	int r = 0;
 
+	*out = NULL;
+	err[0] = '\0';
 	if (PQresultStatus(res) != PGRES_TUPLES_OK) {
 		obx_pg_result_error_line(res, err, errlen);
-	} else if (PQntuples(res) > 0 && !PQgetisnull(res, 0, 0)) {
-		v = strdup(PQgetvalue(res, 0, 0));
-	} else {
-		err[0] = '\0';
+		r = OBX_EIO;
+	} else if (PQntuples(res) == 0 || PQgetisnull(res, 0, 0)) {
+		r = OBX_ENOENT;
+	} else if ((*out = strdup(PQgetvalue(res, 0, 0))) == NULL) {
+		snprintf(err, errlen, "%s", obx_strerror(OBX_ENOMEM));
+		r = OBX_ENOMEM;
 	}
 	PQclear(res);
-	return v;
+	return r;
 }
 
 static void
@@ -66,10 +76,15 @@ check_publication(struct check_ctx *cx, PGconn *conn, const struct obx_config *c
 		cfg->col_aggregate_type };
 	char err[1024], *v, *cols;
 	PGresult *r;
+	int rc;
 
-	v = query_value(conn, "SELECT pubinsert::text FROM pg_publication WHERE pubname = $1", 1, p, err,
-	    sizeof(err));
-	if (v == NULL) {
+	rc = query_value(conn, "SELECT pubinsert::text FROM pg_publication WHERE pubname = $1", 1, p,
+	    &v, err, sizeof(err));
+	if (rc != 0 && rc != OBX_ENOENT) {
+		report(cx, "FAIL", "publication: could not read %s: %s", cfg->publication, err);
+		return;
+	}
+	if (rc == OBX_ENOENT) {
 		report(cx, cfg->create_publication ? "ok" : "FAIL", "publication: %s does not exist%s",
 		    cfg->publication, cfg->create_publication ? " (will be created)" :
 		    " and create_publication = false (run sql/002_publication.sql as the table owner)");
@@ -130,8 +145,8 @@ check_slot(struct check_ctx *cx, PGconn *conn, const struct obx_config *cfg)
 		    PQgetvalue(r, 0, 1), PQgetvalue(r, 0, 2),
 		    strcmp(PQgetvalue(r, 0, 0), "lost") == 0 ? " (events may have been lost: recreate the slot and reconcile)" : "");
 	} else {
-		v = query_value(conn, "SELECT (current_setting('max_replication_slots')::int - "
-		    "(SELECT count(*) FROM pg_replication_slots))::text", 0, NULL, err, sizeof(err));
+		query_value(conn, "SELECT (current_setting('max_replication_slots')::int - "
+		    "(SELECT count(*) FROM pg_replication_slots))::text", 0, NULL, &v, err, sizeof(err));
 		if (!cfg->create_slot)
 			report(cx, "FAIL", "slot: %s does not exist and create_slot = false", cfg->slot);
 		else if (v != NULL && atoi(v) <= 0)
@@ -143,12 +158,13 @@ check_slot(struct check_ctx *cx, PGconn *conn, const struct obx_config *cfg)
 		free(v);
 	}
 	PQclear(r);
-	v = query_value(conn, "SELECT (current_setting('max_wal_senders')::int - "
-	    "(SELECT count(*) FROM pg_stat_replication))::text", 0, NULL, err, sizeof(err));
+	query_value(conn, "SELECT (current_setting('max_wal_senders')::int - "
+	    "(SELECT count(*) FROM pg_stat_replication))::text", 0, NULL, &v, err, sizeof(err));
 	report(cx, v != NULL && atoi(v) > 0 ? "ok" : "FAIL", "wal senders: %s free%s", v ? v : "?",
 	    v != NULL && atoi(v) > 0 ? "" : " (raise max_wal_senders)");
 	free(v);
-	v = query_value(conn, "SELECT current_setting('max_slot_wal_keep_size')", 0, NULL, err, sizeof(err));
+	query_value(conn, "SELECT current_setting('max_slot_wal_keep_size')", 0, NULL, &v, err,
+	    sizeof(err));
 	if (v != NULL && strcmp(v, "-1") == 0)
 		report(cx, "WARN", "max_slot_wal_keep_size = -1: nothing bounds the WAL a stalled slot retains "
 		    "(the disk can fill; set a limit and alert on outboxd_slot_safe_wal_size_bytes)");
@@ -280,6 +296,7 @@ obx_cmd_check(const struct obx_config *cfg)
 	PGconn *conn;
 	char *v;
 	bool has_table;
+	int rc;
 
 	if (obx_pg_connect(cfg->conninfo, NULL, NULL, "outboxd check", &conn, err, sizeof(err)) != 0) {
 		report(&cx, "FAIL", "server: could not connect: %s", err);
@@ -290,7 +307,7 @@ obx_cmd_check(const struct obx_config *cfg)
 	    "server: reachable, version %s%s", ver,
 	    PQserverVersion(conn) >= 100000 ? "" : " (pgoutput needs 10 or later)");
 
-	v = query_value(conn, "SELECT current_setting('wal_level')", 0, NULL, err, sizeof(err));
+	query_value(conn, "SELECT current_setting('wal_level')", 0, NULL, &v, err, sizeof(err));
 	if (v != NULL && strcmp(v, "logical") == 0)
 		report(&cx, "ok", "wal_level: logical");
 	else
@@ -298,18 +315,21 @@ obx_cmd_check(const struct obx_config *cfg)
 		    v ? v : err);
 	free(v);
 
-	v = query_value(conn, "SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user",
-	    0, NULL, err, sizeof(err));
+	query_value(conn, "SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user",
+	    0, NULL, &v, err, sizeof(err));
 	if (v != NULL && strcmp(v, "t") == 0)
 		report(&cx, "ok", "role: may replicate");
 	else
 		report(&cx, "FAIL", "role: lacks REPLICATION (ALTER ROLE ... REPLICATION)");
 	free(v);
 
-	v = query_value(conn,
+	rc = query_value(conn,
 	    "SELECT c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-	    "WHERE n.nspname = $1 AND c.relname = $2", 2, tparams, err, sizeof(err));
-	if (v == NULL && cfg->messages) {
+	    "WHERE n.nspname = $1 AND c.relname = $2", 2, tparams, &v, err, sizeof(err));
+	if (rc != 0 && rc != OBX_ENOENT) {
+		report(&cx, "FAIL", "table: could not look up %s.%s: %s", cfg->table_schema,
+		    cfg->table_name, err);
+	} else if (v == NULL && cfg->messages) {
 		report(&cx, "ok", "table: %s.%s does not exist: logical decoding messages with prefix '%s' "
 		    "only", cfg->table_schema, cfg->table_name, cfg->message_prefix);
 	} else if (v == NULL) {
@@ -322,11 +342,11 @@ obx_cmd_check(const struct obx_config *cfg)
 
 			if (cols[i][0] == '\0')
 				continue;
-			t = query_value(conn,
+			query_value(conn,
 			    "SELECT format_type(a.atttypid, a.atttypmod) FROM pg_attribute a "
 			    "WHERE a.attrelid = (quote_ident($1) || '.' || quote_ident($2))::regclass "
 			    "AND a.attname = $3 AND a.attnum > 0 AND NOT a.attisdropped",
-			    3, p, err, sizeof(err));
+			    3, p, &t, err, sizeof(err));
 			if (t == NULL)
 				report(&cx, "FAIL", "column: %s is missing from the outbox table",
 				    cols[i]);
