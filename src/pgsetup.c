@@ -250,39 +250,20 @@ obx_pgsetup_check_server(PGconn *c, const struct obx_config *cfg, int *wal_sende
 /*
  * The mapped columns (obx_config_mapped_columns), which a publication's
  * column list must keep, as SQL literals separated by commas for
- * ARRAY[...].  Returns a string the caller frees, or NULL when out of memory.
+ * ARRAY[...].  Returns 0 with *out set (the caller frees it) or OBX_ENOMEM.
  */
-static char *
-mapped_columns_sql(PGconn *c, const struct obx_config *cfg)
+static int
+mapped_columns_sql(PGconn *c, const struct obx_config *cfg, char **out)
 {
 	struct obx_names cols = { 0 };
-	char *out = NULL;
-	size_t used = 0;
+	int r;
 
-	if (obx_config_mapped_columns(cfg, &cols) != 0)
-		goto fail;
-	for (size_t i = 0; i < cols.n; i++) {
-		char *lit = PQescapeLiteral(c, cols.v[i], strlen(cols.v[i]));
-		size_t n = lit != NULL ? strlen(lit) : 0;
-		char *grown = lit != NULL ? realloc(out, used + n + 2) : NULL;
-
-		if (grown == NULL) {
-			PQfreemem(lit);
-			goto fail;
-		}
-		out = grown;
-		if (used > 0)
-			out[used++] = ',';
-		memcpy(out + used, lit, n + 1);
-		used += n;
-		PQfreemem(lit);
-	}
+	*out = NULL;
+	r = obx_config_mapped_columns(cfg, &cols);
+	if (r == 0)
+		r = obx_pg_literal_list(c, &cols, out);
 	obx_names_reset(&cols);
-	return out;
-fail:
-	obx_names_reset(&cols);
-	free(out);
-	return NULL;
+	return r;
 }
 
 /*
@@ -430,12 +411,11 @@ check_publication_columns(PGconn *c, const struct obx_config *cfg, const struct 
     char *errbuf, size_t errlen)
 {
 	char err[1024];
-	char *cols, *sql = NULL;
+	char *cols = NULL, *sql = NULL;
 	PGresult *res;
 	int r;
 
-	cols = mapped_columns_sql(c, cfg);
-	if (cols == NULL ||
+	if (mapped_columns_sql(c, cfg, &cols) != 0 ||
 	    asprintf(&sql,
 	    "WITH t AS (SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(quote_ident(%s) || '.' || quote_ident(%s)) "
 	    "AND attnum > 0 AND NOT attisdropped) "

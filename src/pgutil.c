@@ -1,4 +1,5 @@
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "obx/err.h"
@@ -72,4 +73,34 @@ char *
 obx_pg_result_error_line(const PGresult *res, char *buf, size_t len)
 {
 	return one_line(PQresultErrorMessage(res), buf, len);
+}
+
+int
+obx_pg_literal_list(PGconn *c, const struct obx_names *names, char **out)
+{
+	char *list = strdup("");
+	size_t used = 0;
+
+	*out = NULL;
+	for (size_t i = 0; list != NULL && i < names->n; i++) {
+		char *lit = PQescapeLiteral(c, names->v[i], strlen(names->v[i]));
+		size_t n = lit != NULL ? strlen(lit) : 0;
+		char *grown = lit != NULL ? realloc(list, used + n + 2) : NULL;
+
+		if (grown == NULL) {
+			free(list);
+			list = NULL;
+		} else {
+			list = grown;
+			if (used > 0)
+				list[used++] = ',';
+			memcpy(list + used, lit, n + 1);
+			used += n;
+		}
+		PQfreemem(lit);
+	}
+	if (list == NULL)
+		return OBX_ENOMEM;
+	*out = list;
+	return 0;
 }

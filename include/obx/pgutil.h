@@ -10,6 +10,8 @@
 
 #include <libpq-fe.h>
 
+#include "obx/template.h"
+
 /*
  * Opens a connection with conninfo plus extra keyword/value pairs
  * (NULL-terminated; may be NULL), e.g. replication=database.  conninfo may
@@ -30,5 +32,13 @@ char *obx_pg_error_line(PGconn *conn, char *buf, size_t len);
 
 /* Same, for a result's error message. */
 char *obx_pg_result_error_line(const PGresult *res, char *buf, size_t len);
+
+/*
+ * Escapes every name in names as an SQL literal, joined by commas (for
+ * ARRAY[...] or IN (...)).  Returns 0 with *out set (the caller frees it;
+ * "" for no names), or OBX_ENOMEM (also for a name the connection's
+ * encoding rejects) with *out NULL.
+ */
+int obx_pg_literal_list(PGconn *c, const struct obx_names *names, char **out);
 
 #endif

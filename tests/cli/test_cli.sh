@@ -84,6 +84,16 @@ psql -X -q -h "$OBX_PGHOST" -p "$OBX_PGPORT" -U "$OBX_PGUSER" -d postgres -v ON_
 	-c "CREATE PUBLICATION outboxd FOR TABLE public.outbox WHERE (type <> 'x')" >/dev/null
 expect "check: lists a topic the rows map to that does not exist" 1 "WARN topic: outbox.event.order does not exist" -- "$bin" check -c "$tmp/real.ini"
 expect "check: refuses a row filter" 1 "FAIL publication: outboxd has a row filter" -- "$bin" check -c "$tmp/real.ini"
+# a column list is judged by the columns the relay maps, as the relay judges it
+psql -X -q -h "$OBX_PGHOST" -p "$OBX_PGPORT" -U "$OBX_PGUSER" -d postgres -v ON_ERROR_STOP=1 -c "DROP PUBLICATION outboxd" \
+	-c "CREATE PUBLICATION outboxd FOR TABLE public.outbox (id, aggregateid, type, payload)" >/dev/null
+expect "check: refuses a column list without a template column" 1 \
+	"FAIL publication: outboxd's column list hides the mapped column aggregatetype" -- "$bin" check -c "$tmp/real.ini"
+refute "check: an unmapped column may be left out" "hides the mapped column" -- \
+	"$bin" check -c "$tmp/real.ini" --set outbox.topic=orders
+expect "check: refuses a column list without a header column" 1 \
+	"FAIL publication: outboxd's column list hides the mapped column aggregatetype" -- \
+	"$bin" check -c "$tmp/real.ini" --set outbox.topic=orders --set outbox.header.kind=aggregatetype
 psql -X -q -h "$OBX_PGHOST" -p "$OBX_PGPORT" -U "$OBX_PGUSER" -d postgres -c "DROP PUBLICATION outboxd" -c "DELETE FROM public.outbox" >/dev/null
 printf '[kafka]\nbootstrap.servers = 127.0.0.1:1\nmessage.timeout.ms = 1000\n[source]\nconninfo = %s\nslot = cli_slot\n' "$ci" >"$tmp/nobroker.ini"
 expect "check: unreachable broker fails" 1 "FAIL broker: could not reach 127.0.0.1:1" -- "$bin" check -c "$tmp/nobroker.ini"
