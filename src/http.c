@@ -8,6 +8,7 @@
 
 #include <microhttpd.h>
 
+#include "obx/err.h"
 #include "obx/http.h"
 #include "obx/log.h"
 #include "obx/pgutil.h"
@@ -179,7 +180,7 @@ obx_http_start(struct obx_http *h, const struct obx_config *cfg, char *errbuf, s
 		flags |= MHD_USE_IPv6;
 	} else {
 		snprintf(errbuf, errlen, "[metrics] listen: '%s' is not an IP address", cfg->metrics_host);
-		return -1;
+		return OBX_ECONFIG;
 	}
 	h->daemon = MHD_start_daemon(flags, 0, NULL, NULL, handle, h,
 	    MHD_OPTION_SOCK_ADDR, sa,
@@ -189,7 +190,7 @@ obx_http_start(struct obx_http *h, const struct obx_config *cfg, char *errbuf, s
 	if (h->daemon == NULL) {
 		snprintf(errbuf, errlen, "could not listen on %s:%d for metrics", cfg->metrics_host,
 		    cfg->metrics_port);
-		return -1;
+		return OBX_EIO;
 	}
 	info = MHD_get_daemon_info(h->daemon, MHD_DAEMON_INFO_BIND_PORT);
 	h->port = info != NULL ? info->port : cfg->metrics_port;

@@ -5,6 +5,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "obx/err.h"
 #include "obx/kafka.h"
 #include "obx/log.h"
 
@@ -16,7 +17,7 @@ conf_set(rd_kafka_conf_t *conf, const char *k, const char *v, char *errbuf, size
 	if (rd_kafka_conf_set(conf, k, v, why, sizeof(why)) != RD_KAFKA_CONF_OK) {
 		snprintf(errbuf, errlen, "kafka property %s: %s", k,
 		    obx_kafka_prop_is_secret(k) ? "invalid value (not shown: secret)" : why);
-		return -1;
+		return OBX_ECONFIG;
 	}
 	return 0;
 }
@@ -107,7 +108,7 @@ obx_kafka_open(struct obx_kafka *k, const struct obx_config *cfg, obx_delivery_f
 	k->ctx = ctx;
 	conf = obx_kafka_conf(cfg, errbuf, errlen);
 	if (conf == NULL)
-		return -1;
+		return OBX_ECONFIG;
 	rd_kafka_conf_set_dr_msg_cb(conf, dr_cb);
 	rd_kafka_conf_set_error_cb(conf, error_cb);
 	rd_kafka_conf_set_log_cb(conf, log_cb);
@@ -116,13 +117,13 @@ obx_kafka_open(struct obx_kafka *k, const struct obx_config *cfg, obx_delivery_f
 	if (k->rk == NULL) {
 		rd_kafka_conf_destroy(conf);
 		snprintf(errbuf, errlen, "could not create the Kafka producer: %s", why);
-		return -1;
+		return OBX_ECONFIG;
 	}
 	if (pipe2(k->wake, O_NONBLOCK | O_CLOEXEC) != 0) {
 		snprintf(errbuf, errlen, "could not create pipe: %s", strerror(errno));
 		rd_kafka_destroy(k->rk);
 		k->rk = NULL;
-		return -1;
+		return OBX_EIO;
 	}
 	k->mainq = rd_kafka_queue_get_main(k->rk);
 	rd_kafka_queue_io_event_enable(k->mainq, k->wake[1], "1", 1);

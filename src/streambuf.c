@@ -100,25 +100,23 @@ rel_index(struct obx_streambuf *b, struct obx_sbuf_txn *t, const struct obx_rel 
 	return 0;
 }
 
-int
-obx_streambuf_add(struct obx_streambuf *b, uint32_t xid, uint32_t subxid,
-    const struct obx_rel *rel, const struct obx_pg_tuple *tuple)
+/* Appends a copy of tuple as a row of rel index ri (OBX_SBUF_MESSAGE: a message). */
+static int
+add_row(struct obx_streambuf *b, struct obx_sbuf_txn *t, uint32_t subxid, const struct obx_rel *rel,
+    const struct obx_pg_tuple *tuple)
 {
-	struct obx_sbuf_txn *t = find(b, xid);
 	struct obx_sbuf_row *row;
 	struct obx_pg_datum *cols;
 	uint8_t *data;
 	size_t size = (size_t)tuple->ncols * sizeof(*cols);
-	uint32_t ri;
+	uint32_t ri = OBX_SBUF_MESSAGE;
 	int r;
 
-	if (t == NULL)
-		return OBX_ESTATE;
 	for (uint16_t i = 0; i < tuple->ncols; i++)
 		size += tuple->cols[i].len;
 	if (b->bytes + size + sizeof(*row) > b->limit)
 		return OBX_EFULL;
-	if ((r = rel_index(b, t, rel, &ri)) != 0)
+	if (rel != NULL && (r = rel_index(b, t, rel, &ri)) != 0)
 		return r;
 	if (t->nrows == t->cap) {
 		size_t cap = t->cap ? t->cap * 2 : 16;
@@ -148,7 +146,33 @@ obx_streambuf_add(struct obx_streambuf *b, uint32_t xid, uint32_t subxid,
 	row->tuple.cols = cols;
 	row->size = size + sizeof(*row);
 	b->bytes += row->size;
+	if (ri == OBX_SBUF_MESSAGE)
+		t->nmessages++;
 	return 0;
+}
+
+int
+obx_streambuf_add(struct obx_streambuf *b, uint32_t xid, uint32_t subxid,
+    const struct obx_rel *rel, const struct obx_pg_tuple *tuple)
+{
+	struct obx_sbuf_txn *t = find(b, xid);
+
+	if (t == NULL)
+		return OBX_ESTATE;
+	return add_row(b, t, subxid, rel, tuple);
+}
+
+int
+obx_streambuf_add_message(struct obx_streambuf *b, uint32_t xid, uint32_t subxid,
+    const uint8_t *content, uint32_t len)
+{
+	struct obx_sbuf_txn *t = find(b, xid);
+	struct obx_pg_datum d = { 't', content, len };
+	struct obx_pg_tuple tuple = { 1, &d };
+
+	if (t == NULL)
+		return OBX_ESTATE;
+	return add_row(b, t, subxid, NULL, &tuple);
 }
 
 size_t
@@ -166,6 +190,8 @@ obx_streambuf_abort(struct obx_streambuf *b, uint32_t xid, uint32_t subxid)
 	}
 	for (size_t i = 0; i < t->nrows; i++) {
 		if (t->rows[i].subxid == subxid) {
+			if (t->rows[i].rel == OBX_SBUF_MESSAGE)
+				t->nmessages--;
 			b->bytes -= t->rows[i].size;
 			free((void *)t->rows[i].tuple.cols);
 		} else {

@@ -5,11 +5,11 @@
  * A commit-ordered queue of transactions that produced events, each with its
  * count of events the broker has not acknowledged yet.  The flushable LSN is
  * the end LSN of the last transaction T such that T and every transaction
- * before it are fully acknowledged (invariant 4).  Transactions without
+ * before it are fully acknowledged (docs/design.md, invariant 4).  Transactions without
  * events are complete on arrival; they are folded into the queue's tail so
  * the queue holds only transactions with events.  When no transaction is
  * open and nothing is outstanding, the flushable position follows the
- * server's WAL end from keepalives (invariant 5).
+ * server's WAL end from keepalives (docs/design.md, invariant 5).
  *
  * Usage per transaction: begin, add_event for each event (the returned
  * ticket goes with the produced message), commit(end_lsn); ack(ticket) for

@@ -28,7 +28,7 @@ struct obx_http {
 	int port; /* the bound port (useful with listen = host:0) */
 };
 
-/* Starts the server and the slot poller.  Returns 0, or -1 with errbuf filled. */
+/* Starts the server and the slot poller.  Returns 0, or OBX_ECONFIG / OBX_EIO with errbuf filled. */
 int obx_http_start(struct obx_http *h, const struct obx_config *cfg, char *errbuf, size_t errlen);
 
 /* Publishes the relay's numbers (the slot fields stay the poller's). */

@@ -39,7 +39,7 @@ struct obx_kafka {
  */
 rd_kafka_conf_t *obx_kafka_conf(const struct obx_config *cfg, char *errbuf, size_t errlen);
 
-/* Creates the producer.  Returns 0 or -1 with errbuf filled. */
+/* Creates the producer.  Returns 0, or OBX_ECONFIG (a property) / OBX_EIO with errbuf filled. */
 int obx_kafka_open(struct obx_kafka *k, const struct obx_config *cfg, obx_delivery_fn fn,
     void *ctx, char *errbuf, size_t errlen);
 

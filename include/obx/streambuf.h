@@ -25,13 +25,17 @@
 
 struct obx_sbuf_row {
 	uint32_t subxid;
-	uint32_t rel;   /* index into the transaction's rels */
+	uint32_t rel;   /* index into the transaction's rels; OBX_SBUF_MESSAGE for a message */
 	struct obx_pg_tuple tuple; /* columns and their bytes live in one allocation */
 	size_t size;
 };
 
+/* The rel index of a row that is a logical decoding message (one column: its content). */
+#define OBX_SBUF_MESSAGE UINT32_MAX
+
 struct obx_sbuf_txn {
 	uint32_t xid;
+	size_t nmessages; /* rows that are logical decoding messages */
 	struct obx_sbuf_row *rows;
 	size_t nrows, cap;
 	struct obx_rel *rels; /* copies; consecutive rows share one */
@@ -61,6 +65,17 @@ int obx_streambuf_start(struct obx_streambuf *b, uint32_t xid);
  */
 int obx_streambuf_add(struct obx_streambuf *b, uint32_t xid, uint32_t subxid,
     const struct obx_rel *rel, const struct obx_pg_tuple *tuple);
+
+/*
+ * Keeps a copy of a transactional logical decoding message's content, as a
+ * row with rel OBX_SBUF_MESSAGE and one column.  pgoutput tags such a
+ * message with the top-level xid of the streamed transaction, never with
+ * the subtransaction that wrote it, so a savepoint's Stream Abort cannot
+ * find it: the caller checks nmessages (obx_streambuf_get) before trusting
+ * a subtransaction's abort.  Returns as obx_streambuf_add().
+ */
+int obx_streambuf_add_message(struct obx_streambuf *b, uint32_t xid, uint32_t subxid,
+    const uint8_t *content, uint32_t len);
 
 /*
  * Stream Abort: discards the whole transaction when subxid == xid, else the

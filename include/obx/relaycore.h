@@ -1,0 +1,272 @@
+/*
+ * relaycore.h - the relay's decisions (pure): what to publish, what to
+ * dead-letter, what may be confirmed, when to read, when to stop.
+ *
+ * The core does no I/O, reads no clock and writes no log line.  Its inputs
+ * are the replication stream's CopyData messages (or messages already
+ * decoded), the result of each produce, delivery reports, timer ticks (the
+ * caller's monotonic milliseconds) and stop signals.  Its outputs are calls
+ * through struct obx_core_ops (produce this record, here is a line for the
+ * log) and state the loop asks for: may it read the stream now, is a status
+ * update due and with which flush LSN, has the session ended and why.  The
+ * loop in relay.c performs the actions and nothing else; docs/design.md
+ * ("Relay core") describes the split.
+ *
+ * The core owns the ack tracker (the flush position, docs/design.md invariant 4), the
+ * stream buffer (streamed transactions until their Stream Commit or Abort),
+ * the message-to-row path ([source] messages), on_error and the drain
+ * rules.  Every wait is a state, never a loop inside the core: a produce the
+ * producer's queue refused, the rows of a Stream Commit still to publish
+ * and the in-flight caps all make obx_core_can_read() false until
+ * obx_core_pump() (called by the loop on every turn) has moved past them.
+ *
+ * Lifetime: obx_core_init() once per process, obx_core_session_start() and
+ * obx_core_session_end() around every replication session,
+ * obx_core_reset() at exit.
+ */
+#ifndef OBX_RELAYCORE_H
+#define OBX_RELAYCORE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include "obx/acktrack.h"
+#include "obx/config.h"
+#include "obx/event.h"
+#include "obx/lsn.h"
+#include "obx/metrics.h"
+#include "obx/pgoutput.h"
+#include "obx/relcache.h"
+#include "obx/streambuf.h"
+
+/* Status updates go out at most this often when only the flush position moved. */
+#define OBX_CORE_STATUS_MIN_GAP_MS 100
+/* SIGTERM: how long to wait for outstanding acknowledgements. */
+#define OBX_CORE_DRAIN_TIMEOUT_MS 30000
+/* The most keys a logical decoding message's JSON object may have. */
+#define OBX_CORE_MESSAGE_KEYS 64
+
+/* A Kafka record as the core hands it over; every pointer is borrowed for the call. */
+struct obx_record {
+	const char *topic;
+	const void *key;
+	size_t keylen;
+	const void *value; /* NULL: tombstone */
+	size_t len;
+	int64_t timestamp_ms;
+	const struct obx_header *headers;
+	size_t nheaders;
+};
+
+/* What the producer said to one produce call. */
+enum obx_produce_result {
+	OBX_PRODUCE_OK,         /* queued; a delivery report will follow */
+	OBX_PRODUCE_QUEUE_FULL, /* not queued; try the same record again later */
+	OBX_PRODUCE_PERMANENT,  /* this record can never be produced (too large, invalid) */
+	OBX_PRODUCE_TRANSIENT,  /* not queued, for a reason a new session may cure */
+};
+
+/* How a delivery report ended. */
+enum obx_report_status {
+	OBX_REPORT_OK,        /* acknowledged by the broker */
+	OBX_REPORT_PURGED,    /* dropped by the producer while a session is torn down */
+	OBX_REPORT_TRANSIENT, /* failed, a retry in a new session may succeed: rewind */
+	OBX_REPORT_PERMANENT, /* the broker will never accept it: on_error decides */
+};
+
+/* One delivery report; every pointer is borrowed for the call. */
+struct obx_report {
+	uint64_t opaque;                 /* as given to produce */
+	enum obx_report_status status;
+	const char *error;               /* text of the error (not OK) */
+	const char *error_name;          /* its short code name, for the metrics (not OK) */
+	struct obx_record record;        /* the record as the producer held it */
+	int64_t now_us;                  /* PostgreSQL-epoch microseconds now, for the latency histogram */
+};
+
+/*
+ * The actions.  produce hands a record to the producer (which copies it)
+ * tagged with opaque, and writes why it failed into why (not OK).  note
+ * gives a line for the log.  Both are called only from inside core calls.
+ */
+struct obx_core_ops {
+	enum obx_produce_result (*produce)(void *ctx, const struct obx_record *rec, uint64_t opaque,
+	    char *why, size_t whylen);
+	void (*note)(void *ctx, enum obx_log_level level, const char *line);
+};
+
+enum obx_core_end {
+	OBX_CORE_RUNNING = 0,
+	OBX_CORE_END_STOP,  /* stopped on request: exit 0 */
+	OBX_CORE_END_RETRY, /* transient: end the session, reconnect with backoff */
+	OBX_CORE_END_FATAL, /* cannot heal: exit 1 */
+};
+
+/* A record the producer's queue refused, copied until it is accepted. */
+struct obx_core_pending {
+	bool set;
+	bool dead_letter;     /* the copy is already the dead-letter record */
+	uint64_t ticket;
+	char *topic;
+	void *key, *value;    /* value NULL with has_value false: tombstone */
+	bool has_value;
+	size_t keylen, len;
+	int64_t timestamp_ms;
+	struct obx_header *headers;
+	char **hstore;        /* owned copies of the header names and values */
+	size_t nheaders;
+};
+
+/* A logical decoding message seen as a row of a relation with the message's keys. */
+struct obx_core_msgrow {
+	struct obx_rel rel;
+	struct obx_relcol cols[OBX_CORE_MESSAGE_KEYS];
+	struct obx_pg_datum dat[OBX_CORE_MESSAGE_KEYS];
+	char *dumps[OBX_CORE_MESSAGE_KEYS];
+	size_t ndumps;
+	json_t *json;
+	unsigned version;
+};
+
+struct obx_core {
+	const struct obx_config *cfg; /* borrowed; outlives the core */
+	const struct obx_core_ops *ops;
+	void *ctx;
+	struct obx_metrics *m;        /* borrowed; counters the core updates */
+
+	struct obx_pgoutput dec;
+	struct obx_relcache rels;
+	struct obx_event_builder eb;
+	struct obx_acktrack ack;
+	struct obx_streambuf sbuf;
+	struct obx_core_msgrow mrow;
+	struct obx_rel msgrel;        /* how a buffered message is kept: one column "content" */
+	struct obx_relcol msgcol;
+
+	uint32_t gen;                 /* stream generation, bumped per session (docs/design.md, invariant 8) */
+	bool active;                  /* between session_start and session_end */
+	bool streaming_off;           /* the process no longer asks for streaming */
+
+	bool in_txn;                  /* Begin (or a Stream Commit being published) seen, Commit not yet */
+	bool in_stream;               /* between Stream Start and Stream Stop */
+	struct obx_txninfo txn;
+	uint32_t txn_events;
+	uint32_t stream_xid;          /* the transaction of the current Stream Start block */
+
+	/* a Stream Commit whose rows are being published */
+	bool replaying;
+	uint32_t replay_xid;
+	size_t replay_next;
+	obx_lsn replay_end_lsn;
+
+	struct obx_core_pending *pend; /* records the producer's queue refused, in order */
+	size_t npend, pend_cap;
+
+	obx_lsn received;             /* the write position: the highest LSN read */
+	obx_lsn sent_flush;           /* the highest flush position sent */
+	obx_lsn server_wal_end;
+	int64_t last_status_ms;
+	bool status_now;              /* the server asked for a reply */
+	int status_interval_ms;
+
+	uint64_t inflight;            /* records handed to the producer, no report yet */
+	uint64_t inflight_bytes;
+	uint64_t published;           /* events acknowledged (not counting dead-lettered ones) */
+	bool paused;                  /* the in-flight caps stop reading */
+
+	int signals;
+	bool draining;
+	int64_t drain_deadline_ms;
+
+	enum obx_core_end end;
+	bool end_kafka;               /* the session ended because of the broker side */
+	char reason[1024];
+};
+
+/*
+ * Prepares a core for cfg (borrowed).  ops and ctx receive the actions, m
+ * the counters (both borrowed, outliving the core).  Returns 0 or
+ * OBX_ENOMEM.  Pair with obx_core_reset().
+ */
+int obx_core_init(struct obx_core *c, const struct obx_config *cfg, const struct obx_core_ops *ops,
+    void *ctx, struct obx_metrics *m);
+/* Frees everything the core owns. */
+void obx_core_reset(struct obx_core *c);
+
+/*
+ * A session starts streaming at start (the slot's confirmed_flush) with
+ * pgoutput protocol proto; status updates are due every status_interval_ms.
+ * A new generation begins: reports of earlier sessions are never counted.
+ * Returns 0 or OBX_ENOMEM.
+ */
+int obx_core_session_start(struct obx_core *c, obx_lsn start, int proto, int status_interval_ms,
+    int64_t now_ms);
+
+/*
+ * The session is over (whatever the reason): forgets its transactions,
+ * buffered rows, pending record and relations, and bumps the generation so
+ * that reports served while the producer closes are ignored.
+ */
+void obx_core_session_end(struct obx_core *c);
+
+/* True when the session should ask the server to stream in-progress transactions. */
+bool obx_core_streaming_allowed(const struct obx_core *c);
+
+/* One CopyData message ('w' XLogData or 'k' keepalive) of the replication stream. */
+void obx_core_copydata(struct obx_core *c, const uint8_t *buf, size_t len);
+
+/*
+ * One decoded pgoutput message; data_start is its XLogData dataStart (0/0
+ * when it has none).  Borrowed views in m are used only during the call.
+ */
+void obx_core_pgmsg(struct obx_core *c, const struct obx_pgmsg *m, obx_lsn data_start);
+
+/* A keepalive: the server's WAL end, and whether it asks for a reply now. */
+void obx_core_keepalive(struct obx_core *c, obx_lsn wal_end, bool reply_requested);
+
+/* A delivery report; one of an earlier session (generation) is ignored. */
+void obx_core_report(struct obx_core *c, const struct obx_report *r);
+
+/*
+ * Moves pending work on as far as the in-flight caps allow: a record the
+ * queue refused, the rows of a Stream Commit, the drain rule.  Call on
+ * every turn of the loop, after serving delivery reports.
+ */
+void obx_core_pump(struct obx_core *c, int64_t now_ms);
+
+/* A stop signal: the first drains (up to OBX_CORE_DRAIN_TIMEOUT_MS), the second stops at once. */
+void obx_core_signal(struct obx_core *c, int64_t now_ms);
+
+/* Ends the session for a reason found outside the core (I/O). */
+void obx_core_fail(struct obx_core *c, enum obx_core_end how, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* True when the loop may read the next replication message now. */
+bool obx_core_can_read(const struct obx_core *c);
+
+/* True when the in-flight caps hold the stream (for the state gauge). */
+bool obx_core_backpressured(const struct obx_core *c);
+
+/*
+ * True when a standby status update is due at now_ms; *flush and *write
+ * are what to send and *reply whether to ask the server for a keepalive
+ * (idle, so the flush position may follow the WAL end).  After sending it
+ * the loop calls obx_core_status_sent().
+ */
+bool obx_core_status_due(const struct obx_core *c, int64_t now_ms, obx_lsn *write, obx_lsn *flush,
+    bool *reply);
+void obx_core_status_sent(struct obx_core *c, obx_lsn flush, int64_t now_ms);
+
+/* Milliseconds until the core next needs a turn (a status update or the drain check), >= 0. */
+int64_t obx_core_wait_ms(const struct obx_core *c, int64_t now_ms);
+
+/* OBX_CORE_RUNNING, or how the session ended; *reason (borrowed) says why. */
+enum obx_core_end obx_core_ended(const struct obx_core *c, const char **reason);
+
+/* The opaque carried by a record: bit 63 dead-letter copy, bits 48..62 generation, 0..47 ticket. */
+uint64_t obx_core_opaque(uint32_t gen, uint64_t ticket, bool dead_letter);
+
+#endif

@@ -1,0 +1,1055 @@
+/*
+ * relaycore.c - the relay's decisions (pure); see relaycore.h and
+ * docs/design.md ("Relay core").
+ *
+ * Every event goes through one path: the ack tracker registers it (a
+ * ticket), the event builder makes the record, send_record() hands it to
+ * the producer or, when the producer's queue is full, to the pending queue
+ * that obx_core_pump() drains in order.  A record that can never be
+ * produced, or that the broker rejects for good, is handed to on_error:
+ * stop ends the run without confirming past it, dead_letter sends it (or,
+ * when even that is refused, the headers that identify it) to the
+ * dead-letter topic, and the copy's acknowledgement counts for the event.
+ */
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "obx/err.h"
+#include "obx/relaycore.h"
+#include "obx/walmsg.h"
+
+#define OP_DEAD_LETTER (1ULL << 63)
+#define OP_GEN_SHIFT 48
+#define OP_GEN_MASK 0x7fffULL
+#define OP_TICKET_MASK ((1ULL << 48) - 1)
+#define MAX_HEADERS 64
+#define PENDING_WAIT_MS 50
+#define DRAIN_CHECK_MS 100
+
+static void publish_row(struct obx_core *c, const struct obx_rel *rel, const struct obx_pg_tuple *t);
+
+uint64_t
+obx_core_opaque(uint32_t gen, uint64_t ticket, bool dead_letter)
+{
+	return (dead_letter ? OP_DEAD_LETTER : 0) | ((uint64_t)(gen & OP_GEN_MASK) << OP_GEN_SHIFT) |
+	    (ticket & OP_TICKET_MASK);
+}
+
+static void note(struct obx_core *c, enum obx_log_level level, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void
+note(struct obx_core *c, enum obx_log_level level, const char *fmt, ...)
+{
+	char line[1024];
+	va_list ap;
+
+	if (c->ops->note == NULL)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(line, sizeof(line), fmt, ap);
+	va_end(ap);
+	c->ops->note(c->ctx, level, line);
+}
+
+static void end_session(struct obx_core *c, enum obx_core_end how, const char *fmt, va_list ap)
+    __attribute__((format(printf, 3, 0)));
+
+static void
+end_session(struct obx_core *c, enum obx_core_end how, const char *fmt, va_list ap)
+{
+	if (c->end == OBX_CORE_END_FATAL)
+		return; /* the first fatal reason wins */
+	vsnprintf(c->reason, sizeof(c->reason), fmt, ap);
+	c->end = how;
+}
+
+void
+obx_core_fail(struct obx_core *c, enum obx_core_end how, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	end_session(c, how, fmt, ap);
+	va_end(ap);
+}
+
+#define fail obx_core_fail
+
+static bool
+ending(const struct obx_core *c)
+{
+	return c->end != OBX_CORE_RUNNING;
+}
+
+/* The last value of header name in rec as text, "?" when absent. */
+static const char *
+header_text(const struct obx_record *rec, const char *name, char *buf, size_t len)
+{
+	snprintf(buf, len, "?");
+	for (size_t i = rec->nheaders; i-- > 0;) {
+		const struct obx_header *h = &rec->headers[i];
+
+		if (strcmp(h->name, name) == 0 && h->value != NULL) {
+			snprintf(buf, len, "%.*s", (int)h->len, (const char *)h->value);
+			break;
+		}
+	}
+	return buf;
+}
+
+/* ---- pending records: what the producer's queue refused, in order ---- */
+
+static void
+pending_free(struct obx_core_pending *p)
+{
+	for (size_t i = 0; i < p->nheaders * 2; i++)
+		free(p->hstore[i]);
+	free(p->hstore);
+	free(p->headers);
+	free(p->topic);
+	free(p->key);
+	free(p->value);
+	memset(p, 0, sizeof(*p));
+}
+
+static void *
+dup_bytes(const void *p, size_t len)
+{
+	void *d = malloc(len ? len : 1);
+
+	if (d != NULL && len > 0)
+		memcpy(d, p, len);
+	return d;
+}
+
+static int
+pending_copy(struct obx_core_pending *p, const struct obx_record *rec, uint64_t ticket, bool dl)
+{
+	memset(p, 0, sizeof(*p));
+	p->set = true;
+	p->dead_letter = dl;
+	p->ticket = ticket;
+	p->topic = strdup(rec->topic);
+	p->key = rec->key != NULL ? dup_bytes(rec->key, rec->keylen) : NULL;
+	p->keylen = rec->keylen;
+	p->has_value = rec->value != NULL;
+	p->value = p->has_value ? dup_bytes(rec->value, rec->len) : NULL;
+	p->len = rec->len;
+	p->timestamp_ms = rec->timestamp_ms;
+	p->headers = calloc(rec->nheaders ? rec->nheaders : 1, sizeof(*p->headers));
+	p->hstore = calloc(rec->nheaders * 2 + 1, sizeof(*p->hstore));
+	if (p->topic == NULL || (rec->key != NULL && p->key == NULL) || (p->has_value && p->value == NULL) ||
+	    p->headers == NULL || p->hstore == NULL)
+		return OBX_ENOMEM;
+	for (size_t i = 0; i < rec->nheaders; i++) {
+		const struct obx_header *h = &rec->headers[i];
+
+		p->nheaders = i + 1;
+		p->hstore[2 * i] = strdup(h->name);
+		p->hstore[2 * i + 1] = h->value != NULL ? dup_bytes(h->value, h->len) : NULL;
+		if (p->hstore[2 * i] == NULL || (h->value != NULL && p->hstore[2 * i + 1] == NULL))
+			return OBX_ENOMEM;
+		p->headers[i] = (struct obx_header){ p->hstore[2 * i], p->hstore[2 * i + 1], h->len };
+	}
+	return 0;
+}
+
+static struct obx_record
+pending_record(const struct obx_core_pending *p)
+{
+	return (struct obx_record){ p->topic, p->key, p->keylen, p->has_value ? p->value : NULL, p->len,
+		p->timestamp_ms, p->headers, p->nheaders };
+}
+
+static void
+pending_push(struct obx_core *c, const struct obx_record *rec, uint64_t ticket, bool dl)
+{
+	struct obx_core_pending *grown;
+
+	if (c->npend == c->pend_cap) {
+		size_t cap = c->pend_cap ? c->pend_cap * 2 : 4;
+
+		grown = reallocarray(c->pend, cap, sizeof(*grown));
+		if (grown == NULL) {
+			fail(c, OBX_CORE_END_FATAL, "out of memory");
+			return;
+		}
+		c->pend = grown;
+		c->pend_cap = cap;
+	}
+	if (pending_copy(&c->pend[c->npend], rec, ticket, dl) != 0) {
+		pending_free(&c->pend[c->npend]);
+		fail(c, OBX_CORE_END_FATAL, "out of memory");
+		return;
+	}
+	c->npend++;
+}
+
+static void
+pending_clear(struct obx_core *c)
+{
+	for (size_t i = 0; i < c->npend; i++)
+		pending_free(&c->pend[i]);
+	c->npend = 0;
+}
+
+/* ---- producing, and on_error for what cannot be produced ---- */
+
+static void produce_now(struct obx_core *c, const struct obx_record *rec, uint64_t ticket, bool dl);
+
+/* Hands rec to the producer, behind any record the queue refused before (order). */
+static void
+send_record(struct obx_core *c, const struct obx_record *rec, uint64_t ticket, bool dl)
+{
+	if (ending(c))
+		return;
+	if (c->npend > 0) {
+		pending_push(c, rec, ticket, dl);
+		return;
+	}
+	produce_now(c, rec, ticket, dl);
+}
+
+/* Sends the dead-letter copy of rec: its headers, original_topic and error. */
+static void
+dead_letter_record(struct obx_core *c, const struct obx_record *rec, uint64_t ticket,
+    const char *reason)
+{
+	struct obx_header hs[MAX_HEADERS + 2];
+	struct obx_record dl = *rec;
+	size_t n = 0;
+
+	for (size_t i = 0; i < rec->nheaders && n < MAX_HEADERS; i++)
+		hs[n++] = rec->headers[i];
+	hs[n++] = (struct obx_header){ "original_topic", rec->topic, strlen(rec->topic) };
+	hs[n++] = (struct obx_header){ "error", reason, strlen(reason) };
+	dl.topic = c->cfg->dead_letter_topic;
+	dl.headers = hs;
+	dl.nheaders = n;
+	send_record(c, &dl, ticket, true);
+}
+
+/*
+ * The producer refused rec for good.  An event goes to on_error; a
+ * dead-letter copy is sent again with the headers alone (key and value
+ * dropped); when even that is refused the run stops.
+ */
+static void
+refused(struct obx_core *c, const struct obx_record *rec, uint64_t ticket, bool dl, const char *why)
+{
+	char id[128], lsn[32], xid[16];
+
+	header_text(rec, "id", id, sizeof(id));
+	header_text(rec, "lsn", lsn, sizeof(lsn));
+	if (!dl && c->cfg->on_error == OBX_ON_ERROR_STOP) {
+		fail(c, OBX_CORE_END_FATAL, "event id=%s at lsn %s (xid %s) cannot be published: %s "
+		    "(on_error = stop: nothing after it is confirmed)", id, lsn,
+		    header_text(rec, "xid", xid, sizeof(xid)), why);
+		return;
+	}
+	if (!dl) {
+		note(c, OBX_LOG_WARN, "event id=%s at lsn %s cannot be published (%s): dead-lettering it to %s",
+		    id, lsn, why, c->cfg->dead_letter_topic);
+		dead_letter_record(c, rec, ticket, why);
+		return;
+	}
+	if (rec->key != NULL || rec->value != NULL) {
+		struct obx_record bare = *rec;
+
+		bare.key = bare.value = NULL;
+		bare.keylen = bare.len = 0;
+		send_record(c, &bare, ticket, true);
+		return;
+	}
+	fail(c, OBX_CORE_END_FATAL, "could not dead-letter event id=%s at lsn %s to %s: %s", id, lsn,
+	    c->cfg->dead_letter_topic, why);
+}
+
+static void
+produce_now(struct obx_core *c, const struct obx_record *rec, uint64_t ticket, bool dl)
+{
+	char why[512] = "";
+	char id[128];
+
+	switch (c->ops->produce(c->ctx, rec, obx_core_opaque(c->gen, ticket, dl), why, sizeof(why))) {
+	case OBX_PRODUCE_OK:
+		c->inflight++;
+		c->inflight_bytes += rec->len + rec->keylen;
+		return;
+	case OBX_PRODUCE_QUEUE_FULL:
+		pending_push(c, rec, ticket, dl); /* tried again by obx_core_pump(), in order */
+		return;
+	case OBX_PRODUCE_PERMANENT:
+		refused(c, rec, ticket, dl, why);
+		return;
+	case OBX_PRODUCE_TRANSIENT:
+		fail(c, OBX_CORE_END_RETRY, "could not produce event id=%s: %s",
+		    header_text(rec, "id", id, sizeof(id)), why);
+		return;
+	}
+}
+
+/* Sends pending records in order until the queue refuses one again. */
+static void
+pending_flush(struct obx_core *c)
+{
+	while (c->npend > 0 && !ending(c)) {
+		struct obx_core_pending p = c->pend[0];
+		struct obx_record rec = pending_record(&p);
+		size_t before;
+
+		memmove(&c->pend[0], &c->pend[1], (c->npend - 1) * sizeof(c->pend[0]));
+		c->npend--;
+		before = c->npend;
+		produce_now(c, &rec, p.ticket, p.dead_letter);
+		if (c->npend > before) {
+			/* refused again: it goes back to the front, where it was */
+			struct obx_core_pending back = c->pend[c->npend - 1];
+
+			memmove(&c->pend[1], &c->pend[0], (c->npend - 1) * sizeof(c->pend[0]));
+			c->pend[0] = back;
+			pending_free(&p);
+			return;
+		}
+		pending_free(&p);
+	}
+}
+
+/* ---- rows and messages of a committed transaction ---- */
+
+/* Writes every column of the row as a JSON object (for a dead-lettered row). */
+static char *
+row_as_json(const struct obx_rel *rel, const struct obx_pg_tuple *t)
+{
+	json_t *o = json_object();
+	char *s;
+
+	if (o == NULL)
+		return NULL;
+	for (uint16_t i = 0; i < t->ncols && i < rel->natts; i++) {
+		const struct obx_pg_datum *d = &t->cols[i];
+
+		json_object_set_new(o, rel->cols[i].name, d->kind == 'n' || d->kind == 'u' ? json_null() :
+		    json_stringn((const char *)d->data, d->len));
+	}
+	s = json_dumps(o, JSON_COMPACT);
+	json_decref(o);
+	return s;
+}
+
+/* A row of the current transaction that cannot become an event (ticket registered): on_error. */
+static void
+poison_row(struct obx_core *c, const struct obx_rel *rel, const struct obx_pg_tuple *t,
+    uint64_t ticket, const char *reason)
+{
+	char lsn[OBX_LSN_STRLEN], seq[16], xid[16];
+	struct obx_header h[4];
+	struct obx_record rec;
+	char *row;
+
+	obx_lsn_format(c->txn.commit_lsn, lsn, sizeof(lsn));
+	if (c->cfg->on_error == OBX_ON_ERROR_STOP) {
+		fail(c, OBX_CORE_END_FATAL, "event id=? at lsn %s (xid %" PRIu32 ") cannot be published: %s "
+		    "(on_error = stop: nothing after it is confirmed)", lsn, c->txn.xid, reason);
+		return;
+	}
+	snprintf(seq, sizeof(seq), "%" PRIu32, c->txn_events - 1);
+	snprintf(xid, sizeof(xid), "%" PRIu32, c->txn.xid);
+	h[0] = (struct obx_header){ "lsn", lsn, strlen(lsn) };
+	h[1] = (struct obx_header){ "seq", seq, strlen(seq) };
+	h[2] = (struct obx_header){ "xid", xid, strlen(xid) };
+	h[3] = (struct obx_header){ "error", reason, strlen(reason) };
+	row = row_as_json(rel, t);
+	if (row == NULL) {
+		fail(c, OBX_CORE_END_FATAL, "out of memory");
+		return;
+	}
+	note(c, OBX_LOG_WARN, "event id=? at lsn %s cannot be published (%s): dead-lettering the row to %s",
+	    lsn, reason, c->cfg->dead_letter_topic);
+	rec = (struct obx_record){ c->cfg->dead_letter_topic, NULL, 0, row, strlen(row),
+		(c->txn.commit_time + OBX_PG_EPOCH_OFFSET_US) / 1000, h, 4 };
+	send_record(c, &rec, ticket, true);
+	free(row);
+}
+
+/*
+ * Publishes one outbox row of the current transaction (c->txn): registers
+ * it with the ack tracker, builds the record and sends it, or follows
+ * on_error when it cannot become one.  why_not, when set, says that the row
+ * is already known to be unbuildable (a message that is not a JSON object).
+ */
+static void
+publish_event(struct obx_core *c, const struct obx_rel *rel, const struct obx_pg_tuple *tuple,
+    const char *why_not)
+{
+	struct obx_event ev;
+	struct obx_record rec;
+	char why[512];
+	uint64_t ticket;
+	int rc;
+
+	if (obx_ack_add_event(&c->ack, &ticket) != 0) {
+		fail(c, OBX_CORE_END_FATAL, "out of memory");
+		return;
+	}
+	c->txn_events++;
+	if (why_not != NULL) {
+		poison_row(c, rel, tuple, ticket, why_not);
+		return;
+	}
+	rc = obx_event_build(&c->eb, rel, tuple, &c->txn, c->txn_events - 1, &ev, why, sizeof(why));
+	if (rc == OBX_ENOMEM) {
+		fail(c, OBX_CORE_END_FATAL, "out of memory");
+		return;
+	}
+	if (rc != 0) {
+		poison_row(c, rel, tuple, ticket, why);
+		return;
+	}
+	rec = (struct obx_record){ ev.topic, ev.key, ev.keylen, ev.value, ev.len, ev.timestamp_ms,
+		ev.headers, ev.nheaders };
+	send_record(c, &rec, ticket, false);
+}
+
+static void
+publish_row(struct obx_core *c, const struct obx_rel *rel, const struct obx_pg_tuple *t)
+{
+	publish_event(c, rel, t, NULL);
+}
+
+static void
+message_row_free(struct obx_core *c)
+{
+	struct obx_core_msgrow *mr = &c->mrow;
+
+	for (size_t i = 0; i < mr->ndumps; i++)
+		free(mr->dumps[i]);
+	mr->ndumps = 0;
+	json_decref(mr->json);
+	mr->json = NULL;
+}
+
+/*
+ * Turns the JSON object of a logical decoding message into a row of a
+ * relation whose columns are the object's keys, so the outbox mapping
+ * applies unchanged: strings are column text as they are, other values
+ * their compact JSON, null a NULL.  A content that is not such an object
+ * becomes a row with one column "content" (for the dead-letter record) and
+ * *why says why.  Returns 0, OBX_EINVAL (why filled) or OBX_ENOMEM.
+ */
+static int
+message_row(struct obx_core *c, const uint8_t *content, uint32_t len, struct obx_pg_tuple *t,
+    char *why, size_t whylen)
+{
+	struct obx_core_msgrow *mr = &c->mrow;
+	json_error_t jerr;
+	const char *k;
+	json_t *v;
+	uint16_t n = 0;
+
+	message_row_free(c);
+	mr->rel = (struct obx_rel){ .relid = 0, .nspname = c->cfg->table_schema,
+		.relname = c->cfg->table_name, .cols = mr->cols, .version = ++mr->version };
+	obx_event_builder_forget(&c->eb);
+	mr->json = json_loadb((const char *)content, len, 0, &jerr);
+	if (mr->json == NULL || !json_is_object(mr->json) ||
+	    json_object_size(mr->json) > OBX_CORE_MESSAGE_KEYS) {
+		snprintf(why, whylen, mr->json == NULL ? "message content is not JSON: %s" :
+		    !json_is_object(mr->json) ? "message content is not a JSON object%s" :
+		    "message content has more than 64 keys%s", mr->json == NULL ? jerr.text : "");
+		mr->cols[0] = (struct obx_relcol){ "content", 25 };
+		mr->dat[0] = (struct obx_pg_datum){ 't', content, len };
+		mr->rel.natts = 1;
+		*t = (struct obx_pg_tuple){ 1, mr->dat };
+		return OBX_EINVAL;
+	}
+	json_object_foreach(mr->json, k, v) {
+		mr->cols[n] = (struct obx_relcol){ (char *)k, json_is_object(v) || json_is_array(v) ? 3802 : 25 };
+		if (json_is_null(v)) {
+			mr->dat[n] = (struct obx_pg_datum){ 'n', NULL, 0 };
+		} else if (json_is_string(v)) {
+			mr->dat[n] = (struct obx_pg_datum){ 't', (const uint8_t *)json_string_value(v),
+				(uint32_t)json_string_length(v) };
+		} else {
+			char *d = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+
+			if (d == NULL)
+				return OBX_ENOMEM;
+			mr->dumps[mr->ndumps++] = d;
+			mr->dat[n] = (struct obx_pg_datum){ 't', (const uint8_t *)d, (uint32_t)strlen(d) };
+		}
+		n++;
+	}
+	mr->rel.natts = n;
+	*t = (struct obx_pg_tuple){ n, mr->dat };
+	return 0;
+}
+
+/* Publishes one of our transactional messages as an event of the current transaction. */
+static void
+publish_message(struct obx_core *c, const uint8_t *content, uint32_t len)
+{
+	struct obx_pg_tuple t;
+	char why[512];
+	int rc = message_row(c, content, len, &t, why, sizeof(why));
+
+	if (rc == OBX_ENOMEM)
+		fail(c, OBX_CORE_END_FATAL, "out of memory");
+	else
+		publish_event(c, &c->mrow.rel, &t, rc != 0 ? why : NULL);
+	message_row_free(c);
+}
+
+/* ---- streamed transactions ---- */
+
+static void
+streams_changed(struct obx_core *c)
+{
+	obx_ack_streams_open(&c->ack, obx_streambuf_open(&c->sbuf));
+	c->m->stream_buffer_bytes = c->sbuf.bytes;
+}
+
+static void
+buffer_result(struct obx_core *c, int rc)
+{
+	char a[OBX_LSN_STRLEN];
+
+	if (rc == OBX_EFULL) {
+		/* the server then decodes the transaction whole, spilling to its own disk */
+		c->streaming_off = true;
+		fail(c, OBX_CORE_END_RETRY, "streamed transaction %" PRIu32 " holds more outbox rows than "
+		    "[source] stream_buffer (%lld bytes) after lsn %s; reconnecting with streaming off",
+		    c->stream_xid, c->cfg->stream_buffer_bytes, obx_lsn_format(c->received, a, sizeof(a)));
+		return;
+	}
+	if (rc != 0)
+		fail(c, OBX_CORE_END_FATAL, rc == OBX_ENOMEM ? "out of memory" :
+		    "streamed change for transaction %" PRIu32 " outside of Stream Start", c->stream_xid);
+	c->m->stream_buffer_bytes = c->sbuf.bytes;
+}
+
+static bool backpressured(const struct obx_core *c);
+
+/* Publishes the rows of the Stream Commit in progress as far as the caps allow. */
+static void
+replay(struct obx_core *c)
+{
+	const struct obx_sbuf_txn *t = obx_streambuf_get(&c->sbuf, c->replay_xid);
+	char a[OBX_LSN_STRLEN];
+
+	while (t != NULL && c->replay_next < t->nrows && !ending(c) && c->npend == 0 && !backpressured(c)) {
+		const struct obx_sbuf_row *row = &t->rows[c->replay_next++];
+
+		if (row->rel == OBX_SBUF_MESSAGE)
+			publish_message(c, row->tuple.cols[0].data, row->tuple.cols[0].len);
+		else
+			publish_row(c, &t->rels[row->rel], &row->tuple);
+	}
+	if (ending(c) || (t != NULL && c->replay_next < t->nrows))
+		return;
+	obx_event_builder_forget(&c->eb); /* the relation copies go now */
+	if (obx_ack_commit(&c->ack, c->replay_end_lsn) != 0) {
+		fail(c, OBX_CORE_END_FATAL, "Stream Commit without its transaction at lsn %s",
+		    obx_lsn_format(c->txn.commit_lsn, a, sizeof(a)));
+		return;
+	}
+	c->replaying = false;
+	c->in_txn = false;
+	c->m->transactions++;
+	obx_streambuf_drop(&c->sbuf, c->replay_xid);
+	streams_changed(c);
+	if (c->replay_end_lsn > c->received)
+		c->received = c->replay_end_lsn;
+}
+
+/* Stream Commit: the buffered rows become events of one transaction, in insertion order. */
+static void
+stream_commit(struct obx_core *c, const struct obx_pgmsg *m)
+{
+	char a[OBX_LSN_STRLEN];
+
+	if (c->in_txn || obx_ack_begin_at(&c->ack, m->u.stream_commit.commit_time) != 0) {
+		fail(c, OBX_CORE_END_FATAL, "Stream Commit inside an open transaction at lsn %s",
+		    obx_lsn_format(m->u.stream_commit.commit_lsn, a, sizeof(a)));
+		return;
+	}
+	c->in_txn = true;
+	c->txn = (struct obx_txninfo){ m->u.stream_commit.commit_lsn, m->u.stream_commit.xid,
+		m->u.stream_commit.commit_time };
+	c->txn_events = 0;
+	c->replaying = true;
+	c->replay_xid = m->u.stream_commit.xid;
+	c->replay_next = 0;
+	c->replay_end_lsn = m->u.stream_commit.end_lsn;
+	obx_event_builder_forget(&c->eb);
+	replay(c);
+}
+
+/*
+ * Stream Abort.  A whole transaction's abort discards its rows.  A
+ * subtransaction's abort discards the rows tagged with its xid; but
+ * pgoutput tags a logical decoding message inside a streamed transaction
+ * with the top-level xid, so when the transaction holds messages of ours
+ * there is no telling which of them the savepoint wrote.  Then the session
+ * ends and the process asks for no more streaming: the server decodes the
+ * transaction again, whole, at its commit, without what rolled back
+ * (docs/design.md, invariant 2).
+ */
+static void
+stream_abort(struct obx_core *c, const struct obx_pgmsg *m)
+{
+	uint32_t xid = m->u.stream_abort.xid, subxid = m->u.stream_abort.subxid;
+	const struct obx_sbuf_txn *t = obx_streambuf_get(&c->sbuf, xid);
+	size_t n;
+
+	if (subxid != xid && t != NULL && t->nmessages > 0) {
+		c->streaming_off = true;
+		fail(c, OBX_CORE_END_RETRY, "streamed transaction %" PRIu32 " rolled back subtransaction %"
+		    PRIu32 " and holds %zu logical decoding message(s), which pgoutput does not tag with their "
+		    "subtransaction; reconnecting with streaming off", xid, subxid, t->nmessages);
+		return;
+	}
+	n = obx_streambuf_abort(&c->sbuf, xid, subxid);
+	c->m->stream_aborted_events += n;
+	if (n > 0)
+		note(c, OBX_LOG_DEBUG, "streamed transaction %" PRIu32 " rolled back %s %" PRIu32 ": %zu "
+		    "buffered event(s) discarded", xid, subxid == xid ? "whole, xid" : "savepoint, subxid",
+		    subxid, n);
+	streams_changed(c);
+}
+
+/* ---- messages of the stream ---- */
+
+static void
+handle_insert(struct obx_core *c, const struct obx_pgmsg *m)
+{
+	const struct obx_rel *rel = obx_relcache_get(&c->rels, m->u.insert.relid);
+
+	if (rel == NULL) {
+		fail(c, OBX_CORE_END_FATAL, "Insert for relation %" PRIu32 " that no Relation message "
+		    "announced", m->u.insert.relid);
+		return;
+	}
+	if (!obx_event_is_outbox(&c->eb, rel))
+		return;
+	if (c->in_stream) {
+		buffer_result(c, obx_streambuf_add(&c->sbuf, c->stream_xid, m->xid, rel, &m->u.insert.tuple));
+		return;
+	}
+	if (!c->in_txn) {
+		fail(c, OBX_CORE_END_FATAL, "Insert outside of a transaction");
+		return;
+	}
+	publish_row(c, rel, &m->u.insert.tuple);
+}
+
+/* A logical decoding message: with [source] messages = on, ours become events. */
+static void
+handle_message(struct obx_core *c, const struct obx_pgmsg *m)
+{
+	char a[OBX_LSN_STRLEN];
+
+	if (!c->cfg->messages || strcmp(m->u.message.prefix, c->cfg->message_prefix) != 0)
+		return;
+	if (!(m->u.message.flags & 1)) {
+		c->m->messages_refused++;
+		note(c, OBX_LOG_WARN, "non-transactional message with prefix '%s' at lsn %s not published: "
+		    "only pg_logical_emit_message(true, ...) is tied to a commit", m->u.message.prefix,
+		    obx_lsn_format(m->u.message.lsn, a, sizeof(a)));
+		return;
+	}
+	if (c->in_stream) {
+		buffer_result(c, obx_streambuf_add_message(&c->sbuf, c->stream_xid, m->xid,
+		    m->u.message.content, m->u.message.len));
+		return;
+	}
+	if (!c->in_txn) {
+		fail(c, OBX_CORE_END_FATAL, "transactional message outside of a transaction at lsn %s",
+		    obx_lsn_format(m->u.message.lsn, a, sizeof(a)));
+		return;
+	}
+	publish_message(c, m->u.message.content, m->u.message.len);
+}
+
+static void
+handle_begin(struct obx_core *c, const struct obx_pgmsg *m)
+{
+	char a[OBX_LSN_STRLEN];
+
+	if (c->in_txn || obx_ack_begin_at(&c->ack, m->u.begin.commit_time) != 0) {
+		fail(c, OBX_CORE_END_FATAL, "Begin inside an open transaction at lsn %s",
+		    obx_lsn_format(m->u.begin.final_lsn, a, sizeof(a)));
+		return;
+	}
+	c->in_txn = true;
+	c->txn = (struct obx_txninfo){ m->u.begin.final_lsn, m->u.begin.xid, m->u.begin.commit_time };
+	c->txn_events = 0;
+}
+
+static void
+handle_commit(struct obx_core *c, const struct obx_pgmsg *m)
+{
+	char a[OBX_LSN_STRLEN];
+
+	if (!c->in_txn || c->replaying || obx_ack_commit(&c->ack, m->u.commit.end_lsn) != 0) {
+		fail(c, OBX_CORE_END_FATAL, "Commit without Begin at lsn %s",
+		    obx_lsn_format(m->u.commit.commit_lsn, a, sizeof(a)));
+		return;
+	}
+	c->in_txn = false;
+	c->m->transactions++;
+	if (m->u.commit.end_lsn > c->received)
+		c->received = m->u.commit.end_lsn;
+}
+
+static void
+handle_stream_start(struct obx_core *c, const struct obx_pgmsg *m)
+{
+	if (obx_streambuf_start(&c->sbuf, m->u.stream_start.xid) != 0) {
+		fail(c, OBX_CORE_END_FATAL, "out of memory");
+		return;
+	}
+	c->in_stream = true;
+	c->stream_xid = m->u.stream_start.xid;
+	streams_changed(c);
+}
+
+void
+obx_core_pgmsg(struct obx_core *c, const struct obx_pgmsg *m, obx_lsn data_start)
+{
+	char a[OBX_LSN_STRLEN];
+
+	if (ending(c))
+		return;
+	if (data_start > c->received)
+		c->received = data_start;
+	switch (m->type) {
+	case 'B': handle_begin(c, m); break;
+	case 'C': handle_commit(c, m); break;
+	case 'R':
+		if (obx_relcache_update(&c->rels, m) != 0)
+			fail(c, OBX_CORE_END_FATAL, "out of memory");
+		break;
+	case 'I': handle_insert(c, m); break;
+	case 'M': handle_message(c, m); break;
+	case 'S': handle_stream_start(c, m); break;
+	case 'E': c->in_stream = false; break;
+	case 'c': stream_commit(c, m); break;
+	case 'A': stream_abort(c, m); break;
+	case 'b': case 'P': case 'K': case 'r': case 'p':
+		fail(c, OBX_CORE_END_FATAL, "unexpected two-phase %s message at lsn %s: outboxd does not "
+		    "request two_phase", obx_pgoutput_type_name(m->type),
+		    obx_lsn_format(data_start ? data_start : c->received, a, sizeof(a)));
+		break;
+	default:
+		/* Origin, Type, Update, Delete, Truncate: nothing to publish */
+		break;
+	}
+}
+
+void
+obx_core_keepalive(struct obx_core *c, obx_lsn wal_end, bool reply_requested)
+{
+	if (wal_end > c->server_wal_end)
+		c->server_wal_end = wal_end;
+	obx_ack_keepalive(&c->ack, wal_end);
+	if (reply_requested)
+		c->status_now = true;
+}
+
+void
+obx_core_copydata(struct obx_core *c, const uint8_t *buf, size_t len)
+{
+	struct obx_walmsg w;
+	struct obx_pgmsg m;
+	char a[OBX_LSN_STRLEN];
+	int rc;
+
+	if (ending(c))
+		return;
+	if (obx_walmsg_parse(buf, len, &w) != 0) {
+		fail(c, OBX_CORE_END_FATAL, "malformed CopyData message (type 0x%02x, %zu bytes) after lsn %s",
+		    len ? buf[0] : 0, len, obx_lsn_format(c->received, a, sizeof(a)));
+		return;
+	}
+	if (w.kind == 'k') {
+		obx_core_keepalive(c, w.wal_end, w.reply_requested);
+		return;
+	}
+	if (w.wal_end > c->server_wal_end)
+		c->server_wal_end = w.wal_end;
+	rc = obx_pgoutput_decode(&c->dec, w.payload, w.payload_len, &m);
+	if (rc != 0) {
+		fail(c, OBX_CORE_END_FATAL, "could not decode pgoutput %s message (type 0x%02x) at offset %zu, "
+		    "lsn %s: %s", w.payload_len ? obx_pgoutput_type_name((char)w.payload[0]) : "empty",
+		    w.payload_len ? w.payload[0] : 0, c->dec.error_offset,
+		    obx_lsn_format(w.data_start ? w.data_start : c->received, a, sizeof(a)), obx_strerror(rc));
+		return;
+	}
+	obx_core_pgmsg(c, &m, w.data_start);
+}
+
+/* ---- delivery reports ---- */
+
+void
+obx_core_report(struct obx_core *c, const struct obx_report *r)
+{
+	uint64_t ticket = r->opaque & OP_TICKET_MASK;
+	bool dl = (r->opaque & OP_DEAD_LETTER) != 0;
+	char id[128], lsn[32];
+	int64_t committed;
+
+	if (!c->active || ((r->opaque >> OP_GEN_SHIFT) & OP_GEN_MASK) != (c->gen & OP_GEN_MASK))
+		return; /* an earlier stream's report: never an ack now (docs/design.md, invariant 8) */
+	if (c->inflight > 0)
+		c->inflight--;
+	c->inflight_bytes -= c->inflight_bytes < r->record.len + r->record.keylen ? c->inflight_bytes :
+	    r->record.len + r->record.keylen;
+	switch (r->status) {
+	case OBX_REPORT_OK:
+		committed = obx_ack_ticket_time(&c->ack, ticket);
+		if (committed != 0)
+			obx_metrics_observe(c->m, (double)(r->now_us - committed) / 1e6);
+		if (obx_ack_ack(&c->ack, ticket) != 0) {
+			fail(c, OBX_CORE_END_FATAL, "delivery report for unknown ticket %" PRIu64, ticket);
+			return;
+		}
+		if (dl)
+			c->m->events_dead_lettered++;
+		else
+			c->published++;
+		return;
+	case OBX_REPORT_PURGED:
+		return; /* the session is being torn down */
+	case OBX_REPORT_TRANSIENT:
+	case OBX_REPORT_PERMANENT:
+		break;
+	}
+	obx_metrics_kafka_error(c->m, r->error_name);
+	header_text(&r->record, "id", id, sizeof(id));
+	header_text(&r->record, "lsn", lsn, sizeof(lsn));
+	if (dl) {
+		fail(c, OBX_CORE_END_FATAL, "could not dead-letter event id=%s lsn=%s to %s: %s", id, lsn,
+		    c->cfg->dead_letter_topic, r->error);
+		return;
+	}
+	if (r->status == OBX_REPORT_TRANSIENT) {
+		/* timeouts (a user-set message.timeout.ms) and the like: rewind, never skip */
+		c->end_kafka = true;
+		fail(c, OBX_CORE_END_RETRY, "delivery of event id=%s lsn=%s failed: %s; rewinding to the slot",
+		    id, lsn, r->error);
+		return;
+	}
+	if (c->cfg->on_error == OBX_ON_ERROR_DEAD_LETTER) {
+		note(c, OBX_LOG_WARN, "event id=%s lsn=%s rejected by the broker for %s (%s): dead-lettering "
+		    "it to %s", id, lsn, r->record.topic, r->error, c->cfg->dead_letter_topic);
+		dead_letter_record(c, &r->record, ticket, r->error);
+		return;
+	}
+	fail(c, OBX_CORE_END_FATAL, "event id=%s lsn=%s rejected by the broker for topic %s: %s "
+	    "(on_error = stop: nothing after it is confirmed)", id, lsn, r->record.topic, r->error);
+}
+
+/* ---- flow control, status, drain ---- */
+
+static bool
+backpressured(const struct obx_core *c)
+{
+	if (c->inflight == 0)
+		return false; /* always allow one event, however large */
+	/* the ack queue too: a stalled partition must not let acked transactions pile up behind it */
+	return c->inflight >= (uint64_t)c->cfg->max_inflight ||
+	    c->inflight_bytes >= (uint64_t)c->cfg->max_inflight_bytes ||
+	    c->ack.count >= (size_t)c->cfg->max_inflight;
+}
+
+bool
+obx_core_backpressured(const struct obx_core *c)
+{
+	return backpressured(c);
+}
+
+bool
+obx_core_can_read(const struct obx_core *c)
+{
+	/* when stopping, read on to the end of an open transaction: stopping inside one
+	 * would leave its acknowledged events unconfirmed, to be sent again */
+	return c->active && !ending(c) && c->npend == 0 && !c->replaying && !backpressured(c) &&
+	    !(c->draining && !c->in_txn);
+}
+
+void
+obx_core_pump(struct obx_core *c, int64_t now_ms)
+{
+	if (!c->active || ending(c))
+		return;
+	pending_flush(c);
+	if (c->replaying && c->npend == 0)
+		replay(c);
+	if (ending(c))
+		return;
+	if (backpressured(c) != c->paused) {
+		c->paused = !c->paused;
+		if (c->paused)
+			note(c, OBX_LOG_INFO, "backpressure: %" PRIu64 " event(s), %" PRIu64 " byte(s) in flight, "
+			    "%zu transaction(s) unconfirmed; pausing the replication stream", c->inflight,
+			    c->inflight_bytes, c->ack.count);
+		else
+			note(c, OBX_LOG_INFO, "backpressure released: resuming the replication stream");
+	}
+	if (!c->draining)
+		return;
+	if (c->ack.outstanding == 0 && !c->in_txn && c->npend == 0) {
+		fail(c, OBX_CORE_END_STOP, "stopped");
+	} else if (now_ms >= c->drain_deadline_ms) {
+		note(c, OBX_LOG_WARN, "stopping with %" PRIu64 " event(s) unacknowledged after %d s "
+		    "(they will be re-sent from the slot)", c->ack.outstanding,
+		    OBX_CORE_DRAIN_TIMEOUT_MS / 1000);
+		fail(c, OBX_CORE_END_STOP, "stopped");
+	}
+}
+
+void
+obx_core_signal(struct obx_core *c, int64_t now_ms)
+{
+	c->signals++;
+	if (c->signals >= 2) {
+		fail(c, OBX_CORE_END_STOP, "second signal: stopping at once with %" PRIu64
+		    " event(s) unacknowledged (they will be re-sent from the slot)", c->ack.outstanding);
+		return;
+	}
+	c->draining = true;
+	c->drain_deadline_ms = now_ms + OBX_CORE_DRAIN_TIMEOUT_MS;
+	if (c->active)
+		note(c, OBX_LOG_INFO, "stopping: waiting up to %d s for %" PRIu64 " outstanding event(s)",
+		    OBX_CORE_DRAIN_TIMEOUT_MS / 1000, c->ack.outstanding);
+}
+
+bool
+obx_core_status_due(const struct obx_core *c, int64_t now_ms, obx_lsn *write, obx_lsn *flush,
+    bool *reply)
+{
+	int64_t since = now_ms - c->last_status_ms;
+
+	*flush = obx_ack_flushable(&c->ack);
+	*write = c->received > *flush ? c->received : *flush;
+	/* idle: ask for a keepalive so the confirmed position can follow the WAL end */
+	*reply = since >= c->status_interval_ms && obx_ack_idle(&c->ack);
+	if (c->status_now || since >= c->status_interval_ms)
+		return true;
+	return *flush > c->sent_flush && since >= OBX_CORE_STATUS_MIN_GAP_MS;
+}
+
+void
+obx_core_status_sent(struct obx_core *c, obx_lsn flush, int64_t now_ms)
+{
+	if (flush > c->sent_flush)
+		c->sent_flush = flush;
+	c->last_status_ms = now_ms;
+	c->status_now = false;
+}
+
+int64_t
+obx_core_wait_ms(const struct obx_core *c, int64_t now_ms)
+{
+	int64_t w = c->last_status_ms + c->status_interval_ms - now_ms;
+
+	if (c->status_now)
+		w = 0;
+	if (obx_ack_flushable(&c->ack) > c->sent_flush && c->last_status_ms + OBX_CORE_STATUS_MIN_GAP_MS - now_ms < w)
+		w = c->last_status_ms + OBX_CORE_STATUS_MIN_GAP_MS - now_ms;
+	if (c->draining && w > DRAIN_CHECK_MS)
+		w = DRAIN_CHECK_MS;
+	if (c->npend > 0 && w > PENDING_WAIT_MS)
+		w = PENDING_WAIT_MS; /* nothing wakes the loop when the producer's queue has room */
+	return w < 0 ? 0 : w;
+}
+
+enum obx_core_end
+obx_core_ended(const struct obx_core *c, const char **reason)
+{
+	if (reason != NULL)
+		*reason = c->reason;
+	return c->end;
+}
+
+bool
+obx_core_streaming_allowed(const struct obx_core *c)
+{
+	return c->cfg->streaming && !c->streaming_off;
+}
+
+/* ---- lifetime ---- */
+
+int
+obx_core_init(struct obx_core *c, const struct obx_config *cfg, const struct obx_core_ops *ops,
+    void *ctx, struct obx_metrics *m)
+{
+	memset(c, 0, sizeof(*c));
+	c->cfg = cfg;
+	c->ops = ops;
+	c->ctx = ctx;
+	c->m = m;
+	obx_pgoutput_init(&c->dec, 1);
+	obx_relcache_init(&c->rels);
+	obx_ack_init(&c->ack, 0);
+	obx_streambuf_init(&c->sbuf, (size_t)cfg->stream_buffer_bytes);
+	return obx_event_builder_init(&c->eb, cfg);
+}
+
+void
+obx_core_reset(struct obx_core *c)
+{
+	obx_core_session_end(c);
+	obx_event_builder_reset(&c->eb);
+	obx_pgoutput_reset(&c->dec);
+	message_row_free(c);
+	free(c->pend);
+	memset(c, 0, sizeof(*c)); /* a second reset is a no-op */
+}
+
+int
+obx_core_session_start(struct obx_core *c, obx_lsn start, int proto, int status_interval_ms,
+    int64_t now_ms)
+{
+	obx_core_session_end(c);
+	c->gen++;
+	c->active = true;
+	c->end = OBX_CORE_RUNNING;
+	c->reason[0] = '\0';
+	c->end_kafka = false;
+	c->paused = false;
+	obx_pgoutput_reset(&c->dec);
+	obx_pgoutput_init(&c->dec, proto);
+	obx_ack_init(&c->ack, start);
+	c->received = c->sent_flush = c->server_wal_end = start;
+	c->last_status_ms = now_ms;
+	c->status_now = false;
+	c->status_interval_ms = status_interval_ms;
+	return 0;
+}
+
+void
+obx_core_session_end(struct obx_core *c)
+{
+	if (c->cfg == NULL)
+		return; /* reset already */
+	if (c->active)
+		c->gen++; /* reports served while the producer closes belong to no session */
+	c->active = false;
+	c->in_txn = c->in_stream = c->replaying = false;
+	c->inflight = c->inflight_bytes = 0;
+	pending_clear(c);
+	obx_ack_reset(&c->ack);
+	obx_relcache_reset(&c->rels);
+	obx_relcache_init(&c->rels);
+	obx_streambuf_reset(&c->sbuf);
+	obx_streambuf_init(&c->sbuf, (size_t)c->cfg->stream_buffer_bytes);
+	obx_event_builder_forget(&c->eb);
+	if (c->m != NULL)
+		c->m->stream_buffer_bytes = 0;
+}

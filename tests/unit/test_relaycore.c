@@ -1,0 +1,888 @@
+/*
+ * The relay core on its own: decoded messages, produce results, delivery
+ * reports and ticks in; records, notes, status positions and session ends
+ * out.  A fake producer records every produce call and answers what the
+ * test scripted.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "obx/err.h"
+#include "obx/relaycore.h"
+
+#define RELID 16384
+#define MAXREC 256
+
+struct rec {
+	char topic[64];
+	char id[64];
+	char key[64];
+	char value[512];
+	bool has_value;
+	uint64_t opaque;
+	char original_topic[64];
+	char error[128];
+};
+
+struct fake {
+	struct rec recs[MAXREC];
+	size_t n;                       /* records produced (accepted) */
+	size_t calls;                   /* produce calls, refused ones too */
+	enum obx_produce_result script[32]; /* answers for the next calls; OK once used up */
+	size_t nscript, next;
+	char notes[4096];
+};
+
+static struct obx_config cfg;
+static struct obx_metrics met;
+static struct fake fk;
+static struct obx_core core;
+
+static void
+hdr(const struct obx_record *r, const char *name, char *out, size_t len)
+{
+	out[0] = '\0';
+	for (size_t i = 0; i < r->nheaders; i++)
+		if (strcmp(r->headers[i].name, name) == 0 && r->headers[i].value != NULL)
+			snprintf(out, len, "%.*s", (int)r->headers[i].len, (const char *)r->headers[i].value);
+}
+
+static enum obx_produce_result
+fake_produce(void *ctx, const struct obx_record *r, uint64_t opaque, char *why, size_t whylen)
+{
+	struct fake *f = ctx;
+	enum obx_produce_result res = f->next < f->nscript ? f->script[f->next++] : OBX_PRODUCE_OK;
+	struct rec *o;
+
+	f->calls++;
+	if (res != OBX_PRODUCE_OK) {
+		snprintf(why, whylen, "scripted refusal %d", (int)res);
+		return res;
+	}
+	assert_true(f->n < MAXREC);
+	o = &f->recs[f->n++];
+	memset(o, 0, sizeof(*o));
+	snprintf(o->topic, sizeof(o->topic), "%s", r->topic);
+	hdr(r, "id", o->id, sizeof(o->id));
+	hdr(r, "original_topic", o->original_topic, sizeof(o->original_topic));
+	hdr(r, "error", o->error, sizeof(o->error));
+	if (r->key != NULL)
+		snprintf(o->key, sizeof(o->key), "%.*s", (int)r->keylen, (const char *)r->key);
+	o->has_value = r->value != NULL;
+	if (r->value != NULL)
+		snprintf(o->value, sizeof(o->value), "%.*s", (int)r->len, (const char *)r->value);
+	o->opaque = opaque;
+	return OBX_PRODUCE_OK;
+}
+
+static void
+fake_note(void *ctx, enum obx_log_level level, const char *line)
+{
+	struct fake *f = ctx;
+
+	(void)level;
+	strlcat(f->notes, line, sizeof(f->notes));
+	strlcat(f->notes, "\n", sizeof(f->notes));
+}
+
+static const struct obx_core_ops ops = { fake_produce, fake_note };
+
+static void
+set(const char *section, const char *key, const char *value)
+{
+	char err[256];
+
+	assert_int_equal(obx_config_set(&cfg, section, key, value, "test", false, err, sizeof(err)), 0);
+}
+
+static void
+start(obx_lsn at)
+{
+	assert_int_equal(obx_core_init(&core, &cfg, &ops, &fk, &met), 0);
+	assert_int_equal(obx_core_session_start(&core, at, 2, 10000, 0), 0);
+}
+
+static int
+setup(void **state)
+{
+	(void)state;
+	memset(&fk, 0, sizeof(fk));
+	memset(&met, 0, sizeof(met));
+	obx_config_init(&cfg);
+	return 0;
+}
+
+static int
+teardown(void **state)
+{
+	(void)state;
+	obx_core_reset(&core);
+	obx_config_reset(&cfg);
+	return 0;
+}
+
+/* ---- messages as the decoder would hand them over ---- */
+
+static const struct obx_pg_relcol relcols[] = {
+	{ 1, "id", 25, -1 }, { 0, "aggregatetype", 25, -1 }, { 0, "aggregateid", 25, -1 },
+	{ 0, "type", 25, -1 }, { 0, "payload", 3802, -1 },
+};
+
+static void
+relation(void)
+{
+	struct obx_pgmsg m = { .type = 'R' };
+
+	m.u.relation.relid = RELID;
+	m.u.relation.nspname = "public";
+	m.u.relation.relname = "outbox";
+	m.u.relation.natts = 5;
+	m.u.relation.cols = relcols;
+	obx_core_pgmsg(&core, &m, 0);
+}
+
+static void
+begin(obx_lsn final, uint32_t xid)
+{
+	struct obx_pgmsg m = { .type = 'B' };
+
+	m.u.begin.final_lsn = final;
+	m.u.begin.xid = xid;
+	m.u.begin.commit_time = 1000;
+	obx_core_pgmsg(&core, &m, final);
+}
+
+static void
+commit(obx_lsn at, obx_lsn end)
+{
+	struct obx_pgmsg m = { .type = 'C' };
+
+	m.u.commit.commit_lsn = at;
+	m.u.commit.end_lsn = end;
+	obx_core_pgmsg(&core, &m, 0);
+}
+
+/* An outbox row; a NULL key makes it unbuildable. */
+static void
+insert_x(uint32_t xid, const char *id, const char *key)
+{
+	struct obx_pgmsg m = { .type = 'I', .xid = xid };
+	struct obx_pg_datum d[5] = {
+		{ 't', (const uint8_t *)id, (uint32_t)strlen(id) },
+		{ 't', (const uint8_t *)"order", 5 },
+		{ key ? 't' : 'n', (const uint8_t *)key, key ? (uint32_t)strlen(key) : 0 },
+		{ 't', (const uint8_t *)"Created", 7 },
+		{ 't', (const uint8_t *)"{}", 2 },
+	};
+
+	m.u.insert.relid = RELID;
+	m.u.insert.tuple = (struct obx_pg_tuple){ 5, d };
+	obx_core_pgmsg(&core, &m, 0);
+}
+
+static void
+insert(const char *id, const char *key)
+{
+	insert_x(0, id, key);
+}
+
+static void
+message_x(uint32_t xid, bool transactional, const char *content)
+{
+	struct obx_pgmsg m = { .type = 'M', .xid = xid };
+
+	m.u.message.flags = transactional ? 1 : 0;
+	m.u.message.lsn = 0x500;
+	m.u.message.prefix = "outboxd";
+	m.u.message.content = (const uint8_t *)content;
+	m.u.message.len = (uint32_t)strlen(content);
+	obx_core_pgmsg(&core, &m, 0);
+}
+
+static void
+stream_start(uint32_t xid)
+{
+	struct obx_pgmsg m = { .type = 'S' };
+
+	m.u.stream_start.xid = xid;
+	obx_core_pgmsg(&core, &m, 0);
+}
+
+static void
+stream_stop(void)
+{
+	struct obx_pgmsg m = { .type = 'E' };
+
+	obx_core_pgmsg(&core, &m, 0);
+}
+
+static void
+stream_commit(uint32_t xid, obx_lsn at, obx_lsn end)
+{
+	struct obx_pgmsg m = { .type = 'c' };
+
+	m.u.stream_commit.xid = xid;
+	m.u.stream_commit.commit_lsn = at;
+	m.u.stream_commit.end_lsn = end;
+	obx_core_pgmsg(&core, &m, 0);
+}
+
+static void
+stream_abort(uint32_t xid, uint32_t subxid)
+{
+	struct obx_pgmsg m = { .type = 'A' };
+
+	m.u.stream_abort.xid = xid;
+	m.u.stream_abort.subxid = subxid;
+	obx_core_pgmsg(&core, &m, 0);
+}
+
+/* A delivery report for produced record i. */
+static void
+report(size_t i, enum obx_report_status st)
+{
+	struct obx_header h[2] = { { "id", fk.recs[i].id, strlen(fk.recs[i].id) },
+		{ "lsn", "0/100", 5 } };
+	struct obx_report r = { .opaque = fk.recs[i].opaque, .status = st, .error = "broker says no",
+		.error_name = "TOPIC_AUTHORIZATION_FAILED", .now_us = 2000 };
+
+	r.record = (struct obx_record){ fk.recs[i].topic, fk.recs[i].key, strlen(fk.recs[i].key),
+		fk.recs[i].has_value ? fk.recs[i].value : NULL, strlen(fk.recs[i].value), 0, h, 2 };
+	obx_core_report(&core, &r);
+}
+
+static obx_lsn
+flush_now(void)
+{
+	obx_lsn w, f;
+	bool reply;
+
+	(void)obx_core_status_due(&core, 1000000, &w, &f, &reply);
+	return f;
+}
+
+static enum obx_core_end
+ended(void)
+{
+	return obx_core_ended(&core, NULL);
+}
+
+static const char *
+reason(void)
+{
+	const char *r;
+
+	(void)obx_core_ended(&core, &r);
+	return r;
+}
+
+/* ---- tests ---- */
+
+static void
+test_commit_order_and_ack_before_confirm(void **state)
+{
+	(void)state;
+	start(0x100);
+	relation();
+	begin(0x200, 7);
+	insert("e1", "k1");
+	insert("e2", "k1");
+	assert_int_equal(fk.n, 2);
+	assert_string_equal(fk.recs[0].id, "e1");
+	assert_string_equal(fk.recs[1].id, "e2");
+	assert_string_equal(fk.recs[0].topic, "outbox.event.order");
+	assert_string_equal(fk.recs[0].key, "k1");
+	commit(0x200, 0x210);
+	begin(0x300, 8);
+	insert("e3", "k2");
+	commit(0x300, 0x310);
+	assert_int_equal(flush_now(), 0x100);
+	report(1, OBX_REPORT_OK);
+	report(2, OBX_REPORT_OK);
+	assert_int_equal(flush_now(), 0x100); /* e1 of the first transaction still out */
+	report(0, OBX_REPORT_OK);
+	assert_int_equal(flush_now(), 0x310);
+	assert_int_equal(core.published, 3);
+	assert_int_equal(met.transactions, 2);
+	assert_int_equal(ended(), OBX_CORE_RUNNING);
+}
+
+static void
+test_keepalive_advances_only_when_idle(void **state)
+{
+	(void)state;
+	start(0x100);
+	relation();
+	obx_core_keepalive(&core, 0x150, false);
+	assert_int_equal(flush_now(), 0x150); /* idle: follows the WAL end */
+	begin(0x200, 7);
+	obx_core_keepalive(&core, 0x400, false);
+	assert_int_equal(flush_now(), 0x150); /* a transaction is open */
+	insert("e1", "k");
+	commit(0x200, 0x210);
+	obx_core_keepalive(&core, 0x400, false);
+	assert_int_equal(flush_now(), 0x150); /* an event is in flight */
+	report(0, OBX_REPORT_OK);
+	assert_int_equal(flush_now(), 0x210);
+	stream_start(20);
+	stream_stop();
+	obx_core_keepalive(&core, 0x500, true);
+	assert_int_equal(flush_now(), 0x210); /* a streamed transaction is in progress */
+	stream_abort(20, 20);
+	obx_core_keepalive(&core, 0x600, false);
+	assert_int_equal(flush_now(), 0x600);
+}
+
+static void
+test_status_timing(void **state)
+{
+	obx_lsn w, f;
+	bool reply;
+
+	(void)state;
+	start(0x100);
+	assert_false(obx_core_status_due(&core, 50, &w, &f, &reply));
+	assert_true(obx_core_status_due(&core, 10000, &w, &f, &reply));
+	assert_true(reply); /* idle at the interval: ask for a keepalive */
+	obx_core_status_sent(&core, f, 10000);
+	obx_core_keepalive(&core, 0x200, true);
+	assert_true(obx_core_status_due(&core, 10001, &w, &f, &reply)); /* the server asked */
+	assert_false(reply);
+	assert_int_equal(f, 0x200);
+	obx_core_status_sent(&core, f, 10001);
+	assert_int_equal(obx_core_wait_ms(&core, 10001), 10000);
+	obx_core_keepalive(&core, 0x300, false);
+	/* the flush position moved: at most every 100 ms */
+	assert_false(obx_core_status_due(&core, 10050, &w, &f, &reply));
+	assert_int_equal(obx_core_wait_ms(&core, 10050), 51);
+	assert_true(obx_core_status_due(&core, 10101, &w, &f, &reply));
+}
+
+static void
+test_streamed_savepoint_rows(void **state)
+{
+	(void)state;
+	start(0x100);
+	relation();
+	stream_start(30);
+	insert_x(30, "s1", "k");
+	insert_x(31, "sp", "k");   /* savepoint 31 */
+	insert_x(30, "s2", "k");
+	stream_stop();
+	begin(0x200, 9);           /* a small transaction commits meanwhile */
+	insert("p1", "q");
+	commit(0x200, 0x210);
+	stream_start(30);
+	stream_abort(30, 31);
+	insert_x(30, "s3", "k");
+	stream_stop();
+	stream_start(40);          /* another streamed transaction, rolled back whole */
+	insert_x(40, "x1", "k");
+	stream_stop();
+	stream_abort(40, 40);
+	assert_int_equal(fk.n, 1);
+	report(0, OBX_REPORT_OK);
+	assert_int_equal(flush_now(), 0x210); /* confirmed while the stream is open */
+	stream_commit(30, 0x300, 0x310);
+	assert_int_equal(fk.n, 4);
+	assert_string_equal(fk.recs[1].id, "s1");
+	assert_string_equal(fk.recs[2].id, "s2");
+	assert_string_equal(fk.recs[3].id, "s3");
+	assert_int_equal(met.stream_aborted_events, 2);
+	for (size_t i = 1; i < 4; i++)
+		report(i, OBX_REPORT_OK);
+	assert_int_equal(flush_now(), 0x310);
+}
+
+/* pgoutput tags a streamed message with the top-level xid: a savepoint abort cannot place it. */
+static void
+test_streamed_savepoint_messages_fall_back(void **state)
+{
+	(void)state;
+	set("source", "messages", "on");
+	set("source", "streaming", "on");
+	start(0x100);
+	assert_true(obx_core_streaming_allowed(&core));
+	relation();
+	stream_start(50);
+	message_x(50, true, "{\"id\":\"m1\",\"aggregatetype\":\"a\",\"aggregateid\":\"k\",\"type\":\"t\",\"payload\":{}}");
+	message_x(50, true, "{\"id\":\"m2\",\"aggregatetype\":\"a\",\"aggregateid\":\"k\",\"type\":\"t\",\"payload\":{}}");
+	stream_stop();
+	stream_start(50);
+	stream_abort(50, 51);
+	assert_int_equal(ended(), OBX_CORE_END_RETRY);
+	assert_non_null(strstr(reason(), "reconnecting with streaming off"));
+	assert_false(obx_core_streaming_allowed(&core));
+	stream_commit(50, 0x300, 0x310); /* nothing after the end counts */
+	assert_int_equal(fk.n, 0);
+	/* the next session (streaming off) gets the transaction whole, without the savepoint */
+	assert_int_equal(obx_core_session_start(&core, 0x100, 2, 10000, 0), 0);
+	relation();
+	begin(0x300, 50);
+	message_x(0, true, "{\"id\":\"m1\",\"aggregatetype\":\"a\",\"aggregateid\":\"k\",\"type\":\"t\",\"payload\":{}}");
+	commit(0x300, 0x310);
+	assert_int_equal(fk.n, 1);
+	assert_string_equal(fk.recs[0].id, "m1");
+}
+
+/* Without messages, a savepoint's abort in a streamed transaction is exact: no fallback. */
+static void
+test_streamed_whole_abort_with_messages(void **state)
+{
+	(void)state;
+	set("source", "messages", "on");
+	set("source", "streaming", "on");
+	start(0x100);
+	stream_start(60);
+	message_x(60, true, "{\"id\":\"m1\",\"aggregatetype\":\"a\",\"aggregateid\":\"k\",\"type\":\"t\",\"payload\":{}}");
+	stream_stop();
+	stream_abort(60, 60); /* the whole transaction: exact */
+	assert_int_equal(ended(), OBX_CORE_RUNNING);
+	assert_true(obx_core_streaming_allowed(&core));
+	stream_start(61);
+	message_x(61, true, "{\"id\":\"m2\",\"aggregatetype\":\"a\",\"aggregateid\":\"k\",\"type\":\"t\",\"payload\":{}}");
+	message_x(61, true, "not json");
+	stream_stop();
+	stream_commit(61, 0x300, 0x310);
+	/* the bad one goes to on_error = stop */
+	assert_int_equal(ended(), OBX_CORE_END_FATAL);
+	assert_non_null(strstr(reason(), "message content is not JSON"));
+	assert_int_equal(fk.n, 1);
+	assert_string_equal(fk.recs[0].id, "m2");
+}
+
+static void
+test_messages(void **state)
+{
+	(void)state;
+	set("source", "messages", "on");
+	set("delivery", "on_error", "dead_letter");
+	start(0x100);
+	begin(0x200, 7);
+	message_x(0, false, "{\"id\":\"n1\"}");
+	message_x(0, true, "{\"id\":\"m1\",\"aggregatetype\":\"a\",\"aggregateid\":\"k\",\"type\":\"t\",\"payload\":{\"x\":[1]}}");
+	message_x(0, true, "[1,2]");
+	commit(0x200, 0x210);
+	assert_int_equal(met.messages_refused, 1);
+	assert_int_equal(fk.n, 2);
+	assert_string_equal(fk.recs[0].id, "m1");
+	assert_string_equal(fk.recs[0].value, "{\"x\":[1]}");
+	assert_string_equal(fk.recs[1].topic, "outbox.dead_letter");
+	assert_string_equal(fk.recs[1].error, "message content is not a JSON object");
+	assert_string_equal(fk.recs[1].value, "{\"content\":\"[1,2]\"}");
+	report(0, OBX_REPORT_OK);
+	report(1, OBX_REPORT_OK);
+	assert_int_equal(flush_now(), 0x210);
+	assert_int_equal(met.events_dead_lettered, 1);
+}
+
+static void
+test_unbuildable_row_stop(void **state)
+{
+	(void)state;
+	start(0x100);
+	relation();
+	begin(0x200, 7);
+	insert("e1", NULL);
+	assert_int_equal(ended(), OBX_CORE_END_FATAL);
+	assert_non_null(strstr(reason(), "key column 'aggregateid' is NULL"));
+	assert_non_null(strstr(reason(), "(xid 7)"));
+	assert_int_equal(fk.n, 0);
+}
+
+static void
+test_unbuildable_row_dead_letter(void **state)
+{
+	(void)state;
+	set("delivery", "on_error", "dead_letter");
+	start(0x100);
+	relation();
+	begin(0x200, 7);
+	insert("e1", NULL);
+	insert("e2", "k");
+	commit(0x200, 0x210);
+	assert_int_equal(fk.n, 2);
+	assert_string_equal(fk.recs[0].topic, "outbox.dead_letter");
+	assert_non_null(strstr(fk.recs[0].value, "\"aggregateid\":null"));
+	assert_string_equal(fk.recs[1].id, "e2");
+	report(1, OBX_REPORT_OK);
+	assert_int_equal(flush_now(), 0x100);
+	report(0, OBX_REPORT_OK);
+	assert_int_equal(flush_now(), 0x210);
+}
+
+/* The producer refuses a record for good: its copy, then the headers alone, then stop. */
+static void
+test_refused_at_once(void **state)
+{
+	(void)state;
+	set("delivery", "on_error", "dead_letter");
+	start(0x100);
+	relation();
+	fk.script[0] = OBX_PRODUCE_PERMANENT; /* the event */
+	fk.script[1] = OBX_PRODUCE_PERMANENT; /* its dead-letter copy */
+	fk.nscript = 2;
+	begin(0x200, 7);
+	insert("big", "k");
+	commit(0x200, 0x210);
+	assert_int_equal(fk.calls, 3);
+	assert_int_equal(fk.n, 1);
+	assert_string_equal(fk.recs[0].topic, "outbox.dead_letter");
+	assert_string_equal(fk.recs[0].id, "big");
+	assert_string_equal(fk.recs[0].original_topic, "outbox.event.order");
+	assert_false(fk.recs[0].has_value);
+	assert_string_equal(fk.recs[0].key, "");
+	report(0, OBX_REPORT_OK);
+	assert_int_equal(flush_now(), 0x210);
+
+	/* all three refused: the run stops without confirming past it */
+	fk.next = fk.nscript = 0;
+	for (int i = 0; i < 3; i++)
+		fk.script[fk.nscript++] = OBX_PRODUCE_PERMANENT;
+	begin(0x300, 8);
+	insert("big2", "k");
+	assert_int_equal(ended(), OBX_CORE_END_FATAL);
+	assert_non_null(strstr(reason(), "could not dead-letter event id=big2"));
+	assert_int_equal(flush_now(), 0x210);
+}
+
+static void
+test_refused_at_once_stop(void **state)
+{
+	(void)state;
+	start(0x100);
+	relation();
+	fk.script[0] = OBX_PRODUCE_PERMANENT;
+	fk.nscript = 1;
+	begin(0x200, 7);
+	insert("big", "k");
+	assert_int_equal(ended(), OBX_CORE_END_FATAL);
+	assert_non_null(strstr(reason(), "event id=big at lsn 0/200 (xid 7) cannot be published"));
+}
+
+static void
+test_report_failures(void **state)
+{
+	(void)state;
+	set("delivery", "on_error", "dead_letter");
+	start(0x100);
+	relation();
+	begin(0x200, 7);
+	insert("e1", "k");
+	insert("e2", "k");
+	commit(0x200, 0x210);
+	report(0, OBX_REPORT_PERMANENT);
+	assert_int_equal(fk.n, 3);
+	assert_string_equal(fk.recs[2].topic, "outbox.dead_letter");
+	assert_string_equal(fk.recs[2].id, "e1");
+	assert_string_equal(fk.recs[2].original_topic, "outbox.event.order");
+	assert_string_equal(fk.recs[2].error, "broker says no");
+	assert_int_equal(met.err_counts[0], 1);
+	report(1, OBX_REPORT_OK);
+	assert_int_equal(flush_now(), 0x100);
+	report(2, OBX_REPORT_OK);
+	assert_int_equal(flush_now(), 0x210);
+	assert_int_equal(met.events_dead_lettered, 1);
+	assert_int_equal(core.published, 1);
+
+	/* a transient failure rewinds: the session ends for a retry */
+	begin(0x300, 8);
+	insert("e3", "k");
+	commit(0x300, 0x310);
+	report(3, OBX_REPORT_TRANSIENT);
+	assert_int_equal(ended(), OBX_CORE_END_RETRY);
+	assert_true(core.end_kafka);
+	assert_int_equal(flush_now(), 0x210);
+}
+
+static void
+test_report_failures_stop_and_dead_letter_fails(void **state)
+{
+	(void)state;
+	start(0x100);
+	relation();
+	begin(0x200, 7);
+	insert("e1", "k");
+	commit(0x200, 0x210);
+	report(0, OBX_REPORT_PERMANENT);
+	assert_int_equal(ended(), OBX_CORE_END_FATAL);
+	assert_non_null(strstr(reason(), "on_error = stop"));
+	obx_core_reset(&core);
+
+	memset(&fk, 0, sizeof(fk));
+	set("delivery", "on_error", "dead_letter");
+	start(0x100);
+	relation();
+	begin(0x200, 7);
+	insert("e1", "k");
+	commit(0x200, 0x210);
+	report(0, OBX_REPORT_PERMANENT);
+	assert_int_equal(fk.n, 2);
+	report(1, OBX_REPORT_PERMANENT); /* the dead-letter copy itself */
+	assert_int_equal(ended(), OBX_CORE_END_FATAL);
+	assert_non_null(strstr(reason(), "could not dead-letter event id=e1"));
+	assert_int_equal(flush_now(), 0x100);
+}
+
+/* A full producer queue is a wait, in order, never an error; dead-letter copies too. */
+static void
+test_queue_full(void **state)
+{
+	(void)state;
+	set("delivery", "on_error", "dead_letter");
+	start(0x100);
+	relation();
+	fk.script[0] = OBX_PRODUCE_QUEUE_FULL;
+	fk.script[1] = OBX_PRODUCE_QUEUE_FULL;
+	fk.nscript = 2;
+	begin(0x200, 7);
+	insert("e1", "k");
+	assert_false(obx_core_can_read(&core));
+	assert_int_equal(obx_core_wait_ms(&core, 0), 50);
+	assert_int_equal(fk.n, 0);
+	obx_core_pump(&core, 10); /* refused again */
+	assert_int_equal(fk.n, 0);
+	obx_core_pump(&core, 20);
+	assert_int_equal(fk.n, 1);
+	assert_true(obx_core_can_read(&core));
+	insert("e2", "k");
+	commit(0x200, 0x210);
+	assert_string_equal(fk.recs[1].id, "e2");
+
+	/* the dead-letter copy meets a full queue: waits, then goes */
+	fk.next = fk.nscript = 0;
+	fk.script[fk.nscript++] = OBX_PRODUCE_QUEUE_FULL;
+	report(0, OBX_REPORT_PERMANENT);
+	assert_int_equal(ended(), OBX_CORE_RUNNING);
+	assert_int_equal(fk.n, 2);
+	obx_core_pump(&core, 30);
+	assert_int_equal(fk.n, 3);
+	assert_string_equal(fk.recs[2].topic, "outbox.dead_letter");
+	assert_string_equal(fk.recs[2].id, "e1");
+	report(1, OBX_REPORT_OK);
+	report(2, OBX_REPORT_OK);
+	assert_int_equal(flush_now(), 0x210);
+}
+
+static void
+test_backpressure_and_stream_commit_resumes(void **state)
+{
+	(void)state;
+	set("delivery", "max_inflight", "2");
+	start(0x100);
+	relation();
+	stream_start(70);
+	for (int i = 0; i < 5; i++) {
+		char id[8];
+
+		snprintf(id, sizeof(id), "s%d", i);
+		insert_x(70, id, "k");
+	}
+	stream_stop();
+	stream_commit(70, 0x300, 0x310);
+	assert_int_equal(fk.n, 2); /* the caps stop the replay */
+	assert_false(obx_core_can_read(&core));
+	assert_true(obx_core_backpressured(&core));
+	report(0, OBX_REPORT_OK);
+	obx_core_pump(&core, 0);
+	assert_int_equal(fk.n, 3);
+	assert_false(obx_core_can_read(&core));
+	report(1, OBX_REPORT_OK);
+	report(2, OBX_REPORT_OK);
+	obx_core_pump(&core, 0);
+	assert_int_equal(fk.n, 5);
+	for (size_t i = 0; i < 5; i++) {
+		char id[8];
+
+		snprintf(id, sizeof(id), "s%zu", i);
+		assert_string_equal(fk.recs[i].id, id);
+	}
+	assert_int_equal(flush_now(), 0x100); /* s3, s4 out */
+	report(3, OBX_REPORT_OK);
+	report(4, OBX_REPORT_OK);
+	obx_core_pump(&core, 0);
+	assert_true(obx_core_can_read(&core));
+	assert_int_equal(flush_now(), 0x310);
+	assert_non_null(strstr(fk.notes, "pausing the replication stream"));
+	assert_non_null(strstr(fk.notes, "resuming the replication stream"));
+}
+
+/* One stalled partition must not let acknowledged transactions pile up behind it. */
+static void
+test_ack_queue_bounded(void **state)
+{
+	(void)state;
+	set("delivery", "max_inflight", "4");
+	start(0x100);
+	relation();
+	begin(0x200, 1);
+	insert("stalled", "k");
+	commit(0x200, 0x210);
+	for (uint32_t i = 1; obx_core_can_read(&core) && i < 100; i++) {
+		begin(0x200 + i * 0x100, i + 1);
+		insert("fine", "other");
+		commit(0x200 + i * 0x100, 0x210 + i * 0x100);
+		report(i, OBX_REPORT_OK);
+		obx_core_pump(&core, 0);
+	}
+	assert_false(obx_core_can_read(&core));
+	assert_int_equal(core.inflight, 1);
+	assert_true(core.ack.count <= 4);
+	report(0, OBX_REPORT_OK);
+	obx_core_pump(&core, 0);
+	assert_true(obx_core_can_read(&core));
+	assert_int_equal(core.ack.count, 0);
+}
+
+/* A report of an earlier generation, or one served while the producer closes, counts for nothing. */
+static void
+test_stale_reports(void **state)
+{
+	struct obx_header h = { "id", "e1", 2 };
+	struct obx_report r = { .status = OBX_REPORT_OK, .now_us = 1 };
+
+	(void)state;
+	set("delivery", "on_error", "dead_letter");
+	start(0x100);
+	relation();
+	begin(0x200, 7);
+	insert("e1", "k");
+	commit(0x200, 0x210);
+	/* forged: the same ticket, the previous generation */
+	r.opaque = obx_core_opaque(core.gen - 1, fk.recs[0].opaque & ((1ULL << 48) - 1), false);
+	r.record = (struct obx_record){ "outbox.event.order", "k", 1, "{}", 2, 0, &h, 1 };
+	obx_core_report(&core, &r);
+	assert_int_equal(flush_now(), 0x100);
+	assert_int_equal(core.inflight, 1);
+	assert_int_equal(ended(), OBX_CORE_RUNNING);
+
+	/* the session ends; the closing producer reports the event as rejected: no dead-letter copy */
+	obx_core_fail(&core, OBX_CORE_END_RETRY, "connection lost");
+	obx_core_session_end(&core);
+	report(0, OBX_REPORT_PERMANENT);
+	report(0, OBX_REPORT_OK);
+	assert_int_equal(fk.n, 1);
+	assert_int_equal(met.events_dead_lettered, 0);
+	assert_int_equal(core.published, 0);
+
+	/* a new session reuses ticket numbers: the old report still does not count */
+	assert_int_equal(obx_core_session_start(&core, 0x100, 2, 10000, 0), 0);
+	relation();
+	begin(0x200, 7);
+	insert("e1", "k");
+	commit(0x200, 0x210);
+	report(0, OBX_REPORT_OK);
+	assert_int_equal(flush_now(), 0x100);
+	report(1, OBX_REPORT_OK);
+	assert_int_equal(flush_now(), 0x210);
+}
+
+static void
+test_drain(void **state)
+{
+	(void)state;
+	start(0x100);
+	relation();
+	begin(0x200, 7);
+	insert("e1", "k");
+	obx_core_signal(&core, 1000);
+	assert_true(obx_core_can_read(&core)); /* read on to the end of the open transaction */
+	insert("e2", "k");
+	commit(0x200, 0x210);
+	assert_false(obx_core_can_read(&core));
+	obx_core_pump(&core, 1100);
+	assert_int_equal(ended(), OBX_CORE_RUNNING); /* waiting for acks */
+	report(0, OBX_REPORT_OK);
+	report(1, OBX_REPORT_OK);
+	obx_core_pump(&core, 1200);
+	assert_int_equal(ended(), OBX_CORE_END_STOP);
+	assert_int_equal(flush_now(), 0x210);
+	obx_core_reset(&core);
+
+	/* the deadline passes with an event unacknowledged */
+	start(0x100);
+	relation();
+	begin(0x200, 7);
+	insert("e1", "k");
+	commit(0x200, 0x210);
+	obx_core_signal(&core, 1000);
+	obx_core_pump(&core, 1000 + OBX_CORE_DRAIN_TIMEOUT_MS - 1);
+	assert_int_equal(ended(), OBX_CORE_RUNNING);
+	obx_core_pump(&core, 1000 + OBX_CORE_DRAIN_TIMEOUT_MS);
+	assert_int_equal(ended(), OBX_CORE_END_STOP);
+	assert_non_null(strstr(fk.notes, "1 event(s) unacknowledged"));
+	assert_int_equal(flush_now(), 0x100);
+	obx_core_reset(&core);
+
+	/* a second signal stops at once */
+	start(0x100);
+	obx_core_signal(&core, 1);
+	obx_core_signal(&core, 2);
+	assert_int_equal(ended(), OBX_CORE_END_STOP);
+	assert_non_null(strstr(reason(), "second signal"));
+}
+
+static void
+test_protocol_errors(void **state)
+{
+	static const uint8_t bad[] = { 'w', 0, 0 };
+	static const uint8_t bad_payload[] = { 'w', 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 1, 0,
+		0, 0, 0, 0, 0, 0, 0, 0, 'B', 1 };
+
+	(void)state;
+	start(0x100);
+	obx_core_copydata(&core, bad, sizeof(bad));
+	assert_int_equal(ended(), OBX_CORE_END_FATAL);
+	assert_non_null(strstr(reason(), "malformed CopyData message"));
+	obx_core_reset(&core);
+	start(0x100);
+	obx_core_copydata(&core, bad_payload, sizeof(bad_payload));
+	assert_int_equal(ended(), OBX_CORE_END_FATAL);
+	assert_non_null(strstr(reason(), "could not decode pgoutput Begin message"));
+	obx_core_reset(&core);
+	start(0x100);
+	insert("e1", "k");
+	assert_int_equal(ended(), OBX_CORE_END_FATAL); /* no Relation announced it */
+	obx_core_reset(&core);
+	start(0x100);
+	relation();
+	begin(0x200, 1);
+	begin(0x300, 2);
+	assert_int_equal(ended(), OBX_CORE_END_FATAL);
+	assert_non_null(strstr(reason(), "Begin inside an open transaction"));
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(test_commit_order_and_ack_before_confirm, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_keepalive_advances_only_when_idle, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_status_timing, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_streamed_savepoint_rows, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_streamed_savepoint_messages_fall_back, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_streamed_whole_abort_with_messages, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_messages, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_unbuildable_row_stop, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_unbuildable_row_dead_letter, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_refused_at_once, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_refused_at_once_stop, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_report_failures, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_report_failures_stop_and_dead_letter_fails, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_queue_full, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_backpressure_and_stream_commit_resumes, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_ack_queue_bounded, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_stale_reports, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_drain, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_protocol_errors, setup, teardown),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
