@@ -52,6 +52,7 @@ struct relay {
 	bool end_kafka;         /* the last session ended because of the broker side */
 	bool was_standby;
 	bool first_message;     /* logged once per process */
+	int announced_interval; /* the status interval the last session used */
 
 	int64_t last_progress_ms;
 	uint64_t progress_events;
@@ -309,8 +310,14 @@ session_open(struct relay *r)
 		return false;
 	}
 	interval = r->cfg->status_interval_ms;
-	if (r->st.wal_sender_timeout_ms > 0 && r->st.wal_sender_timeout_ms / 3 < interval)
+	if (r->st.wal_sender_timeout_ms > 0 && r->st.wal_sender_timeout_ms / 3 < interval) {
 		interval = r->st.wal_sender_timeout_ms / 3;
+		if (interval != r->announced_interval)
+			obx_log_info("status updates every %d ms: a third of the server's wal_sender_timeout "
+			    "(%d ms), sooner than [source] status_interval (%d ms)", interval,
+			    r->st.wal_sender_timeout_ms, r->cfg->status_interval_ms);
+	}
+	r->announced_interval = interval;
 	if (obx_core_session_start(&r->core, r->st.start_confirmed, r->st.proto_version, interval,
 	    now_ms()) != 0) {
 		obx_kafka_close(&r->kf, 0);

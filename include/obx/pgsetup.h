@@ -66,9 +66,9 @@ int obx_pgsetup_identify(PGconn *c, char *sysid, size_t sysidlen, int *timeline,
     size_t errlen);
 
 /*
- * Checks wal_level = logical and that cfg's status interval is below the
- * server's wal_sender_timeout, which it stores in *wal_sender_timeout_ms
- * (0: disabled).  Returns 0, OBX_EIO, OBX_ECONFIG or OBX_EPROTO.
+ * Checks wal_level = logical and reads the server's wal_sender_timeout into
+ * *wal_sender_timeout_ms (0: disabled), which the caller's status interval
+ * must stay below.  Returns 0, OBX_EIO, OBX_ECONFIG or OBX_EPROTO.
  */
 int obx_pgsetup_check_server(PGconn *c, const struct obx_config *cfg, int *wal_sender_timeout_ms,
     char *errbuf, size_t errlen);

@@ -88,6 +88,47 @@ test_one_insert(void **state)
 	free(lsn_before);
 }
 
+/*
+ * The default status_interval (10s) against a server whose wal_sender_timeout
+ * is 10s (the test stack's): not a reason to refuse; status updates go out at
+ * a third of the timeout, said once, and the connection survives a quiet spell
+ * longer than the timeout.
+ */
+static void
+test_default_status_interval_short_sender_timeout(void **state)
+{
+	struct t_msg *m;
+	size_t n;
+	int64_t quiet_until;
+	char *pid_before, *pid_after;
+
+	(void)state;
+	t_relay_setup(&R, "sti", 0);
+	t_relay_config(&R, NULL);
+	setenv("OUTBOXD_SOURCE_STATUS_INTERVAL", "10s", 1);
+	t_relay_start(&R, NULL, 1);
+	unsetenv("OUTBOXD_SOURCE_STATUS_INTERVAL");
+	assert_int_equal(t_log_count(&R, "status updates every 3333 ms: a third of the server's "
+	    "wal_sender_timeout (10000 ms), sooner than [source] status_interval (10000 ms)"), 1);
+	pid_before = t_query1(R.pg, "SELECT active_pid::text FROM pg_replication_slots WHERE slot_name = '%s'",
+	    R.slot);
+	quiet_until = t_now_ms() + 12000;
+	while (t_now_ms() < quiet_until)
+		usleep(200000);
+	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
+	    "VALUES ('sti', 'k', 'T', '{}')");
+	n = t_consume(R.b.bootstrap, "outbox.event.sti", 1, 15000, &m);
+	assert_int_equal(n, 1);
+	t_msgs_free(m, n);
+	assert_true(t_wait_confirmed_current(&R, 10000));
+	pid_after = t_query1(R.pg, "SELECT active_pid::text FROM pg_replication_slots WHERE slot_name = '%s'",
+	    R.slot);
+	assert_string_equal(pid_before, pid_after); /* the same walsender: never timed out */
+	assert_int_equal(t_log_count(&R, "retrying"), 0);
+	free(pid_before);
+	free(pid_after);
+}
+
 /* 2 and 3. Insert+delete in one transaction is published; a rollback is not. */
 static void
 test_deleted_published_rolled_back_not(void **state)
@@ -458,6 +499,7 @@ main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_teardown(test_one_insert, teardown),
+		cmocka_unit_test_teardown(test_default_status_interval_short_sender_timeout, teardown),
 		cmocka_unit_test_teardown(test_deleted_published_rolled_back_not, teardown),
 		cmocka_unit_test_teardown(test_other_column_names, teardown),
 		cmocka_unit_test_teardown(test_quiet_outbox_follows_wal, teardown),
