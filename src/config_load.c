@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <ini.h>
@@ -50,9 +51,62 @@ check_kafka_property(const char *key, const char *value, char *why, size_t whyle
 	return res == RD_KAFKA_CONF_OK ? 0 : OBX_EINVAL;
 }
 
+#define MAX_SECRET_FILE (1 << 20)
+
+/* A mounted secret: the whole file, one trailing newline removed; never quoted in errors. */
+static int
+read_secret_file(const char *path, char **value, char *why, size_t whylen)
+{
+	FILE *f = fopen(path, "re");
+	char *buf = NULL;
+	size_t n;
+	int r = OBX_EIO;
+
+	*value = NULL;
+	if (f == NULL) {
+		snprintf(why, whylen, "could not open %s: %s", path, strerror(errno));
+		return OBX_EIO;
+	}
+	buf = malloc(MAX_SECRET_FILE + 1);
+	if (buf == NULL) {
+		snprintf(why, whylen, "out of memory");
+		r = OBX_ENOMEM;
+		goto out;
+	}
+	n = fread(buf, 1, MAX_SECRET_FILE + 1, f);
+	if (ferror(f)) {
+		snprintf(why, whylen, "could not read %s: %s", path, strerror(errno));
+		goto out;
+	}
+	if (n > MAX_SECRET_FILE) {
+		snprintf(why, whylen, "%s is larger than %d bytes", path, MAX_SECRET_FILE);
+		goto out;
+	}
+	if (n > 0 && buf[n - 1] == '\n')
+		n--;
+	if (n > 0 && buf[n - 1] == '\r')
+		n--;
+	if (memchr(buf, '\0', n) != NULL) {
+		snprintf(why, whylen, "%s holds a NUL byte", path);
+		goto out;
+	}
+	buf[n] = '\0';
+	*value = buf;
+	buf = NULL;
+	r = 0;
+out:
+	if (buf != NULL) {
+		explicit_bzero(buf, MAX_SECRET_FILE + 1);
+		free(buf);
+	}
+	fclose(f);
+	return r;
+}
+
 const struct obx_config_checks obx_config_io_checks = {
 	.conninfo = check_conninfo,
 	.kafka_property = check_kafka_property,
+	.read_file = read_secret_file,
 };
 
 int

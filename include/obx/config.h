@@ -47,6 +47,12 @@ struct obx_config_checks {
 	 * refuses the value, OBX_ENOMEM.
 	 */
 	int (*kafka_property)(const char *key, const char *value, char *why, size_t whylen);
+	/*
+	 * Reads a secret's value from the file at path (OUTBOXD_<SECTION>_<KEY>_FILE)
+	 * into *value (the caller frees it), one trailing newline removed.
+	 * Returns 0, or OBX_EIO with why filled (never with the file's content).
+	 */
+	int (*read_file)(const char *path, char **value, char *why, size_t whylen);
 };
 
 struct obx_config {
@@ -124,9 +130,20 @@ int obx_config_set(struct obx_config *cfg, const char *section, const char *key,
     const char *value, const char *origin, bool from_file, char *errbuf, size_t errlen);
 
 /*
+ * True when name (without "=value") has a shape the kubelet gives every
+ * pod for the Services of its namespace (<SVC>_SERVICE_HOST,
+ * <SVC>_SERVICE_PORT[_<name>], <SVC>_PORT, <SVC>_PORT_<n>_<TCP|UDP|SCTP>
+ * [_PROTO|_PORT|_ADDR]): such variables are never configuration.
+ */
+bool obx_config_is_service_link(const char *name);
+
+/*
  * Applies OUTBOXD_<SECTION>_<KEY>=value entries of envp (a NULL-terminated
- * environ-style array; other entries are ignored).  In [kafka], '_' in KEY
- * maps to '.'.  Returns 0 or OBX_ECONFIG/OBX_ENOMEM with errbuf filled.
+ * environ-style array; other entries, and Kubernetes service links, are
+ * ignored).  In [kafka], '_' in KEY maps to '.'.  OUTBOXD_<SECTION>_<KEY>_FILE
+ * =path takes the value from a file (through cfg->checks->read_file; both
+ * forms for one key is an error).  Returns 0 or OBX_ECONFIG/OBX_ENOMEM with
+ * errbuf filled.
  */
 int obx_config_apply_env(struct obx_config *cfg, char *const *envp, char *errbuf, size_t errlen);
 

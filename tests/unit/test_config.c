@@ -351,6 +351,99 @@ test_environment_and_set_overrides(void **state)
 	}
 }
 
+/* The kubelet's service-link variables for Services named outboxd-... are not configuration. */
+static void
+test_kubernetes_service_links_ignored(void **state)
+{
+	struct obx_config cfg;
+	char *env[] = {
+		"OUTBOXD_METRICS_SERVICE_HOST=10.0.0.7",
+		"OUTBOXD_METRICS_SERVICE_PORT=9898",
+		"OUTBOXD_METRICS_SERVICE_PORT_METRICS=9898",
+		"OUTBOXD_METRICS_PORT=tcp://10.0.0.7:9898",
+		"OUTBOXD_METRICS_PORT_9898_TCP=tcp://10.0.0.7:9898",
+		"OUTBOXD_METRICS_PORT_9898_TCP_PROTO=tcp",
+		"OUTBOXD_METRICS_PORT_9898_TCP_PORT=9898",
+		"OUTBOXD_METRICS_PORT_9898_TCP_ADDR=10.0.0.7",
+		"OUTBOXD_ORDERS_METRICS_PORT_53_UDP_ADDR=10.0.0.8",
+		"OUTBOXD_BILLING_SERVICE_HOST=10.0.0.9",
+		"OUTBOXD_SERVICE_PORT=9898",
+		"OUTBOXD_PORT_9898_SCTP=sctp://10.0.0.7:9898",
+		"OUTBOXD_SOURCE_SLOT=from_env",
+		NULL,
+	};
+
+	(void)state;
+	assert_int_equal(load(&cfg, KAFKA, env, NULL, 0), 0);
+	assert_string_equal(cfg.slot, "from_env");
+	obx_config_reset(&cfg);
+	/* a misspelled key of a real section stays an error */
+	{
+		char *bad[] = { "OUTBOXD_METRICS_LISTN=0.0.0.0:1", NULL };
+		char *bad2[] = { "OUTBOXD_METRICS_PORT_9898_TCP_HOST=x", NULL };
+
+		assert_int_equal(load(&cfg, KAFKA, bad, NULL, 0), OBX_ECONFIG);
+		obx_config_reset(&cfg);
+		assert_non_null(strstr(errbuf, "key 'listn': unknown key in [metrics]"));
+		assert_int_equal(load(&cfg, KAFKA, bad2, NULL, 0), OBX_ECONFIG);
+		obx_config_reset(&cfg);
+	}
+	assert_false(obx_config_is_service_link("OUTBOXD_SOURCE_CONNINFO"));
+	assert_false(obx_config_is_service_link("OUTBOXD_SOURCE_CONNINFO_FILE"));
+	assert_false(obx_config_is_service_link("OUTBOXD_METRICS_PORT_X_TCP"));
+}
+
+/* OUTBOXD_<SECTION>_<KEY>_FILE: a mounted secret, one trailing newline removed, never printed. */
+static void
+test_values_from_files(void **state)
+{
+	struct obx_config cfg;
+	char secret[] = "/tmp/obx-secret.XXXXXX", var[128], var2[128], plain[64];
+	int fd = mkstemp(secret);
+
+	(void)state;
+	assert_true(fd >= 0);
+	assert_int_equal(write(fd, "host=db password=s3cr3t\n", 24), 24);
+	close(fd);
+	snprintf(var, sizeof(var), "OUTBOXD_SOURCE_CONNINFO_FILE=%s", secret);
+	snprintf(var2, sizeof(var2), "OUTBOXD_KAFKA_SASL_PASSWORD_FILE=%s", secret);
+	{
+		char *env[] = { var, var2, NULL };
+
+		assert_int_equal(load(&cfg, KAFKA, env, NULL, 0), 0);
+		assert_string_equal(cfg.conninfo, "host=db password=s3cr3t");
+		assert_string_equal(obx_config_kafka_get(&cfg, "sasl.password"), "host=db password=s3cr3t");
+		obx_config_reset(&cfg);
+	}
+	/* both forms for one key */
+	snprintf(plain, sizeof(plain), "OUTBOXD_SOURCE_CONNINFO=host=x");
+	{
+		char *env[] = { plain, var, NULL };
+
+		assert_int_equal(load(&cfg, KAFKA, env, NULL, 0), OBX_ECONFIG);
+		obx_config_reset(&cfg);
+		assert_non_null(strstr(errbuf, "OUTBOXD_SOURCE_CONNINFO is set too"));
+	}
+	/* a file that cannot be read names the file, never a value */
+	unlink(secret);
+	{
+		char *env[] = { var, NULL };
+
+		assert_int_equal(load(&cfg, KAFKA, env, NULL, 0), OBX_ECONFIG);
+		obx_config_reset(&cfg);
+		assert_non_null(strstr(errbuf, "config environment OUTBOXD_SOURCE_CONNINFO_FILE: could not open /tmp/obx-secret."));
+		assert_null(strstr(errbuf, "s3cr3t"));
+	}
+	/* an unknown key stays an error through a file too */
+	{
+		char *env[] = { "OUTBOXD_SOURCE_NOKEY_FILE=/dev/null", NULL };
+
+		assert_int_equal(load(&cfg, KAFKA, env, NULL, 0), OBX_ECONFIG);
+		obx_config_reset(&cfg);
+		assert_non_null(strstr(errbuf, "key 'nokey': unknown key in [source]"));
+	}
+}
+
 static void
 test_missing_file(void **state)
 {
@@ -503,6 +596,8 @@ main(void)
 		cmocka_unit_test(test_environment_and_set_overrides),
 		cmocka_unit_test(test_missing_file),
 		cmocka_unit_test(test_value_parsers),
+		cmocka_unit_test(test_kubernetes_service_links_ignored),
+		cmocka_unit_test(test_values_from_files),
 		cmocka_unit_test(test_mapped_columns),
 		cmocka_unit_test(test_io_checks_come_from_the_loader),
 	};
