@@ -45,6 +45,32 @@ assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
 assert pod["securityContext"]["runAsNonRoot"] is True
 assert docs["PodDisruptionBudget"]["spec"]["minAvailable"] == 1
 PY
+run "deployment: no service links; every file the ConfigMap and env name is mounted from a Secret" \
+	python3 - "$src/deploy/kubernetes/deployment.yaml" "$src/deploy/kubernetes/configmap.yaml" \
+	"$src/deploy/kubernetes/secret.yaml" <<'PY'
+import re, sys, yaml
+docs = {d["kind"]: d for d in yaml.safe_load_all(open(sys.argv[1]))}
+pod = docs["Deployment"]["spec"]["template"]["spec"]
+assert pod["enableServiceLinks"] is False
+c = pod["containers"][0]
+vols = {v["name"]: v for v in pod["volumes"]}
+mounts = {m["mountPath"]: vols[m["name"]] for m in c["volumeMounts"]}
+ini = yaml.safe_load(open(sys.argv[2]))["data"]["outboxd.ini"]
+paths = re.findall(r"(?:sslrootcert|sslcert|sslkey)=(\S+)", ini)
+paths += [e["value"] for e in c.get("env", []) if e["name"].endswith("_FILE")]
+assert paths, "expected file paths to check"
+secret_keys = set(yaml.safe_load(open(sys.argv[3]))["stringData"])
+for p in paths:
+    d, f = p.rsplit("/", 1)
+    assert d in mounts, p + " is not under a mounted volume"
+    assert "secret" in mounts[d], p + " is not mounted from a Secret"
+    if mounts[d]["secret"]["secretName"] == "outboxd":
+        assert f in secret_keys, p + ": no such key in secret.yaml"
+for e in c.get("env", []):
+    ref = e.get("valueFrom", {}).get("secretKeyRef")
+    if ref is not None and ref["name"] == "outboxd":
+        assert ref["key"] in secret_keys, ref["key"] + ": no such key in secret.yaml"
+PY
 run "no secret in the ConfigMap" python3 - "$src/deploy/kubernetes/configmap.yaml" <<'PY'
 import sys, yaml
 ini = yaml.safe_load(open(sys.argv[1]))["data"]["outboxd.ini"]
@@ -58,6 +84,26 @@ run "the ConfigMap's INI is a valid outboxd configuration" bash -c \
 	'$src/deploy/kubernetes/configmap.yaml' > '$tmp/outboxd.ini' && '${OBX_OUTBOXD:?}' check -c '$tmp/outboxd.ini' --set source.conninfo=host=127.0.0.1\\ port=1 2>&1 | grep -q 'FAIL server: could not connect'"
 run "container: multi-stage, Debian 12 slim runtime, non-root" bash -c \
 	"grep -q '^FROM debian:12 AS build' '$src/deploy/Containerfile' && grep -q '^FROM debian:12-slim' '$src/deploy/Containerfile' && grep -q '^USER 10001' '$src/deploy/Containerfile'"
+
+# The build stage, replayed without a container engine: exactly the files its COPY
+# lines bring in, in a fresh directory, then its cmake commands.
+containerfile_build() {
+	local ctx=$tmp/container-src stage
+	mkdir -p "$ctx"
+	stage=$(sed -n '/^FROM .* AS build/,/^FROM /p' "$src/deploy/Containerfile")
+	while read -r _ args; do
+		# shellcheck disable=SC2086
+		set -- $args
+		local dst=${!#} n=$(($# - 1))
+		for s in "${@:1:$n}"; do
+			if [ "$dst" = "./" ]; then cp -r "$src/$s" "$ctx/"; else cp -r "$src/$s" "$ctx/$dst"; fi
+		done
+	done < <(printf '%s\n' "$stage" | grep '^COPY ')
+	cmds=$(printf '%s\n' "$stage" | sed -n '/^RUN cmake/,/^[^ ]/p' | grep -v '^FROM' | sed 's/^RUN //; s/\\$//; s/"$(nproc)"/2/' | tr '\n' ' ')
+	(cd "$ctx" && eval "$cmds") >"$tmp/container-build.log" 2>&1 || { tail -20 "$tmp/container-build.log"; return 1; }
+	test -x "$ctx/build/outboxd" && "$ctx/build/outboxd" --version
+}
+run "Containerfile: the build stage builds from exactly its COPY lines" containerfile_build
 
 echo "1..$n"
 [ "$failed" -eq 0 ]
