@@ -473,6 +473,21 @@ set_kafka(struct obx_config *cfg, const char *key, const char *value, const char
 			return OBX_ECONFIG;
 		}
 	}
+	if (strcmp(key, "partitioner") == 0 && strcmp(value, "random") == 0) {
+		obx_config_fail(errbuf, errlen, origin, key,
+		    "must not be 'random': it spreads one aggregate's events over partitions and breaks "
+		    "their order (keyed partitioners such as murmur2_random keep it)");
+		return OBX_ECONFIG;
+	}
+	if (strcmp(key, "delivery.report.only.error") == 0) {
+		bool b;
+
+		if (obx_parse_bool(value, &b) != 0 || b) {
+			obx_config_fail(errbuf, errlen, origin, key,
+			    "must stay false: outboxd confirms the slot only on delivery reports of success");
+			return OBX_ECONFIG;
+		}
+	}
 	if (strcmp(key, "transactional.id") == 0) {
 		obx_config_fail(errbuf, errlen, origin, key, "transactional producers are not supported");
 		return OBX_ECONFIG;

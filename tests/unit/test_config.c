@@ -218,6 +218,15 @@ test_kafka_properties(void **state)
 	expect_error(KAFKA "acks = 1\n", "key 'acks': must stay 'all'");
 	expect_error(KAFKA "request.required.acks = 0\n", "key 'request.required.acks': must stay 'all'");
 	expect_error(KAFKA "transactional.id = x\n", "key 'transactional.id': transactional producers are not supported");
+	expect_error(KAFKA "partitioner = random\n", "key 'partitioner': must not be 'random'");
+	expect_error(KAFKA "delivery.report.only.error = true\n", "key 'delivery.report.only.error': must stay false");
+	{
+		struct obx_config ok;
+
+		assert_int_equal(load(&ok, KAFKA "partitioner = murmur2\ndelivery.report.only.error = false\n",
+		    NULL, NULL, 0), 0);
+		obx_config_reset(&ok);
+	}
 	expect_error("[source]\nslot = x\n", "key 'bootstrap.servers': required in [kafka]");
 	expect_error("[kafka]\nbootstrap.servers =\n", "key 'bootstrap.servers': required in [kafka]");
 	{
