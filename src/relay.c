@@ -48,6 +48,7 @@ struct relay {
 	enum obx_core_end end;  /* how the last session ended */
 	char reason[1024];
 	bool streamed;          /* the last session got as far as streaming */
+	bool ever_streamed;     /* some session of this process did */
 	bool standby;           /* the slot is in use by another instance */
 	bool end_kafka;         /* the last session ended because of the broker side */
 	bool was_standby;
@@ -293,7 +294,8 @@ session_open(struct relay *r)
 
 	r->m.state = OBX_STATE_CONNECTING;
 	publish(r);
-	f = obx_pgstream_open(&r->st, r->cfg, r->opts->recreate_slot,
+	/* --recreate-slot is for the slot missing at start-up; one lost later is refused as usual */
+	f = obx_pgstream_open(&r->st, r->cfg, r->opts->recreate_slot && !r->ever_streamed,
 	    obx_core_streaming_allowed(&r->core), err, sizeof(err));
 	if (f != OBX_FAIL_NONE) {
 		obx_pgstream_close(&r->st);
@@ -326,7 +328,7 @@ session_open(struct relay *r)
 		snprintf(r->reason, sizeof(r->reason), "out of memory");
 		return false;
 	}
-	r->streamed = true;
+	r->streamed = r->ever_streamed = true;
 	if (r->was_standby)
 		obx_log_info("taking over slot %s from the previous instance", r->cfg->slot);
 	r->was_standby = false;
