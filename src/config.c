@@ -968,3 +968,69 @@ obx_config_finish(struct obx_config *cfg, const char *path, char *errbuf, size_t
 	}
 	return 0;
 }
+
+/* ---- SIGHUP: what changed ------------------------------------------------ */
+
+static bool
+str_differs(const char *a, const char *b)
+{
+	return strcmp(a != NULL ? a : "", b != NULL ? b : "") != 0;
+}
+
+static bool
+kv_differs(const struct obx_kv *a, size_t na, const struct obx_kv *b, size_t nb)
+{
+	if (na != nb)
+		return true;
+	for (size_t i = 0; i < na; i++)
+		if (strcmp(a[i].key, b[i].key) != 0 || strcmp(a[i].value, b[i].value) != 0)
+			return true;
+	return false;
+}
+
+size_t
+obx_config_diff(const struct obx_config *a, const struct obx_config *b, const char **names,
+    size_t max)
+{
+	const struct {
+		const char *name;
+		bool differs;
+	} items[] = {
+		{ "[source] conninfo", str_differs(a->conninfo, b->conninfo) },
+		{ "[source] slot", str_differs(a->slot, b->slot) },
+		{ "[source] publication", str_differs(a->publication, b->publication) },
+		{ "[source] table", str_differs(a->table_schema, b->table_schema) ||
+		    str_differs(a->table_name, b->table_name) },
+		{ "[source] create_slot", a->create_slot != b->create_slot },
+		{ "[source] create_publication", a->create_publication != b->create_publication },
+		{ "[source] status_interval", a->status_interval_ms != b->status_interval_ms },
+		{ "[source] streaming", a->streaming != b->streaming },
+		{ "[source] stream_buffer", a->stream_buffer_bytes != b->stream_buffer_bytes },
+		{ "[source] messages", a->messages != b->messages },
+		{ "[source] message_prefix", str_differs(a->message_prefix, b->message_prefix) },
+		{ "[outbox] columns", str_differs(a->col_id, b->col_id) || str_differs(a->col_key, b->col_key) ||
+		    str_differs(a->col_aggregate_type, b->col_aggregate_type) ||
+		    str_differs(a->col_type, b->col_type) || str_differs(a->col_payload, b->col_payload) ||
+		    str_differs(a->col_headers, b->col_headers) ||
+		    str_differs(a->col_timestamp, b->col_timestamp) },
+		{ "[outbox] topic", str_differs(a->topic, b->topic) },
+		{ "[outbox] header.*", kv_differs(a->extra_headers, a->n_extra_headers, b->extra_headers,
+		    b->n_extra_headers) },
+		{ "[kafka]", kv_differs(a->kafka, a->n_kafka, b->kafka, b->n_kafka) },
+		{ "[delivery] max_inflight", a->max_inflight != b->max_inflight },
+		{ "[delivery] max_inflight_bytes", a->max_inflight_bytes != b->max_inflight_bytes },
+		{ "[delivery] on_error", a->on_error != b->on_error },
+		{ "[delivery] dead_letter_topic", str_differs(a->dead_letter_topic, b->dead_letter_topic) },
+		{ "[metrics] listen", str_differs(a->metrics_host, b->metrics_host) ||
+		    a->metrics_port != b->metrics_port },
+		{ "[log] level", a->log_level != b->log_level },
+		{ "[log] format", a->log_format != b->log_format },
+		{ "[log] progress_interval", a->progress_interval_ms != b->progress_interval_ms },
+	};
+	size_t n = 0;
+
+	for (size_t i = 0; i < sizeof(items) / sizeof(items[0]); i++)
+		if (items[i].differs && n < max)
+			names[n++] = items[i].name;
+	return n;
+}

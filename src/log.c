@@ -13,6 +13,12 @@ static enum obx_log_format log_format = OBX_LOG_FORMAT_TEXT;
 
 static const char *const level_names[] = { "error", "warn", "info", "debug" };
 
+const char *
+obx_log_level_name(enum obx_log_level level)
+{
+	return level_names[level];
+}
+
 void
 obx_log_setup(enum obx_log_level level, enum obx_log_format format)
 {

@@ -55,11 +55,27 @@ usage_error(const char *what, const char *arg)
 
 enum command { CMD_RUN, CMD_CHECK, CMD_STATUS };
 
-/* The self-pipe: signal handlers write one byte per SIGTERM/SIGINT. */
+/* The self-pipe: signal handlers write one byte per signal, its number. */
 static int signal_pipe[2] = { -1, -1 };
 
+/* What SIGHUP re-reads: the same file, environment and --set overrides. */
+struct reload_args {
+	const char *path;
+	char **sets; /* copies: setproctitle() reuses the memory of argv */
+	size_t nsets;
+};
+
+static int
+reload_config(void *ctx, struct obx_config *out, char *errbuf, size_t errlen)
+{
+	const struct reload_args *a = ctx;
+
+	return obx_config_load(out, a->path, environ, (const char *const *)a->sets, a->nsets, errbuf,
+	    errlen);
+}
+
 static void
-on_stop_signal(int sig)
+on_signal(int sig)
 {
 	int saved = errno;
 	char c = (char)sig;
@@ -71,9 +87,9 @@ on_stop_signal(int sig)
 }
 
 static int
-cmd_run(const struct obx_config *cfg, bool recreate_slot)
+cmd_run(const struct obx_config *cfg, bool recreate_slot, struct reload_args *reload)
 {
-	struct obx_run_opts opts = { recreate_slot, -1 };
+	struct obx_run_opts opts = { recreate_slot, -1, reload_config, reload };
 	struct sigaction sa;
 
 	if (pipe2(signal_pipe, O_NONBLOCK | O_CLOEXEC) != 0) {
@@ -81,13 +97,26 @@ cmd_run(const struct obx_config *cfg, bool recreate_slot)
 		return OBX_EXIT_FAILURE;
 	}
 	memset(&sa, 0, sizeof(sa));
-	sa.sa_handler = on_stop_signal;
+	sa.sa_handler = on_signal;
 	sigemptyset(&sa.sa_mask);
 	sigaction(SIGTERM, &sa, NULL);
 	sigaction(SIGINT, &sa, NULL);
+	sigaction(SIGHUP, &sa, NULL);
 	signal(SIGPIPE, SIG_IGN);
 	opts.signal_fd = signal_pipe[0];
 	return obx_relay_run(cfg, &opts);
+}
+
+static void
+free_sets(struct reload_args *a)
+{
+	for (size_t i = 0; a->sets != NULL && i < a->nsets; i++) {
+		explicit_bzero(a->sets[i], strlen(a->sets[i])); /* an override may carry a secret */
+		free(a->sets[i]);
+	}
+	free(a->sets);
+	a->sets = NULL;
+	a->nsets = 0;
 }
 
 static void
@@ -116,6 +145,7 @@ main(int argc, char **argv)
 	bool json = false;
 	bool recreate_slot = false;
 	struct obx_config cfg;
+	struct reload_args reload = { NULL, NULL, 0 };
 	char errbuf[1024];
 	int c, rc;
 
@@ -185,6 +215,17 @@ main(int argc, char **argv)
 		return usage_error("--json applies to status only", NULL);
 	}
 
+	reload.path = config_path;
+	reload.sets = calloc(nsets + 1, sizeof(*reload.sets));
+	for (size_t i = 0; reload.sets != NULL && i < nsets; i++)
+		if ((reload.sets[reload.nsets] = strdup(sets[i])) != NULL)
+			reload.nsets++;
+	if (reload.sets == NULL || reload.nsets != nsets) {
+		fprintf(stderr, "outboxd: out of memory\n");
+		free_sets(&reload);
+		free(sets);
+		return OBX_EXIT_FAILURE;
+	}
 	if (cmd == CMD_RUN)
 		init_proctitle(argc, argv);
 	rc = obx_config_load(&cfg, config_path, environ, sets, nsets, errbuf, sizeof(errbuf));
@@ -192,6 +233,7 @@ main(int argc, char **argv)
 	if (rc != 0) {
 		fprintf(stderr, "outboxd: %s\n", rc == OBX_ENOMEM ? obx_strerror(rc) : errbuf);
 		obx_config_reset(&cfg);
+		free_sets(&reload);
 		return rc == OBX_ENOMEM ? OBX_EXIT_FAILURE : OBX_EXIT_USAGE;
 	}
 	obx_log_setup(cfg.log_level, cfg.log_format);
@@ -205,9 +247,10 @@ main(int argc, char **argv)
 		break;
 	case CMD_RUN:
 	default:
-		rc = cmd_run(&cfg, recreate_slot);
+		rc = cmd_run(&cfg, recreate_slot, &reload);
 		break;
 	}
 	obx_config_reset(&cfg);
+	free_sets(&reload);
 	return rc;
 }

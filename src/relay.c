@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,6 +55,8 @@ struct relay {
 	bool was_standby;
 	bool first_message;     /* logged once per process */
 	int announced_interval; /* the status interval the last session used */
+	enum obx_log_level log_level; /* as running: SIGHUP may change it */
+	int progress_interval_ms;
 
 	int64_t last_progress_ms;
 	uint64_t progress_events;
@@ -205,6 +208,48 @@ read_stream(struct relay *r)
 	}
 }
 
+/*
+ * SIGHUP: re-reads the configuration.  The log level and the progress
+ * interval take effect at once; every other change is named as needing a
+ * restart (the running settings stay as they are).
+ */
+static void
+reload(struct relay *r)
+{
+	struct obx_config fresh;
+	const char *names[32];
+	char err[1024], later[1024] = "";
+	size_t n;
+
+	if (r->opts->reload == NULL)
+		return;
+	if (r->opts->reload(r->opts->reload_ctx, &fresh, err, sizeof(err)) != 0) {
+		obx_log_warn("SIGHUP: could not re-read the configuration, the running one stays: %s", err);
+		obx_config_reset(&fresh);
+		return;
+	}
+	if (fresh.log_level != r->log_level || fresh.progress_interval_ms != r->progress_interval_ms) {
+		r->log_level = fresh.log_level;
+		r->progress_interval_ms = fresh.progress_interval_ms;
+		obx_log_setup(r->log_level, r->cfg->log_format);
+		obx_log_info("SIGHUP: log level %s, progress every %d ms", obx_log_level_name(r->log_level),
+		    r->progress_interval_ms);
+	}
+	n = obx_config_diff(r->cfg, &fresh, names, sizeof(names) / sizeof(names[0]));
+	for (size_t i = 0; i < n; i++) {
+		if (strcmp(names[i], "[log] level") == 0 || strcmp(names[i], "[log] progress_interval") == 0)
+			continue;
+		snprintf(later + strlen(later), sizeof(later) - strlen(later), "%s%s", later[0] ? ", " : "",
+		    names[i]);
+	}
+	if (later[0] != '\0')
+		obx_log_warn("SIGHUP: changed settings that take effect only after a restart: %s", later);
+	else
+		obx_log_info("SIGHUP: configuration re-read");
+	obx_config_reset(&fresh);
+}
+
+/* Serves the signal pipe: stop signals go to the core, SIGHUP re-reads the configuration. */
 static void
 read_signals(struct relay *r, int *count)
 {
@@ -213,6 +258,10 @@ read_signals(struct relay *r, int *count)
 
 	while ((n = read(r->opts->signal_fd, buf, sizeof(buf))) > 0)
 		for (ssize_t i = 0; i < n; i++) {
+			if (buf[i] == SIGHUP) {
+				reload(r);
+				continue;
+			}
 			(*count)++;
 			obx_core_signal(&r->core, now_ms());
 		}
@@ -277,7 +326,7 @@ update_metrics(struct relay *r)
 	r->m.events_published = c->published;
 	r->m.oldest_unacked_age_seconds = obx_ack_oldest_time(&c->ack, &oldest) ?
 	    (double)(obx_pg_now() - oldest) / 1e6 : 0;
-	if (r->cfg->progress_interval_ms > 0 && now - r->last_progress_ms >= r->cfg->progress_interval_ms)
+	if (r->progress_interval_ms > 0 && now - r->last_progress_ms >= r->progress_interval_ms)
 		log_progress(r, now);
 	publish(r);
 }
@@ -486,6 +535,8 @@ obx_relay_run(const struct obx_config *cfg, const struct obx_run_opts *opts)
 	r.cfg = cfg;
 	r.opts = opts;
 	r.title_state = OBX_STATE_COUNT;
+	r.log_level = cfg->log_level;
+	r.progress_interval_ms = cfg->progress_interval_ms;
 #ifdef OBX_TEST_HOOKS
 	if (getenv("OBX_TEST_FATAL_AFTER") != NULL)
 		r.test_fatal_after = atol(getenv("OBX_TEST_FATAL_AFTER"));

@@ -159,6 +159,15 @@ int obx_config_apply_set(struct obx_config *cfg, const char *assignment, char *e
  */
 int obx_config_finish(struct obx_config *cfg, const char *path, char *errbuf, size_t errlen);
 
+/*
+ * Compares a running configuration with a re-read one (SIGHUP).  Writes
+ * the names of the settings that differ ("[source] slot", "[kafka]", ...;
+ * static strings) to names, at most max; returns how many differ.  The
+ * log level and progress interval are included like every other setting.
+ */
+size_t obx_config_diff(const struct obx_config *a, const struct obx_config *b, const char **names,
+    size_t max);
+
 /* Returns the value of librdkafka property key, or NULL when not set. Borrowed. */
 const char *obx_config_kafka_get(const struct obx_config *cfg, const char *key);
 

@@ -11,6 +11,8 @@
 
 void obx_log_setup(enum obx_log_level level, enum obx_log_format format);
 bool obx_log_enabled(enum obx_log_level level);
+/* "error", "warn", "info" or "debug" (static). */
+const char *obx_log_level_name(enum obx_log_level level);
 void obx_log(enum obx_log_level level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 

@@ -291,6 +291,52 @@ test_least_privilege_role(void **state)
 	}
 }
 
+/* SIGHUP re-reads the configuration: no exit; level and progress apply, the rest is named. */
+static void
+test_sighup_rereads(void **state)
+{
+	char ci[512], text[2048];
+	struct t_msg *m;
+	size_t n;
+	FILE *f;
+
+	(void)state;
+	t_relay_setup(&R, "hup", 0);
+	t_relay_config(&R, NULL);
+	t_relay_start(&R, NULL, 1);
+	t_conninfo(&R.st, R.db, ci, sizeof(ci));
+	snprintf(text, sizeof(text), "[source]\nconninfo = %s\nslot = %s\nstatus_interval = 1s\n"
+	    "[kafka]\nbootstrap.servers = %s\n[metrics]\nlisten = 127.0.0.1:0\n"
+	    "[delivery]\nmax_inflight = 5\n[log]\nformat = text\nlevel = info\nprogress_interval = 1s\n",
+	    ci, R.slot, R.b.bootstrap);
+	f = fopen(R.conf, "w");
+	assert_non_null(f);
+	fputs(text, f);
+	fclose(f);
+	assert_int_equal(kill(R.pid, SIGHUP), 0);
+	usleep(2500000);
+	assert_int_equal(t_wait(R.pid, 1), -1); /* still running */
+	if (t_log_count(&R, "SIGHUP: log level info, progress every 1000 ms") != 1)
+		t_log_dump(&R);
+	assert_int_equal(t_log_count(&R, "SIGHUP: log level info, progress every 1000 ms"), 1);
+	assert_int_equal(t_log_count(&R, "take effect only after a restart: [delivery] max_inflight"), 1);
+	assert_true(t_log_count(&R, "progress: ") >= 1);
+	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('hup', 'h1', 'T', '{}')");
+	n = t_consume(R.b.bootstrap, "outbox.event.hup", 1, 15000, &m);
+	assert_int_equal(n, 1);
+	t_msgs_free(m, n);
+
+	/* a file that no longer parses: the running configuration stays */
+	f = fopen(R.conf, "w");
+	assert_non_null(f);
+	fputs("[source\n", f);
+	fclose(f);
+	assert_int_equal(kill(R.pid, SIGHUP), 0);
+	usleep(1000000);
+	assert_int_equal(t_wait(R.pid, 1), -1);
+	assert_int_equal(t_log_count(&R, "SIGHUP: could not re-read the configuration, the running one stays"), 1);
+}
+
 int
 main(void)
 {
@@ -299,6 +345,7 @@ main(void)
 		cmocka_unit_test_teardown(test_standby_is_ready, teardown),
 		cmocka_unit_test_teardown(test_not_ready_while_failing, teardown),
 		cmocka_unit_test_teardown(test_least_privilege_role, teardown),
+		cmocka_unit_test_teardown(test_sighup_rereads, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
