@@ -28,6 +28,7 @@
 #define MAX_HEADERS 64
 #define PENDING_WAIT_MS 50
 #define DRAIN_CHECK_MS 100
+#define BACKPRESSURE_NOTE_MS 10000
 
 static void publish_row(struct obx_core *c, const struct obx_rel *rel, const struct obx_pg_tuple *t);
 
@@ -304,6 +305,7 @@ pending_flush(struct obx_core *c)
 
 		memmove(&c->pend[0], &c->pend[1], (c->npend - 1) * sizeof(c->pend[0]));
 		c->npend--;
+		/* one attempt queues at most one record (this one, or its dead-letter copy) */
 		before = c->npend;
 		produce_now(c, &rec, p.ticket, p.dead_letter);
 		if (c->npend > before) {
@@ -725,6 +727,12 @@ obx_core_pgmsg(struct obx_core *c, const struct obx_pgmsg *m, obx_lsn data_start
 
 	if (ending(c))
 		return;
+	if (c->replaying) {
+		/* the loop reads only when obx_core_can_read(): a caller's defect, never the server's */
+		fail(c, OBX_CORE_END_FATAL, "%s message while a Stream Commit is being published",
+		    obx_pgoutput_type_name(m->type));
+		return;
+	}
 	if (data_start > c->received)
 		c->received = data_start;
 	switch (m->type) {
@@ -832,16 +840,16 @@ obx_core_report(struct obx_core *c, const struct obx_report *r)
 	obx_metrics_kafka_error(c->m, r->error_name);
 	header_text(&r->record, "id", id, sizeof(id));
 	header_text(&r->record, "lsn", lsn, sizeof(lsn));
-	if (dl) {
-		fail(c, OBX_CORE_END_FATAL, "could not dead-letter event id=%s lsn=%s to %s: %s", id, lsn,
-		    c->cfg->dead_letter_topic, r->error);
-		return;
-	}
 	if (r->status == OBX_REPORT_TRANSIENT) {
 		/* timeouts (a user-set message.timeout.ms) and the like: rewind, never skip */
 		c->end_kafka = true;
 		fail(c, OBX_CORE_END_RETRY, "delivery of event id=%s lsn=%s failed: %s; rewinding to the slot",
 		    id, lsn, r->error);
+		return;
+	}
+	if (dl) {
+		/* the broker rejects the copy too (the same size limit, say): the headers alone, then stop */
+		refused(c, &r->record, ticket, true, r->error);
 		return;
 	}
 	if (c->cfg->on_error == OBX_ON_ERROR_DEAD_LETTER) {
@@ -893,13 +901,23 @@ obx_core_pump(struct obx_core *c, int64_t now_ms)
 	if (ending(c))
 		return;
 	if (backpressured(c) != c->paused) {
+		/* at the caps under steady load this flips every turn: a pause at info at most
+		 * every 10 s, and its release at the level the pause had */
+		enum obx_log_level level;
+
 		c->paused = !c->paused;
+		if (c->paused) {
+			c->pause_noted = now_ms - c->last_pause_note_ms >= BACKPRESSURE_NOTE_MS;
+			if (c->pause_noted)
+				c->last_pause_note_ms = now_ms;
+		}
+		level = c->pause_noted ? OBX_LOG_INFO : OBX_LOG_DEBUG;
 		if (c->paused)
-			note(c, OBX_LOG_INFO, "backpressure: %" PRIu64 " event(s), %" PRIu64 " byte(s) in flight, "
+			note(c, level, "backpressure: %" PRIu64 " event(s), %" PRIu64 " byte(s) in flight, "
 			    "%zu transaction(s) unconfirmed; pausing the replication stream", c->inflight,
 			    c->inflight_bytes, c->ack.count);
 		else
-			note(c, OBX_LOG_INFO, "backpressure released: resuming the replication stream");
+			note(c, level, "backpressure released: resuming the replication stream");
 	}
 	if (!c->draining)
 		return;
@@ -966,6 +984,8 @@ obx_core_wait_ms(const struct obx_core *c, int64_t now_ms)
 		w = DRAIN_CHECK_MS;
 	if (c->npend > 0 && w > PENDING_WAIT_MS)
 		w = PENDING_WAIT_MS; /* nothing wakes the loop when the producer's queue has room */
+	if (c->replaying && c->npend == 0 && !backpressured(c))
+		w = 0; /* reports served meanwhile let the Stream Commit go on: pump at once */
 	return w < 0 ? 0 : w;
 }
 
@@ -994,6 +1014,7 @@ obx_core_init(struct obx_core *c, const struct obx_config *cfg, const struct obx
 	c->ops = ops;
 	c->ctx = ctx;
 	c->m = m;
+	c->last_pause_note_ms = -BACKPRESSURE_NOTE_MS;
 	obx_pgoutput_init(&c->dec, 1);
 	obx_relcache_init(&c->rels);
 	obx_ack_init(&c->ack, 0);
@@ -1050,6 +1071,5 @@ obx_core_session_end(struct obx_core *c)
 	obx_streambuf_reset(&c->sbuf);
 	obx_streambuf_init(&c->sbuf, (size_t)c->cfg->stream_buffer_bytes);
 	obx_event_builder_forget(&c->eb);
-	if (c->m != NULL)
-		c->m->stream_buffer_bytes = 0;
+	c->m->stream_buffer_bytes = 0;
 }

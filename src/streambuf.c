@@ -133,9 +133,9 @@ add_row(struct obx_streambuf *b, struct obx_sbuf_txn *t, uint32_t subxid, const 
 	data = (uint8_t *)(cols + tuple->ncols);
 	for (uint16_t i = 0; i < tuple->ncols; i++) {
 		cols[i] = tuple->cols[i];
+		cols[i].data = data; /* also when empty: never a view into the CopyData buffer */
 		if (tuple->cols[i].len > 0) {
 			memcpy(data, tuple->cols[i].data, tuple->cols[i].len);
-			cols[i].data = data;
 			data += tuple->cols[i].len;
 		}
 	}

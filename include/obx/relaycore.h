@@ -176,6 +176,8 @@ struct obx_core {
 	uint64_t inflight_bytes;
 	uint64_t published;           /* events acknowledged (not counting dead-lettered ones) */
 	bool paused;                  /* the in-flight caps stop reading */
+	int64_t last_pause_note_ms;   /* backpressure lines at info at most every 10 s */
+	bool pause_noted;             /* the current pause was logged at info */
 
 	int signals;
 	bool draining;
@@ -188,7 +190,7 @@ struct obx_core {
 
 /*
  * Prepares a core for cfg (borrowed).  ops and ctx receive the actions, m
- * the counters (both borrowed, outliving the core).  Returns 0 or
+ * the counters (all borrowed, outliving the core; none may be NULL).  Returns 0 or
  * OBX_ENOMEM.  Pair with obx_core_reset().
  */
 int obx_core_init(struct obx_core *c, const struct obx_config *cfg, const struct obx_core_ops *ops,
@@ -260,7 +262,11 @@ bool obx_core_status_due(const struct obx_core *c, int64_t now_ms, obx_lsn *writ
     bool *reply);
 void obx_core_status_sent(struct obx_core *c, obx_lsn flush, int64_t now_ms);
 
-/* Milliseconds until the core next needs a turn (a status update or the drain check), >= 0. */
+/*
+ * Milliseconds until the core next needs a turn, >= 0: a status update,
+ * the drain check (100 ms), a record the producer's queue refused (50 ms),
+ * at once when a Stream Commit's rows may go on.
+ */
 int64_t obx_core_wait_ms(const struct obx_core *c, int64_t now_ms);
 
 /* OBX_CORE_RUNNING, or how the session ended; *reason (borrowed) says why. */

@@ -253,7 +253,8 @@ report(size_t i, enum obx_report_status st)
 	struct obx_report r = { .opaque = fk.recs[i].opaque, .status = st, .error = "broker says no",
 		.error_name = "TOPIC_AUTHORIZATION_FAILED", .now_us = 2000 };
 
-	r.record = (struct obx_record){ fk.recs[i].topic, fk.recs[i].key, strlen(fk.recs[i].key),
+	r.record = (struct obx_record){ fk.recs[i].topic, fk.recs[i].key[0] ? fk.recs[i].key : NULL,
+		strlen(fk.recs[i].key),
 		fk.recs[i].has_value ? fk.recs[i].value : NULL, strlen(fk.recs[i].value), 0, h, 2 };
 	obx_core_report(&core, &r);
 }
@@ -625,10 +626,56 @@ test_report_failures_stop_and_dead_letter_fails(void **state)
 	commit(0x200, 0x210);
 	report(0, OBX_REPORT_PERMANENT);
 	assert_int_equal(fk.n, 2);
-	report(1, OBX_REPORT_PERMANENT); /* the dead-letter copy itself */
+	report(1, OBX_REPORT_PERMANENT); /* the broker rejects the copy too: the headers alone */
+	assert_int_equal(ended(), OBX_CORE_RUNNING);
+	assert_int_equal(fk.n, 3);
+	assert_string_equal(fk.recs[2].topic, "outbox.dead_letter");
+	assert_string_equal(fk.recs[2].id, "e1");
+	assert_false(fk.recs[2].has_value);
+	assert_string_equal(fk.recs[2].key, "");
+	report(2, OBX_REPORT_PERMANENT); /* and those: stop */
 	assert_int_equal(ended(), OBX_CORE_END_FATAL);
 	assert_non_null(strstr(reason(), "could not dead-letter event id=e1"));
 	assert_int_equal(flush_now(), 0x100);
+	obx_core_reset(&core);
+
+	/* a dead-letter copy that times out rewinds like any event */
+	memset(&fk, 0, sizeof(fk));
+	start(0x100);
+	relation();
+	begin(0x200, 7);
+	insert("e1", "k");
+	commit(0x200, 0x210);
+	report(0, OBX_REPORT_PERMANENT);
+	report(1, OBX_REPORT_TRANSIENT);
+	assert_int_equal(ended(), OBX_CORE_END_RETRY);
+	assert_int_equal(flush_now(), 0x100);
+}
+
+/* Reports served while a Stream Commit waits on the caps: the loop must not sleep. */
+static void
+test_replay_wakes_the_loop(void **state)
+{
+	(void)state;
+	set("delivery", "max_inflight", "2");
+	start(0x100);
+	relation();
+	stream_start(70);
+	for (int i = 0; i < 5; i++)
+		insert_x(70, "s", "k");
+	stream_stop();
+	stream_commit(70, 0x300, 0x310);
+	assert_int_equal(fk.n, 2);
+	assert_true(obx_core_wait_ms(&core, 1) > 0); /* held by the caps: reports will wake it */
+	report(0, OBX_REPORT_OK);
+	report(1, OBX_REPORT_OK);
+	assert_int_equal(obx_core_wait_ms(&core, 1), 0);
+	obx_core_pump(&core, 1);
+	assert_int_equal(fk.n, 4);
+	/* input while the rows are still being published is a caller's defect */
+	begin(0x400, 9);
+	assert_int_equal(ended(), OBX_CORE_END_FATAL);
+	assert_non_null(strstr(reason(), "while a Stream Commit is being published"));
 }
 
 /* A full producer queue is a wait, in order, never an error; dead-letter copies too. */
@@ -877,6 +924,7 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_report_failures, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_report_failures_stop_and_dead_letter_fails, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_queue_full, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_replay_wakes_the_loop, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_backpressure_and_stream_commit_resumes, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_ack_queue_bounded, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_stale_reports, setup, teardown),
