@@ -114,18 +114,32 @@ query(PGconn *c, const char *sql, PGresult **out, char sqlstate[6], char *errbuf
 
 /* ---- connection and server ------------------------------------------- */
 
-/* Connection failures that no retry can heal; everything else may be transient. */
+/*
+ * Connection failures that no retry can heal; everything else may be
+ * transient.  A name that does not resolve (yet: a Service being created, a
+ * DNS hiccup) and a TLS handshake cut short by a restarting server are
+ * retried like a refused connection; a certificate that does not verify is
+ * not.
+ */
 static int
 classify_connect_error(const char *msg)
 {
 	static const char *const permanent[] = {
 		"password authentication failed", "does not exist", "no pg_hba.conf entry",
 		"must be superuser or replication role", "permission denied",
-		"must have the REPLICATION", "certificate", "SSL error", "invalid",
-		"could not translate host name", "Name or service not known",
+		"must have the REPLICATION", "certificate", "invalid",
 		"root certificate file", "server does not support SSL",
 	};
 
+	/* first, as the message quotes the host name, which may contain anything */
+	static const char *const transient[] = {
+		"could not translate host name", "Temporary failure in name resolution",
+		"SSL SYSCALL error", "SSL connection has been closed unexpectedly",
+	};
+
+	for (size_t i = 0; i < sizeof(transient) / sizeof(transient[0]); i++)
+		if (strstr(msg, transient[i]) != NULL)
+			return OBX_EIO;
 	for (size_t i = 0; i < sizeof(permanent) / sizeof(permanent[0]); i++)
 		if (strstr(msg, permanent[i]) != NULL)
 			return OBX_ECONFIG;

@@ -9,10 +9,29 @@ int
 obx_pg_connect(const char *conninfo, const char *const *extra_kw, const char *const *extra_val,
     const char *application_name, PGconn **out, char *errbuf, size_t errlen)
 {
-	const char *kw[16], *val[16];
+	const char *kw[24], *val[24];
 	PGconn *c;
 	int n = 0;
 
+	/*
+	 * Defaults that only the user may loosen: a connection attempt gives up
+	 * after 10 s, and TCP keepalives notice a peer gone without a FIN in
+	 * about a minute instead of the kernel's two hours.  They come first:
+	 * libpq lets the expanded conninfo (and PGCONNECT_TIMEOUT, applied when
+	 * the keyword is absent) override them.
+	 */
+	if (getenv("PGCONNECT_TIMEOUT") == NULL) {
+		kw[n] = "connect_timeout";
+		val[n++] = "10";
+	}
+	kw[n] = "keepalives";
+	val[n++] = "1";
+	kw[n] = "keepalives_idle";
+	val[n++] = "30";
+	kw[n] = "keepalives_interval";
+	val[n++] = "10";
+	kw[n] = "keepalives_count";
+	val[n++] = "3";
 	/*
 	 * dbname is expanded by libpq: a conninfo string or URI given as
 	 * "dbname" is parsed in full, and the later keywords override it.
@@ -21,7 +40,7 @@ obx_pg_connect(const char *conninfo, const char *const *extra_kw, const char *co
 	val[n++] = conninfo;
 	kw[n] = "application_name";
 	val[n++] = application_name;
-	for (int i = 0; extra_kw != NULL && extra_kw[i] != NULL && n < 15; i++) {
+	for (int i = 0; extra_kw != NULL && extra_kw[i] != NULL && n < 23; i++) {
 		kw[n] = extra_kw[i];
 		val[n++] = extra_val[i];
 	}

@@ -55,6 +55,7 @@ struct relay {
 	bool was_standby;
 	bool first_message;     /* logged once per process */
 	int announced_interval; /* the status interval the last session used */
+	int64_t last_rx_ms;     /* the last message from the server (or the last time we were not reading) */
 	enum obx_log_level log_level; /* as running: SIGHUP may change it */
 	int progress_interval_ms;
 
@@ -170,14 +171,41 @@ send_status(struct relay *r, obx_lsn write, obx_lsn flush, bool reply)
 	obx_core_status_sent(&r->core, flush, now_ms());
 }
 
+/*
+ * Sends a status update when the core says one is due; asks the server for
+ * a reply too when it has been silent for a status interval, so a healthy
+ * connection is never silent for long.
+ */
 static void
 maybe_status(struct relay *r)
 {
+	int64_t now = now_ms();
 	obx_lsn write, flush;
 	bool reply;
 
-	if (obx_core_status_due(&r->core, now_ms(), &write, &flush, &reply))
-		send_status(r, write, flush, reply);
+	if (obx_core_status_due(&r->core, now, &write, &flush, &reply))
+		send_status(r, write, flush, reply || now - r->last_rx_ms >= r->core.status_interval_ms);
+}
+
+/*
+ * A replication connection silent for wal_sender_timeout while we read is
+ * dead (a server that hangs, a network path that drops packets without a
+ * reset): the kernel would take its keepalive time to say so.  While the
+ * stream is paused nothing is judged.
+ */
+static void
+check_silence(struct relay *r)
+{
+	int64_t now = now_ms();
+
+	if (!obx_core_can_read(&r->core) || r->st.wal_sender_timeout_ms <= 0) {
+		r->last_rx_ms = now;
+		return;
+	}
+	if (now - r->last_rx_ms > r->st.wal_sender_timeout_ms)
+		obx_core_fail(&r->core, OBX_CORE_END_RETRY, "nothing received from the server for %" PRId64
+		    " ms (wal_sender_timeout is %d ms): treating the replication connection as dead",
+		    now - r->last_rx_ms, r->st.wal_sender_timeout_ms);
 }
 
 static void
@@ -196,6 +224,7 @@ read_stream(struct relay *r)
 			obx_core_fail(&r->core, OBX_CORE_END_RETRY, "replication stream lost: %s", err);
 			return;
 		}
+		r->last_rx_ms = now_ms();
 		if (!r->first_message) {
 			/* start-up is measured to here (bench/): process start to the first CopyData */
 			obx_log_info("first replication message received");
@@ -378,6 +407,7 @@ session_open(struct relay *r)
 		return false;
 	}
 	r->streamed = r->ever_streamed = true;
+	r->last_rx_ms = now_ms();
 	if (r->was_standby)
 		obx_log_info("taking over slot %s from the previous instance", r->cfg->slot);
 	r->was_standby = false;
@@ -458,6 +488,7 @@ session(struct relay *r)
 		if (obx_core_ended(&r->core, NULL) != OBX_CORE_RUNNING)
 			break;
 		read_stream(r);
+		check_silence(r);
 		if (obx_core_ended(&r->core, NULL) != OBX_CORE_RUNNING)
 			break;
 		maybe_status(r);

@@ -15,7 +15,9 @@
 /*
  * Opens a connection with conninfo plus extra keyword/value pairs
  * (NULL-terminated; may be NULL), e.g. replication=database.  conninfo may
- * be a key/value string or a URI.  Returns 0 with *out set (the caller
+ * be a key/value string or a URI; unless it says otherwise, connect_timeout
+ * is 10 s and TCP keepalives are on (idle 30 s, every 10 s, 3 probes).
+ * Returns 0 with *out set (the caller
  * closes it with PQfinish()); otherwise *out is NULL and the code is
  * OBX_EIO (could not connect: libpq's message is in errbuf, one line) or
  * OBX_ENOMEM.

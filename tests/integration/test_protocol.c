@@ -226,6 +226,69 @@ test_streaming(void **state)
 }
 
 /*
+ * Liveness during an outage that begins at a large Stream Commit: the
+ * rows wait on the in-flight caps, yet the loop keeps turning (/healthz
+ * 200 past its 30 s staleness bound, the same walsender throughout, so
+ * status updates flowed) and SIGTERM ends it within the drain deadline;
+ * after the outage every event is published.
+ */
+static void
+test_outage_at_large_commit_stays_live(void **state)
+{
+	static const int warm[] = { 5000, 5000, 0 };
+	static const int all[] = { 1, 1000, 0 };
+	char body[4096], *pid_before, *pid_after;
+	int port, st;
+	int64_t t0;
+	PGconn *c;
+
+	(void)state;
+	t_relay_setup(&R, "live", 0);
+	t_exec(R.pg, "ALTER DATABASE %s SET logical_decoding_work_mem = '64kB'", R.db);
+	t_relay_config(&R, "[source]\nstreaming = on\n[delivery]\nmax_inflight = 50\n");
+	t_relay_start(&R, NULL, 1);
+	port = t_metrics_port(&R);
+	insert_rows(R.pg, "livewarm", 5000, 5000);
+	expect_rows("outbox.event.livewarm", warm, 1);
+	pid_before = t_query1(R.pg, "SELECT active_pid::text FROM pg_replication_slots WHERE slot_name = '%s'",
+	    R.slot);
+	for (int b = 1; b <= 3; b++)
+		assert_int_equal(t_broker_cmd(&R.b, "down %d", b), 0);
+	c = t_pg(&R.st, R.db, 0);
+	t_exec(c, "BEGIN");
+	insert_rows(c, "live", 1, 1000);
+	t_exec(c, "COMMIT");
+	PQfinish(c);
+	t0 = t_now_ms();
+	while (t_now_ms() - t0 < 40000) {
+		int code = t_http_get(port, "/healthz", body, sizeof(body));
+
+		if (code != 200) {
+			t_log_dump(&R);
+			fail_msg("/healthz answered %d after %lld ms of the outage", code, (long long)(t_now_ms() - t0));
+		}
+		usleep(2000000);
+	}
+	pid_after = t_query1(R.pg, "SELECT active_pid::text FROM pg_replication_slots WHERE slot_name = '%s'",
+	    R.slot);
+	assert_string_equal(pid_before, pid_after);
+	t0 = t_now_ms();
+	st = t_relay_signal(&R, SIGTERM, 45000);
+	if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
+		t_log_dump(&R);
+	assert_true(st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	assert_true(t_now_ms() - t0 < 40000);
+	assert_int_equal(t_log_count(&R, "unacknowledged after 30 s"), 1);
+	for (int b = 1; b <= 3; b++)
+		assert_int_equal(t_broker_cmd(&R.b, "up %d", b), 0);
+	t_relay_start(&R, NULL, 1);
+	expect_rows("outbox.event.live", all, 1000);
+	assert_int_equal(t_wait_confirmed_current(&R, 20000), 1);
+	free(pid_before);
+	free(pid_after);
+}
+
+/*
  * Invariant 4 with streaming on: a streamed transaction whose events the
  * broker cannot take is never confirmed, while the stream stays up.
  */
@@ -828,6 +891,7 @@ main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_teardown(test_streaming, teardown),
 		cmocka_unit_test_teardown(test_streaming_broker_down, teardown),
+		cmocka_unit_test_teardown(test_outage_at_large_commit_stays_live, teardown),
 		cmocka_unit_test_teardown(test_stream_buffer_overflow, teardown),
 		cmocka_unit_test_teardown(test_messages, teardown),
 		cmocka_unit_test_teardown(test_streaming_message_savepoint, sp_teardown),
