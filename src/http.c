@@ -98,7 +98,7 @@ poll_slot(struct obx_http *h, PGconn **conn)
 {
 	const char *params[1] = { h->cfg->slot };
 	PGresult *r;
-	int64_t retained = 0, safe = -1;
+	int64_t retained = 0, safe = -1, keep = -1;
 	int status = 0;
 	bool found = false;
 
@@ -111,13 +111,16 @@ poll_slot(struct obx_http *h, PGconn **conn)
 			return false;
 	}
 	r = PQexecParams(*conn,
-	    "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint, safe_wal_size, wal_status "
+	    "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint, safe_wal_size, wal_status, "
+	    "(SELECT CASE WHEN setting::bigint < 0 THEN -1 ELSE setting::bigint * 1048576 END "
+	    "FROM pg_settings WHERE name = 'max_slot_wal_keep_size') "
 	    "FROM pg_replication_slots WHERE slot_name = $1", 1, NULL, params, NULL, NULL, 0);
 	if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1) {
 		found = true;
 		retained = PQgetisnull(r, 0, 0) ? 0 : strtoll(PQgetvalue(r, 0, 0), NULL, 10);
 		safe = PQgetisnull(r, 0, 1) ? -1 : strtoll(PQgetvalue(r, 0, 1), NULL, 10);
 		status = PQgetisnull(r, 0, 2) ? 0 : obx_metrics_wal_status(PQgetvalue(r, 0, 2));
+		keep = PQgetisnull(r, 0, 3) ? -1 : strtoll(PQgetvalue(r, 0, 3), NULL, 10);
 	}
 	PQclear(r);
 	pthread_mutex_lock(&h->mu);
@@ -125,6 +128,7 @@ poll_slot(struct obx_http *h, PGconn **conn)
 	h->snap.slot_retained_wal_bytes = retained;
 	h->snap.slot_safe_wal_size_bytes = safe;
 	h->snap.slot_wal_status = status;
+	h->snap.slot_max_wal_keep_size_bytes = keep;
 	pthread_mutex_unlock(&h->mu);
 	return found;
 }
@@ -211,6 +215,7 @@ obx_http_publish(struct obx_http *h, const struct obx_metrics *m)
 	h->snap.slot_retained_wal_bytes = keep.slot_retained_wal_bytes;
 	h->snap.slot_safe_wal_size_bytes = keep.slot_safe_wal_size_bytes;
 	h->snap.slot_wal_status = keep.slot_wal_status;
+	h->snap.slot_max_wal_keep_size_bytes = keep.slot_max_wal_keep_size_bytes;
 	pthread_mutex_unlock(&h->mu);
 }
 

@@ -79,6 +79,33 @@ counter_u64(FILE *fp, const char *name, const char *help, uint64_t v)
 	fprintf(fp, "%s %" PRIu64 "\n", name, v);
 }
 
+/* A label value in the exposition format: backslash, double quote and newline escaped. */
+static const char *
+label_value(const char *v, char *out, size_t outlen)
+{
+	size_t o = 0;
+
+	for (; *v != '\0' && o + 3 < outlen; v++) {
+		if (*v == '\\' || *v == '"' || *v == '\n')
+			out[o++] = '\\';
+		out[o++] = *v == '\n' ? 'n' : *v;
+	}
+	out[o] = '\0';
+	return out;
+}
+
+static void
+info(FILE *fp, const struct obx_metrics *m)
+{
+	char slot[2 * sizeof(m->info_slot)], db[2 * sizeof(m->info_database)];
+	char table[2 * sizeof(m->info_table)];
+
+	family(fp, "outboxd_info", "gauge", "1; the labels say which slot, database and table this instance relays");
+	fprintf(fp, "outboxd_info{slot=\"%s\",database=\"%s\",table=\"%s\",version=\"%s\"} 1\n",
+	    label_value(m->info_slot, slot, sizeof(slot)), label_value(m->info_database, db, sizeof(db)),
+	    label_value(m->info_table, table, sizeof(table)), OBX_VERSION);
+}
+
 char *
 obx_metrics_render(const struct obx_metrics *m, size_t *len)
 {
@@ -91,6 +118,7 @@ obx_metrics_render(const struct obx_metrics *m, size_t *len)
 	if (fp == NULL)
 		return NULL;
 	gauge_u64(fp, "outboxd_up", "1 while the process runs", 1);
+	info(fp, m);
 	family(fp, "outboxd_state", "gauge", "1 for the current state, 0 for the others");
 	for (int s = 0; s < OBX_STATE_COUNT; s++)
 		fprintf(fp, "outboxd_state{state=\"%s\"} %d\n", state_names[s], m->state == (enum obx_state)s);
@@ -143,6 +171,9 @@ obx_metrics_render(const struct obx_metrics *m, size_t *len)
 		family(fp, "outboxd_slot_wal_status", "gauge",
 		    "slot wal_status: 0 unknown, 1 reserved, 2 extended, 3 unreserved, 4 lost");
 		fprintf(fp, "outboxd_slot_wal_status %d\n", m->slot_wal_status);
+		family(fp, "outboxd_slot_max_wal_keep_size_bytes", "gauge",
+		    "the server's max_slot_wal_keep_size (-1: unbounded), for alerts relative to it");
+		fprintf(fp, "outboxd_slot_max_wal_keep_size_bytes %" PRId64 "\n", m->slot_max_wal_keep_size_bytes);
 	}
 	if (fclose(fp) != 0) {
 		free(out);

@@ -406,6 +406,7 @@ session_open(struct relay *r)
 		snprintf(r->reason, sizeof(r->reason), "out of memory");
 		return false;
 	}
+	snprintf(r->m.info_database, sizeof(r->m.info_database), "%s", PQdb(r->st.conn));
 	r->streamed = r->ever_streamed = true;
 	r->last_rx_ms = now_ms();
 	if (r->was_standby)
@@ -572,6 +573,8 @@ obx_relay_run(const struct obx_config *cfg, const struct obx_run_opts *opts)
 	if (getenv("OBX_TEST_FATAL_AFTER") != NULL)
 		r.test_fatal_after = atol(getenv("OBX_TEST_FATAL_AFTER"));
 #endif
+	snprintf(r.m.info_slot, sizeof(r.m.info_slot), "%s", cfg->slot);
+	snprintf(r.m.info_table, sizeof(r.m.info_table), "%s.%s", cfg->table_schema, cfg->table_name);
 	if (obx_core_init(&r.core, cfg, &relay_ops, &r, &r.m) != 0) {
 		obx_log_error("out of memory");
 		goto out;

@@ -34,6 +34,7 @@ static const char *const families[] = {
 	"outboxd_events_dead_lettered_total", "outboxd_transactions_total", "outboxd_inflight_events",
 	"outboxd_inflight_bytes", "outboxd_reconnects_total", "outboxd_kafka_errors_total",
 	"outboxd_slot_retained_wal_bytes", "outboxd_slot_safe_wal_size_bytes", "outboxd_slot_wal_status",
+	"outboxd_slot_max_wal_keep_size_bytes", "outboxd_info",
 };
 
 /* Every outboxd_* metric named in file exists in the scrape body. */
@@ -155,6 +156,16 @@ test_metrics_health_and_slow_clients(void **state)
 	assert_true(t_metric(body, "outboxd_confirmed_flush_lsn") > 0);
 	assert_true(t_metric(body, "outboxd_slot_wal_status") == 1); /* reserved */
 	assert_true(t_metric(body, "outboxd_slot_safe_wal_size_bytes") == -1); /* max_slot_wal_keep_size = -1 */
+	assert_true(t_metric(body, "outboxd_slot_max_wal_keep_size_bytes") == -1);
+	{
+		/* every series says which slot, database and table it describes */
+		char want[512];
+
+		snprintf(want, sizeof(want), "outboxd_info{slot=\"%s\",database=\"%s\",table=\"public.outbox\","
+		    "version=\"", R.slot, R.db);
+		if (strstr(body, want) == NULL)
+			fail_msg("no %s in:\n%s", want, body);
+	}
 	expect_names_scraped("deploy/kubernetes/prometheusrule.yaml", body);
 	expect_names_scraped("deploy/grafana/outboxd-dashboard.json", body);
 
