@@ -17,6 +17,12 @@ packages=(
 	# manifest linting (deploy/): YAML/JSON parsing, promtool for the alert rules
 	python3 python3-yaml yamllint prometheus
 )
+# `kubectl kustomize` renders the per-database overlays (deploy/kubernetes/overlays);
+# any kubectl will do, so a machine that has one (another vendor's package owns
+# /usr/bin/kubectl then) keeps it
+if ! command -v kubectl >/dev/null 2>&1; then
+	packages+=(kubernetes-client)
+fi
 
 missing=()
 for p in "${packages[@]}"; do

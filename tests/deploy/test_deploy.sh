@@ -15,11 +15,11 @@ run() { local d=$1; shift; if out=$("$@" 2>&1); then ok "$d"; else not_ok "$d: $
 tmp=$(mktemp -d /tmp/obx-deploy.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 
-for f in "$src"/deploy/kubernetes/*.yaml; do
-	run "$(basename "$f") parses" python3 -c 'import sys, yaml; list(yaml.safe_load_all(open(sys.argv[1])))' "$f"
+for f in $(find "$src/deploy/kubernetes" -name "*.yaml" | sort); do
+	run "${f#"$src"/deploy/kubernetes/} parses" python3 -c 'import sys, yaml; list(yaml.safe_load_all(open(sys.argv[1])))' "$f"
 done
 run "yamllint accepts the manifests" yamllint -d '{extends: relaxed, rules: {line-length: {max: 200}}}' "$src/deploy/kubernetes"
-run "the dashboard is JSON" python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); assert d["panels"]' \
+run "the dashboard is JSON, with slot and pod variables every query filters by" python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); assert d["panels"]; v = [t["name"] for t in d["templating"]["list"]]; assert "slot" in v and "pod" in v, v; assert all("$pod" in t["expr"] for p in d["panels"] for t in p.get("targets", []))' \
 	"$src/deploy/grafana/outboxd-dashboard.json"
 
 python3 - "$src/deploy/kubernetes/prometheusrule.yaml" "$tmp/rules.yaml" <<'PY'
@@ -28,9 +28,12 @@ doc = yaml.safe_load(open(sys.argv[1]))
 yaml.safe_dump({"groups": doc["spec"]["groups"]}, open(sys.argv[2], "w"))
 PY
 run "promtool accepts the alert rules" promtool check rules "$tmp/rules.yaml"
+cp "$src/tests/deploy/alerts_test.yaml" "$tmp/alerts_test.yaml"
+run "alerts: per instance and slot, WAL safety relative to max_slot_wal_keep_size (promtool test rules)" \
+	promtool test rules "$tmp/alerts_test.yaml"
 
 run "deployment: 2 replicas, maxSurge 1, maxUnavailable 1, probes, grace covers the 30 s drain, PDB" \
-	python3 - "$src/deploy/kubernetes/deployment.yaml" <<'PY'
+	python3 - "$src/deploy/kubernetes/base/deployment.yaml" <<'PY'
 import sys, yaml
 docs = {d["kind"]: d for d in yaml.safe_load_all(open(sys.argv[1]))}
 dep = docs["Deployment"]["spec"]
@@ -46,8 +49,8 @@ assert pod["securityContext"]["runAsNonRoot"] is True
 assert docs["PodDisruptionBudget"]["spec"]["minAvailable"] == 1
 PY
 run "deployment: no service links; every file the ConfigMap and env name is mounted from a Secret" \
-	python3 - "$src/deploy/kubernetes/deployment.yaml" "$src/deploy/kubernetes/configmap.yaml" \
-	"$src/deploy/kubernetes/secret.yaml" <<'PY'
+	python3 - "$src/deploy/kubernetes/base/deployment.yaml" "$src/deploy/kubernetes/base/configmap.yaml" \
+	"$src/deploy/kubernetes/base/secret.yaml" <<'PY'
 import re, sys, yaml
 docs = {d["kind"]: d for d in yaml.safe_load_all(open(sys.argv[1]))}
 pod = docs["Deployment"]["spec"]["template"]["spec"]
@@ -71,7 +74,7 @@ for e in c.get("env", []):
     if ref is not None and ref["name"] == "outboxd":
         assert ref["key"] in secret_keys, ref["key"] + ": no such key in secret.yaml"
 PY
-run "no secret in the ConfigMap" python3 - "$src/deploy/kubernetes/configmap.yaml" <<'PY'
+run "no secret in the ConfigMap" python3 - "$src/deploy/kubernetes/base/configmap.yaml" <<'PY'
 import sys, yaml
 ini = yaml.safe_load(open(sys.argv[1]))["data"]["outboxd.ini"]
 for word in ("password", "sasl.username"):
@@ -81,9 +84,63 @@ for word in ("password", "sasl.username"):
 PY
 run "the ConfigMap's INI is a valid outboxd configuration" bash -c \
 	"python3 -c 'import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))[\"data\"][\"outboxd.ini\"])' \
-	'$src/deploy/kubernetes/configmap.yaml' > '$tmp/outboxd.ini' && '${OBX_OUTBOXD:?}' check -c '$tmp/outboxd.ini' --set source.conninfo=host=127.0.0.1\\ port=1 2>&1 | grep -q 'FAIL server: could not connect'"
+	'$src/deploy/kubernetes/base/configmap.yaml' > '$tmp/outboxd.ini' && '${OBX_OUTBOXD:?}' check -c '$tmp/outboxd.ini' --set source.conninfo=host=127.0.0.1\\ port=1 2>&1 | grep -q 'FAIL server: could not connect'"
 run "container: multi-stage, Debian 12 slim runtime, non-root" bash -c \
 	"grep -q '^FROM debian:12 AS build' '$src/deploy/Containerfile' && grep -q '^FROM debian:12-slim' '$src/deploy/Containerfile' && grep -q '^USER 10001' '$src/deploy/Containerfile'"
+
+# The per-database overlays, rendered by kubectl's built-in kustomize: two instances
+# side by side in one namespace must not share a name, a selector or a slot.
+overlays() {
+	local o rendered=()
+	for o in "$src"/deploy/kubernetes/overlays/*/; do
+		o=$(basename "$o")
+		kubectl kustomize "$src/deploy/kubernetes/overlays/$o" >"$tmp/overlay-$o.yaml" || return 1
+		rendered+=("$o")
+	done
+	python3 - "$tmp" "${rendered[@]}" <<'PY' || return 1
+import re, sys, yaml
+tmp, names = sys.argv[1], sys.argv[2:]
+assert len(names) >= 2, names
+seen, slots = {}, {}
+for o in names:
+    docs = [d for d in yaml.safe_load_all(open(f"{tmp}/overlay-{o}.yaml")) if d]
+    kinds = {}
+    for d in docs:
+        key = (d["kind"], d["metadata"]["name"])
+        assert key not in seen, f"{key} in both {seen.get(key)} and {o}"
+        seen[key] = o
+        kinds.setdefault(d["kind"], []).append(d)
+        assert d["metadata"]["labels"].get("app.kubernetes.io/instance") == o, (o, key)
+    dep = kinds["Deployment"][0]
+    sel = dep["spec"]["selector"]["matchLabels"]
+    assert sel.get("app.kubernetes.io/instance") == o, (o, sel)
+    assert all(dep["spec"]["template"]["metadata"]["labels"].get(k) == v for k, v in sel.items())
+    assert kinds["PodDisruptionBudget"][0]["spec"]["selector"]["matchLabels"].get("app.kubernetes.io/instance") == o
+    assert kinds["Service"][0]["spec"]["selector"].get("app.kubernetes.io/instance") == o
+    names_here = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    pod = dep["spec"]["template"]["spec"]
+    for v in pod["volumes"]:
+        if "configMap" in v:
+            assert ("ConfigMap", v["configMap"]["name"]) in names_here, (o, v)
+        if "secret" in v and v["secret"]["secretName"] != "outboxd-tls":
+            assert ("Secret", v["secret"]["secretName"]) in names_here, (o, v)
+    for e in pod["containers"][0].get("env", []):
+        ref = e.get("valueFrom", {}).get("secretKeyRef")
+        if ref:
+            assert ("Secret", ref["name"]) in names_here, (o, ref)
+    ini = kinds["ConfigMap"][0]["data"]["outboxd.ini"]
+    open(f"{tmp}/overlay-{o}.ini", "w").write(ini)
+    slot = re.search(r"^slot = (\S+)", ini, re.M).group(1)
+    assert slot not in slots, f"slot {slot} in both {slots.get(slot)} and {o}"
+    slots[slot] = o
+PY
+	for o in "${rendered[@]}"; do
+		# a valid configuration gets as far as connecting (to nothing)
+		out=$("${OBX_OUTBOXD:?}" check -c "$tmp/overlay-$o.ini" --set source.conninfo=host=127.0.0.1\ port=1 2>&1)
+		grep -q 'FAIL server: could not connect' <<<"$out" || { echo "overlay $o: $out"; return 1; }
+	done
+}
+run "kustomize: per-database overlays render with distinct names, labels, selectors and slots" overlays
 
 # The build stage, replayed without a container engine: exactly the files its COPY
 # lines bring in, in a fresh directory, then its cmake commands.
