@@ -553,6 +553,16 @@ set_delivery(struct obx_config *cfg, const char *key, const char *value, const c
 		}
 		return 0;
 	}
+	if (strcmp(key, "missing_topic_timeout") == 0) {
+		r = obx_parse_duration_ms(value, 0, 7LL * 24 * 3600 * 1000, &cfg->missing_topic_timeout_ms);
+		if (r != 0) {
+			obx_config_fail(errbuf, errlen, origin, key, r == OBX_ERANGE ?
+			    "'%s' is out of range (0 to 7 days)" :
+			    "expected a duration such as 5min or 30s, got '%s'", value);
+			return OBX_ECONFIG;
+		}
+		return 0;
+	}
 	if (strcmp(key, "dead_letter_topic") == 0) {
 		static const struct str_key k = SK(dead_letter_topic, true);
 
@@ -708,6 +718,7 @@ obx_config_init(struct obx_config *cfg)
 	cfg->col_timestamp = strdup("");
 	cfg->max_inflight = 10000;
 	cfg->max_inflight_bytes = 16LL << 20;
+	cfg->missing_topic_timeout_ms = 5LL * 60 * 1000;
 	cfg->on_error = OBX_ON_ERROR_STOP;
 	cfg->dead_letter_topic = strdup("outbox.dead_letter");
 	cfg->metrics_host = strdup("0.0.0.0");
@@ -1021,6 +1032,7 @@ obx_config_diff(const struct obx_config *a, const struct obx_config *b, const ch
 		{ "[delivery] max_inflight_bytes", a->max_inflight_bytes != b->max_inflight_bytes },
 		{ "[delivery] on_error", a->on_error != b->on_error },
 		{ "[delivery] dead_letter_topic", str_differs(a->dead_letter_topic, b->dead_letter_topic) },
+		{ "[delivery] missing_topic_timeout", a->missing_topic_timeout_ms != b->missing_topic_timeout_ms },
 		{ "[metrics] listen", str_differs(a->metrics_host, b->metrics_host) ||
 		    a->metrics_port != b->metrics_port },
 		{ "[log] level", a->log_level != b->log_level },

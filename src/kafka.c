@@ -205,6 +205,13 @@ obx_kafka_close(struct obx_kafka *k, int wait_ms)
 }
 
 bool
+obx_kafka_err_is_missing_topic(rd_kafka_resp_err_t err)
+{
+	/* the broker's answer in a delivery report, and librdkafka's once its metadata says so */
+	return err == RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART || err == RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC;
+}
+
+bool
 obx_kafka_err_is_permanent(rd_kafka_resp_err_t err)
 {
 	switch (err) {

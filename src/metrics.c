@@ -141,6 +141,14 @@ obx_metrics_render(const struct obx_metrics *m, size_t *len)
 	fprintf(fp, "outboxd_commit_to_ack_seconds_bucket{le=\"+Inf\"} %" PRIu64 "\n", m->hist_count);
 	fprintf(fp, "outboxd_commit_to_ack_seconds_sum %.6f\n", m->hist_sum);
 	fprintf(fp, "outboxd_commit_to_ack_seconds_count %" PRIu64 "\n", m->hist_count);
+	family(fp, "outboxd_missing_topic_seconds", "gauge",
+	    "how long outboxd has been waiting for a topic the cluster does not have (yet); no series when none");
+	if (m->missing_topic[0] != '\0') {
+		char topic[2 * sizeof(m->missing_topic)];
+
+		fprintf(fp, "outboxd_missing_topic_seconds{topic=\"%s\"} %.3f\n",
+		    label_value(m->missing_topic, topic, sizeof(topic)), m->missing_topic_seconds);
+	}
 	counter_u64(fp, "outboxd_events_published_total", "events acknowledged by the broker", m->events_published);
 	counter_u64(fp, "outboxd_events_dead_lettered_total", "events sent to the dead-letter topic",
 	    m->events_dead_lettered);

@@ -92,6 +92,8 @@ do_produce(void *ctx, const struct obx_record *rec, uint64_t opaque, char *why, 
 		snprintf(why, whylen, "%s", rd_kafka_err2str(err));
 	if (err == RD_KAFKA_RESP_ERR__QUEUE_FULL)
 		return OBX_PRODUCE_QUEUE_FULL;
+	if (obx_kafka_err_is_missing_topic(err))
+		return OBX_PRODUCE_MISSING_TOPIC;
 	if (obx_kafka_err_is_permanent(err) || err == RD_KAFKA_RESP_ERR__INVALID_ARG)
 		return OBX_PRODUCE_PERMANENT;
 	if (err != RD_KAFKA_RESP_ERR_NO_ERROR)
@@ -137,6 +139,8 @@ on_delivery(void *ctx, uint64_t opaque, const rd_kafka_message_t *m)
 		rep.status = OBX_REPORT_OK;
 	else if (m->err == RD_KAFKA_RESP_ERR__PURGE_QUEUE || m->err == RD_KAFKA_RESP_ERR__PURGE_INFLIGHT)
 		rep.status = OBX_REPORT_PURGED;
+	else if (obx_kafka_err_is_missing_topic(m->err))
+		rep.status = OBX_REPORT_MISSING_TOPIC;
 	else
 		rep.status = obx_kafka_err_is_permanent(m->err) ? OBX_REPORT_PERMANENT : OBX_REPORT_TRANSIENT;
 	rep.error = rd_kafka_err2str(m->err);

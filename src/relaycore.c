@@ -200,6 +200,42 @@ pending_clear(struct obx_core *c)
 
 /* ---- producing, and on_error for what cannot be produced ---- */
 
+/*
+ * A record for a topic the cluster does not have (yet): a topic created by a
+ * pipeline after the service began writing, an operator's step not done.
+ * For [delivery] missing_topic_timeout the session ends and rewinds to try
+ * again (nothing is confirmed past the event); after that on_error decides.
+ * Returns true while waiting.
+ */
+static bool
+wait_for_topic(struct obx_core *c, const char *topic)
+{
+	if (strcmp(c->missing_topic, topic) != 0) {
+		snprintf(c->missing_topic, sizeof(c->missing_topic), "%s", topic);
+		c->missing_since_ms = c->now_ms;
+	}
+	snprintf(c->m->missing_topic, sizeof(c->m->missing_topic), "%s", topic);
+	c->m->missing_topic_seconds = (double)(c->now_ms - c->missing_since_ms) / 1000.0;
+	if (c->now_ms - c->missing_since_ms >= c->cfg->missing_topic_timeout_ms)
+		return false;
+	c->end_kafka = true;
+	fail(c, OBX_CORE_END_RETRY, "topic %s does not exist (yet): waiting up to %lld s for it "
+	    "([delivery] missing_topic_timeout) before on_error applies, rewinding to the slot", topic,
+	    c->cfg->missing_topic_timeout_ms / 1000);
+	return true;
+}
+
+/* An event for topic was acknowledged: it exists. */
+static void
+topic_exists(struct obx_core *c, const char *topic)
+{
+	if (c->missing_topic[0] == '\0' || strcmp(c->missing_topic, topic) != 0)
+		return;
+	c->missing_topic[0] = '\0';
+	c->m->missing_topic[0] = '\0';
+	c->m->missing_topic_seconds = 0;
+}
+
 static void produce_now(struct obx_core *c, const struct obx_record *rec, uint64_t ticket, bool dl);
 
 /* Hands rec to the producer, behind any record the queue refused before (order). */
@@ -283,6 +319,11 @@ produce_now(struct obx_core *c, const struct obx_record *rec, uint64_t ticket, b
 		return;
 	case OBX_PRODUCE_QUEUE_FULL:
 		pending_push(c, rec, ticket, dl); /* tried again by obx_core_pump(), in order */
+		return;
+	case OBX_PRODUCE_MISSING_TOPIC:
+		if (wait_for_topic(c, rec->topic))
+			return;
+		refused(c, rec, ticket, dl, why);
 		return;
 	case OBX_PRODUCE_PERMANENT:
 		refused(c, rec, ticket, dl, why);
@@ -830,9 +871,16 @@ obx_core_report(struct obx_core *c, const struct obx_report *r)
 			c->m->events_dead_lettered++;
 		else
 			c->published++;
+		topic_exists(c, r->record.topic);
 		return;
 	case OBX_REPORT_PURGED:
 		return; /* the session is being torn down */
+	case OBX_REPORT_MISSING_TOPIC:
+		if (wait_for_topic(c, r->record.topic)) {
+			obx_metrics_kafka_error(c->m, r->error_name);
+			return;
+		}
+		break;
 	case OBX_REPORT_TRANSIENT:
 	case OBX_REPORT_PERMANENT:
 		break;
@@ -893,6 +941,9 @@ obx_core_can_read(const struct obx_core *c)
 void
 obx_core_pump(struct obx_core *c, int64_t now_ms)
 {
+	c->now_ms = now_ms;
+	if (c->missing_topic[0] != '\0')
+		c->m->missing_topic_seconds = (double)(now_ms - c->missing_since_ms) / 1000.0;
 	if (!c->active || ending(c))
 		return;
 	pending_flush(c);
@@ -1051,6 +1102,7 @@ obx_core_session_start(struct obx_core *c, obx_lsn start, int proto, int status_
 	c->last_status_ms = now_ms;
 	c->status_now = false;
 	c->status_interval_ms = status_interval_ms;
+	c->now_ms = now_ms;
 	return 0;
 }
 

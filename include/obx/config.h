@@ -93,6 +93,7 @@ struct obx_config {
 	long long max_inflight_bytes;
 	enum obx_on_error on_error;
 	char *dead_letter_topic;
+	long long missing_topic_timeout_ms; /* a topic that does not exist yet is waited for this long */
 
 	/* [metrics] */
 	char *metrics_host;

@@ -68,6 +68,9 @@ int obx_kafka_outq_len(const struct obx_kafka *k);
  */
 void obx_kafka_close(struct obx_kafka *k, int wait_ms);
 
+/* True for errors that say the cluster does not have the topic (yet). */
+bool obx_kafka_err_is_missing_topic(rd_kafka_resp_err_t err);
+
 /* True for errors that will never succeed on retry (the event is poison). */
 bool obx_kafka_err_is_permanent(rd_kafka_resp_err_t err);
 

@@ -52,6 +52,8 @@ struct obx_metrics {
 	int64_t slot_safe_wal_size_bytes; /* -1 when NULL (max_slot_wal_keep_size = -1) */
 	int slot_wal_status; /* 0 unknown, 1 reserved, 2 extended, 3 unreserved, 4 lost */
 	int64_t slot_max_wal_keep_size_bytes; /* max_slot_wal_keep_size; -1 unbounded */
+	char missing_topic[250];  /* a topic waited for because the cluster does not have it; "" none */
+	double missing_topic_seconds;
 	int64_t heartbeat_ms; /* monotonic time the loop last turned */
 	/* what these numbers describe, for outboxd_info (set once at start-up) */
 	char info_slot[64];

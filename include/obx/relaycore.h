@@ -67,6 +67,7 @@ enum obx_produce_result {
 	OBX_PRODUCE_QUEUE_FULL, /* not queued; try the same record again later */
 	OBX_PRODUCE_PERMANENT,  /* this record can never be produced (too large, invalid) */
 	OBX_PRODUCE_TRANSIENT,  /* not queued, for a reason a new session may cure */
+	OBX_PRODUCE_MISSING_TOPIC, /* not queued: the cluster does not have the topic (yet) */
 };
 
 /* How a delivery report ended. */
@@ -75,6 +76,7 @@ enum obx_report_status {
 	OBX_REPORT_PURGED,    /* dropped by the producer while a session is torn down */
 	OBX_REPORT_TRANSIENT, /* failed, a retry in a new session may succeed: rewind */
 	OBX_REPORT_PERMANENT, /* the broker will never accept it: on_error decides */
+	OBX_REPORT_MISSING_TOPIC, /* the cluster does not have the topic (yet): waited for, then on_error */
 };
 
 /* One delivery report; every pointer is borrowed for the call. */
@@ -182,6 +184,11 @@ struct obx_core {
 	int signals;
 	bool draining;
 	int64_t drain_deadline_ms;
+
+	/* a topic the cluster does not have: waited for up to [delivery] missing_topic_timeout */
+	char missing_topic[250];
+	int64_t missing_since_ms;
+	int64_t now_ms;               /* the caller's clock at the last pump or session start */
 
 	enum obx_core_end end;
 	bool end_kafka;               /* the session ended because of the broker side */

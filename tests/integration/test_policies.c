@@ -303,6 +303,72 @@ test_null_key_row(void **state)
 	assert_true(t_wait_confirmed_current(&R, 10000));
 }
 
+/*
+ * A topic the cluster does not have yet (here hidden from metadata, as a
+ * broker without auto-creation answers): waited for, not dead-lettered or
+ * fatal, nothing confirmed past its event, said in the log and a metric;
+ * published once it exists.  Past missing_topic_timeout, on_error applies.
+ */
+static void
+test_missing_topic_waited_for(void **state)
+{
+	char body[1 << 16], *lsn;
+	struct t_msg *m;
+	size_t n;
+	int64_t deadline;
+	int port, st;
+
+	(void)state;
+	t_relay_setup(&R, "mtopic", 0);
+	assert_int_equal(t_broker_cmd(&R.b, "topic outbox.event.late 2"), 0);
+	assert_int_equal(t_broker_cmd(&R.b, "topic-error outbox.event.late UNKNOWN_TOPIC_OR_PART"), 0);
+	t_relay_config(&R, "[kafka]\ntopic.metadata.propagation.max.ms = 1000\n"
+	    "[delivery]\nmissing_topic_timeout = 60s\non_error = dead_letter\n");
+	t_relay_start(&R, NULL, 1);
+	port = t_metrics_port(&R);
+	lsn = t_query1(R.pg, "SELECT pg_current_wal_lsn()");
+	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('late', 'l1', 'T', '{}')");
+	deadline = t_now_ms() + 20000;
+	while (t_log_count(&R, "topic outbox.event.late does not exist (yet)") == 0 && t_now_ms() < deadline)
+		usleep(100000);
+	if (t_log_count(&R, "topic outbox.event.late does not exist (yet)") == 0)
+		t_log_dump(&R);
+	assert_true(t_log_count(&R, "topic outbox.event.late does not exist (yet)") >= 1);
+	usleep(3000000);
+	assert_int_equal(t_http_get(port, "/metrics", body, sizeof(body)), 200);
+	assert_true(t_metric(body, "outboxd_missing_topic_seconds{topic=\"outbox.event.late\"}") > 0);
+	assert_true(t_slot_confirmed(&R) <= t_lsn(lsn));
+	assert_int_equal(t_log_count(&R, "dead-lettering"), 0);
+	assert_int_equal(t_wait(R.pid, 1), -1); /* still running */
+
+	/* the topic appears */
+	assert_int_equal(t_broker_cmd(&R.b, "topic-error outbox.event.late NO_ERROR"), 0);
+	n = t_consume(R.b.bootstrap, "outbox.event.late", 1, 30000, &m);
+	assert_int_equal(n, 1);
+	assert_string_equal(m[0].key, "l1");
+	t_msgs_free(m, n);
+	assert_true(t_wait_confirmed_current(&R, 20000));
+	st = t_relay_signal(&R, SIGTERM, 40000);
+	assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	free(lsn);
+
+	/* missing for longer than the timeout: on_error = stop ends the run, naming it */
+	assert_int_equal(t_broker_cmd(&R.b, "topic outbox.event.never 2"), 0);
+	assert_int_equal(t_broker_cmd(&R.b, "topic-error outbox.event.never UNKNOWN_TOPIC_OR_PART"), 0);
+	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('never', 'n1', 'T', '{}')");
+	t_relay_config(&R, "[kafka]\ntopic.metadata.propagation.max.ms = 1000\n"
+	    "[delivery]\nmissing_topic_timeout = 3s\n");
+	unlink(R.log);
+	t_relay_start(&R, NULL, 0);
+	st = t_wait(R.pid, 40000);
+	R.pid = 0;
+	if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 1)
+		t_log_dump(&R);
+	assert_true(st != -1 && WIFEXITED(st));
+	assert_int_equal(WEXITSTATUS(st), 1);
+	assert_int_equal(t_log_count(&R, "rejected by the broker for topic outbox.event.never"), 1);
+}
+
 int
 main(void)
 {
@@ -314,6 +380,7 @@ main(void)
 		cmocka_unit_test_teardown(test_topic_error_dead_letter, teardown),
 		cmocka_unit_test_teardown(test_backpressure, teardown),
 		cmocka_unit_test_teardown(test_null_key_row, teardown),
+		cmocka_unit_test_teardown(test_missing_topic_waited_for, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

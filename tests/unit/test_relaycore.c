@@ -652,6 +652,64 @@ test_report_failures_stop_and_dead_letter_fails(void **state)
 	assert_int_equal(flush_now(), 0x100);
 }
 
+/* A topic the cluster does not have (yet) is waited for, then on_error applies. */
+static void
+test_missing_topic(void **state)
+{
+	(void)state;
+	set("delivery", "missing_topic_timeout", "60s");
+	start(0x100);
+	obx_core_pump(&core, 1000);
+	relation();
+	fk.script[0] = OBX_PRODUCE_MISSING_TOPIC;
+	fk.nscript = 1;
+	begin(0x200, 7);
+	insert("e1", "k");
+	assert_int_equal(ended(), OBX_CORE_END_RETRY);
+	assert_non_null(strstr(reason(), "topic outbox.event.order does not exist (yet)"));
+	assert_string_equal(met.missing_topic, "outbox.event.order");
+	assert_int_equal(flush_now(), 0x100);
+
+	/* the next session: the broker reports it missing (still within the minute) */
+	assert_int_equal(obx_core_session_start(&core, 0x100, 2, 10000, 30000), 0);
+	obx_core_pump(&core, 30000);
+	assert_true(met.missing_topic_seconds >= 29.0);
+	relation();
+	begin(0x200, 7);
+	insert("e1", "k");
+	commit(0x200, 0x210);
+	report(0, OBX_REPORT_MISSING_TOPIC);
+	assert_int_equal(ended(), OBX_CORE_END_RETRY);
+	assert_true(core.end_kafka);
+
+	/* the topic appears: acknowledged, the wait is over */
+	assert_int_equal(obx_core_session_start(&core, 0x100, 2, 10000, 40000), 0);
+	obx_core_pump(&core, 40000);
+	relation();
+	begin(0x200, 7);
+	insert("e1", "k");
+	commit(0x200, 0x210);
+	report(1, OBX_REPORT_OK);
+	assert_string_equal(met.missing_topic, "");
+	assert_int_equal(flush_now(), 0x210);
+
+	/* missing again, for longer than the timeout: on_error = stop */
+	begin(0x300, 8);
+	insert("e2", "k");
+	commit(0x300, 0x310);
+	report(2, OBX_REPORT_MISSING_TOPIC);
+	assert_int_equal(ended(), OBX_CORE_END_RETRY);
+	assert_int_equal(obx_core_session_start(&core, 0x210, 2, 10000, 101000), 0);
+	obx_core_pump(&core, 101000);
+	relation();
+	fk.next = fk.nscript = 0;
+	fk.script[fk.nscript++] = OBX_PRODUCE_MISSING_TOPIC;
+	begin(0x300, 8);
+	insert("e2", "k");
+	assert_int_equal(ended(), OBX_CORE_END_FATAL);
+	assert_non_null(strstr(reason(), "event id=e2"));
+}
+
 /* Reports served while a Stream Commit waits on the caps: the loop must not sleep. */
 static void
 test_replay_wakes_the_loop(void **state)
@@ -924,6 +982,7 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_report_failures, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_report_failures_stop_and_dead_letter_fails, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_queue_full, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_missing_topic, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_replay_wakes_the_loop, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_backpressure_and_stream_commit_resumes, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_ack_queue_bounded, setup, teardown),
