@@ -690,6 +690,53 @@ warn_unpublished_rows(PGconn *c, const struct obx_config *cfg, const struct sqln
 }
 
 /*
+ * The slot exists: is the publication as old as it?  A publication dropped
+ * and created again behind the slot loses the guard's record, and the
+ * server decodes the slot's backlog without it (events skipped, or
+ * decoding fails).  Without a record, a publication newer than the slot's
+ * catalog horizon is refused; an older one means the slot was made outside
+ * outboxd, and the record is written now.  Returns 0, OBX_ECONFIG or
+ * OBX_EIO.
+ */
+static int
+check_slot_publication(PGconn *c, const struct obx_config *cfg, const struct sqlnames *nm,
+    const char *sysid, obx_lsn confirmed, char *errbuf, size_t errlen)
+{
+	char sql[1024], err[1024], msysid[32], mlsn[32], at[OBX_LSN_STRLEN];
+	PGresult *res;
+	bool newer;
+	int r = 0;
+
+	snprintf(sql, sizeof(sql), "SELECT coalesce(age(p.xmin) < age(s.catalog_xmin), false), "
+	    "coalesce(obj_description(p.oid, 'pg_publication'), '') FROM pg_publication p, "
+	    "pg_replication_slots s WHERE p.pubname = %s AND s.slot_name = %s", nm->pub_lit, nm->slot_lit);
+	if (query(c, sql, &res, NULL, err, sizeof(err)) != 0)
+		return failf(errbuf, errlen, OBX_EIO, "could not compare publication and slot: %s", err);
+	if (PQntuples(res) != 1 || find_marker(PQgetvalue(res, 0, 1), cfg->slot, msysid, sizeof(msysid),
+	    mlsn, sizeof(mlsn))) {
+		PQclear(res);
+		return 0;
+	}
+	obx_lsn_format(confirmed, at, sizeof(at));
+	newer = strcmp(PQgetvalue(res, 0, 0), "t") == 0;
+	if (newer)
+		r = failf(errbuf, errlen, OBX_ECONFIG,
+		    "publication %s is newer than slot %s and holds no record of it: it was dropped and "
+		    "created again behind the slot, so the server decodes the slot's backlog without it "
+		    "(events skipped, or decoding fails). Reconcile the events committed since %s "
+		    "(sql/006_reconciliation.sql), drop the slot (SELECT pg_drop_replication_slot('%s')) "
+		    "and start outboxd again: it creates a new slot", cfg->publication, cfg->slot, at,
+		    cfg->slot);
+	else {
+		obx_log_info("slot %s was created outside outboxd; recording it on publication %s",
+		    cfg->slot, cfg->publication);
+		record_marker(c, cfg, nm, PQgetvalue(res, 0, 1), sysid, at);
+	}
+	PQclear(res);
+	return r;
+}
+
+/*
  * Decides with the slot guard whether a missing slot may be created: not
  * when it existed before (unless recreate), nor when cfg forbids it.
  * Returns 0 or OBX_ECONFIG.
@@ -737,6 +784,8 @@ obx_pgsetup_slot(PGconn *c, const struct obx_config *cfg, const char *sysid, boo
 		return r;
 	for (int attempt = 0; attempt < SETUP_ATTEMPTS; attempt++) {
 		r = read_slot(c, cfg, &nm, confirmed, errbuf, errlen);
+		if (r == 0)
+			r = check_slot_publication(c, cfg, &nm, sysid, *confirmed, errbuf, errlen);
 		if (r != OBX_ENOENT)
 			goto out;
 		free(comment);

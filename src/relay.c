@@ -225,7 +225,14 @@ read_stream(struct relay *r)
 		if (n == 0)
 			return;
 		if (n < 0) {
-			obx_core_fail(&r->core, OBX_CORE_END_RETRY, "replication stream lost: %s", err);
+			/* the server cannot decode the backlog: the publication was dropped (and maybe
+			 * created again) behind the slot; no retry heals that */
+			bool no_pub = strstr(err, "publication") != NULL && strstr(err, "does not exist") != NULL;
+
+			obx_core_fail(&r->core, no_pub ? OBX_CORE_END_FATAL : OBX_CORE_END_RETRY,
+			    "replication stream lost: %s%s", err, no_pub ? "; the publication was dropped behind "
+			    "slot: reconcile the events committed since its confirmed position "
+			    "(sql/006_reconciliation.sql), drop the slot and start outboxd again" : "");
 			return;
 		}
 		r->last_rx_ms = now_ms();

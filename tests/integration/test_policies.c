@@ -159,6 +159,52 @@ test_slot_guard(void **state)
 	assert_int_equal(t_log_count(&R, "recreated slot"), 1);
 }
 
+/*
+ * A publication dropped and created again behind an existing slot is refused,
+ * naming the recovery; a slot made outside outboxd, after its publication,
+ * is adopted and recorded.
+ */
+static void
+test_publication_recreated_behind_slot(void **state)
+{
+	struct t_msg *m;
+	size_t n;
+	int st;
+
+	(void)state;
+	t_relay_setup(&R, "pubre", 0);
+	t_relay_config(&R, NULL);
+	t_relay_start(&R, NULL, 1);
+	st = t_relay_signal(&R, SIGTERM, 40000);
+	assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	t_slot_wait_inactive(&R, 10000);
+	t_exec(R.pg, "DROP PUBLICATION outboxd");
+	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('pubre', 'gap', 'T', '{}')");
+	t_exec(R.pg, "CREATE PUBLICATION outboxd FOR TABLE outbox WITH (publish = 'insert')");
+	expect_refusal(NULL, NULL, "was dropped and created again behind the slot");
+	assert_int_equal(t_log_count(&R, "pg_drop_replication_slot"), 1);
+
+	/* the recovery it names: drop the slot, start again (a new slot, recorded) */
+	t_exec(R.pg, "SELECT pg_drop_replication_slot('%s')", R.slot);
+	/* a slot made by hand after the publication is adopted */
+	t_exec(R.pg, "SELECT pg_create_logical_replication_slot('%s', 'pgoutput')", R.slot);
+	unlink(R.log);
+	t_relay_start(&R, NULL, 1);
+	assert_int_equal(t_log_count(&R, "was created outside outboxd; recording it"), 1);
+	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('pubre', 'after', 'T', '{}')");
+	n = t_consume(R.b.bootstrap, "outbox.event.pubre", 1, 15000, &m);
+	assert_int_equal(n, 1);
+	assert_string_equal(m[0].key, "after");
+	t_msgs_free(m, n);
+	{
+		char *comment = t_query1(R.pg, "SELECT obj_description(oid, 'pg_publication') FROM pg_publication "
+		    "WHERE pubname = 'outboxd'");
+
+		assert_non_null(strstr(comment, "outboxd-slot"));
+		free(comment);
+	}
+}
+
 static void
 test_poison_stop_then_dead_letter(void **state)
 {
@@ -381,6 +427,7 @@ main(void)
 		cmocka_unit_test_teardown(test_backpressure, teardown),
 		cmocka_unit_test_teardown(test_null_key_row, teardown),
 		cmocka_unit_test_teardown(test_missing_topic_waited_for, teardown),
+		cmocka_unit_test_teardown(test_publication_recreated_behind_slot, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
