@@ -272,7 +272,9 @@ check_kafka(struct check_ctx *cx, PGconn *conn, const struct obx_config *cfg, bo
 		if (expr != NULL && tq != NULL) {
 			char *sq = PQescapeIdentifier(conn, cfg->table_schema, strlen(cfg->table_schema));
 
-			if (sq != NULL && asprintf(&sql, "SELECT DISTINCT %s FROM %s.%s LIMIT 1000", expr, sq, tq) > 0)
+			/* a sample, never the whole outbox (which may hold millions of kept rows) */
+			if (sq != NULL && asprintf(&sql, "SELECT DISTINCT %s FROM (SELECT * FROM %s.%s LIMIT 10000) s "
+			    "LIMIT 1000", expr, sq, tq) > 0)
 				r = PQexec(conn, sql);
 			PQfreemem(sq);
 		}
@@ -339,12 +341,16 @@ obx_cmd_check(const struct obx_config *cfg)
 		    v ? v : err);
 	free(v);
 
-	query_value(conn, "SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user",
-	    0, NULL, &v, err, sizeof(err));
+	/* managed services: RDS and Aurora grant replication through the rds_replication role
+	 * (Cloud SQL and Azure set the REPLICATION attribute itself) */
+	query_value(conn, "SELECT rolreplication OR rolsuper OR EXISTS (SELECT 1 FROM pg_roles m "
+	    "WHERE m.rolname = 'rds_replication' AND pg_has_role(current_user, m.oid, 'MEMBER')) "
+	    "FROM pg_roles WHERE rolname = current_user", 0, NULL, &v, err, sizeof(err));
 	if (v != NULL && strcmp(v, "t") == 0)
 		report(&cx, "ok", "role: may replicate");
 	else
-		report(&cx, "FAIL", "role: lacks REPLICATION (ALTER ROLE ... REPLICATION)");
+		report(&cx, "FAIL", "role: lacks REPLICATION (ALTER ROLE ... REPLICATION; on RDS and Aurora "
+		    "GRANT rds_replication TO ...)");
 	free(v);
 
 	rc = query_value(conn,

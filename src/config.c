@@ -205,7 +205,11 @@ set_str(struct obx_config *cfg, const struct str_key *k, const char *key, const 
 	return r;
 }
 
-/* Splits "schema.table" (either part may be double-quoted) into its parts. */
+/*
+ * Splits "schema.table" (either part may be double-quoted) into its parts,
+ * as the server reads the same identifiers: Outbox is outbox, "Outbox" is
+ * Outbox.
+ */
 static int
 parse_qualified_name(const char *s, char **schema, char **name)
 {
@@ -244,7 +248,8 @@ parse_qualified_name(const char *s, char **schema, char **name)
 			return OBX_EINVAL;
 		if (len + 1 >= NAMEDATALEN_MAX)
 			return OBX_ERANGE;
-		part[n][len++] = *p;
+		/* unquoted, the server folds ASCII letters to lower case: so does this */
+		part[n][len++] = !quoted && *p >= 'A' && *p <= 'Z' ? (char)(*p - 'A' + 'a') : *p;
 	}
 	if (n == 1) {
 		*schema = strdup("public");

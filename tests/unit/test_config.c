@@ -141,6 +141,27 @@ test_full_file(void **state)
 	assert_int_equal(cfg.log_level, OBX_LOG_DEBUG);
 	assert_int_equal(cfg.log_format, OBX_LOG_FORMAT_TEXT);
 	obx_config_reset(&cfg);
+
+	/* table names read as the server reads them: unquoted folds to lower case */
+	{
+		static const struct { const char *in, *schema, *name; } cases[] = {
+			{ "Outbox", "public", "outbox" },
+			{ "\"Outbox\"", "public", "Outbox" },
+			{ "Sales.\"Outbox\"", "sales", "Outbox" },
+			{ "\"Sales\".OutBox", "Sales", "outbox" },
+			{ "\"a\"\"b\".x", "a\"b", "x" },
+		};
+
+		for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+			char text2[256];
+
+			snprintf(text2, sizeof(text2), KAFKA "[source]\ntable = %s\n", cases[i].in);
+			assert_int_equal(load(&cfg, text2, NULL, NULL, 0), 0);
+			assert_string_equal(cfg.table_schema, cases[i].schema);
+			assert_string_equal(cfg.table_name, cases[i].name);
+			obx_config_reset(&cfg);
+		}
+	}
 }
 
 static void
