@@ -802,15 +802,39 @@ ends_with(const char *s, size_t len, const char *suffix)
 	return len >= n && memcmp(s + len - n, suffix, n) == 0;
 }
 
+static bool
+all_of(const char *v, const char *set)
+{
+	return v[0] != '\0' && strspn(v, set) == strlen(v);
+}
+
+/* The value shapes the kubelet writes: an address, a port, a proto, or proto://addr:port. */
+static bool
+looks_like(const char *value, char kind)
+{
+	switch (kind) {
+	case 'a':
+		return all_of(value, "0123456789abcdefABCDEF.:");
+	case 'n':
+		return all_of(value, "0123456789");
+	case 'p':
+		return strcmp(value, "tcp") == 0 || strcmp(value, "udp") == 0 || strcmp(value, "sctp") == 0;
+	default:
+		return strncmp(value, "tcp://", 6) == 0 || strncmp(value, "udp://", 6) == 0 ||
+		    strncmp(value, "sctp://", 7) == 0;
+	}
+}
+
 bool
-obx_config_is_service_link(const char *name)
+obx_config_is_service_link(const char *name, const char *value)
 {
 	size_t len = strlen(name);
 	const char *p;
 
-	if (ends_with(name, len, "_SERVICE_HOST") || ends_with(name, len, "_SERVICE_PORT") ||
-	    strstr(name, "_SERVICE_PORT_") != NULL || ends_with(name, len, "_PORT"))
-		return true;
+	if (ends_with(name, len, "_SERVICE_HOST"))
+		return looks_like(value, 'a');
+	if (ends_with(name, len, "_SERVICE_PORT") || strstr(name, "_SERVICE_PORT_") != NULL)
+		return looks_like(value, 'n');
 	/* <SVC>_PORT_<n>_<TCP|UDP|SCTP>[_PROTO|_PORT|_ADDR] */
 	for (p = strstr(name, "_PORT_"); p != NULL; p = strstr(p + 1, "_PORT_")) {
 		const char *q = p + 6;
@@ -819,19 +843,22 @@ obx_config_is_service_link(const char *name)
 			continue;
 		while (isdigit((unsigned char)*q))
 			q++;
-		if (strncmp(q, "_TCP", 4) == 0)
-			q += 4;
-		else if (strncmp(q, "_UDP", 4) == 0)
+		if (strncmp(q, "_TCP", 4) == 0 || strncmp(q, "_UDP", 4) == 0)
 			q += 4;
 		else if (strncmp(q, "_SCTP", 5) == 0)
 			q += 5;
 		else
 			continue;
-		if (*q == '\0' || strcmp(q, "_PROTO") == 0 || strcmp(q, "_PORT") == 0 ||
-		    strcmp(q, "_ADDR") == 0)
-			return true;
+		if (*q == '\0')
+			return looks_like(value, 'u');
+		if (strcmp(q, "_PROTO") == 0)
+			return looks_like(value, 'p');
+		if (strcmp(q, "_PORT") == 0)
+			return looks_like(value, 'n');
+		if (strcmp(q, "_ADDR") == 0)
+			return looks_like(value, 'a');
 	}
-	return false;
+	return ends_with(name, len, "_PORT") && looks_like(value, 'u');
 }
 
 /* The environment entry with exactly name, or NULL. */
@@ -930,7 +957,7 @@ obx_config_apply_env(struct obx_config *cfg, char *const *envp, char *errbuf, si
 		}
 		memcpy(name, *e, (size_t)(eq - *e));
 		name[eq - *e] = '\0';
-		if (obx_config_is_service_link(name))
+		if (obx_config_is_service_link(name, eq + 1))
 			continue; /* the kubelet's, for a Service named outboxd-...: not ours */
 		if ((r = apply_env_one(cfg, envp, name, eq + 1, errbuf, errlen)) != 0)
 			return r;

@@ -60,8 +60,8 @@ static int signal_pipe[2] = { -1, -1 };
 
 /* What SIGHUP re-reads: the same file, environment and --set overrides. */
 struct reload_args {
-	const char *path;
-	char **sets; /* copies: setproctitle() reuses the memory of argv */
+	char *path;  /* copies: setproctitle() reuses the memory of argv */
+	char **sets;
 	size_t nsets;
 };
 
@@ -117,6 +117,8 @@ free_sets(struct reload_args *a)
 	free(a->sets);
 	a->sets = NULL;
 	a->nsets = 0;
+	free(a->path);
+	a->path = NULL;
 }
 
 static void
@@ -215,12 +217,12 @@ main(int argc, char **argv)
 		return usage_error("--json applies to status only", NULL);
 	}
 
-	reload.path = config_path;
+	reload.path = strdup(config_path); /* optarg lives in argv, which setproctitle() reuses */
 	reload.sets = calloc(nsets + 1, sizeof(*reload.sets));
 	for (size_t i = 0; reload.sets != NULL && i < nsets; i++)
 		if ((reload.sets[reload.nsets] = strdup(sets[i])) != NULL)
 			reload.nsets++;
-	if (reload.sets == NULL || reload.nsets != nsets) {
+	if (reload.path == NULL || reload.sets == NULL || reload.nsets != nsets) {
 		fprintf(stderr, "outboxd: out of memory\n");
 		free_sets(&reload);
 		free(sets);

@@ -124,24 +124,29 @@ query(PGconn *c, const char *sql, PGresult **out, char sqlstate[6], char *errbuf
 static int
 classify_connect_error(const char *msg)
 {
+	/* specific refusals first: with several hosts libpq joins every host's message */
 	static const char *const permanent[] = {
 		"password authentication failed", "does not exist", "no pg_hba.conf entry",
 		"must be superuser or replication role", "permission denied",
-		"must have the REPLICATION", "certificate", "invalid",
-		"root certificate file", "server does not support SSL",
+		"must have the REPLICATION", "certificate", "root certificate file",
+		"server does not support SSL", "invalid connection option", "invalid sslmode",
 	};
-
-	/* first, as the message quotes the host name, which may contain anything */
+	/* then what a restart, a DNS hiccup or a Service not created yet look like */
 	static const char *const transient[] = {
 		"could not translate host name", "Temporary failure in name resolution",
-		"SSL SYSCALL error", "SSL connection has been closed unexpectedly",
+		"SSL SYSCALL error", "SSL connection has been closed unexpectedly", "unexpected eof",
 	};
+	/* last, the broad ones: any other TLS failure or invalid value is configuration */
+	static const char *const broad[] = { "SSL error", "invalid" };
 
+	for (size_t i = 0; i < sizeof(permanent) / sizeof(permanent[0]); i++)
+		if (strstr(msg, permanent[i]) != NULL)
+			return OBX_ECONFIG;
 	for (size_t i = 0; i < sizeof(transient) / sizeof(transient[0]); i++)
 		if (strstr(msg, transient[i]) != NULL)
 			return OBX_EIO;
-	for (size_t i = 0; i < sizeof(permanent) / sizeof(permanent[0]); i++)
-		if (strstr(msg, permanent[i]) != NULL)
+	for (size_t i = 0; i < sizeof(broad) / sizeof(broad[0]); i++)
+		if (strstr(msg, broad[i]) != NULL)
 			return OBX_ECONFIG;
 	return OBX_EIO;
 }
@@ -552,19 +557,24 @@ read_guard(PGconn *c, const struct obx_config *cfg, const struct sqlnames *nm, c
 	return 0;
 }
 
-/* Adds (or replaces) the guard's record of the slot in the publication comment; only warns on failure. */
-static void
+/*
+ * Adds (or replaces) the guard's record of the slot in the publication
+ * comment.  Returns true when written; on failure only logs, at debug when
+ * quiet (a standby adopting a slot tries every second).
+ */
+static bool
 record_marker(PGconn *c, const struct obx_config *cfg, const struct sqlnames *nm,
-    const char *comment, const char *sysid, const char *lsn)
+    const char *comment, const char *sysid, const char *lsn, bool quiet)
 {
 	char *text = NULL, *lit, *sql = NULL;
 	size_t len = 0;
 	FILE *fp = open_memstream(&text, &len);
 	char err[1024];
 	PGresult *res;
+	bool done = false;
 
 	if (fp == NULL)
-		return;
+		return false;
 	/* keep the other lines (other slots, a human's note), replace ours */
 	for (const char *p = comment; p != NULL && *p != '\0';) {
 		const char *nl = strchr(p, '\n');
@@ -580,16 +590,19 @@ record_marker(PGconn *c, const struct obx_config *cfg, const struct sqlnames *nm
 	fclose(fp);
 	lit = PQescapeLiteral(c, text, strlen(text));
 	if (lit != NULL && asprintf(&sql, "COMMENT ON PUBLICATION %s IS %s", nm->pub_ident, lit) > 0) {
-		if (query(c, sql, &res, NULL, err, sizeof(err)) == 0)
+		if (query(c, sql, &res, NULL, err, sizeof(err)) == 0) {
 			PQclear(res);
-		else
-			obx_log_warn("could not record the creation of slot %s on publication %s: %s; "
-			    "a later loss of the slot will not be detected (make the outboxd role own the publication)",
-			    cfg->slot, cfg->publication, err);
+			done = true;
+		} else {
+			obx_log(quiet ? OBX_LOG_DEBUG : OBX_LOG_WARN, "could not record the creation of slot %s "
+			    "on publication %s: %s; a later loss of the slot will not be detected (make the "
+			    "outboxd role own the publication)", cfg->slot, cfg->publication, err);
+		}
 	}
 	free(sql);
 	PQfreemem(lit);
 	free(text);
+	return done;
 }
 
 /* ---- slot ------------------------------------------------------------- */
@@ -690,50 +703,33 @@ warn_unpublished_rows(PGconn *c, const struct obx_config *cfg, const struct sqln
 }
 
 /*
- * The slot exists: is the publication as old as it?  A publication dropped
- * and created again behind the slot loses the guard's record, and the
- * server decodes the slot's backlog without it (events skipped, or
- * decoding fails).  Without a record, a publication newer than the slot's
- * catalog horizon is refused; an older one means the slot was made outside
- * outboxd, and the record is written now.  Returns 0, OBX_ECONFIG or
- * OBX_EIO.
+ * The slot exists but the publication holds no record of it: a slot made
+ * outside outboxd (or by an earlier version), recorded now so that a later
+ * loss is detected.  A publication dropped and created again behind the
+ * slot also loses the record; the server then cannot decode the slot's
+ * backlog ("publication ... does not exist"), which ends the run with the
+ * recovery steps (relay.c).  Only warns, and only once per process, when
+ * the record cannot be written.
  */
-static int
-check_slot_publication(PGconn *c, const struct obx_config *cfg, const struct sqlnames *nm,
-    const char *sysid, obx_lsn confirmed, char *errbuf, size_t errlen)
+static void
+adopt_slot(PGconn *c, const struct obx_config *cfg, const struct sqlnames *nm, const char *sysid,
+    obx_lsn confirmed)
 {
 	char sql[1024], err[1024], msysid[32], mlsn[32], at[OBX_LSN_STRLEN];
 	PGresult *res;
-	bool newer;
-	int r = 0;
 
-	snprintf(sql, sizeof(sql), "SELECT coalesce(age(p.xmin) < age(s.catalog_xmin), false), "
-	    "coalesce(obj_description(p.oid, 'pg_publication'), '') FROM pg_publication p, "
-	    "pg_replication_slots s WHERE p.pubname = %s AND s.slot_name = %s", nm->pub_lit, nm->slot_lit);
+	snprintf(sql, sizeof(sql), "SELECT coalesce(obj_description(oid, 'pg_publication'), '') "
+	    "FROM pg_publication WHERE pubname = %s", nm->pub_lit);
 	if (query(c, sql, &res, NULL, err, sizeof(err)) != 0)
-		return failf(errbuf, errlen, OBX_EIO, "could not compare publication and slot: %s", err);
-	if (PQntuples(res) != 1 || find_marker(PQgetvalue(res, 0, 1), cfg->slot, msysid, sizeof(msysid),
+		return;
+	if (PQntuples(res) == 1 && !find_marker(PQgetvalue(res, 0, 0), cfg->slot, msysid, sizeof(msysid),
 	    mlsn, sizeof(mlsn))) {
-		PQclear(res);
-		return 0;
-	}
-	obx_lsn_format(confirmed, at, sizeof(at));
-	newer = strcmp(PQgetvalue(res, 0, 0), "t") == 0;
-	if (newer)
-		r = failf(errbuf, errlen, OBX_ECONFIG,
-		    "publication %s is newer than slot %s and holds no record of it: it was dropped and "
-		    "created again behind the slot, so the server decodes the slot's backlog without it "
-		    "(events skipped, or decoding fails). Reconcile the events committed since %s "
-		    "(sql/006_reconciliation.sql), drop the slot (SELECT pg_drop_replication_slot('%s')) "
-		    "and start outboxd again: it creates a new slot", cfg->publication, cfg->slot, at,
-		    cfg->slot);
-	else {
-		obx_log_info("slot %s was created outside outboxd; recording it on publication %s",
-		    cfg->slot, cfg->publication);
-		record_marker(c, cfg, nm, PQgetvalue(res, 0, 1), sysid, at);
+		obx_lsn_format(confirmed, at, sizeof(at));
+		if (record_marker(c, cfg, nm, PQgetvalue(res, 0, 0), sysid, at, true))
+			obx_log_info("slot %s has no record on publication %s (made outside outboxd?): "
+			    "recorded it at %s", cfg->slot, cfg->publication, at);
 	}
 	PQclear(res);
-	return r;
 }
 
 /*
@@ -785,7 +781,7 @@ obx_pgsetup_slot(PGconn *c, const struct obx_config *cfg, const char *sysid, boo
 	for (int attempt = 0; attempt < SETUP_ATTEMPTS; attempt++) {
 		r = read_slot(c, cfg, &nm, confirmed, errbuf, errlen);
 		if (r == 0)
-			r = check_slot_publication(c, cfg, &nm, sysid, *confirmed, errbuf, errlen);
+			adopt_slot(c, cfg, &nm, sysid, *confirmed);
 		if (r != OBX_ENOENT)
 			goto out;
 		free(comment);
@@ -802,7 +798,7 @@ obx_pgsetup_slot(PGconn *c, const struct obx_config *cfg, const char *sysid, boo
 		if (!raced) {
 			*created = true;
 			log_created(cfg, marked, mlsn, point);
-			record_marker(c, cfg, &nm, comment, sysid, point);
+			record_marker(c, cfg, &nm, comment, sysid, point, false);
 			warn_unpublished_rows(c, cfg, &nm);
 			goto out;
 		}

@@ -49,13 +49,15 @@ struct relay {
 	enum obx_core_end end;  /* how the last session ended */
 	char reason[1024];
 	bool streamed;          /* the last session got as far as streaming */
-	bool ever_streamed;     /* some session of this process did */
+	bool slot_seen;         /* some session of this process found or created the slot */
 	bool standby;           /* the slot is in use by another instance */
 	bool end_kafka;         /* the last session ended because of the broker side */
 	bool was_standby;
 	bool first_message;     /* logged once per process */
 	int announced_interval; /* the status interval the last session used */
 	int64_t last_rx_ms;     /* the last message from the server (or the last time we were not reading) */
+	int silence_factor;     /* times wal_sender_timeout that counts as dead (1, 2, 4, 8) */
+	obx_lsn silence_at;     /* the received position when silence last ended a session */
 	enum obx_log_level log_level; /* as running: SIGHUP may change it */
 	int progress_interval_ms;
 
@@ -195,21 +197,30 @@ maybe_status(struct relay *r)
  * A replication connection silent for wal_sender_timeout while we read is
  * dead (a server that hangs, a network path that drops packets without a
  * reset): the kernel would take its keepalive time to say so.  While the
- * stream is paused nothing is judged.
+ * stream is paused nothing is judged.  A server that is merely slow at one
+ * point of the WAL (a long step of decoding without a reply) would be cut
+ * there again and again: each time the silence ends the session at the same
+ * position, the next session allows twice as long (up to 8 times).
  */
 static void
 check_silence(struct relay *r)
 {
-	int64_t now = now_ms();
+	int64_t now = now_ms(), limit = (int64_t)r->st.wal_sender_timeout_ms * r->silence_factor;
 
 	if (!obx_core_can_read(&r->core) || r->st.wal_sender_timeout_ms <= 0) {
 		r->last_rx_ms = now;
 		return;
 	}
-	if (now - r->last_rx_ms > r->st.wal_sender_timeout_ms)
-		obx_core_fail(&r->core, OBX_CORE_END_RETRY, "nothing received from the server for %" PRId64
-		    " ms (wal_sender_timeout is %d ms): treating the replication connection as dead",
-		    now - r->last_rx_ms, r->st.wal_sender_timeout_ms);
+	if (r->core.received > r->silence_at)
+		r->silence_factor = 1; /* moved on since the last silence */
+	if (now - r->last_rx_ms <= limit)
+		return;
+	if (r->core.received == r->silence_at && r->silence_factor < 8)
+		r->silence_factor *= 2;
+	r->silence_at = r->core.received;
+	obx_core_fail(&r->core, OBX_CORE_END_RETRY, "nothing received from the server for %" PRId64
+	    " ms (wal_sender_timeout is %d ms): treating the replication connection as dead",
+	    now - r->last_rx_ms, r->st.wal_sender_timeout_ms);
 }
 
 static void
@@ -232,7 +243,8 @@ read_stream(struct relay *r)
 			obx_core_fail(&r->core, no_pub ? OBX_CORE_END_FATAL : OBX_CORE_END_RETRY,
 			    "replication stream lost: %s%s", err, no_pub ? "; the publication was dropped behind "
 			    "slot: reconcile the events committed since its confirmed position "
-			    "(sql/006_reconciliation.sql), drop the slot and start outboxd again" : "");
+			    "(sql/006_reconciliation.sql), drop the slot and start outboxd once with "
+			    "--recreate-slot" : "");
 			return;
 		}
 		r->last_rx_ms = now_ms();
@@ -371,6 +383,23 @@ update_metrics(struct relay *r)
 	publish(r);
 }
 
+/*
+ * The database conninfo names (or PGDATABASE), for outboxd_info before any
+ * session connected: a standby and an instance that cannot connect say it too.
+ */
+static void
+conninfo_dbname(const char *conninfo, char *out, size_t len)
+{
+	PQconninfoOption *opts = PQconninfoParse(conninfo, NULL);
+	const char *db = getenv("PGDATABASE");
+
+	for (PQconninfoOption *o = opts; o != NULL && o->keyword != NULL; o++)
+		if (strcmp(o->keyword, "dbname") == 0 && o->val != NULL && o->val[0] != '\0')
+			db = o->val;
+	snprintf(out, len, "%s", db != NULL ? db : "");
+	PQconninfoFree(opts);
+}
+
 /* ---- one session ---- */
 
 /* Connects and starts the producer.  Returns true when streaming may begin. */
@@ -383,9 +412,12 @@ session_open(struct relay *r)
 
 	r->m.state = OBX_STATE_CONNECTING;
 	publish(r);
-	/* --recreate-slot is for the slot missing at start-up; one lost later is refused as usual */
-	f = obx_pgstream_open(&r->st, r->cfg, r->opts->recreate_slot && !r->ever_streamed,
+	/* --recreate-slot is for the slot missing at start-up: once a session has found or
+	 * created the slot (also as a standby), one lost later is refused as usual */
+	f = obx_pgstream_open(&r->st, r->cfg, r->opts->recreate_slot && !r->slot_seen,
 	    obx_core_streaming_allowed(&r->core), err, sizeof(err));
+	if (f == OBX_FAIL_NONE || f == OBX_FAIL_SLOT_IN_USE || r->st.slot_created)
+		r->slot_seen = true;
 	if (f != OBX_FAIL_NONE) {
 		obx_pgstream_close(&r->st);
 		r->standby = f == OBX_FAIL_SLOT_IN_USE;
@@ -418,7 +450,7 @@ session_open(struct relay *r)
 		return false;
 	}
 	snprintf(r->m.info_database, sizeof(r->m.info_database), "%s", PQdb(r->st.conn));
-	r->streamed = r->ever_streamed = true;
+	r->streamed = true;
 	r->last_rx_ms = now_ms();
 	if (r->was_standby)
 		obx_log_info("taking over slot %s from the previous instance", r->cfg->slot);
@@ -578,6 +610,7 @@ obx_relay_run(const struct obx_config *cfg, const struct obx_run_opts *opts)
 	r.cfg = cfg;
 	r.opts = opts;
 	r.title_state = OBX_STATE_COUNT;
+	r.silence_factor = 1;
 	r.log_level = cfg->log_level;
 	r.progress_interval_ms = cfg->progress_interval_ms;
 #ifdef OBX_TEST_HOOKS
@@ -586,6 +619,7 @@ obx_relay_run(const struct obx_config *cfg, const struct obx_run_opts *opts)
 #endif
 	snprintf(r.m.info_slot, sizeof(r.m.info_slot), "%s", cfg->slot);
 	snprintf(r.m.info_table, sizeof(r.m.info_table), "%s.%s", cfg->table_schema, cfg->table_name);
+	conninfo_dbname(cfg->conninfo, r.m.info_database, sizeof(r.m.info_database));
 	if (obx_core_init(&r.core, cfg, &relay_ops, &r, &r.m) != 0) {
 		obx_log_error("out of memory");
 		goto out;

@@ -200,40 +200,73 @@ pending_clear(struct obx_core *c)
 
 /* ---- producing, and on_error for what cannot be produced ---- */
 
+/* Shows the longest wait in the metrics (none: no series). */
+static void
+missing_topics_metric(struct obx_core *c)
+{
+	int oldest = -1;
+
+	for (int i = 0; i < OBX_CORE_MISSING_TOPICS; i++)
+		if (c->missing[i].name[0] != '\0' &&
+		    (oldest < 0 || c->missing[i].since_ms < c->missing[oldest].since_ms))
+			oldest = i;
+	if (oldest < 0) {
+		c->m->missing_topic[0] = '\0';
+		c->m->missing_topic_seconds = 0;
+		return;
+	}
+	snprintf(c->m->missing_topic, sizeof(c->m->missing_topic), "%s", c->missing[oldest].name);
+	c->m->missing_topic_seconds = (double)(c->now_ms - c->missing[oldest].since_ms) / 1000.0;
+}
+
+/* Forgets the wait for topic: it exists, or on_error took its event. */
+static void
+topic_wait_over(struct obx_core *c, const char *topic)
+{
+	for (int i = 0; i < OBX_CORE_MISSING_TOPICS; i++)
+		if (strcmp(c->missing[i].name, topic) == 0)
+			c->missing[i].name[0] = '\0';
+	missing_topics_metric(c);
+}
+
 /*
  * A record for a topic the cluster does not have (yet): a topic created by a
  * pipeline after the service began writing, an operator's step not done.
- * For [delivery] missing_topic_timeout the session ends and rewinds to try
- * again (nothing is confirmed past the event); after that on_error decides.
- * Returns true while waiting.
+ * For [delivery] missing_topic_timeout, counted per topic from its first
+ * refusal, the session ends and rewinds to try again (nothing is confirmed
+ * past the event); after that on_error decides.  A dead-letter copy is
+ * never waited for: on_error has decided already.  Returns true while
+ * waiting.
  */
 static bool
-wait_for_topic(struct obx_core *c, const char *topic)
+wait_for_topic(struct obx_core *c, const char *topic, bool dl)
 {
-	if (strcmp(c->missing_topic, topic) != 0) {
-		snprintf(c->missing_topic, sizeof(c->missing_topic), "%s", topic);
-		c->missing_since_ms = c->now_ms;
-	}
-	snprintf(c->m->missing_topic, sizeof(c->m->missing_topic), "%s", topic);
-	c->m->missing_topic_seconds = (double)(c->now_ms - c->missing_since_ms) / 1000.0;
-	if (c->now_ms - c->missing_since_ms >= c->cfg->missing_topic_timeout_ms)
+	int slot = -1, oldest = 0;
+
+	if (dl)
 		return false;
+	for (int i = 0; i < OBX_CORE_MISSING_TOPICS && slot < 0; i++)
+		if (strcmp(c->missing[i].name, topic) == 0)
+			slot = i;
+	if (slot < 0) {
+		for (int i = 0; i < OBX_CORE_MISSING_TOPICS; i++)
+			if (c->missing[i].name[0] == '\0' || c->missing[i].since_ms < c->missing[oldest].since_ms)
+				oldest = c->missing[i].name[0] == '\0' ? (slot = i) : i;
+		if (slot < 0)
+			slot = oldest;
+		snprintf(c->missing[slot].name, sizeof(c->missing[slot].name), "%s", topic);
+		c->missing[slot].since_ms = c->now_ms;
+	}
+	if (c->now_ms - c->missing[slot].since_ms >= c->cfg->missing_topic_timeout_ms) {
+		topic_wait_over(c, topic);
+		return false;
+	}
+	missing_topics_metric(c);
 	c->end_kafka = true;
 	fail(c, OBX_CORE_END_RETRY, "topic %s does not exist (yet): waiting up to %lld s for it "
 	    "([delivery] missing_topic_timeout) before on_error applies, rewinding to the slot", topic,
 	    c->cfg->missing_topic_timeout_ms / 1000);
 	return true;
-}
-
-/* An event for topic was acknowledged: it exists. */
-static void
-topic_exists(struct obx_core *c, const char *topic)
-{
-	if (c->missing_topic[0] == '\0' || strcmp(c->missing_topic, topic) != 0)
-		return;
-	c->missing_topic[0] = '\0';
-	c->m->missing_topic[0] = '\0';
-	c->m->missing_topic_seconds = 0;
 }
 
 static void produce_now(struct obx_core *c, const struct obx_record *rec, uint64_t ticket, bool dl);
@@ -321,7 +354,7 @@ produce_now(struct obx_core *c, const struct obx_record *rec, uint64_t ticket, b
 		pending_push(c, rec, ticket, dl); /* tried again by obx_core_pump(), in order */
 		return;
 	case OBX_PRODUCE_MISSING_TOPIC:
-		if (wait_for_topic(c, rec->topic))
+		if (wait_for_topic(c, rec->topic, dl))
 			return;
 		refused(c, rec, ticket, dl, why);
 		return;
@@ -871,12 +904,12 @@ obx_core_report(struct obx_core *c, const struct obx_report *r)
 			c->m->events_dead_lettered++;
 		else
 			c->published++;
-		topic_exists(c, r->record.topic);
+		topic_wait_over(c, r->record.topic);
 		return;
 	case OBX_REPORT_PURGED:
 		return; /* the session is being torn down */
 	case OBX_REPORT_MISSING_TOPIC:
-		if (wait_for_topic(c, r->record.topic)) {
+		if (wait_for_topic(c, r->record.topic, dl)) {
 			obx_metrics_kafka_error(c->m, r->error_name);
 			return;
 		}
@@ -942,8 +975,7 @@ void
 obx_core_pump(struct obx_core *c, int64_t now_ms)
 {
 	c->now_ms = now_ms;
-	if (c->missing_topic[0] != '\0')
-		c->m->missing_topic_seconds = (double)(now_ms - c->missing_since_ms) / 1000.0;
+	missing_topics_metric(c);
 	if (!c->active || ending(c))
 		return;
 	pending_flush(c);

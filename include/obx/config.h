@@ -131,12 +131,13 @@ int obx_config_set(struct obx_config *cfg, const char *section, const char *key,
     const char *value, const char *origin, bool from_file, char *errbuf, size_t errlen);
 
 /*
- * True when name (without "=value") has a shape the kubelet gives every
- * pod for the Services of its namespace (<SVC>_SERVICE_HOST,
- * <SVC>_SERVICE_PORT[_<name>], <SVC>_PORT, <SVC>_PORT_<n>_<TCP|UDP|SCTP>
- * [_PROTO|_PORT|_ADDR]): such variables are never configuration.
+ * True when name (without "=value") and value have the shapes the kubelet
+ * gives every pod for the Services of its namespace (<SVC>_SERVICE_HOST=addr,
+ * <SVC>_SERVICE_PORT[_<name>]=port, <SVC>_PORT=tcp://addr:port,
+ * <SVC>_PORT_<n>_<TCP|UDP|SCTP>[_PROTO|_PORT|_ADDR]): such variables are
+ * never configuration.  OUTBOXD_METRICS_PORT=9 is not one (and stays an error).
  */
-bool obx_config_is_service_link(const char *name);
+bool obx_config_is_service_link(const char *name, const char *value);
 
 /*
  * Applies OUTBOXD_<SECTION>_<KEY>=value entries of envp (a NULL-terminated

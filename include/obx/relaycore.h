@@ -46,6 +46,8 @@
 #define OBX_CORE_STATUS_MIN_GAP_MS 100
 /* SIGTERM: how long to wait for outstanding acknowledgements. */
 #define OBX_CORE_DRAIN_TIMEOUT_MS 30000
+/* Topics waited for at once (the cluster does not have them yet). */
+#define OBX_CORE_MISSING_TOPICS 8
 /* The most keys a logical decoding message's JSON object may have. */
 #define OBX_CORE_MESSAGE_KEYS 64
 
@@ -185,9 +187,11 @@ struct obx_core {
 	bool draining;
 	int64_t drain_deadline_ms;
 
-	/* a topic the cluster does not have: waited for up to [delivery] missing_topic_timeout */
-	char missing_topic[250];
-	int64_t missing_since_ms;
+	/* topics the cluster does not have, each waited for up to [delivery] missing_topic_timeout */
+	struct {
+		char name[250];
+		int64_t since_ms;
+	} missing[OBX_CORE_MISSING_TOPICS];
 	int64_t now_ms;               /* the caller's clock at the last pump or session start */
 
 	enum obx_core_end end;

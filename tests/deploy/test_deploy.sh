@@ -48,8 +48,8 @@ assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
 assert pod["securityContext"]["runAsNonRoot"] is True
 assert docs["PodDisruptionBudget"]["spec"]["minAvailable"] == 1
 PY
-run "deployment: no service links; every file the ConfigMap and env name is mounted from a Secret" \
-	python3 - "$src/deploy/kubernetes/base/deployment.yaml" "$src/deploy/kubernetes/base/configmap.yaml" \
+run "deployment: no service links; the config file is where args say; every file the INI and env name is mounted from a Secret" \
+	python3 - "$src/deploy/kubernetes/base/deployment.yaml" "$src/deploy/kubernetes/base/outboxd.ini" \
 	"$src/deploy/kubernetes/base/secret.yaml" <<'PY'
 import re, sys, yaml
 docs = {d["kind"]: d for d in yaml.safe_load_all(open(sys.argv[1]))}
@@ -58,7 +58,9 @@ assert pod["enableServiceLinks"] is False
 c = pod["containers"][0]
 vols = {v["name"]: v for v in pod["volumes"]}
 mounts = {m["mountPath"]: vols[m["name"]] for m in c["volumeMounts"]}
-ini = yaml.safe_load(open(sys.argv[2]))["data"]["outboxd.ini"]
+ini = open(sys.argv[2]).read()
+conf = c["args"][c["args"].index("-c") + 1]
+assert conf.rsplit("/", 1)[0] in mounts and "configMap" in mounts[conf.rsplit("/", 1)[0]], conf
 paths = re.findall(r"(?:sslrootcert|sslcert|sslkey)=(\S+)", ini)
 paths += [e["value"] for e in c.get("env", []) if e["name"].endswith("_FILE")]
 assert paths, "expected file paths to check"
@@ -74,17 +76,16 @@ for e in c.get("env", []):
     if ref is not None and ref["name"] == "outboxd":
         assert ref["key"] in secret_keys, ref["key"] + ": no such key in secret.yaml"
 PY
-run "no secret in the ConfigMap" python3 - "$src/deploy/kubernetes/base/configmap.yaml" <<'PY'
-import sys, yaml
-ini = yaml.safe_load(open(sys.argv[1]))["data"]["outboxd.ini"]
+run "no secret in the ConfigMap's INI" python3 - $(find "$src/deploy/kubernetes" -name outboxd.ini) <<'PY'
+import sys
+ini = "".join(open(f).read() for f in sys.argv[1:])
 for word in ("password", "sasl.username"):
     for line in ini.splitlines():
         if not line.lstrip().startswith(";") and word in line.split("=")[0]:
             raise SystemExit("secret key in ConfigMap: " + line)
 PY
-run "the ConfigMap's INI is a valid outboxd configuration" bash -c \
-	"python3 -c 'import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))[\"data\"][\"outboxd.ini\"])' \
-	'$src/deploy/kubernetes/base/configmap.yaml' > '$tmp/outboxd.ini' && '${OBX_OUTBOXD:?}' check -c '$tmp/outboxd.ini' --set source.conninfo=host=127.0.0.1\\ port=1 2>&1 | grep -q 'FAIL server: could not connect'"
+run "the base's INI is a valid outboxd configuration" bash -c \
+	"'${OBX_OUTBOXD:?}' check -c '$src/deploy/kubernetes/base/outboxd.ini' --set source.conninfo=host=127.0.0.1\\ port=1 2>&1 | grep -q 'FAIL server: could not connect'"
 run "container: multi-stage, Debian 12 slim runtime, non-root" bash -c \
 	"grep -q '^FROM debian:12 AS build' '$src/deploy/Containerfile' && grep -q '^FROM debian:12-slim' '$src/deploy/Containerfile' && grep -q '^USER 10001' '$src/deploy/Containerfile'"
 

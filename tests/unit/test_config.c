@@ -418,9 +418,19 @@ test_kubernetes_service_links_ignored(void **state)
 		assert_int_equal(load(&cfg, KAFKA, bad2, NULL, 0), OBX_ECONFIG);
 		obx_config_reset(&cfg);
 	}
-	assert_false(obx_config_is_service_link("OUTBOXD_SOURCE_CONNINFO"));
-	assert_false(obx_config_is_service_link("OUTBOXD_SOURCE_CONNINFO_FILE"));
-	assert_false(obx_config_is_service_link("OUTBOXD_METRICS_PORT_X_TCP"));
+	assert_false(obx_config_is_service_link("OUTBOXD_SOURCE_CONNINFO", "host=x"));
+	assert_false(obx_config_is_service_link("OUTBOXD_SOURCE_CONNINFO_FILE", "/x"));
+	assert_false(obx_config_is_service_link("OUTBOXD_METRICS_PORT_X_TCP", "tcp://1.2.3.4:5"));
+	/* a name of that shape whose value is no service link is a mistake, said as one */
+	assert_false(obx_config_is_service_link("OUTBOXD_METRICS_PORT", "9"));
+	assert_false(obx_config_is_service_link("OUTBOXD_METRICS_SERVICE_HOST", "db.example.com"));
+	{
+		char *bad3[] = { "OUTBOXD_METRICS_PORT=9", NULL };
+
+		assert_int_equal(load(&cfg, KAFKA, bad3, NULL, 0), OBX_ECONFIG);
+		obx_config_reset(&cfg);
+		assert_non_null(strstr(errbuf, "key 'port': unknown key in [metrics]"));
+	}
 }
 
 /* OUTBOXD_<SECTION>_<KEY>_FILE: a mounted secret, one trailing newline removed, never printed. */

@@ -708,6 +708,25 @@ test_missing_topic(void **state)
 	insert("e2", "k");
 	assert_int_equal(ended(), OBX_CORE_END_FATAL);
 	assert_non_null(strstr(reason(), "event id=e2"));
+	assert_string_equal(met.missing_topic, ""); /* on_error took it: no wait to show */
+	obx_core_reset(&core);
+
+	/* a missing dead-letter topic is never waited for: on_error decided already */
+	memset(&fk, 0, sizeof(fk));
+	set("delivery", "on_error", "dead_letter");
+	start(0x100);
+	obx_core_pump(&core, 1000);
+	relation();
+	begin(0x200, 7);
+	insert("e1", "k");
+	commit(0x200, 0x210);
+	report(0, OBX_REPORT_PERMANENT);
+	assert_int_equal(fk.n, 2);
+	report(1, OBX_REPORT_MISSING_TOPIC);  /* the copy: headers alone */
+	assert_int_equal(ended(), OBX_CORE_RUNNING);
+	report(2, OBX_REPORT_MISSING_TOPIC);
+	assert_int_equal(ended(), OBX_CORE_END_FATAL);
+	assert_non_null(strstr(reason(), "could not dead-letter event id=e1"));
 }
 
 /* Reports served while a Stream Commit waits on the caps: the loop must not sleep. */
