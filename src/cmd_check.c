@@ -136,10 +136,20 @@ check_publication(struct check_ctx *cx, PGconn *conn, const struct obx_config *c
 		    cfg->publication);
 		return;
 	}
-	r = PQexecParams(conn, "SELECT rowfilter IS NOT NULL "
-	    "FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3",
+	/* row filters (pg_publication_tables.rowfilter) arrive in PostgreSQL 15 */
+	r = PQexecParams(conn, PQserverVersion(conn) >= 150000 ? "SELECT rowfilter IS NOT NULL "
+	    "FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3" :
+	    "SELECT false FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3",
 	    3, NULL, p, NULL, NULL, 0);
-	if (PQresultStatus(r) != PGRES_TUPLES_OK || PQntuples(r) == 0) {
+	if (PQresultStatus(r) != PGRES_TUPLES_OK) {
+		char why[512];
+
+		report(cx, "FAIL", "publication: could not read %s: %s", cfg->publication,
+		    obx_pg_result_error_line(r, why, sizeof(why)));
+		PQclear(r);
+		return;
+	}
+	if (PQntuples(r) == 0) {
 		report(cx, "FAIL", "publication: %s does not publish %s.%s (or publishes its partitions "
 		    "without publish_via_partition_root)", cfg->publication, cfg->table_schema, cfg->table_name);
 		PQclear(r);
@@ -149,7 +159,8 @@ check_publication(struct check_ctx *cx, PGconn *conn, const struct obx_config *c
 		report(cx, "FAIL", "publication: %s has a row filter: filtered events would never be published",
 		    cfg->publication);
 	PQclear(r);
-	check_column_list(cx, conn, cfg, p);
+	if (PQserverVersion(conn) >= 150000) /* column lists arrive in 15 */
+		check_column_list(cx, conn, cfg, p);
 	report(cx, "ok", "publication: %s publishes inserts of %s.%s", cfg->publication,
 	    cfg->table_schema, cfg->table_name);
 }

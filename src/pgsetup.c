@@ -428,30 +428,34 @@ static int
 check_publication_columns(PGconn *c, const struct obx_config *cfg, const struct sqlnames *nm,
     char *errbuf, size_t errlen)
 {
-	char err[1024];
+	char err[1024], state[6];
 	char *cols = NULL, *sql = NULL;
 	PGresult *res;
+	/* row filters and column lists (pg_publication_tables.rowfilter, attnames) arrive in 15 */
+	bool filters = PQserverVersion(c) >= 150000;
 	int r;
 
 	if (mapped_columns_sql(c, cfg, &cols) != 0 ||
 	    asprintf(&sql,
 	    "WITH t AS (SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(quote_ident(%s) || '.' || quote_ident(%s)) "
 	    "AND attnum > 0 AND NOT attisdropped) "
-	    "SELECT rowfilter IS NOT NULL, (SELECT string_agg(m, ', ') FROM unnest(ARRAY[%s]::name[]) m "
-	    "WHERE attnames IS NOT NULL AND NOT m = ANY(attnames) AND m IN (SELECT attname FROM t)), "
+	    "SELECT %s, (SELECT string_agg(m, ', ') FROM unnest(ARRAY[%s]::name[]) m "
+	    "WHERE %s AND m IN (SELECT attname FROM t)), "
 	    "(SELECT string_agg(m, ', ') FROM unnest(ARRAY[%s]::name[]) m WHERE m NOT IN (SELECT attname FROM t)) "
 	    "FROM pg_publication_tables WHERE pubname = %s AND schemaname = %s AND tablename = %s",
-	    nm->schema_lit, nm->table_lit, cols, cols, nm->pub_lit, nm->schema_lit,
-	    nm->table_lit) < 0) {
+	    nm->schema_lit, nm->table_lit, filters ? "rowfilter IS NOT NULL" : "false", cols,
+	    filters ? "attnames IS NOT NULL AND NOT m = ANY(attnames)" : "false", cols, nm->pub_lit,
+	    nm->schema_lit, nm->table_lit) < 0) {
 		free(cols);
 		return failf(errbuf, errlen, OBX_ENOMEM, "out of memory");
 	}
 	free(cols);
-	r = query(c, sql, &res, NULL, err, sizeof(err));
+	r = query(c, sql, &res, state, err, sizeof(err));
 	free(sql);
 	if (r != 0)
-		return failf(errbuf, errlen, OBX_EIO, "could not read publication %s: %s",
-		    cfg->publication, err);
+		/* a catalog this server lacks (SQLSTATE class 42) heals with no retry */
+		return failf(errbuf, errlen, strncmp(state, "42", 2) == 0 ? OBX_ECONFIG : OBX_EIO,
+		    "could not read publication %s: %s", cfg->publication, err);
 	if (PQntuples(res) == 0)
 		r = failf(errbuf, errlen, OBX_ECONFIG,
 		    "publication %s does not publish table %s.%s (ALTER PUBLICATION %s ADD TABLE ...)",
