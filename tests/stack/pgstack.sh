@@ -132,11 +132,24 @@ OBX_PGSERVERBIN=$pgbin
 OBX_PGMAJOR=$major
 OBX_PGSOCKDIR=$root
 ENV
-	if ! "${as_pg[@]}" "$pgbin/pg_ctl" -D "$root/data" -l "$root/server.log" -w -t 60 start >/dev/null; then
-		cat "$root/server.log" >&2 || true
+	local try
+	for try in 1 2 3 4 5; do
+		if "${as_pg[@]}" "$pgbin/pg_ctl" -D "$root/data" -l "$root/server.log" -w -t 60 start >/dev/null 2>"$root/pg_ctl.err"; then
+			break
+		fi
+		# another run's server took the port between free_port and the bind
+		# (test runs in parallel on one machine): take another port
+		if [ "$try" -lt 5 ] && grep -q 'could not create any TCP/IP sockets' "$root/server.log"; then
+			port=$(free_port)
+			sed -i "s/^port = .*/port = $port/" "$root/data/postgresql.conf"
+			sed -i "s/^OBX_PGPORT=.*/OBX_PGPORT=$port/" "$state/env"
+			rm -f "$root/server.log"
+			continue
+		fi
+		cat "$root/pg_ctl.err" "$root/server.log" >&2 || true
 		stop
 		exit 1
-	fi
+	done
 	echo "pgstack: PostgreSQL $("$pgbin/postgres" --version | awk '{print $3}') on 127.0.0.1:$port, data $root/data"
 }
 
