@@ -94,7 +94,7 @@ errors_of() {
 }
 
 run_variant() {
-	local m=$1 v=$2 dir=$out/$1/$2 conf slot=s_$2 agg=order_$2 want=1 rc n pid i active=f
+	local m=$1 v=$2 dir=$out/$1/$2 conf slot=s_$2 agg=order_$2 want=1 rc n pid i active=f slotm=-
 	mkdir -p "$dir"
 	conf=$dir/outboxd.conf
 	cat >"$conf" <<CONF
@@ -154,7 +154,15 @@ SQL
 		n=$(consume "outbox.event.$agg" "$want")
 		"$outboxd" status -c "$conf" >"$dir/status-running.txt" 2>&1
 		local status1_rc=$?
-		if [ "$v" = streaming ]; then
+		# the metrics poller reads the slot with a query of its own (src/http.c)
+		local mport
+		mport=$(sed -n 's/.*metrics and health on 127\.0\.0\.1:\([0-9]*\).*/\1/p' "$dir/run.log" | head -1)
+		if [ -n "$mport" ]; then
+			sleep 2
+			curl -s --max-time 5 "http://127.0.0.1:$mport/metrics" >"$dir/metrics.txt" 2>&1
+			slotm=$(grep -E '^outboxd_slot_(wal_status|safe_wal_size_bytes|retained_wal_bytes) ' "$dir/metrics.txt" | tr '\n' ' ')
+		fi
+		if [ "$v" = streaming ] && [ "$m" -ge 14 ]; then
 			psql_ -tAc "SELECT 'stream_txns=' || stream_txns || ' spill_txns=' || spill_txns FROM pg_stat_replication_slots WHERE slot_name = '$slot'" >"$dir/stream-stats.txt" 2>&1
 		fi
 	else
@@ -171,8 +179,8 @@ SQL
 		for q in "${pids[@]}"; do [ "$q" = "$pid" ] || keep+=("$q"); done
 		pids=("${keep[@]}")
 	fi
-	printf '%s\t%s\tcheck=%s\tstatus(no slot)=%s\tstatus(running)=%s\trun=%s\tslot_active=%s\tpublished=%s/%s\t%s\t%s\n' \
-		"$m" "$v" "$check_rc" "$status0_rc" "$status1_rc" "$rc" "${active:-f}" "$n" "$want" \
+	printf '%s\t%s\tcheck=%s\tstatus(no slot)=%s\tstatus(running)=%s\trun=%s\tslot_active=%s\tpublished=%s/%s\tmetrics=%s\t%s\t%s\n' \
+		"$m" "$v" "$check_rc" "$status0_rc" "$status1_rc" "$rc" "${active:-f}" "$n" "$want" "${slotm:--}" \
 		"$(grep -E '^(FAIL|WARN)' "$dir/check.txt" | head -3 | tr '\n' '|' | sed 's/|$//')" \
 		"$(errors_of "$dir/run.log")" | tee -a "$summary"
 }
