@@ -14,6 +14,7 @@
 #              than logical_decoding_work_mem (64kB here), so 14+ stream it
 #   messages   [source] messages = on, a row and a transactional
 #              pg_logical_emit_message in one transaction
+# OBX_SMOKE_VARIANTS picks some of them (default: "base streaming messages").
 #
 # Needs outboxd and obx-testbroker built in OBX_BUILD_DIR (default build/):
 #   cmake -S . -B build -DOBX_SANITIZE=OFF && cmake --build build --target outboxd obx-testbroker
@@ -38,7 +39,7 @@ command -v kcat >/dev/null || { echo "pg-majors-smoke: kcat is missing" >&2; exi
 
 majors=("$@")
 [ "${#majors[@]}" -gt 0 ] || majors=(13 14 15 16 17 18)
-variants=(${OBX_SMOKE_VARIANTS:-base streaming messages})
+read -r -a variants <<<"${OBX_SMOKE_VARIANTS:-base streaming messages}"
 out=${OBX_SMOKE_OUT:-$(mktemp -d /tmp/obx-smoke.XXXXXX)}
 mkdir -p "$out"
 summary=$out/summary.tsv
