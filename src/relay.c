@@ -301,9 +301,9 @@ reload(struct relay *r)
 	obx_config_reset(&fresh);
 }
 
-/* Serves the signal pipe: stop signals go to the core, SIGHUP re-reads the configuration. */
+/* Serves the signal pipe: stop signals go to the core (it counts them), SIGHUP re-reads the configuration. */
 static void
-read_signals(struct relay *r, int *count)
+read_signals(struct relay *r)
 {
 	char buf[16];
 	ssize_t n;
@@ -314,7 +314,6 @@ read_signals(struct relay *r, int *count)
 				reload(r);
 				continue;
 			}
-			(*count)++;
 			obx_core_signal(&r->core, now_ms());
 		}
 }
@@ -517,15 +516,13 @@ session_close(struct relay *r)
 static void
 session(struct relay *r)
 {
-	int signals = 0;
-
 	r->standby = r->end_kafka = false;
 	if (!session_open(r))
 		return;
 	for (;;) {
 		int flushing;
 
-		read_signals(r, &signals);
+		read_signals(r);
 		serve_reports(r);
 		obx_core_pump(&r->core, now_ms());
 		update_metrics(r);
@@ -555,7 +552,6 @@ backoff(struct relay *r, int attempt)
 	int64_t cap = r->standby ? 1000 : BACKOFF_MIN_MS << (attempt < 8 ? attempt : 8);
 	int64_t delay = cap > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : cap;
 	int64_t until;
-	int signals = 0;
 
 	delay = delay / 2 + arc4random_uniform((uint32_t)(delay / 2 + 1));
 	until = now_ms() + delay;
@@ -567,8 +563,8 @@ backoff(struct relay *r, int attempt)
 			break;
 		publish(r); /* the loop is turning: /healthz stays green */
 	}
-	read_signals(r, &signals);
-	return signals > 0 || r->core.signals > 0;
+	read_signals(r);
+	return r->core.signals > 0;
 }
 
 /* Says why the session ended and sets the state for /readyz; logs once per distinct failure. */

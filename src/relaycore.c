@@ -131,7 +131,6 @@ static int
 pending_copy(struct obx_core_pending *p, const struct obx_record *rec, uint64_t ticket, bool dl)
 {
 	memset(p, 0, sizeof(*p));
-	p->set = true;
 	p->dead_letter = dl;
 	p->ticket = ticket;
 	p->topic = strdup(rec->topic);
@@ -642,21 +641,33 @@ replay(struct obx_core *c)
 		c->received = c->replay_end_lsn;
 }
 
+/*
+ * A transaction's events begin (Begin, or a Stream Commit about to publish
+ * its rows).  Returns false, with the session ended, when one is open already.
+ */
+static bool
+open_txn(struct obx_core *c, const char *what, obx_lsn commit_lsn, uint32_t xid, int64_t commit_time)
+{
+	char a[OBX_LSN_STRLEN];
+
+	if (c->in_txn || obx_ack_begin_at(&c->ack, commit_time) != 0) {
+		fail(c, OBX_CORE_END_FATAL, "%s inside an open transaction at lsn %s", what,
+		    obx_lsn_format(commit_lsn, a, sizeof(a)));
+		return false;
+	}
+	c->in_txn = true;
+	c->txn = (struct obx_txninfo){ commit_lsn, xid, commit_time };
+	c->txn_events = 0;
+	return true;
+}
+
 /* Stream Commit: the buffered rows become events of one transaction, in insertion order. */
 static void
 stream_commit(struct obx_core *c, const struct obx_pgmsg *m)
 {
-	char a[OBX_LSN_STRLEN];
-
-	if (c->in_txn || obx_ack_begin_at(&c->ack, m->u.stream_commit.commit_time) != 0) {
-		fail(c, OBX_CORE_END_FATAL, "Stream Commit inside an open transaction at lsn %s",
-		    obx_lsn_format(m->u.stream_commit.commit_lsn, a, sizeof(a)));
+	if (!open_txn(c, "Stream Commit", m->u.stream_commit.commit_lsn, m->u.stream_commit.xid,
+	    m->u.stream_commit.commit_time))
 		return;
-	}
-	c->in_txn = true;
-	c->txn = (struct obx_txninfo){ m->u.stream_commit.commit_lsn, m->u.stream_commit.xid,
-		m->u.stream_commit.commit_time };
-	c->txn_events = 0;
 	c->replaying = true;
 	c->replay_xid = m->u.stream_commit.xid;
 	c->replay_next = 0;
@@ -754,16 +765,7 @@ handle_message(struct obx_core *c, const struct obx_pgmsg *m)
 static void
 handle_begin(struct obx_core *c, const struct obx_pgmsg *m)
 {
-	char a[OBX_LSN_STRLEN];
-
-	if (c->in_txn || obx_ack_begin_at(&c->ack, m->u.begin.commit_time) != 0) {
-		fail(c, OBX_CORE_END_FATAL, "Begin inside an open transaction at lsn %s",
-		    obx_lsn_format(m->u.begin.final_lsn, a, sizeof(a)));
-		return;
-	}
-	c->in_txn = true;
-	c->txn = (struct obx_txninfo){ m->u.begin.final_lsn, m->u.begin.xid, m->u.begin.commit_time };
-	c->txn_events = 0;
+	(void)open_txn(c, "Begin", m->u.begin.final_lsn, m->u.begin.xid, m->u.begin.commit_time);
 }
 
 static void

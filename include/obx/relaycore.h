@@ -111,7 +111,6 @@ enum obx_core_end {
 
 /* A record the producer's queue refused, copied until it is accepted. */
 struct obx_core_pending {
-	bool set;
 	bool dead_letter;     /* the copy is already the dead-letter record */
 	uint64_t ticket;
 	char *topic;
