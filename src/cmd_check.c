@@ -137,7 +137,7 @@ check_publication(struct check_ctx *cx, PGconn *conn, const struct obx_config *c
 		return;
 	}
 	/* row filters (pg_publication_tables.rowfilter) arrive in PostgreSQL 15 */
-	r = PQexecParams(conn, PQserverVersion(conn) >= 150000 ? "SELECT rowfilter IS NOT NULL "
+	r = PQexecParams(conn, obx_pg_facts(conn).publication_filters ? "SELECT rowfilter IS NOT NULL "
 	    "FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3" :
 	    "SELECT false FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3",
 	    3, NULL, p, NULL, NULL, 0);
@@ -159,7 +159,7 @@ check_publication(struct check_ctx *cx, PGconn *conn, const struct obx_config *c
 		report(cx, "FAIL", "publication: %s has a row filter: filtered events would never be published",
 		    cfg->publication);
 	PQclear(r);
-	if (PQserverVersion(conn) >= 150000) /* column lists arrive in 15 */
+	if (obx_pg_facts(conn).publication_filters)
 		check_column_list(cx, conn, cfg, p);
 	report(cx, "ok", "publication: %s publishes inserts of %s.%s", cfg->publication,
 	    cfg->table_schema, cfg->table_name);
@@ -330,6 +330,7 @@ obx_cmd_check(const struct obx_config *cfg)
 	const char *cols[] = { cfg->col_id, cfg->col_key, cfg->col_aggregate_type,
 		cfg->col_type, cfg->col_payload, cfg->col_headers, cfg->col_timestamp };
 	char err[1024], ver[32];
+	struct obx_pgfacts facts;
 	PGconn *conn;
 	char *v;
 	bool has_table;
@@ -339,10 +340,19 @@ obx_cmd_check(const struct obx_config *cfg)
 		report(&cx, "FAIL", "server: could not connect: %s", err);
 		return OBX_EXIT_FAILURE;
 	}
-	snprintf(ver, sizeof(ver), "%d", PQserverVersion(conn));
-	report(&cx, PQserverVersion(conn) >= 100000 ? "ok" : "FAIL",
-	    "server: reachable, version %s%s", ver,
-	    PQserverVersion(conn) >= 100000 ? "" : " (pgoutput needs 10 or later)");
+	if (obx_pgfacts_for(PQserverVersion(conn), &facts, err, sizeof(err)) != 0)
+		report(&cx, "FAIL", "server: %s", err);
+	else
+		report(&cx, "ok", "server: reachable, PostgreSQL %s (pgoutput protocol %d%s%s%s)",
+		    obx_pgversion_format(facts.version, ver, sizeof(ver)), facts.proto,
+		    facts.streaming ? ", streaming" : "", facts.publication_filters ?
+		    ", row filters" : "", facts.failover_slots ? ", failover slots" : "");
+	if (cfg->messages && !facts.messages)
+		report(&cx, "FAIL", "messages: [source] messages = on needs PostgreSQL 14 or later "
+		    "(server is %s)", ver);
+	if (cfg->streaming && !facts.streaming)
+		report(&cx, "WARN", "streaming: [source] streaming = on needs PostgreSQL 14 or later "
+		    "(server is %s): large transactions are decoded whole", ver);
 
 	query_value(conn, "SELECT current_setting('wal_level')", 0, NULL, &v, err, sizeof(err));
 	if (v != NULL && strcmp(v, "logical") == 0)
@@ -425,8 +435,10 @@ obx_cmd_status(const struct obx_config *cfg, bool json)
 	}
 	res = PQexecParams(conn,
 	    "SELECT slot_name, active, active_pid, restart_lsn, confirmed_flush_lsn, wal_status, safe_wal_size, "
-	    "pg_current_wal_lsn(), pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint "
-	    "FROM pg_replication_slots WHERE slot_name = $1", 1, NULL, p, NULL, NULL, 0);
+	    "w.lsn, pg_wal_lsn_diff(w.lsn, confirmed_flush_lsn)::bigint "
+	    "FROM pg_replication_slots, (SELECT CASE WHEN pg_is_in_recovery() "
+	    "THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END AS lsn) w "
+	    "WHERE slot_name = $1", 1, NULL, p, NULL, NULL, 0);
 	if (PQresultStatus(res) != PGRES_TUPLES_OK) {
 		fprintf(stderr, "outboxd: could not read slot %s: %s\n", cfg->slot,
 		    obx_pg_result_error_line(res, err, sizeof(err)));

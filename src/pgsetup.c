@@ -15,6 +15,7 @@
 #include "obx/log.h"
 #include "obx/pgoutput.h"
 #include "obx/pgsetup.h"
+#include "obx/pgversion.h"
 #include "obx/pgutil.h"
 
 #define MARKER "outboxd-slot"
@@ -172,17 +173,21 @@ int
 obx_pgsetup_protocol(int server_version, const struct obx_config *cfg, bool want_streaming,
     int *proto_version, bool *streaming, char *errbuf, size_t errlen)
 {
-	if (server_version < 100000)
+	struct obx_pgfacts f;
+	char ver[32];
+	int r;
+
+	if ((r = obx_pgfacts_for(server_version, &f, errbuf, errlen)) != 0)
+		return r;
+	obx_pgversion_format(server_version, ver, sizeof(ver));
+	*proto_version = f.proto;
+	if (cfg->messages && !f.messages)
 		return failf(errbuf, errlen, OBX_ECONFIG,
-		    "PostgreSQL %d is too old: pgoutput needs 10 or later", server_version);
-	*proto_version = obx_pgoutput_proto_for_server(server_version);
-	if (cfg->messages && *proto_version < 2)
-		return failf(errbuf, errlen, OBX_ECONFIG,
-		    "[source] messages = on needs PostgreSQL 14 or later (server is %d)", server_version);
-	*streaming = want_streaming && *proto_version >= 2;
+		    "[source] messages = on needs PostgreSQL 14 or later (server is %s)", ver);
+	*streaming = want_streaming && f.streaming;
 	if (want_streaming && !*streaming)
-		obx_log_warn("[source] streaming = on needs PostgreSQL 14 or later (server is %d): "
-		    "not streaming", server_version);
+		obx_log_warn("[source] streaming = on needs PostgreSQL 14 or later (server is %s): "
+		    "not streaming", ver);
 	return 0;
 }
 
@@ -432,7 +437,7 @@ check_publication_columns(PGconn *c, const struct obx_config *cfg, const struct 
 	char *cols = NULL, *sql = NULL;
 	PGresult *res;
 	/* row filters and column lists (pg_publication_tables.rowfilter, attnames) arrive in 15 */
-	bool filters = PQserverVersion(c) >= 150000;
+	bool filters = obx_pg_facts(c).publication_filters;
 	int r;
 
 	if (mapped_columns_sql(c, cfg, &cols) != 0 ||
@@ -614,7 +619,8 @@ record_marker(PGconn *c, const struct obx_config *cfg, const struct sqlnames *nm
 /*
  * Reads the slot.  Returns 0 with *confirmed set when it exists and can be
  * used, OBX_ENOENT when there is none, else OBX_EIO, OBX_EBUSY (being
- * created), OBX_ECONFIG (not pgoutput, invalidated) or OBX_EPROTO.
+ * created), OBX_ECONFIG (not pgoutput, of another database, invalidated) or
+ * OBX_EPROTO.
  */
 static int
 read_slot(PGconn *c, const struct obx_config *cfg, const struct sqlnames *nm, obx_lsn *confirmed,
@@ -625,7 +631,8 @@ read_slot(PGconn *c, const struct obx_config *cfg, const struct sqlnames *nm, ob
 	int r = 0;
 
 	snprintf(sql, sizeof(sql),
-	    "SELECT confirmed_flush_lsn, plugin, slot_type, database, coalesce(wal_status, '') "
+	    "SELECT confirmed_flush_lsn, plugin, slot_type, database, coalesce(wal_status, ''), "
+	    "database = current_database(), current_database() "
 	    "FROM pg_replication_slots WHERE slot_name = %s", nm->slot_lit);
 	if (query(c, sql, &res, NULL, err, sizeof(err)) != 0)
 		return failf(errbuf, errlen, OBX_EIO, "could not read slot %s: %s", cfg->slot, err);
@@ -636,6 +643,11 @@ read_slot(PGconn *c, const struct obx_config *cfg, const struct sqlnames *nm, ob
 		r = failf(errbuf, errlen, OBX_ECONFIG,
 		    "slot %s exists but is not a logical pgoutput slot (plugin %s)", cfg->slot,
 		    PQgetvalue(res, 0, 1));
+	else if (strcmp(PQgetvalue(res, 0, 5), "t") != 0)
+		r = failf(errbuf, errlen, OBX_ECONFIG,
+		    "slot %s belongs to database %s, not %s: a logical slot decodes only its own "
+		    "database; name another [source] slot or connect to %s", cfg->slot,
+		    PQgetvalue(res, 0, 3), PQgetvalue(res, 0, 6), PQgetvalue(res, 0, 3));
 	else if (strcmp(PQgetvalue(res, 0, 4), "lost") == 0)
 		r = failf(errbuf, errlen, OBX_ECONFIG,
 		    "slot %s is invalidated (wal_status = lost): the server removed WAL it still needed, "
@@ -667,7 +679,7 @@ create_slot(PGconn *c, const struct obx_config *cfg, const struct sqlnames *nm, 
 	int r = 0;
 
 	*raced = false;
-	if (PQserverVersion(c) >= 150000)
+	if (obx_pg_facts(c).slot_options)
 		snprintf(sql, sizeof(sql), "CREATE_REPLICATION_SLOT %s LOGICAL pgoutput (SNAPSHOT 'nothing')",
 		    nm->slot_ident);
 	else

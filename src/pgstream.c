@@ -87,7 +87,9 @@ start_replication(struct obx_pgstream *s, const struct obx_config *cfg, char *er
 		code = PQresultErrorField(res, PG_DIAG_SQLSTATE); /* owned by res */
 		if (code != NULL && strcmp(code, "55006") == 0)
 			r = OBX_EBUSY;
-		else if (code != NULL && strncmp(code, "42", 2) == 0)
+		else if (code != NULL && (strncmp(code, "42", 2) == 0 || strcmp(code, "55000") == 0))
+			/* undefined objects; a slot of another database, invalidated, or
+			 * wal_level below logical: none heals by retrying */
 			r = OBX_ECONFIG;
 		else
 			r = OBX_EIO;

@@ -88,6 +88,16 @@ obx_pg_error_line(PGconn *conn, char *buf, size_t len)
 	return one_line(PQerrorMessage(conn), buf, len);
 }
 
+struct obx_pgfacts
+obx_pg_facts(PGconn *c)
+{
+	struct obx_pgfacts f;
+	char err[128];
+
+	(void)obx_pgfacts_for(PQserverVersion(c), &f, err, sizeof(err));
+	return f;
+}
+
 char *
 obx_pg_result_error_line(const PGresult *res, char *buf, size_t len)
 {

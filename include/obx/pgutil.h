@@ -10,6 +10,8 @@
 
 #include <libpq-fe.h>
 
+#include "obx/pgversion.h"
+
 #include "obx/template.h"
 
 /*
@@ -34,6 +36,12 @@ char *obx_pg_error_line(PGconn *conn, char *buf, size_t len);
 
 /* Same, for a result's error message. */
 char *obx_pg_result_error_line(const PGresult *res, char *buf, size_t len);
+
+/*
+ * What the server on c offers (obx_pgfacts_for on PQserverVersion); also
+ * for a server older than supported, which callers refuse first.
+ */
+struct obx_pgfacts obx_pg_facts(PGconn *c);
 
 /*
  * Escapes every name in names as an SQL literal, joined by commas (for

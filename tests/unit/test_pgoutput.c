@@ -9,6 +9,7 @@
 #include "bytes.h"
 #include "obx/err.h"
 #include "obx/pgoutput.h"
+#include "obx/pgversion.h"
 #include "obx/reader.h"
 #include "obx/walmsg.h"
 
@@ -377,6 +378,43 @@ test_walmsg(void **state)
 }
 
 /* The version asked for follows the server: what a PostgreSQL release's pgoutput accepts. */
+/* One table of what each major offers; servers before 13 are refused with one line. */
+static void
+test_pgfacts(void **state)
+{
+	static const struct {
+		int version, major, proto;
+		bool streaming, filters, standby, failover;
+	} want[] = {
+		{ 130023, 13, 1, false, false, false, false },
+		{ 140020, 14, 2, true, false, false, false },
+		{ 150015, 15, 3, true, true, false, false },
+		{ 160011, 16, 4, true, true, true, false },
+		{ 170007, 17, 4, true, true, true, true },
+		{ 180004, 18, 4, true, true, true, true },
+	};
+	struct obx_pgfacts f;
+	char err[256], ver[32];
+
+	(void)state;
+	for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
+		assert_int_equal(obx_pgfacts_for(want[i].version, &f, err, sizeof(err)), 0);
+		assert_int_equal(f.major, want[i].major);
+		assert_int_equal(f.proto, want[i].proto);
+		assert_int_equal(f.streaming, want[i].streaming);
+		assert_int_equal(f.messages, want[i].streaming);
+		assert_int_equal(f.publication_filters, want[i].filters);
+		assert_int_equal(f.slot_options, want[i].filters);
+		assert_int_equal(f.standby_decoding, want[i].standby);
+		assert_int_equal(f.failover_slots, want[i].failover);
+	}
+	assert_int_equal(obx_pgfacts_for(120022, &f, err, sizeof(err)), OBX_ECONFIG);
+	assert_string_equal(err, "PostgreSQL 12.22 is not supported: outboxd needs 13 or later");
+	assert_int_equal(obx_pgfacts_for(90624, &f, err, sizeof(err)), OBX_ECONFIG);
+	assert_string_equal(err, "PostgreSQL 9.6.24 is not supported: outboxd needs 13 or later");
+	assert_string_equal(obx_pgversion_format(170004, ver, sizeof(ver)), "17.4");
+}
+
 static void
 test_proto_for_server(void **state)
 {
@@ -419,6 +457,7 @@ main(void)
 		cmocka_unit_test(test_protocol_v2_to_v4),
 		cmocka_unit_test(test_walmsg),
 		cmocka_unit_test(test_proto_for_server),
+		cmocka_unit_test(test_pgfacts),
 		cmocka_unit_test(test_lsn_text),
 	};
 
