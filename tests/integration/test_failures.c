@@ -378,6 +378,38 @@ test_bad_credentials_and_privileges(void **state)
 	expect_permanent(ci, "does not exist", NULL);
 }
 
+/*
+ * A slot of another database can never decode this one: outboxd stops with
+ * one line naming both databases instead of retrying START_REPLICATION.
+ */
+static void
+test_slot_of_another_database(void **state)
+{
+	char other[64];
+	PGconn *o;
+	int st;
+
+	(void)state;
+	t_relay_setup(&R, "slotdb", 0);
+	t_create_db(&R.st, "slotdb_other", other, sizeof(other));
+	o = t_pg(&R.st, other, 0);
+	t_exec(o, "SELECT pg_create_logical_replication_slot('%s', 'pgoutput')", R.slot);
+	t_relay_config(&R, NULL);
+	unlink(R.log);
+	t_relay_start(&R, NULL, 0);
+	st = t_wait(R.pid, 30000);
+	R.pid = 0;
+	t_exec(o, "SELECT pg_drop_replication_slot('%s')", R.slot);
+	PQfinish(o);
+	if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 1 ||
+	    t_log_count(&R, "belongs to database") != 1) {
+		t_log_dump(&R);
+		fail_msg("expected exit 1 naming the slot's database (status %d)", st);
+	}
+	assert_int_equal(t_log_count(&R, other), 1); /* the same line names it */
+	assert_int_equal(t_log_count(&R, "retrying"), 0);
+}
+
 /* A second cluster with TLS and wal_level = replica: verify-full connects, then wal_level is refused. */
 static void
 test_tls_and_wal_level(void **state)
@@ -497,11 +529,15 @@ main(void)
 		cmocka_unit_test_teardown(test_two_instances_start_together, teardown),
 		cmocka_unit_test_teardown(test_second_signal_exits_at_once, teardown),
 		cmocka_unit_test_teardown(test_bad_credentials_and_privileges, teardown),
+		cmocka_unit_test_teardown(test_slot_of_another_database, teardown),
 		cmocka_unit_test_teardown(test_tls_and_wal_level, teardown),
 		cmocka_unit_test_teardown(test_invalidated_slot, teardown),
 		cmocka_unit_test_teardown(test_long_broker_outage_memory_bound, teardown),
 		cmocka_unit_test_teardown(test_server_crash_and_restart, teardown),
 	};
 
+	/* OBX_TEST_FILTER=PATTERN (cmocka's * and ? wildcards) runs the matching cases only */
+	if (getenv("OBX_TEST_FILTER") != NULL)
+		cmocka_set_test_filter(getenv("OBX_TEST_FILTER"));
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
