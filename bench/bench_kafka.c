@@ -4,12 +4,14 @@
  *   bench_kafka produce BOOTSTRAP TOPIC COUNT SIZE KEYS
  *       The broker's limit: sends COUNT records of SIZE bytes over KEYS keys
  *       as fast as the producer allows, with outboxd's producer settings
- *       (idempotence, acks=all, murmur2_random, no message timeout), and
+ *       (idempotence, acks=all, linger.ms=0, murmur2_random, no message
+ *       timeout), and
  *       prints "events_per_s=... seconds=..." once every record is
  *       acknowledged.
  *   bench_kafka rate BOOTSTRAP TOPIC RATE SECONDS SIZE
- *       An open-loop generator straight to the broker (the latency floor):
- *       RATE records per second for SECONDS, each with a header "sent_us"
+ *       An open-loop generator straight to the broker (the latency floor), a
+ *       bare producer: librdkafka's defaults except acks=all, idempotence and
+ *       linger.ms=0.  RATE records per second for SECONDS, each with a header "sent_us"
  *       (wall-clock microseconds at the produce call).
  *   bench_kafka latency BOOTSTRAP TOPIC SECONDS HEADER
  *       Consumes TOPIC from its end for SECONDS and prints, per record, the
@@ -75,9 +77,14 @@ on_dr(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
 		delivered++;
 }
 
-/* outboxd's producer settings (src/kafka.c), so the comparison is like for like */
+/*
+ * bare: what a careful user writes to send one event, librdkafka's defaults
+ * except acks=all, idempotence and linger.ms=0 (the latency floor).
+ * Otherwise outboxd's own producer settings (src/kafka.c), for the broker's
+ * limit on the same records.
+ */
 static rd_kafka_t *
-producer(const char *bootstrap)
+producer(const char *bootstrap, int bare)
 {
 	rd_kafka_conf_t *c = rd_kafka_conf_new();
 	char err[256];
@@ -86,9 +93,12 @@ producer(const char *bootstrap)
 	set(c, "bootstrap.servers", bootstrap);
 	set(c, "enable.idempotence", "true");
 	set(c, "acks", "all");
-	set(c, "partitioner", "murmur2_random");
-	set(c, "message.timeout.ms", "0");
-	set(c, "queue.buffering.max.messages", "1000000");
+	set(c, "linger.ms", "0");
+	if (!bare) {
+		set(c, "partitioner", "murmur2_random");
+		set(c, "message.timeout.ms", "0");
+		set(c, "queue.buffering.max.messages", "1000000");
+	}
 	if (getenv("BENCH_MESSAGE_MAX_BYTES") != NULL) /* records above the 1 MB default */
 		set(c, "message.max.bytes", getenv("BENCH_MESSAGE_MAX_BYTES"));
 	set(c, "log_level", "3");
@@ -137,7 +147,7 @@ produce_one(rd_kafka_t *rk, const char *topic, const char *key, const char *valu
 static int
 cmd_produce(const char *bootstrap, const char *topic, long count, size_t size, long keys)
 {
-	rd_kafka_t *rk = producer(bootstrap);
+	rd_kafka_t *rk = producer(bootstrap, 0);
 	char *value = payload(size), key[32];
 	double t0;
 
@@ -164,7 +174,7 @@ cmd_produce(const char *bootstrap, const char *topic, long count, size_t size, l
 static int
 cmd_rate(const char *bootstrap, const char *topic, double rate, double seconds, size_t size)
 {
-	rd_kafka_t *rk = producer(bootstrap);
+	rd_kafka_t *rk = producer(bootstrap, 1);
 	char *value = payload(size), key[32], sent[32];
 	double t0;
 	long i = 0;

@@ -40,7 +40,15 @@ obx_kafka_conf(const struct obx_config *cfg, char *errbuf, size_t errlen)
 	kb = cfg->max_inflight_bytes / 1024 * 2 + 65536;
 	if (kb > 2147483647LL)
 		kb = 2147483647LL;
-	if (conf_set(conf, "message.timeout.ms", "0", errbuf, errlen) != 0 ||
+	/*
+	 * linger.ms 0: an outbox event leaves at once.  The relay hands records
+	 * over in bursts as the stream delivers them, and librdkafka batches
+	 * whatever queues while a request is in flight, so a backlog still
+	 * drains in full batches (bench/run.py measures both; README,
+	 * "Benchmarks").  A user may set it higher.
+	 */
+	if (conf_set(conf, "linger.ms", "0", errbuf, errlen) != 0 ||
+	    conf_set(conf, "message.timeout.ms", "0", errbuf, errlen) != 0 ||
 	    conf_set(conf, "partitioner", "murmur2_random", errbuf, errlen) != 0 ||
 	    (snprintf(num, sizeof(num), "%lld", msgs),
 	     conf_set(conf, "queue.buffering.max.messages", num, errbuf, errlen)) != 0 ||

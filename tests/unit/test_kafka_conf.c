@@ -37,6 +37,7 @@ test_defaults_and_guarantees(void **state)
 	expect_prop(conf, "enable.idempotence", "true");
 	expect_prop(conf, "acks", "-1");
 	expect_prop(conf, "message.timeout.ms", "0");
+	expect_prop(conf, "linger.ms", "0"); /* an event leaves at once */
 	expect_prop(conf, "partitioner", "murmur2_random");
 	expect_prop(conf, "queue.buffering.max.messages", "21000");
 	rd_kafka_conf_destroy(conf);
