@@ -107,5 +107,23 @@ printf '[kafka]\nbootstrap.servers = 127.0.0.1:1\n[source]\nconninfo = host=127.
 expect "check: unreachable server" 1 "FAIL server: could not connect" -- "$bin" check -c "$tmp/down.ini"
 refute "check: unreachable, no password" "hunter2" -- "$bin" check -c "$tmp/down.ini"
 
+# the server line names the major and what it offers; RDS and Aurora grant replication
+# through membership in rds_replication, which check accepts instead of the attribute
+expect "check: names the server's major" 1 "ok   server: reachable, PostgreSQL ${OBX_PGMAJOR:-15}\.[0-9]+ \(pgoutput protocol [1-4]" \
+	-- "$bin" check -c "$tmp/real.ini"
+psql -X -q -h "$OBX_PGHOST" -p "$OBX_PGPORT" -U "$OBX_PGUSER" -d postgres -v ON_ERROR_STOP=1 \
+	-c "CREATE ROLE rds_replication NOLOGIN" -c "CREATE ROLE cli_rds LOGIN" -c "CREATE ROLE cli_plain LOGIN" >/dev/null
+for who in cli_rds cli_plain; do
+	printf '[kafka]\nbootstrap.servers = %s\n[source]\nconninfo = host=%s port=%s user=%s dbname=postgres\nslot = cli_slot\n' \
+		"$bs" "$OBX_PGHOST" "$OBX_PGPORT" "$who" >"$tmp/$who.ini"
+done
+expect "check: a role without REPLICATION fails" 1 "FAIL role: lacks REPLICATION" -- "$bin" check -c "$tmp/cli_rds.ini"
+psql -X -q -h "$OBX_PGHOST" -p "$OBX_PGPORT" -U "$OBX_PGUSER" -d postgres -v ON_ERROR_STOP=1 \
+	-c "GRANT rds_replication TO cli_rds" >/dev/null
+expect "check: a member of rds_replication may replicate" 1 "ok   role: may replicate" -- "$bin" check -c "$tmp/cli_rds.ini"
+expect "check: membership is not inherited by others" 1 "FAIL role: lacks REPLICATION" -- "$bin" check -c "$tmp/cli_plain.ini"
+psql -X -q -h "$OBX_PGHOST" -p "$OBX_PGPORT" -U "$OBX_PGUSER" -d postgres -v ON_ERROR_STOP=1 \
+	-c "DROP ROLE cli_rds" -c "DROP ROLE cli_plain" -c "DROP ROLE rds_replication" >/dev/null
+
 echo "1..$n"
 [ "$failed" -eq 0 ]
