@@ -184,7 +184,8 @@ class Outboxd:
                     % (stack.conninfo(db), slot, topic, stack.bootstrap + "\n" + Outboxd.kafka_extra, extra))
         self.start_wall = time.time()
         self.start = time.monotonic()
-        cmd = [os.path.join(BUILD, "outboxd"), "run", "-c", conf]
+        # OBX_BENCH_OUTBOXD: another build of outboxd (a before/after comparison)
+        cmd = [os.environ.get("OBX_BENCH_OUTBOXD", os.path.join(BUILD, "outboxd")), "run", "-c", conf]
         if os.environ.get("OBX_BENCH_PERF"):
             # profile: perf record -g into OBX_BENCH_PERF.<slot> (RSS and CPU then include perf)
             cmd = ["perf", "record", "-q", "-g", "-o", "%s.%s" % (os.environ["OBX_BENCH_PERF"], slot), "--"] + cmd

@@ -56,6 +56,7 @@ struct relay {
 	bool first_message;     /* logged once per process */
 	int announced_interval; /* the status interval the last session used */
 	int64_t last_rx_ms;     /* the last message from the server (or the last time we were not reading) */
+	int64_t reports_at_us;  /* PostgreSQL-epoch time of the delivery reports being served */
 	int silence_factor;     /* times wal_sender_timeout that counts as dead (1, 2, 4, 8) */
 	obx_lsn silence_at;     /* the received position when silence last ended a session */
 	enum obx_log_level log_level; /* as running: SIGHUP may change it */
@@ -126,13 +127,14 @@ on_delivery(void *ctx, uint64_t opaque, const rd_kafka_message_t *m)
 {
 	struct relay *r = ctx;
 	struct obx_header hs[MAX_REPORT_HEADERS];
-	struct obx_report rep = { .opaque = opaque, .now_us = obx_pg_now() };
+	struct obx_report rep = { .opaque = opaque, .now_us = r->reports_at_us };
 	rd_kafka_headers_t *h = NULL;
 	const char *name;
 	const void *v;
 	size_t sz, n = 0;
 
-	if (rd_kafka_message_headers(m, &h) == 0)
+	/* the core reads a record's headers only to name a failed event */
+	if (m->err != RD_KAFKA_RESP_ERR_NO_ERROR && rd_kafka_message_headers(m, &h) == 0)
 		for (size_t i = 0; n < MAX_REPORT_HEADERS && rd_kafka_header_get_all(h, i, &name, &v, &sz) == 0; i++)
 			hs[n++] = (struct obx_header){ name, v, sz };
 	rep.record = (struct obx_record){ rd_kafka_topic_name(m->rkt), m->key, m->key_len, m->payload,
@@ -154,6 +156,8 @@ on_delivery(void *ctx, uint64_t opaque, const rd_kafka_message_t *m)
 static void
 serve_reports(struct relay *r)
 {
+	/* one clock read per batch of reports, for the latency histogram */
+	r->reports_at_us = obx_pg_now();
 	obx_kafka_poll(&r->kf, 0);
 	if (r->kf.fatal && obx_core_ended(&r->core, NULL) == OBX_CORE_RUNNING) {
 		r->end_kafka = true;
@@ -442,6 +446,7 @@ session_open(struct relay *r)
 	r->announced_interval = interval;
 	if (obx_core_session_start(&r->core, r->st.start_confirmed, r->st.proto_version, interval,
 	    now_ms()) != 0) {
+		r->reports_at_us = obx_pg_now();
 		obx_kafka_close(&r->kf, 0);
 		obx_pgstream_close(&r->st);
 		r->end = OBX_CORE_END_FATAL;
@@ -510,6 +515,7 @@ session_close(struct relay *r)
 	/* the generation moves on first: reports served while the producer closes count for nothing */
 	obx_core_session_end(&r->core);
 	obx_pgstream_close(&r->st);
+	r->reports_at_us = obx_pg_now();
 	obx_kafka_close(&r->kf, 5000);
 }
 
