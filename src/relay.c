@@ -231,6 +231,7 @@ static void
 read_stream(struct relay *r)
 {
 	char err[1024];
+	int got = 0;
 
 	for (int i = 0; i < READ_BATCH && obx_core_can_read(&r->core); i++) {
 		const uint8_t *buf;
@@ -238,7 +239,7 @@ read_stream(struct relay *r)
 		int n = obx_pgstream_read(&r->st, &buf, &len, err, sizeof(err));
 
 		if (n == 0)
-			return;
+			break;
 		if (n < 0) {
 			/* the server cannot decode the backlog: the publication was dropped (and maybe
 			 * created again) behind the slot; no retry heals that */
@@ -249,9 +250,9 @@ read_stream(struct relay *r)
 			    "slot: reconcile the events committed since its confirmed position "
 			    "(sql/006_reconciliation.sql), drop the slot and start outboxd once with "
 			    "--recreate-slot" : "");
-			return;
+			break;
 		}
-		r->last_rx_ms = now_ms();
+		got++;
 		if (!r->first_message) {
 			/* start-up is measured to here (bench/): process start to the first CopyData */
 			obx_log_info("first replication message received");
@@ -262,6 +263,8 @@ read_stream(struct relay *r)
 		if ((i & 255) == 255)
 			serve_reports(r);
 	}
+	if (got > 0)
+		r->last_rx_ms = now_ms(); /* one clock read per batch */
 }
 
 /*
