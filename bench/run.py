@@ -188,7 +188,10 @@ class Outboxd:
         cmd = [os.environ.get("OBX_BENCH_OUTBOXD", os.path.join(BUILD, "outboxd")), "run", "-c", conf]
         if os.environ.get("OBX_BENCH_PERF"):
             # profile: perf record -g into OBX_BENCH_PERF.<slot> (RSS and CPU then include perf)
-            cmd = ["perf", "record", "-q", "-g", "-o", "%s.%s" % (os.environ["OBX_BENCH_PERF"], slot), "--"] + cmd
+            # (OBX_BENCH_PERF_CALLGRAPH=dwarf unwinds through libraries built without frame pointers)
+            cg = os.environ.get("OBX_BENCH_PERF_CALLGRAPH", "fp")
+            cmd = ["perf", "record", "-q", "--call-graph", cg, "-o", "%s.%s" % (os.environ["OBX_BENCH_PERF"], slot),
+                   "--"] + cmd
         self.proc = subprocess.Popen(cmd,
                                      stdout=open(self.log, "w"), stderr=subprocess.STDOUT)
         self.port = None
