@@ -320,6 +320,40 @@ expect_ids(PGconn *truth, const char *agg, bool no_invention, int timeout_ms)
 
 /* ---- a synchronized failover slot survives the failover (17+) ---- */
 
+/*
+ * A second instance given the standby alone, while it is in recovery, finds
+ * the synchronized copy of the slot, which cannot be used before the
+ * promotion: it says so once and keeps waiting instead of stopping.
+ */
+static void
+standby_waits_for_promotion(void)
+{
+	const char *needle = "cannot be used while the server is in recovery: waiting for its promotion";
+	struct t_relay tw;
+	char text[2048], ci[512];
+	int64_t deadline = t_now_ms() + 20000;
+
+	one_host(&S, ci, sizeof(ci));
+	t_relay_twin(&R, &tw, "standby");
+	snprintf(text, sizeof(text), "[source]\nconninfo = %s\nslot = %s\n[kafka]\n"
+	    "bootstrap.servers = %s\n[metrics]\nlisten = 127.0.0.1:0\n[log]\nformat = text\n", ci,
+	    R.slot, R.b.bootstrap);
+	t_write_file(tw.conf, sizeof(tw.conf), text);
+	t_relay_start(&tw, NULL, 0);
+	while (t_log_count(&tw, needle) == 0) {
+		if (t_now_ms() > deadline || !running(tw.pid)) {
+			t_log_dump(&tw);
+			fail_msg("an instance on the standby did not wait for the promotion");
+		}
+		usleep(100000);
+	}
+	sleep(2); /* several attempts, one line; meanwhile more load goes through the slot */
+	assert_true(running(tw.pid));
+	assert_int_equal(t_log_count(&tw, needle), 1);
+	unlink(tw.conf);
+	t_relay_twin_stop(&tw);
+}
+
 static void
 test_failover_slot_survives_promotion(void **state)
 {
@@ -366,7 +400,7 @@ test_failover_slot_survives_promotion(void **state)
 	t_sync = t_now_ms();
 	PQfinish(p);
 	PQfinish(s);
-	sleep(2); /* more load, some of it published through the synchronized slot */
+	standby_waits_for_promotion();
 
 	sessions = t_log_count(&R, "streaming from slot");
 	t_stack_crash(pstate);
