@@ -108,7 +108,8 @@ out:
 }
 
 static void
-check_publication(struct check_ctx *cx, PGconn *conn, const struct obx_config *cfg, bool has_table)
+check_publication(struct check_ctx *cx, PGconn *conn, const struct obx_config *cfg, bool has_table,
+    bool in_recovery)
 {
 	const char *p[4] = { cfg->publication, cfg->table_schema, cfg->table_name, NULL };
 	char err[1024], *v;
@@ -119,6 +120,11 @@ check_publication(struct check_ctx *cx, PGconn *conn, const struct obx_config *c
 	    &v, err, sizeof(err));
 	if (rc != 0 && rc != OBX_ENOENT) {
 		report(cx, "FAIL", "publication: could not read %s: %s", cfg->publication, err);
+		return;
+	}
+	if (rc == OBX_ENOENT && in_recovery) {
+		report(cx, "FAIL", "publication: %s does not exist and this hot standby cannot create it "
+		    "(run sql/002_publication.sql on the primary)", cfg->publication);
 		return;
 	}
 	if (rc == OBX_ENOENT) {
@@ -206,6 +212,100 @@ check_slot(struct check_ctx *cx, PGconn *conn, const struct obx_config *cfg)
 	else
 		report(cx, "ok", "max_slot_wal_keep_size = %s", v ? v : "?");
 	free(v);
+}
+
+/*
+ * Failover slots (PostgreSQL 17+): whether the slot is failover-enabled and
+ * what the primary can see of the standbys that keep a copy: slot sync
+ * workers connected to it (recognised by their application_name, "[cluster_]slotsync
+ * worker", unless the standby's primary_conninfo names itself) and the
+ * physical slots named in synchronized_standby_slots, which hold a
+ * failover slot's changes back until those standbys have them.
+ */
+static void
+check_failover(struct check_ctx *cx, PGconn *conn, const struct obx_config *cfg,
+    const struct obx_pgfacts *f, bool in_recovery)
+{
+	const char *p[1] = { cfg->slot };
+	char err[1024], ver[32], *v = NULL;
+	PGresult *r;
+	bool exists, failover, synced;
+	long workers;
+
+	if (!f->failover_slots) {
+		if (cfg->failover && cfg->failover_set)
+			report(cx, "ok", "failover: [source] failover = on is ignored: PostgreSQL %s does not "
+			    "synchronize slots to standbys (17 does); a failover loses the slot and the slot "
+			    "guard then refuses to go on", obx_pgversion_format(f->version, ver, sizeof(ver)));
+		return;
+	}
+	r = PQexecParams(conn, "SELECT failover, synced FROM pg_replication_slots WHERE slot_name = $1",
+	    1, NULL, p, NULL, NULL, 0);
+	if (PQresultStatus(r) != PGRES_TUPLES_OK) {
+		report(cx, "FAIL", "failover: could not read slot %s: %s", cfg->slot,
+		    obx_pg_result_error_line(r, err, sizeof(err)));
+		PQclear(r);
+		return;
+	}
+	exists = PQntuples(r) == 1;
+	failover = exists && strcmp(PQgetvalue(r, 0, 0), "t") == 0;
+	synced = exists && strcmp(PQgetvalue(r, 0, 1), "t") == 0;
+	PQclear(r);
+	if (in_recovery) {
+		if (synced)
+			report(cx, "ok", "failover: slot %s is synchronized from the primary; it can be used "
+			    "here once this server is promoted (outboxd waits until then)", cfg->slot);
+		else if (cfg->failover)
+			report(cx, "ok", "failover: a hot standby's own slot cannot have failover; outboxd "
+			    "enables it on slot %s after this server's promotion", cfg->slot);
+		return;
+	}
+	if (!cfg->failover) {
+		report(cx, "ok", "failover: off: a failover to a standby loses slot %s (the slot guard then "
+		    "refuses to go on)%s", cfg->slot, failover ? "; outboxd disables failover on it at start" : "");
+		return;
+	}
+	report(cx, "ok", "failover: slot %s %s", cfg->slot, !exists ? "will be created with failover" :
+	    failover ? "is failover-enabled" : "is not failover-enabled yet (outboxd enables it at start)");
+	query_value(conn, "SELECT count(*)::text FROM pg_stat_activity "
+	    "WHERE application_name LIKE '%slotsync worker'", 0, NULL, &v, err, sizeof(err));
+	workers = v != NULL ? atol(v) : 0;
+	free(v);
+	if (workers > 0)
+		report(cx, "ok", "failover: %ld slot sync worker(s) connected: standbys keep a copy of "
+		    "failover slots", workers);
+	else
+		report(cx, "WARN", "failover: no standby synchronizes slot %s (no slot sync worker is "
+		    "connected; one whose primary_conninfo sets application_name is not recognised): a "
+		    "failover would lose it; on the standby set sync_replication_slots = on, "
+		    "hot_standby_feedback = on, primary_slot_name and a dbname in primary_conninfo",
+		    cfg->slot);
+	r = PQexec(conn, "SELECT s.name, r.slot_name IS NOT NULL, coalesce(r.active, false) "
+	    "FROM unnest(string_to_array(nullif(replace(current_setting('synchronized_standby_slots'), "
+	    "' ', ''), ''), ',')) s(name) "
+	    "LEFT JOIN pg_replication_slots r ON r.slot_name = s.name AND r.slot_type = 'physical'");
+	if (PQresultStatus(r) != PGRES_TUPLES_OK) {
+		report(cx, "FAIL", "failover: could not read synchronized_standby_slots: %s",
+		    obx_pg_result_error_line(r, err, sizeof(err)));
+	} else if (PQntuples(r) == 0) {
+		report(cx, "WARN", "failover: synchronized_standby_slots is empty: outboxd may publish a "
+		    "transaction no standby has received, and after a failover Kafka would hold events "
+		    "the new primary never committed (name the standby's physical slot there)");
+	}
+	for (int i = 0; PQresultStatus(r) == PGRES_TUPLES_OK && i < PQntuples(r); i++) {
+		const char *name = PQgetvalue(r, i, 0);
+
+		if (strcmp(PQgetvalue(r, i, 1), "t") != 0)
+			report(cx, "WARN", "failover: synchronized_standby_slots names %s, which is no physical "
+			    "slot here: failover slots wait for it, outboxd receives nothing", name);
+		else if (strcmp(PQgetvalue(r, i, 2), "t") != 0)
+			report(cx, "WARN", "failover: physical slot %s (synchronized_standby_slots) is not "
+			    "active: failover slots wait until its standby is back", name);
+		else
+			report(cx, "ok", "failover: physical slot %s (synchronized_standby_slots) is active: "
+			    "outboxd receives only what its standby has", name);
+	}
+	PQclear(r);
 }
 
 /* The topic template as an SQL expression over the outbox's columns; NULL when out of memory. */
@@ -333,13 +433,14 @@ obx_cmd_check(const struct obx_config *cfg)
 	struct obx_pgfacts facts;
 	PGconn *conn;
 	char *v;
-	bool has_table;
+	bool has_table, in_recovery;
 	int rc;
 
 	if (obx_pg_connect(cfg->conninfo, NULL, NULL, "outboxd check", &conn, err, sizeof(err)) != 0) {
 		report(&cx, "FAIL", "server: could not connect: %s", err);
 		return OBX_EXIT_FAILURE;
 	}
+	obx_pgversion_format(PQserverVersion(conn), ver, sizeof(ver));
 	if (obx_pgfacts_for(PQserverVersion(conn), &facts, err, sizeof(err)) != 0)
 		report(&cx, "FAIL", "server: %s", err);
 	else
@@ -347,6 +448,24 @@ obx_cmd_check(const struct obx_config *cfg)
 		    obx_pgversion_format(facts.version, ver, sizeof(ver)), facts.proto,
 		    facts.streaming ? ", streaming" : "", facts.publication_filters ?
 		    ", row filters" : "", facts.failover_slots ? ", failover slots" : "");
+	query_value(conn, "SELECT pg_is_in_recovery()::text", 0, NULL, &v, err, sizeof(err));
+	in_recovery = v != NULL && strcmp(v, "true") == 0;
+	free(v);
+	if (in_recovery && !facts.standby_decoding) {
+		report(&cx, "FAIL", "server: a hot standby (in recovery): PostgreSQL %s cannot decode there "
+		    "(16 and later can); point conninfo at the primary", ver);
+	} else if (in_recovery) {
+		report(&cx, "ok", "server: a hot standby (in recovery): outboxd decodes here; the publication "
+		    "comes from the primary");
+		query_value(conn, "SELECT current_setting('hot_standby_feedback')", 0, NULL, &v, err,
+		    sizeof(err));
+		if (v != NULL && strcmp(v, "on") == 0)
+			report(&cx, "ok", "hot_standby_feedback: on");
+		else
+			report(&cx, "WARN", "hot_standby_feedback: %s: the primary may remove catalog rows the "
+			    "slot needs, which invalidates it (set it on, with primary_slot_name)", v ? v : err);
+		free(v);
+	}
 	if (cfg->messages && !facts.messages)
 		report(&cx, "FAIL", "messages: [source] messages = on needs PostgreSQL 14 or later "
 		    "(server is %s)", ver);
@@ -408,9 +527,10 @@ obx_cmd_check(const struct obx_config *cfg)
 	}
 	has_table = v != NULL;
 	free(v);
-	check_publication(&cx, conn, cfg, has_table);
+	check_publication(&cx, conn, cfg, has_table, in_recovery);
 
 	check_slot(&cx, conn, cfg);
+	check_failover(&cx, conn, cfg, &facts, in_recovery);
 	check_kafka(&cx, conn, cfg, has_table);
 
 	PQfinish(conn);

@@ -310,6 +310,15 @@ set_source(struct obx_config *cfg, const char *key, const char *value, const cha
 		obx_config_fail(errbuf, errlen, origin, key, "expected on or off, got '%s'", value);
 		return OBX_ECONFIG;
 	}
+	if (strcmp(key, "failover") == 0) {
+		if (strcmp(value, "on") == 0 || strcmp(value, "off") == 0) {
+			cfg->failover = value[1] == 'n';
+			cfg->failover_set = true;
+			return 0;
+		}
+		obx_config_fail(errbuf, errlen, origin, key, "expected on or off, got '%s'", value);
+		return OBX_ECONFIG;
+	}
 	if (strcmp(key, "messages") == 0) {
 		if (obx_parse_bool(value, &cfg->messages) != 0) {
 			obx_config_fail(errbuf, errlen, origin, key, "expected true or false, got '%s'", value);
@@ -713,6 +722,9 @@ obx_config_init(struct obx_config *cfg)
 	cfg->stream_buffer_bytes = 64LL << 20;
 	cfg->messages = false;
 	cfg->message_prefix = strdup("outboxd");
+	/* losing the slot on failover is the worst day an outbox relay can have; on 17+ a
+	 * failover-enabled slot costs nothing until a standby synchronizes it */
+	cfg->failover = true;
 	cfg->col_id = strdup("id");
 	cfg->col_key = strdup("aggregateid");
 	cfg->col_aggregate_type = strdup("aggregatetype");
@@ -1051,6 +1063,7 @@ obx_config_diff(const struct obx_config *a, const struct obx_config *b, const ch
 		{ "[source] stream_buffer", a->stream_buffer_bytes != b->stream_buffer_bytes },
 		{ "[source] messages", a->messages != b->messages },
 		{ "[source] message_prefix", str_differs(a->message_prefix, b->message_prefix) },
+		{ "[source] failover", a->failover != b->failover },
 		{ "[outbox] columns", str_differs(a->col_id, b->col_id) || str_differs(a->col_key, b->col_key) ||
 		    str_differs(a->col_aggregate_type, b->col_aggregate_type) ||
 		    str_differs(a->col_type, b->col_type) || str_differs(a->col_payload, b->col_payload) ||

@@ -6,10 +6,12 @@
  * so every literal and identifier in the SQL below goes through
  * PQescapeLiteral/PQescapeIdentifier.
  */
+#include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "obx/err.h"
 #include "obx/log.h"
@@ -111,6 +113,80 @@ query(PGconn *c, const char *sql, PGresult **out, char sqlstate[6], char *errbuf
 		obx_pg_error_line(c, errbuf, errlen);
 	PQclear(res);
 	return OBX_EIO;
+}
+
+static int64_t
+mono_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/*
+ * Runs sql like query() for a command that may wait on the server, ticking
+ * ctx about every second meanwhile.  After timeout_ms (0: no limit), or
+ * when the tick asks to stop, the command is cancelled.  Returns 0 with
+ * *out set, OBX_EIO with the server's message in errbuf and sqlstate set,
+ * OBX_EBUSY when the time ran out, or OBX_ESTATE when the tick stopped it.
+ */
+static int
+query_waiting(PGconn *c, const char *sql, int timeout_ms, struct obx_pgsetup_ctx *ctx,
+    PGresult **out, char sqlstate[6], char *errbuf, size_t errlen)
+{
+	int64_t start = mono_ms(), next_tick = start + 1000;
+	PGresult *res, *last = NULL;
+	int gave_up = 0;
+	ExecStatusType st;
+	const char *code;
+
+	*out = NULL;
+	strlcpy(sqlstate, "", 6);
+	if (PQsendQuery(c, sql) == 0) {
+		obx_pg_error_line(c, errbuf, errlen);
+		return OBX_EIO;
+	}
+	while (PQisBusy(c)) {
+		struct pollfd p = { PQsocket(c), POLLIN, 0 };
+		int64_t now = mono_ms();
+
+		if (timeout_ms > 0 && now - start >= timeout_ms)
+			gave_up = OBX_EBUSY;
+		if (now >= next_tick) {
+			next_tick = now + 1000;
+			if (ctx != NULL && ctx->tick != NULL && ctx->tick(ctx->tick_arg))
+				gave_up = OBX_ESTATE;
+		}
+		if (gave_up != 0) {
+			PGcancel *cn = PQgetCancel(c);
+			char why[256];
+
+			if (cn != NULL)
+				PQcancel(cn, why, sizeof(why));
+			PQfreeCancel(cn);
+			break; /* the results below are the cancelled command's */
+		}
+		if (poll(&p, 1, 250) < 0 || PQconsumeInput(c) == 0)
+			break;
+	}
+	while ((res = PQgetResult(c)) != NULL) {
+		PQclear(last);
+		last = res;
+	}
+	st = PQresultStatus(last);
+	if (st == PGRES_TUPLES_OK || st == PGRES_COMMAND_OK) {
+		/* also when it finished before the cancel arrived: it is done */
+		*out = last;
+		return 0;
+	}
+	code = PQresultErrorField(last, PG_DIAG_SQLSTATE); /* owned by last */
+	strlcpy(sqlstate, code != NULL && strlen(code) == 5 ? code : "", 6);
+	obx_pg_result_error_line(last, errbuf, errlen);
+	if (errbuf[0] == '\0')
+		obx_pg_error_line(c, errbuf, errlen);
+	PQclear(last);
+	return gave_up != 0 ? gave_up : OBX_EIO;
 }
 
 /* ---- connection and server ------------------------------------------- */
@@ -247,12 +323,24 @@ parse_guc_ms(const char *v, int *out)
 
 int
 obx_pgsetup_check_server(PGconn *c, const struct obx_config *cfg, int *wal_sender_timeout_ms,
-    char *errbuf, size_t errlen)
+    bool *in_recovery, char *errbuf, size_t errlen)
 {
-	char v[256];
+	struct obx_pgfacts f = obx_pg_facts(c);
+	char v[256], err[1024], ver[32];
+	PGresult *res;
 	int r;
 
 	(void)cfg;
+	if (query(c, "SELECT pg_is_in_recovery()", &res, NULL, err, sizeof(err)) != 0)
+		return failf(errbuf, errlen, OBX_EIO, "could not ask whether the server is in recovery: %s",
+		    err);
+	*in_recovery = PQntuples(res) == 1 && strcmp(PQgetvalue(res, 0, 0), "t") == 0;
+	PQclear(res);
+	if (*in_recovery && !f.standby_decoding)
+		return failf(errbuf, errlen, OBX_ECONFIG,
+		    "the server is a hot standby (in recovery) and PostgreSQL %s cannot decode there "
+		    "(16 and later can): point [source] conninfo at the primary (with several hosts, "
+		    "add target_session_attrs=read-write)", obx_pgversion_format(f.version, ver, sizeof(ver)));
 	if ((r = show(c, "wal_level", v, sizeof(v), errbuf, errlen)) != 0)
 		return r;
 	if (strcmp(v, "logical") != 0)
@@ -323,7 +411,7 @@ create_publication(PGconn *c, const struct obx_config *cfg, const char *sql, boo
  */
 static int
 message_publication(PGconn *c, const struct obx_config *cfg, const struct sqlnames *nm,
-    char *errbuf, size_t errlen)
+    bool in_recovery, char *errbuf, size_t errlen)
 {
 	char sql[1024], err[1024];
 	PGresult *res;
@@ -336,6 +424,11 @@ message_publication(PGconn *c, const struct obx_config *cfg, const struct sqlnam
 		    cfg->publication, err);
 	exists = PQntuples(res) > 0;
 	PQclear(res);
+	if (!exists && in_recovery)
+		return failf(errbuf, errlen, OBX_ECONFIG,
+		    "publication %s does not exist and this server is a hot standby, where it cannot be "
+		    "created: run CREATE PUBLICATION %s WITH (publish = 'insert') on the primary",
+		    cfg->publication, nm->pub_ident);
 	if (!exists && !cfg->create_publication)
 		return failf(errbuf, errlen, OBX_ECONFIG,
 		    "publication %s does not exist and create_publication = false "
@@ -381,7 +474,7 @@ table_relkind(PGconn *c, const struct obx_config *cfg, const struct sqlnames *nm
  */
 static int
 ensure_publication(PGconn *c, const struct obx_config *cfg, const struct sqlnames *nm,
-    char relkind, bool *viaroot, char *errbuf, size_t errlen)
+    char relkind, bool in_recovery, bool *viaroot, char *errbuf, size_t errlen)
 {
 	char sql[2048], err[1024];
 	PGresult *res;
@@ -404,6 +497,12 @@ ensure_publication(PGconn *c, const struct obx_config *cfg, const struct sqlname
 			    cfg->publication, cfg->publication);
 		if (exists)
 			return 0;
+		if (in_recovery)
+			return failf(errbuf, errlen, OBX_ECONFIG,
+			    "publication %s does not exist and this server is a hot standby, where it cannot "
+			    "be created: run CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert'%s) "
+			    "on the primary", cfg->publication, nm->pub_ident, nm->qualified,
+			    relkind == 'p' ? ", publish_via_partition_root = true" : "");
 		if (!cfg->create_publication)
 			return failf(errbuf, errlen, OBX_ECONFIG,
 			    "publication %s does not exist and create_publication = false "
@@ -482,7 +581,8 @@ check_publication_columns(PGconn *c, const struct obx_config *cfg, const struct 
 }
 
 int
-obx_pgsetup_publication(PGconn *c, const struct obx_config *cfg, char *errbuf, size_t errlen)
+obx_pgsetup_publication(PGconn *c, const struct obx_config *cfg, bool in_recovery, char *errbuf,
+    size_t errlen)
 {
 	struct sqlnames nm;
 	char relkind = 'r';
@@ -493,7 +593,7 @@ obx_pgsetup_publication(PGconn *c, const struct obx_config *cfg, char *errbuf, s
 		return r;
 	r = table_relkind(c, cfg, &nm, &relkind, errbuf, errlen);
 	if (r == OBX_ENOENT && cfg->messages) {
-		r = message_publication(c, cfg, &nm, errbuf, errlen);
+		r = message_publication(c, cfg, &nm, in_recovery, errbuf, errlen);
 		goto out;
 	}
 	if (r == OBX_ENOENT)
@@ -502,7 +602,7 @@ obx_pgsetup_publication(PGconn *c, const struct obx_config *cfg, char *errbuf, s
 		    cfg->table_schema, cfg->table_name);
 	if (r != 0)
 		goto out;
-	if ((r = ensure_publication(c, cfg, &nm, relkind, &viaroot, errbuf, errlen)) != 0)
+	if ((r = ensure_publication(c, cfg, &nm, relkind, in_recovery, &viaroot, errbuf, errlen)) != 0)
 		goto out;
 	if (relkind == 'p' && !viaroot) {
 		r = failf(errbuf, errlen, OBX_ECONFIG,
@@ -616,29 +716,52 @@ record_marker(PGconn *c, const struct obx_config *cfg, const struct sqlnames *nm
 
 /* ---- slot ------------------------------------------------------------- */
 
+/* ALTER_REPLICATION_SLOT waits for a slot another instance holds; this long at most. */
+#define ALTER_WAIT_MS 5000
+
+/* What pg_replication_slots says about the slot (columns the server lacks read false). */
+struct slotrow {
+	obx_lsn confirmed;
+	bool active;   /* a walsender streams from it */
+	bool failover; /* synchronized to standbys that run slot synchronization (17) */
+	bool synced;   /* made by slot synchronization from a primary (17) */
+};
+
 /*
- * Reads the slot.  Returns 0 with *confirmed set when it exists and can be
- * used, OBX_ENOENT when there is none, else OBX_EIO, OBX_EBUSY (being
- * created), OBX_ECONFIG (not pgoutput, of another database, invalidated) or
- * OBX_EPROTO.
+ * Reads the slot.  Returns 0 with *row set when it exists and can be used,
+ * OBX_ENOENT when there is none, else OBX_EIO (also: synchronized from the
+ * primary while this server is in recovery, which heals on promotion),
+ * OBX_EBUSY (being created), OBX_ECONFIG (not pgoutput, of another
+ * database, invalidated) or OBX_EPROTO.
  */
 static int
-read_slot(PGconn *c, const struct obx_config *cfg, const struct sqlnames *nm, obx_lsn *confirmed,
-    char *errbuf, size_t errlen)
+read_slot(PGconn *c, const struct obx_config *cfg, const struct sqlnames *nm, bool in_recovery,
+    struct slotrow *row, char *errbuf, size_t errlen)
 {
+	struct obx_pgfacts f = obx_pg_facts(c);
 	char sql[1024], err[1024];
+	const char *since;
 	PGresult *res;
 	int r = 0;
 
+	memset(row, 0, sizeof(*row));
 	snprintf(sql, sizeof(sql),
 	    "SELECT confirmed_flush_lsn, plugin, slot_type, database, coalesce(wal_status, ''), "
-	    "database = current_database(), current_database() "
-	    "FROM pg_replication_slots WHERE slot_name = %s", nm->slot_lit);
+	    "database = current_database(), current_database(), active, %s, %s, %s "
+	    "FROM pg_replication_slots WHERE slot_name = %s",
+	    f.standby_decoding ? "coalesce(conflicting, false)" : "false",
+	    f.failover_slots ? "failover" : "false", f.failover_slots ? "synced" : "false", nm->slot_lit);
 	if (query(c, sql, &res, NULL, err, sizeof(err)) != 0)
 		return failf(errbuf, errlen, OBX_EIO, "could not read slot %s: %s", cfg->slot, err);
-	if (PQntuples(res) == 0)
-		r = OBX_ENOENT;
-	else if (strcmp(PQgetvalue(res, 0, 2), "logical") != 0 ||
+	if (PQntuples(res) == 0) {
+		PQclear(res);
+		return OBX_ENOENT;
+	}
+	since = PQgetisnull(res, 0, 0) ? "its last position" : PQgetvalue(res, 0, 0);
+	row->active = strcmp(PQgetvalue(res, 0, 7), "t") == 0;
+	row->failover = strcmp(PQgetvalue(res, 0, 9), "t") == 0;
+	row->synced = strcmp(PQgetvalue(res, 0, 10), "t") == 0;
+	if (strcmp(PQgetvalue(res, 0, 2), "logical") != 0 ||
 	    strcmp(PQgetvalue(res, 0, 1), "pgoutput") != 0)
 		r = failf(errbuf, errlen, OBX_ECONFIG,
 		    "slot %s exists but is not a logical pgoutput slot (plugin %s)", cfg->slot,
@@ -648,17 +771,30 @@ read_slot(PGconn *c, const struct obx_config *cfg, const struct sqlnames *nm, ob
 		    "slot %s belongs to database %s, not %s: a logical slot decodes only its own "
 		    "database; name another [source] slot or connect to %s", cfg->slot,
 		    PQgetvalue(res, 0, 3), PQgetvalue(res, 0, 6), PQgetvalue(res, 0, 3));
+	else if (strcmp(PQgetvalue(res, 0, 8), "t") == 0)
+		/* a slot on a standby whose catalog rows the primary removed (16+: conflicting) */
+		r = failf(errbuf, errlen, OBX_ECONFIG,
+		    "slot %s is invalidated by a conflict with recovery: the primary removed catalog rows "
+		    "it needed (give the standby a physical slot, primary_slot_name, and "
+		    "hot_standby_feedback = on); events committed after %s may have been lost; drop and "
+		    "recreate the slot, then reconcile from the business tables", cfg->slot, since);
 	else if (strcmp(PQgetvalue(res, 0, 4), "lost") == 0)
 		r = failf(errbuf, errlen, OBX_ECONFIG,
 		    "slot %s is invalidated (wal_status = lost): the server removed WAL it still needed, "
 		    "events committed after %s may have been lost; drop and recreate the slot, then "
-		    "reconcile from the business tables", cfg->slot,
-		    PQgetisnull(res, 0, 0) ? "its last position" : PQgetvalue(res, 0, 0));
+		    "reconcile from the business tables", cfg->slot, since);
+	else if (in_recovery && row->synced)
+		/* START_REPLICATION would fail with SQLSTATE 55000 until the promotion */
+		r = failf(errbuf, errlen, OBX_EIO,
+		    "slot %s on this server is synchronized from the primary and cannot be used while "
+		    "the server is in recovery: waiting for its promotion (to follow the primary "
+		    "instead, list both hosts in [source] conninfo with target_session_attrs=read-write)",
+		    cfg->slot);
 	else if (PQgetisnull(res, 0, 0))
 		/* another instance is creating it right now: wait for it like for a slot in use */
 		r = failf(errbuf, errlen, OBX_EBUSY, "slot %s is being created by another instance",
 		    cfg->slot);
-	else if (obx_lsn_parse(PQgetvalue(res, 0, 0), confirmed) != 0)
+	else if (obx_lsn_parse(PQgetvalue(res, 0, 0), &row->confirmed) != 0)
 		r = failf(errbuf, errlen, OBX_EPROTO, "slot %s has a malformed confirmed position",
 		    cfg->slot);
 	PQclear(res);
@@ -666,26 +802,46 @@ read_slot(PGconn *c, const struct obx_config *cfg, const struct sqlnames *nm, ob
 }
 
 /*
- * Creates the slot without a snapshot.  Returns 0 with *confirmed and point
- * (its consistent point as text) set, or with *raced set when another
- * instance created it first; OBX_ECONFIG or OBX_EPROTO (errbuf).
+ * Creates the slot without a snapshot, with failover when [source] failover
+ * asks for it and the server can (17, not on a standby).  On a hot standby
+ * the server waits for the primary's next running-transactions record; the
+ * wait ticks ctx.  Returns 0 with *confirmed and point (its consistent point
+ * as text) set, or with *raced set when another instance created it first;
+ * OBX_EIO (the connection failed, or the wait was given up on a stop
+ * signal), OBX_ECONFIG or OBX_EPROTO (errbuf).
  */
 static int
-create_slot(PGconn *c, const struct obx_config *cfg, const struct sqlnames *nm, obx_lsn *confirmed,
-    char *point, size_t pointlen, bool *raced, char *errbuf, size_t errlen)
+create_slot(PGconn *c, const struct obx_config *cfg, const struct sqlnames *nm, bool in_recovery,
+    struct obx_pgsetup_ctx *ctx, obx_lsn *confirmed, char *point, size_t pointlen, bool *raced,
+    char *errbuf, size_t errlen)
 {
-	char sql[1024], err[1024], state[6];
+	struct obx_pgfacts f = obx_pg_facts(c);
+	char sql[1024], err[1024], state[6] = "";
 	PGresult *res;
 	int r = 0;
 
 	*raced = false;
-	if (obx_pg_facts(c).slot_options)
-		snprintf(sql, sizeof(sql), "CREATE_REPLICATION_SLOT %s LOGICAL pgoutput (SNAPSHOT 'nothing')",
-		    nm->slot_ident);
+	if (f.slot_options)
+		snprintf(sql, sizeof(sql), "CREATE_REPLICATION_SLOT %s LOGICAL pgoutput (SNAPSHOT 'nothing'%s)",
+		    nm->slot_ident, f.failover_slots && cfg->failover && !in_recovery ? ", FAILOVER" : "");
 	else
 		snprintf(sql, sizeof(sql), "CREATE_REPLICATION_SLOT %s LOGICAL pgoutput NOEXPORT_SNAPSHOT",
 		    nm->slot_ident);
-	if (query(c, sql, &res, state, err, sizeof(err)) != 0) {
+	if (in_recovery) {
+		obx_log(ctx->said_standby_create ? OBX_LOG_DEBUG : OBX_LOG_INFO,
+		    "creating slot %s on a hot standby: waiting for the primary's next running-transactions "
+		    "record (SELECT pg_log_standby_snapshot() on the primary writes one at once)", cfg->slot);
+		ctx->said_standby_create = true;
+		r = query_waiting(c, sql, 0, ctx, &res, state, err, sizeof(err));
+		if (r == OBX_ESTATE)
+			return failf(errbuf, errlen, OBX_EIO, "stopped while creating slot %s on the hot standby",
+			    cfg->slot);
+	} else {
+		r = query(c, sql, &res, state, err, sizeof(err));
+	}
+	if (r != 0) {
+		if (PQstatus(c) != CONNECTION_OK)
+			return failf(errbuf, errlen, OBX_EIO, "could not create slot %s: %s", cfg->slot, err);
 		if (strcmp(state, "42710") != 0)
 			return failf(errbuf, errlen, OBX_ECONFIG, "could not create slot %s: %s",
 			    cfg->slot, err);
@@ -699,6 +855,70 @@ create_slot(PGconn *c, const struct obx_config *cfg, const struct sqlnames *nm, 
 		strlcpy(point, PQgetvalue(res, 0, 1), pointlen);
 	PQclear(res);
 	return r;
+}
+
+/* Says once that a hot standby's own slot goes without failover until a promotion. */
+static void
+note_standby_failover(const struct obx_config *cfg, struct obx_pgsetup_ctx *ctx)
+{
+	if (ctx->said_standby_failover)
+		return;
+	ctx->said_standby_failover = true;
+	obx_log_info("slot %s is on a hot standby, where failover cannot be enabled (only a primary's "
+	    "slots are synchronized to standbys): outboxd enables it when it connects after this "
+	    "server's promotion", cfg->slot);
+}
+
+/*
+ * Makes the slot's failover flag [source] failover (PostgreSQL 17+).  A hot
+ * standby's own slot cannot have failover (only a primary's slots are
+ * synchronized): said once, and enabled by the first session after the
+ * promotion.  A slot another instance streams from is left alone:
+ * ALTER_REPLICATION_SLOT would wait until that instance lets go.  Returns 0
+ * (also when the server refused the change, which is only logged),
+ * OBX_EBUSY (another instance took the slot meanwhile) or OBX_EIO (the
+ * connection failed, or a stop signal came while waiting).
+ */
+static int
+match_failover(PGconn *c, const struct obx_config *cfg, const struct sqlnames *nm,
+    const struct slotrow *row, bool in_recovery, struct obx_pgsetup_ctx *ctx, char *errbuf,
+    size_t errlen)
+{
+	char sql[512], err[1024], state[6];
+	PGresult *res;
+	int r;
+
+	if (row->failover == cfg->failover)
+		return 0;
+	if (in_recovery && cfg->failover) {
+		note_standby_failover(cfg, ctx);
+		return 0;
+	}
+	if (row->active) {
+		obx_log_debug("slot %s is in use: its failover flag is left as it is", cfg->slot);
+		return 0;
+	}
+	snprintf(sql, sizeof(sql), "ALTER_REPLICATION_SLOT %s (FAILOVER %s)", nm->slot_ident,
+	    cfg->failover ? "true" : "false");
+	r = query_waiting(c, sql, ALTER_WAIT_MS, ctx, &res, state, err, sizeof(err));
+	if (r == 0) {
+		PQclear(res);
+		if (cfg->failover)
+			obx_log_info("enabled failover on slot %s: standbys that run sync_replication_slots = on "
+			    "keep a copy of it for a failover", cfg->slot);
+		else
+			obx_log_info("disabled failover on slot %s ([source] failover = off): a failover to a "
+			    "standby loses the slot", cfg->slot);
+		return 0;
+	}
+	if (r == OBX_EBUSY)
+		return failf(errbuf, errlen, OBX_EBUSY, "slot %s is in use by another instance", cfg->slot);
+	if (r == OBX_ESTATE || PQstatus(c) != CONNECTION_OK)
+		return failf(errbuf, errlen, OBX_EIO, "could not set failover on slot %s: %s", cfg->slot,
+		    r == OBX_ESTATE ? "stopped while waiting" : err);
+	obx_log_warn("could not set failover = %s on slot %s: %s; streaming without the change",
+	    cfg->failover ? "on" : "off", cfg->slot, err);
+	return 0;
 }
 
 /* A new slot starts at its creation point: says how many rows that leaves behind. */
@@ -719,17 +939,37 @@ warn_unpublished_rows(PGconn *c, const struct obx_config *cfg, const struct sqln
 }
 
 /*
+ * A hot standby is read-only: the guard cannot record the slot there.  Says
+ * so once, with the line that protects the slot when added to the
+ * publication's comment on the primary (it reaches the standby through the
+ * WAL like any other change).
+ */
+static void
+note_standby_guard(const struct obx_config *cfg, const char *sysid, const char *lsn,
+    struct obx_pgsetup_ctx *ctx)
+{
+	if (ctx->said_standby_guard)
+		return;
+	ctx->said_standby_guard = true;
+	obx_log_info("this hot standby is read-only: the slot guard cannot record slot %s on "
+	    "publication %s here, so a loss of the slot would not be detected; to protect it, add the "
+	    "line '" MARKER " %s %s %s' to the publication's comment on the primary", cfg->slot,
+	    cfg->publication, cfg->slot, sysid, lsn);
+}
+
+/*
  * The slot exists but the publication holds no record of it: a slot made
  * outside outboxd (or by an earlier version), recorded now so that a later
  * loss is detected.  A publication dropped and created again behind the
  * slot also loses the record; the server then cannot decode the slot's
  * backlog ("publication ... does not exist"), which ends the run with the
  * recovery steps (relay.c).  Only warns, and only once per process, when
- * the record cannot be written.
+ * the record cannot be written; on a hot standby, which cannot write it,
+ * says once what to add on the primary.
  */
 static void
 adopt_slot(PGconn *c, const struct obx_config *cfg, const struct sqlnames *nm, const char *sysid,
-    obx_lsn confirmed)
+    obx_lsn confirmed, bool in_recovery, struct obx_pgsetup_ctx *ctx)
 {
 	char sql[1024], err[1024], msysid[32], mlsn[32], at[OBX_LSN_STRLEN];
 	PGresult *res;
@@ -741,7 +981,9 @@ adopt_slot(PGconn *c, const struct obx_config *cfg, const struct sqlnames *nm, c
 	if (PQntuples(res) == 1 && !find_marker(PQgetvalue(res, 0, 0), cfg->slot, msysid, sizeof(msysid),
 	    mlsn, sizeof(mlsn))) {
 		obx_lsn_format(confirmed, at, sizeof(at));
-		if (record_marker(c, cfg, nm, PQgetvalue(res, 0, 0), sysid, at, true))
+		if (in_recovery)
+			note_standby_guard(cfg, sysid, at, ctx);
+		else if (record_marker(c, cfg, nm, PQgetvalue(res, 0, 0), sysid, at, true))
 			obx_log_info("slot %s has no record on publication %s (made outside outboxd?): "
 			    "recorded it at %s", cfg->slot, cfg->publication, at);
 	}
@@ -771,33 +1013,67 @@ may_create_slot(const struct obx_config *cfg, bool marked, bool recreate, const 
 
 /* Says what was created; a recreated slot skipped what its predecessor had not confirmed. */
 static void
-log_created(const struct obx_config *cfg, bool marked, const char *mlsn, const char *point)
+log_created(const struct obx_config *cfg, bool marked, const char *mlsn, const char *point,
+    const char *how)
 {
 	if (marked)
-		obx_log_warn("recreated slot %s at %s (--recreate-slot); the previous slot was created at %s: "
-		    "events committed between its last confirmed position and %s are not published",
-		    cfg->slot, point, mlsn, point);
+		obx_log_warn("recreated slot %s at %s%s (--recreate-slot); the previous slot was created at "
+		    "%s: events committed between its last confirmed position and %s are not published",
+		    cfg->slot, point, how, mlsn, point);
 	else
-		obx_log_info("created slot %s at %s", cfg->slot, point);
+		obx_log_info("created slot %s at %s%s", cfg->slot, point, how);
+}
+
+/*
+ * A slot synchronized to a standby (17, failover) that was then promoted:
+ * the same slot, at the position last copied from the former primary,
+ * which may be behind what outboxd confirmed there.  Said once.
+ */
+static void
+note_synced(const struct obx_config *cfg, obx_lsn confirmed, struct obx_pgsetup_ctx *ctx)
+{
+	char at[OBX_LSN_STRLEN];
+
+	if (ctx->said_synced)
+		return;
+	ctx->said_synced = true;
+	obx_log_info("slot %s was synchronized from the former primary before this server's "
+	    "promotion: resuming at %s; events confirmed there after the last synchronization are "
+	    "published again", cfg->slot, obx_lsn_format(confirmed, at, sizeof(at)));
 }
 
 int
 obx_pgsetup_slot(PGconn *c, const struct obx_config *cfg, const char *sysid, bool recreate,
-    obx_lsn *confirmed, bool *created, char *errbuf, size_t errlen)
+    bool in_recovery, struct obx_pgsetup_ctx *ctx, obx_lsn *confirmed, bool *created,
+    char *errbuf, size_t errlen)
 {
-	char msysid[32], mlsn[32], point[32];
+	struct obx_pgfacts f = obx_pg_facts(c);
+	char msysid[32], mlsn[32], point[32], ver[32];
 	char *comment = NULL;
 	struct sqlnames nm;
+	struct slotrow row;
 	bool marked = false, raced = false;
 	int r;
 
 	*created = false;
+	if (cfg->failover && cfg->failover_set && !f.failover_slots && !ctx->said_failover_ignored) {
+		obx_log_info("[source] failover = on is ignored: PostgreSQL %s cannot synchronize slots to "
+		    "standbys (17 and later can); after a failover the slot guard refuses to go on without "
+		    "the slot", obx_pgversion_format(f.version, ver, sizeof(ver)));
+		ctx->said_failover_ignored = true;
+	}
 	if ((r = sqlnames_init(&nm, c, cfg, errbuf, errlen)) != 0)
 		return r;
 	for (int attempt = 0; attempt < SETUP_ATTEMPTS; attempt++) {
-		r = read_slot(c, cfg, &nm, confirmed, errbuf, errlen);
-		if (r == 0)
-			adopt_slot(c, cfg, &nm, sysid, *confirmed);
+		r = read_slot(c, cfg, &nm, in_recovery, &row, errbuf, errlen);
+		if (r == 0) {
+			*confirmed = row.confirmed;
+			adopt_slot(c, cfg, &nm, sysid, row.confirmed, in_recovery, ctx);
+			if (row.synced && !in_recovery)
+				note_synced(cfg, row.confirmed, ctx);
+			if (f.failover_slots)
+				r = match_failover(c, cfg, &nm, &row, in_recovery, ctx, errbuf, errlen);
+		}
 		if (r != OBX_ENOENT)
 			goto out;
 		free(comment);
@@ -807,14 +1083,20 @@ obx_pgsetup_slot(PGconn *c, const struct obx_config *cfg, const char *sysid, boo
 		if (r == 0)
 			r = may_create_slot(cfg, marked, recreate, msysid, mlsn, errbuf, errlen);
 		if (r == 0)
-			r = create_slot(c, cfg, &nm, confirmed, point, sizeof(point), &raced, errbuf,
-			    errlen);
+			r = create_slot(c, cfg, &nm, in_recovery, ctx, confirmed, point, sizeof(point), &raced,
+			    errbuf, errlen);
 		if (r != 0)
 			goto out;
 		if (!raced) {
 			*created = true;
-			log_created(cfg, marked, mlsn, point);
-			record_marker(c, cfg, &nm, comment, sysid, point, false);
+			log_created(cfg, marked, mlsn, point, in_recovery ? " on a hot standby" :
+			    f.failover_slots && cfg->failover ? " with failover" : "");
+			if (in_recovery && f.failover_slots && cfg->failover)
+				note_standby_failover(cfg, ctx);
+			if (in_recovery)
+				note_standby_guard(cfg, sysid, point, ctx);
+			else
+				record_marker(c, cfg, &nm, comment, sysid, point, false);
 			warn_unpublished_rows(c, cfg, &nm);
 			goto out;
 		}

@@ -107,7 +107,7 @@ start_replication(struct obx_pgstream *s, const struct obx_config *cfg, char *er
 
 enum obx_fail
 obx_pgstream_open(struct obx_pgstream *s, const struct obx_config *cfg, bool recreate_slot,
-    bool streaming, char *errbuf, size_t errlen)
+    bool streaming, struct obx_pgsetup_ctx *ctx, char *errbuf, size_t errlen)
 {
 	int r;
 
@@ -121,14 +121,14 @@ obx_pgstream_open(struct obx_pgstream *s, const struct obx_config *cfg, bool rec
 	if ((r = obx_pgsetup_identify(s->conn, s->sysid, sizeof(s->sysid), &s->timeline, errbuf,
 	    errlen)) != 0)
 		goto out;
-	if ((r = obx_pgsetup_check_server(s->conn, cfg, &s->wal_sender_timeout_ms, errbuf,
-	    errlen)) != 0)
+	if ((r = obx_pgsetup_check_server(s->conn, cfg, &s->wal_sender_timeout_ms, &s->in_recovery,
+	    errbuf, errlen)) != 0)
 		goto out;
 	/* publication first: a slot created before its publication breaks decoding */
-	if ((r = obx_pgsetup_publication(s->conn, cfg, errbuf, errlen)) != 0)
+	if ((r = obx_pgsetup_publication(s->conn, cfg, s->in_recovery, errbuf, errlen)) != 0)
 		goto out;
-	if ((r = obx_pgsetup_slot(s->conn, cfg, s->sysid, recreate_slot, &s->start_confirmed,
-	    &s->slot_created, errbuf, errlen)) != 0)
+	if ((r = obx_pgsetup_slot(s->conn, cfg, s->sysid, recreate_slot, s->in_recovery, ctx,
+	    &s->start_confirmed, &s->slot_created, errbuf, errlen)) != 0)
 		goto out;
 	r = start_replication(s, cfg, errbuf, errlen);
 out:

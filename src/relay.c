@@ -45,6 +45,7 @@ struct relay {
 	struct obx_metrics m;
 	struct obx_http http;
 	bool http_on;
+	struct obx_pgsetup_ctx setup; /* lines said once, the tick while the setup waits */
 
 	enum obx_core_end end;  /* how the last session ended */
 	char reason[1024];
@@ -408,6 +409,21 @@ conninfo_dbname(const char *conninfo, char *out, size_t len)
 
 /* ---- one session ---- */
 
+/*
+ * Runs about every second while the setup waits on the server (a slot
+ * created on a hot standby waits for the primary): /healthz stays green
+ * and a stop signal ends the wait.
+ */
+static bool
+setup_tick(void *arg)
+{
+	struct relay *r = arg;
+
+	publish(r);
+	read_signals(r);
+	return r->core.signals > 0;
+}
+
 /* Connects and starts the producer.  Returns true when streaming may begin. */
 static bool
 session_open(struct relay *r)
@@ -421,7 +437,7 @@ session_open(struct relay *r)
 	/* --recreate-slot is for the slot missing at start-up: once a session has found or
 	 * created the slot (also as a standby), one lost later is refused as usual */
 	f = obx_pgstream_open(&r->st, r->cfg, r->opts->recreate_slot && !r->slot_seen,
-	    obx_core_streaming_allowed(&r->core), err, sizeof(err));
+	    obx_core_streaming_allowed(&r->core), &r->setup, err, sizeof(err));
 	if (f == OBX_FAIL_NONE || f == OBX_FAIL_SLOT_IN_USE || r->st.slot_created)
 		r->slot_seen = true;
 	if (f != OBX_FAIL_NONE) {
@@ -465,10 +481,11 @@ session_open(struct relay *r)
 	r->last_progress_ms = now_ms();
 	r->progress_events = r->core.published;
 	r->progress_txns = r->m.transactions;
-	obx_log_info("streaming from slot %s at %s (pgoutput protocol %d%s%s, status every %d ms)",
+	obx_log_info("streaming from slot %s at %s (pgoutput protocol %d%s%s%s, status every %d ms)",
 	    r->cfg->slot, obx_lsn_format(r->st.start_confirmed, a, sizeof(a)), r->st.proto_version,
 	    r->st.streaming ? ", streaming in-progress transactions" : "",
-	    r->cfg->messages ? ", messages" : "", interval);
+	    r->cfg->messages ? ", messages" : "", r->st.in_recovery ? ", from a hot standby" : "",
+	    interval);
 	return true;
 }
 
@@ -618,6 +635,8 @@ obx_relay_run(const struct obx_config *cfg, const struct obx_run_opts *opts)
 	r.silence_factor = 1;
 	r.log_level = cfg->log_level;
 	r.progress_interval_ms = cfg->progress_interval_ms;
+	r.setup.tick = setup_tick;
+	r.setup.tick_arg = &r;
 #ifdef OBX_TEST_HOOKS
 	if (getenv("OBX_TEST_FATAL_AFTER") != NULL)
 		r.test_fatal_after = atol(getenv("OBX_TEST_FATAL_AFTER"));

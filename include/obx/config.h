@@ -71,6 +71,8 @@ struct obx_config {
 	long long stream_buffer_bytes; /* cap on buffered streamed events before falling back */
 	bool messages;              /* transactional logical decoding messages become events */
 	char *message_prefix;
+	bool failover;              /* the slot is synchronized to standbys (PostgreSQL 17+) */
+	bool failover_set;          /* failover was given (file, environment or --set) */
 
 	/* [outbox]: column names and the topic template */
 	char *col_id;

@@ -26,7 +26,15 @@
  * (failover, DROP, restore of an older backup): events committed since its
  * last confirmed position may never be published, so obx_pgsetup_slot()
  * refuses to create it again unless told to (outboxd run --recreate-slot),
- * and then says what may have been skipped.
+ * and then says what may have been skipped.  A slot synchronized to a
+ * standby (PostgreSQL 17+, failover) is the same slot once that standby is
+ * promoted: it exists there, so the guard has nothing to refuse
+ * (docs/design.md, "Slot guard").
+ *
+ * A hot standby as the source (PostgreSQL 16+).  The server is read-only:
+ * the publication must come from the primary, the guard's record cannot be
+ * written (it is read from the primary's copy), and failover cannot be
+ * enabled on a standby's own slot.
  */
 #ifndef OBX_PGSETUP_H
 #define OBX_PGSETUP_H
@@ -38,6 +46,24 @@
 
 #include "obx/config.h"
 #include "obx/lsn.h"
+
+/*
+ * What the caller lends the setup for the life of the process: the lines
+ * said once however many sessions there are (zero them before the first
+ * session and keep the struct), and a tick that runs about every second
+ * while a command waits on the server (a slot created on a hot standby, a
+ * slot altered while another instance holds it).  The tick returns true to
+ * give up waiting (a stop signal); it may be NULL.
+ */
+struct obx_pgsetup_ctx {
+	bool (*tick)(void *arg);
+	void *tick_arg;
+	bool said_failover_ignored; /* [source] failover = on below PostgreSQL 17 */
+	bool said_standby_guard;    /* the guard cannot record the slot on a hot standby */
+	bool said_standby_failover; /* failover cannot be enabled on a hot standby */
+	bool said_standby_create;   /* creating a slot on a hot standby waits for the primary */
+	bool said_synced;           /* the slot was synchronized before this server's promotion */
+};
 
 /*
  * Connects to conninfo with replication=database.  Returns 0 with *out set
@@ -66,34 +92,47 @@ int obx_pgsetup_identify(PGconn *c, char *sysid, size_t sysidlen, int *timeline,
     size_t errlen);
 
 /*
- * Checks wal_level = logical and reads the server's wal_sender_timeout into
+ * Checks wal_level = logical, reads the server's wal_sender_timeout into
  * *wal_sender_timeout_ms (0: disabled), which the caller's status interval
- * must stay below.  Returns 0, OBX_EIO, OBX_ECONFIG or OBX_EPROTO.
+ * must stay below, and sets *in_recovery when the server is a hot standby
+ * (pg_is_in_recovery()); a standby before PostgreSQL 16, which cannot
+ * decode, is refused.  Returns 0, OBX_EIO, OBX_ECONFIG or OBX_EPROTO.
  */
 int obx_pgsetup_check_server(PGconn *c, const struct obx_config *cfg, int *wal_sender_timeout_ms,
-    char *errbuf, size_t errlen);
+    bool *in_recovery, char *errbuf, size_t errlen);
 
 /*
- * Makes sure cfg's publication exists (creating it when cfg allows) and
- * publishes the inserts of the outbox table (through the partitioned root,
- * with no row filter, with every mapped column; a mapped column the table
- * lacks is only logged).  Without the table and with [source] messages =
- * on, an empty publication is enough.  Two instances may race to create
- * it; both succeed.  Returns 0, OBX_EIO, OBX_ECONFIG or OBX_ENOMEM.
+ * Makes sure cfg's publication exists (creating it when cfg allows and the
+ * server is not in_recovery) and publishes the inserts of the outbox table
+ * (through the partitioned root, with no row filter, with every mapped
+ * column; a mapped column the table lacks is only logged).  Without the
+ * table and with [source] messages = on, an empty publication is enough.
+ * Two instances may race to create it; both succeed.  Returns 0, OBX_EIO,
+ * OBX_ECONFIG (also: missing on a hot standby, naming what to run on the
+ * primary) or OBX_ENOMEM.
  */
-int obx_pgsetup_publication(PGconn *c, const struct obx_config *cfg, char *errbuf, size_t errlen);
+int obx_pgsetup_publication(PGconn *c, const struct obx_config *cfg, bool in_recovery,
+    char *errbuf, size_t errlen);
 
 /*
  * Makes sure cfg's logical pgoutput slot exists, creating it when cfg
  * allows and the slot guard agrees (recreate: --recreate-slot).  sysid
- * goes into the guard's record.  Sets *confirmed to the slot's
- * confirmed_flush (its consistent point when created) and *created.  An
- * instance racing to create the same slot makes this one use it.
- * Returns 0, OBX_EIO, OBX_EBUSY (another instance is creating it),
- * OBX_ECONFIG (not a pgoutput slot, invalidated, lost, or missing with
- * create_slot = false), OBX_EPROTO or OBX_ENOMEM.
+ * goes into the guard's record.  On PostgreSQL 17+ the slot's failover
+ * flag is made [source] failover (created with FAILOVER, or changed with
+ * ALTER_REPLICATION_SLOT when no other instance holds it); a standby's own
+ * slot keeps failover off.  in_recovery: the server is a hot standby
+ * (obx_pgsetup_check_server); a slot synchronized from the primary cannot
+ * be used there until the server is promoted, which is waited for.  Sets
+ * *confirmed to the slot's confirmed_flush (its consistent point when
+ * created) and *created.  An instance racing to create the same slot makes
+ * this one use it.  ctx is the caller's (see struct obx_pgsetup_ctx).
+ * Returns 0, OBX_EIO (also: a synchronized slot on a standby in recovery,
+ * a wait given up on a stop signal), OBX_EBUSY (another instance is
+ * creating or holding it), OBX_ECONFIG (not a pgoutput slot, invalidated,
+ * lost, or missing with create_slot = false), OBX_EPROTO or OBX_ENOMEM.
  */
 int obx_pgsetup_slot(PGconn *c, const struct obx_config *cfg, const char *sysid, bool recreate,
-    obx_lsn *confirmed, bool *created, char *errbuf, size_t errlen);
+    bool in_recovery, struct obx_pgsetup_ctx *ctx, obx_lsn *confirmed, bool *created,
+    char *errbuf, size_t errlen);
 
 #endif

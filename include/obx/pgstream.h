@@ -18,6 +18,7 @@
 
 #include "obx/config.h"
 #include "obx/lsn.h"
+#include "obx/pgsetup.h"
 
 /* How a failure should be handled by the caller. */
 enum obx_fail {
@@ -37,6 +38,7 @@ struct obx_pgstream {
 	int proto_version; /* the pgoutput protocol version asked for */
 	bool streaming;    /* the server streams large in-progress transactions */
 	bool slot_created; /* this run created the slot */
+	bool in_recovery;  /* the server is a hot standby (PostgreSQL 16+) */
 	uint8_t *copybuf; /* the last CopyData message, owned (PQfreemem) */
 };
 
@@ -46,14 +48,15 @@ struct obx_pgstream {
  * slot that this database records as having existed (the slot guard, see
  * pgsetup.h).  streaming asks for in-progress transactions (cfg->streaming
  * may be overridden by the caller after a buffer overflow); s->streaming
- * says whether it was requested.  Returns OBX_FAIL_NONE, or a failure class
+ * says whether it was requested.  ctx is the caller's for the life of the
+ * process (struct obx_pgsetup_ctx).  Returns OBX_FAIL_NONE, or a failure class
  * with errbuf filled (one line, no secrets): OBX_FAIL_RETRY for a transient
  * failure (OBX_EIO from the setup), OBX_FAIL_SLOT_IN_USE when another
  * instance holds or is creating the slot, OBX_FAIL_FATAL otherwise.  Call
  * obx_pgstream_close() either way.
  */
 enum obx_fail obx_pgstream_open(struct obx_pgstream *s, const struct obx_config *cfg,
-    bool recreate_slot, bool streaming, char *errbuf, size_t errlen);
+    bool recreate_slot, bool streaming, struct obx_pgsetup_ctx *ctx, char *errbuf, size_t errlen);
 
 /* The socket to poll for reading (and writing while obx_pgstream_flush() returns 1). */
 int obx_pgstream_fd(const struct obx_pgstream *s);

@@ -75,25 +75,73 @@ t_pg_ctl(const struct t_stack *st, const char *args)
 	return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
 
-void
-t_stack_start_extra(struct t_stack *st, const char *statedir, const char *extra_conf_path)
+/* Loads statedir/env into st, leaving OBX_STACK_ENV as it was. */
+static void
+stack_load_from(struct t_stack *st, const char *statedir)
 {
-	const char *src = getenv("OBX_SOURCE_DIR");
-	char cmd[2048], env[1024];
+	char env[1024];
 	const char *saved = getenv("OBX_STACK_ENV");
 	char *keep = saved ? strdup(saved) : NULL;
 
-	snprintf(cmd, sizeof(cmd), "%s/tests/stack/pgstack.sh start %s %s >/dev/null", src ? src : ".",
-	    statedir, extra_conf_path ? extra_conf_path : "");
-	if (system(cmd) != 0)
-		fail_msg("could not start a second cluster");
 	snprintf(env, sizeof(env), "%s/env", statedir);
 	setenv("OBX_STACK_ENV", env, 1);
 	t_stack_load(st);
 	if (keep != NULL) {
 		setenv("OBX_STACK_ENV", keep, 1);
 		free(keep);
+	} else {
+		unsetenv("OBX_STACK_ENV");
 	}
+}
+
+/* Runs tests/stack/pgstack.sh with args; fails the test with what unless it succeeds. */
+static void
+pgstack(const char *args, const char *what)
+{
+	const char *src = getenv("OBX_SOURCE_DIR");
+	char cmd[2048];
+
+	snprintf(cmd, sizeof(cmd), "%s/tests/stack/pgstack.sh %s >/dev/null", src ? src : ".", args);
+	if (system(cmd) != 0)
+		fail_msg("could not %s (pgstack.sh %s)", what, args);
+}
+
+void
+t_stack_start_extra(struct t_stack *st, const char *statedir, const char *extra_conf_path)
+{
+	char args[1536];
+
+	snprintf(args, sizeof(args), "start %s %s", statedir, extra_conf_path ? extra_conf_path : "");
+	pgstack(args, "start a second cluster");
+	stack_load_from(st, statedir);
+}
+
+void
+t_stack_standby(struct t_stack *st, const char *primary_statedir, const char *statedir)
+{
+	char args[1536];
+
+	snprintf(args, sizeof(args), "standby %s %s", primary_statedir, statedir);
+	pgstack(args, "make a standby");
+	stack_load_from(st, statedir);
+}
+
+void
+t_stack_promote(const char *statedir)
+{
+	char args[1536];
+
+	snprintf(args, sizeof(args), "promote %s", statedir);
+	pgstack(args, "promote the standby");
+}
+
+void
+t_stack_crash(const char *statedir)
+{
+	char args[1536];
+
+	snprintf(args, sizeof(args), "stop-immediate %s", statedir);
+	pgstack(args, "stop the server");
 }
 
 void

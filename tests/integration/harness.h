@@ -35,6 +35,17 @@ int t_pg_ctl(const struct t_stack *st, const char *args);
 /* Starts a second throwaway cluster in statedir with extra postgresql.conf lines. */
 void t_stack_start_extra(struct t_stack *st, const char *statedir, const char *extra_conf_path);
 void t_stack_stop_extra(const char *statedir);
+/*
+ * Makes a physical standby of the cluster in primary_statedir (pgstack.sh
+ * standby: a physical slot, hot_standby_feedback, from 17 slot
+ * synchronization and synchronized_standby_slots) in statedir and loads it
+ * into st; stop it with t_stack_stop_extra(statedir).
+ */
+void t_stack_standby(struct t_stack *st, const char *primary_statedir, const char *statedir);
+/* Promotes the standby of statedir and waits for it (pgstack.sh promote). */
+void t_stack_promote(const char *statedir);
+/* Stops the server of statedir with -m immediate, a crash (pgstack.sh stop-immediate). */
+void t_stack_crash(const char *statedir);
 
 /* Connects to db (replication=database when repl); fails the test on error. */
 PGconn *t_pg(const struct t_stack *st, const char *db, int repl);

@@ -79,6 +79,8 @@ test_defaults(void **state)
 	assert_int_equal(cfg.stream_buffer_bytes, 64LL << 20);
 	assert_false(cfg.messages);
 	assert_string_equal(cfg.message_prefix, "outboxd");
+	assert_true(cfg.failover);
+	assert_false(cfg.failover_set);
 	assert_string_equal(cfg.col_id, "id");
 	assert_string_equal(cfg.col_key, "aggregateid");
 	assert_string_equal(cfg.col_aggregate_type, "aggregatetype");
@@ -188,6 +190,39 @@ test_structure_errors(void **state)
 	}
 }
 
+/* [source] failover: on by default; whether it was given is kept (an info line below 17) */
+static void
+test_failover_setting(void **state)
+{
+	struct obx_config cfg;
+	char *env[] = { "OUTBOXD_SOURCE_FAILOVER=on", NULL };
+	const char *sets[] = { "source.failover=off" };
+
+	(void)state;
+	assert_int_equal(load(&cfg, KAFKA "[source]\nfailover = off\n", NULL, NULL, 0), 0);
+	assert_false(cfg.failover);
+	assert_true(cfg.failover_set);
+	obx_config_reset(&cfg);
+	assert_int_equal(load(&cfg, KAFKA, env, NULL, 0), 0);
+	assert_true(cfg.failover);
+	assert_true(cfg.failover_set);
+	obx_config_reset(&cfg);
+	assert_int_equal(load(&cfg, KAFKA, env, sets, 1), 0);
+	assert_false(cfg.failover);
+	obx_config_reset(&cfg);
+	{
+		struct obx_config a, b;
+		const char *names[8];
+
+		assert_int_equal(load(&a, KAFKA, NULL, NULL, 0), 0);
+		assert_int_equal(load(&b, KAFKA, NULL, sets, 1), 0);
+		assert_int_equal(obx_config_diff(&a, &b, names, 8), 1);
+		assert_string_equal(names[0], "[source] failover");
+		obx_config_reset(&a);
+		obx_config_reset(&b);
+	}
+}
+
 static void
 test_value_errors(void **state)
 {
@@ -197,6 +232,7 @@ test_value_errors(void **state)
 	expect_error(KAFKA "[source]\ncreate_publication = 2\n", "key 'create_publication': expected true or false");
 	expect_error(KAFKA "[source]\nstreaming = parallel\n", ":4: key 'streaming': expected on or off, got 'parallel'");
 	expect_error(KAFKA "[source]\nmessages = sometimes\n", ":4: key 'messages': expected true or false");
+	expect_error(KAFKA "[source]\nfailover = true\n", ":4: key 'failover': expected on or off, got 'true'");
 	expect_error(KAFKA "[source]\nmessage_prefix =\n", ":4: key 'message_prefix'");
 	expect_error(KAFKA "[source]\nstream_buffer = 12\n", ":4: key 'stream_buffer': '12' is out of range (1KiB to 1TiB)");
 	expect_error(KAFKA "[source]\nstream_buffer = lots\n", ":4: key 'stream_buffer': expected a size");
@@ -631,6 +667,7 @@ main(void)
 		cmocka_unit_test(test_full_file),
 		cmocka_unit_test(test_structure_errors),
 		cmocka_unit_test(test_value_errors),
+		cmocka_unit_test(test_failover_setting),
 		cmocka_unit_test(test_kafka_properties),
 		cmocka_unit_test(test_secrets_never_printed),
 		cmocka_unit_test(test_environment_and_set_overrides),
