@@ -55,12 +55,14 @@ test_publication_and_table_refusals(void **state)
 	t_exec(R.pg, "CREATE PUBLICATION outboxd FOR TABLE outbox WITH (publish = 'update, delete')");
 	expect_refusal(NULL, NULL, "publication outboxd does not publish inserts");
 	t_exec(R.pg, "DROP PUBLICATION outboxd");
-	t_exec(R.pg, "CREATE PUBLICATION outboxd FOR TABLE outbox WHERE (aggregatetype <> 'secret')");
-	expect_refusal(NULL, NULL, "publication outboxd has a row filter on public.outbox");
-	t_exec(R.pg, "DROP PUBLICATION outboxd");
-	t_exec(R.pg, "CREATE PUBLICATION outboxd FOR TABLE outbox (id, aggregateid, type, payload)");
-	expect_refusal(NULL, NULL, "has a column list without the mapped column(s) aggregatetype");
-	t_exec(R.pg, "DROP PUBLICATION outboxd");
+	if (t_pg_has(15, "publications with a row filter or a column list")) {
+		t_exec(R.pg, "CREATE PUBLICATION outboxd FOR TABLE outbox WHERE (aggregatetype <> 'secret')");
+		expect_refusal(NULL, NULL, "publication outboxd has a row filter on public.outbox");
+		t_exec(R.pg, "DROP PUBLICATION outboxd");
+		t_exec(R.pg, "CREATE PUBLICATION outboxd FOR TABLE outbox (id, aggregateid, type, payload)");
+		expect_refusal(NULL, NULL, "has a column list without the mapped column(s) aggregatetype");
+		t_exec(R.pg, "DROP PUBLICATION outboxd");
+	}
 	/* no slot may have been created by any of the refused starts */
 	{
 		char *n = t_query1(R.pg, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = '%s'", R.slot);
@@ -431,5 +433,5 @@ main(void)
 		cmocka_unit_test_teardown(test_publication_recreated_behind_slot, teardown),
 	};
 
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	return T_RUN_TESTS(tests);
 }
