@@ -26,6 +26,11 @@ for m in "${majors[@]}"; do
 	esac
 done
 if [ "${#others[@]}" -gt 0 ]; then
+	# the servers run as postgres, which must reach the binaries: a checkout it
+	# cannot enter keeps them outside
+	if [ "$(id -u)" -eq 0 ] && [ -z "${OBX_PGMAJORS_DIR:-}" ] && ! runuser -u postgres -- test -x "$PWD"; then
+		export OBX_PGMAJORS_DIR=/var/cache/obx-pgmajors
+	fi
 	# one line per major: MAJOR VERSION BINDIR
 	installed=$(bash scripts/pg-majors.sh "${others[@]}")
 	while read -r m _ bin; do pgbin[$m]=$bin; done <<<"$installed"
