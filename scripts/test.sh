@@ -1,12 +1,40 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds outboxd with AddressSanitizer and
 # UndefinedBehaviorSanitizer, and runs every test (unit, CLI, integration
-# against a real PostgreSQL 15 and the Kafka test broker, which the tests
+# against real PostgreSQL servers and the Kafka test broker, which the tests
 # start and stop themselves).  Exits non-zero on any failure.
+#
+# PostgreSQL majors: the whole suite runs on Debian's 15 and on 18; 13, 14,
+# 16 and 17 run the compatibility set (the tests labelled compat in
+# tests/CMakeLists.txt, which says what it holds).  The majors other than
+# 15 come from scripts/pg-majors.sh; each gets a fresh cluster (ctest's
+# stack.start/stop fixture with OBX_PGBIN).  OBX_TEST_MAJORS="15 17"
+# runs those majors only, in that order.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash scripts/install-deps.sh
+
+read -r -a majors <<<"${OBX_TEST_MAJORS:-15 18 13 14 16 17}"
+declare -A pgbin=([15]=/usr/lib/postgresql/15/bin)
+others=()
+for m in "${majors[@]}"; do
+	case "$m" in
+	15) ;;
+	13 | 14 | 16 | 17 | 18) others+=("$m") ;;
+	*) echo "test.sh: OBX_TEST_MAJORS: no PostgreSQL major '$m' (13 to 18)" >&2; exit 2 ;;
+	esac
+done
+if [ "${#others[@]}" -gt 0 ]; then
+	# the servers run as postgres, which must reach the binaries: a checkout it
+	# cannot enter keeps them outside
+	if [ "$(id -u)" -eq 0 ] && [ -z "${OBX_PGMAJORS_DIR:-}" ] && ! runuser -u postgres -- test -x "$PWD"; then
+		export OBX_PGMAJORS_DIR=/var/cache/obx-pgmajors
+	fi
+	# one line per major: MAJOR VERSION BINDIR
+	installed=$(bash scripts/pg-majors.sh "${others[@]}")
+	while read -r m _ bin; do pgbin[$m]=$bin; done <<<"$installed"
+fi
 
 build=${OBX_BUILD_DIR:-build-asan}
 cmake -S . -B "$build" -DOBX_SANITIZE=ON -DOBX_TEST_HOOKS=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
@@ -16,7 +44,28 @@ export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 before=$(ls -d /tmp/obx-pg.* 2>/dev/null | sort || true)
 rc=0
-(cd "$build" && ctest --output-on-failure --timeout 900) || rc=$?
+summary=()
+npass=0
+nfail=0
+for m in "${majors[@]}"; do
+	case "$m" in
+	15 | 18) what="whole suite" sel=(-LE compat) ;;
+	*) what="compatibility set" sel=(-L compat) ;;
+	esac
+	echo "test.sh: PostgreSQL $m, $what"
+	t0=$(date +%s)
+	r=0
+	(cd "$build" && OBX_PGBIN=${pgbin[$m]} ctest --output-on-failure --timeout 900 "${sel[@]}") || r=$?
+	if [ "$r" -eq 0 ]; then
+		result=passed
+		npass=$((npass + 1))
+	else
+		result=failed
+		nfail=$((nfail + 1))
+		rc=1
+	fi
+	summary+=("test.sh: PostgreSQL $m ($what): $result, $(($(date +%s) - t0)) s")
+done
 
 # the micro-benchmarks must keep building and running (figures from a
 # sanitized build mean nothing; bench/ is run on a plain build)
@@ -35,4 +84,6 @@ if [ -n "$left" ]; then
 	echo "test.sh: test stack left directories behind: $left" >&2
 	rc=1
 fi
+printf '%s\n' "${summary[@]}"
+echo "majors: $npass passed, $nfail failed"
 exit "$rc"

@@ -105,6 +105,37 @@ start_replication(struct obx_pgstream *s, const struct obx_config *cfg, char *er
 	return r;
 }
 
+/*
+ * Notices on the stream's connection.  A publication dropped and created
+ * again behind the slot leaves a stretch of WAL that the server cannot
+ * decode with it: up to 17 pgoutput stops with an error there, but 18 warns
+ * "skipped loading publication" (SQLSTATE 55000, from LoadPublications) and
+ * goes on without it, so the changes of that stretch are never sent and a
+ * later keepalive would let outboxd confirm past them.  The warning is kept
+ * for obx_pgstream_read(), which ends the stream before the next message
+ * (libpq hands notices over in their place in the stream).  Every other
+ * notice goes to libpq's own receiver, as before.
+ */
+static void
+on_notice(void *arg, const PGresult *res)
+{
+	struct obx_pgstream *s = arg;
+	const char *code = PQresultErrorField(res, PG_DIAG_SQLSTATE);
+	const char *fn = PQresultErrorField(res, PG_DIAG_SOURCE_FUNCTION);
+	const char *msg = PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY);
+
+	if (code != NULL && strcmp(code, "55000") == 0 && ((fn != NULL &&
+	    strcmp(fn, "LoadPublications") == 0) || (msg != NULL &&
+	    strstr(msg, "skipped loading publication") != NULL))) {
+		if (s->pub_skipped[0] == '\0')
+			snprintf(s->pub_skipped, sizeof(s->pub_skipped), "%s: the publication does not "
+			    "exist at this point in the WAL", msg != NULL ? msg : "skipped a publication");
+		return;
+	}
+	if (s->prev_notice != NULL)
+		s->prev_notice(NULL, res);
+}
+
 enum obx_fail
 obx_pgstream_open(struct obx_pgstream *s, const struct obx_config *cfg, bool recreate_slot,
     bool streaming, struct obx_pgsetup_ctx *ctx, char *errbuf, size_t errlen)
@@ -114,6 +145,7 @@ obx_pgstream_open(struct obx_pgstream *s, const struct obx_config *cfg, bool rec
 	memset(s, 0, sizeof(*s));
 	if ((r = obx_pgsetup_connect(cfg->conninfo, &s->conn, errbuf, errlen)) != 0)
 		goto out;
+	s->prev_notice = PQsetNoticeReceiver(s->conn, on_notice, s);
 	s->server_version = PQserverVersion(s->conn);
 	if ((r = obx_pgsetup_protocol(s->server_version, cfg, streaming, &s->proto_version,
 	    &s->streaming, errbuf, errlen)) != 0)
@@ -163,6 +195,13 @@ obx_pgstream_read(struct obx_pgstream *s, const uint8_t **buf, size_t *len, char
 		s->copybuf = NULL;
 	}
 	n = PQgetCopyData(s->conn, &copybuf, 1);
+	if (s->pub_skipped[0] != '\0') {
+		/* nothing after the warning is used: the stretch it skipped is not in it */
+		if (copybuf != NULL)
+			PQfreemem(copybuf);
+		snprintf(errbuf, errlen, "%s", s->pub_skipped);
+		return -1;
+	}
 	if (n > 0) {
 		s->copybuf = (uint8_t *)copybuf;
 		*buf = s->copybuf;

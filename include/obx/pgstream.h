@@ -40,6 +40,8 @@ struct obx_pgstream {
 	bool slot_created; /* this run created the slot */
 	bool in_recovery;  /* the server is a hot standby (PostgreSQL 16+) */
 	uint8_t *copybuf; /* the last CopyData message, owned (PQfreemem) */
+	PQnoticeReceiver prev_notice; /* libpq's receiver, for the notices pgstream.c does not read */
+	char pub_skipped[512]; /* "" or why the server decoded without the publication (pgstream.c) */
 };
 
 /*
@@ -64,7 +66,10 @@ int obx_pgstream_fd(const struct obx_pgstream *s);
 /*
  * Reads the next CopyData message without blocking.  Returns 1 with
  * buf and len set (borrowed until the next call), 0 when nothing is buffered,
- * -1 when the stream ended or failed (errbuf filled).
+ * -1 when the stream ended or failed (errbuf filled).  A server that went on
+ * decoding without the publication (PostgreSQL 18 warns and skips one that
+ * did not exist at that point in the WAL) ends the stream at the warning,
+ * with an errbuf saying that the publication does not exist there.
  */
 int obx_pgstream_read(struct obx_pgstream *s, const uint8_t **buf, size_t *len,
     char *errbuf, size_t errlen);

@@ -1,6 +1,7 @@
 #include <errno.h>
 #include <stdbool.h>
 #include <fcntl.h>
+#include <fnmatch.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -57,10 +58,92 @@ t_stack_load(struct t_stack *st)
 			snprintf(st->pgbin, sizeof(st->pgbin), "%s", eq);
 		else if (strcmp(line, "OBX_PGROOT") == 0)
 			snprintf(st->root, sizeof(st->root), "%s", eq);
+		else if (strcmp(line, "OBX_PGMAJOR") == 0)
+			st->major = atoi(eq);
 	}
 	fclose(fp);
 	if (st->port[0] == '\0')
 		fail_msg("%s has no OBX_PGPORT", path);
+}
+
+int
+t_pgmajor(void)
+{
+	static int major;
+	struct t_stack st;
+
+	if (major != 0)
+		return major;
+	t_stack_load(&st);
+	if (st.major < 13 || st.major > 18)
+		fail_msg("%s: OBX_PGMAJOR is missing or not 13..18 (got %d)", getenv("OBX_STACK_ENV"),
+		    st.major);
+	major = st.major;
+	return major;
+}
+
+int
+t_pgproto(int major)
+{
+	if (major <= 13)
+		return 1;
+	if (major == 14)
+		return 2;
+	if (major == 15)
+		return 3;
+	return 4;
+}
+
+int
+t_pg_has(int min_major, const char *what)
+{
+	int major = t_pgmajor();
+
+	if (major >= min_major)
+		return 1;
+	print_message("skipped on PostgreSQL %d: %s (needs %d)\n", major, what, min_major);
+	return 0;
+}
+
+int
+t_run_tests(const struct CMUnitTest *tests, size_t n)
+{
+	const char *filter = getenv("OBX_TEST_FILTER");
+	struct CMUnitTest *run;
+	size_t nrun = 0;
+	int r;
+
+	if (filter == NULL || filter[0] == '\0')
+		return _cmocka_run_group_tests("tests", tests, n, NULL, NULL);
+	run = calloc(n, sizeof(*run));
+	if (run == NULL) {
+		print_error("out of memory\n");
+		return 1;
+	}
+	for (size_t i = 0; i < n; i++) {
+		char *pats = strdup(filter), *save = NULL;
+
+		if (pats == NULL) {
+			print_error("out of memory\n");
+			free(run);
+			return 1;
+		}
+		for (char *p = strtok_r(pats, ",", &save); p != NULL; p = strtok_r(NULL, ",", &save)) {
+			if (fnmatch(p, tests[i].name, 0) == 0) {
+				run[nrun++] = tests[i];
+				break;
+			}
+		}
+		free(pats);
+	}
+	if (nrun == 0) {
+		print_error("OBX_TEST_FILTER=%s matches none of the %zu tests\n", filter, n);
+		free(run);
+		return 1;
+	}
+	r = _cmocka_run_group_tests("tests", run, nrun, NULL, NULL);
+	free(run);
+	return r;
 }
 
 int

@@ -24,10 +24,38 @@ struct t_stack {
 	char pgdata[512];
 	char pgbin[512];
 	char root[512];
+	int major; /* the server's PostgreSQL major (OBX_PGMAJOR) */
 };
 
 /* Loads OBX_STACK_ENV (written by pgstack.sh start); fails the test when absent. */
 void t_stack_load(struct t_stack *st);
+
+/*
+ * The stack's PostgreSQL major, 13 to 18, from OBX_PGMAJOR in the stack env
+ * file; fails the test when it is missing (an env file from an older
+ * pgstack.sh) or out of that range.
+ */
+int t_pgmajor(void);
+/* The pgoutput protocol version outboxd must ask a server of major for: 1 on 13, 2 on 14, 3 on 15, 4 from 16. */
+int t_pgproto(int major);
+/*
+ * Whether what, which needs PostgreSQL min_major or later, applies to the
+ * stack's server.  When it does not, prints one line "skipped on PostgreSQL
+ * N: what (needs min_major)" and returns 0; the caller then asserts what
+ * outboxd does instead where it does something, or ends the test with
+ * skip().  Nothing else may be skipped: a missing service still fails.
+ */
+int t_pg_has(int min_major, const char *what);
+
+/*
+ * Runs the cmocka tests whose names match OBX_TEST_FILTER, a comma-separated
+ * list of patterns (fnmatch: * and ?), or all of them when it is unset.
+ * A filter that matches none of them fails (a misspelt name in the
+ * compatibility set of tests/CMakeLists.txt must not pass by running
+ * nothing).  Returns what cmocka_run_group_tests returns.
+ */
+int t_run_tests(const struct CMUnitTest *tests, size_t n);
+#define T_RUN_TESTS(tests) t_run_tests((tests), sizeof(tests) / sizeof((tests)[0]))
 
 /* Runs pg_ctl ARGS against the stack's cluster (as postgres when root); returns its exit status. */
 int t_pg_ctl(const struct t_stack *st, const char *args);

@@ -382,5 +382,5 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_scenario3_duplicates_and_failures, setup, teardown),
 	};
 
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	return T_RUN_TESTS(tests);
 }

@@ -359,5 +359,5 @@ main(void)
 		cmocka_unit_test_teardown(test_sighup_rereads, teardown),
 	};
 
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	return T_RUN_TESTS(tests);
 }

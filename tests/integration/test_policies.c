@@ -55,12 +55,14 @@ test_publication_and_table_refusals(void **state)
 	t_exec(R.pg, "CREATE PUBLICATION outboxd FOR TABLE outbox WITH (publish = 'update, delete')");
 	expect_refusal(NULL, NULL, "publication outboxd does not publish inserts");
 	t_exec(R.pg, "DROP PUBLICATION outboxd");
-	t_exec(R.pg, "CREATE PUBLICATION outboxd FOR TABLE outbox WHERE (aggregatetype <> 'secret')");
-	expect_refusal(NULL, NULL, "publication outboxd has a row filter on public.outbox");
-	t_exec(R.pg, "DROP PUBLICATION outboxd");
-	t_exec(R.pg, "CREATE PUBLICATION outboxd FOR TABLE outbox (id, aggregateid, type, payload)");
-	expect_refusal(NULL, NULL, "has a column list without the mapped column(s) aggregatetype");
-	t_exec(R.pg, "DROP PUBLICATION outboxd");
+	if (t_pg_has(15, "publications with a row filter or a column list")) {
+		t_exec(R.pg, "CREATE PUBLICATION outboxd FOR TABLE outbox WHERE (aggregatetype <> 'secret')");
+		expect_refusal(NULL, NULL, "publication outboxd has a row filter on public.outbox");
+		t_exec(R.pg, "DROP PUBLICATION outboxd");
+		t_exec(R.pg, "CREATE PUBLICATION outboxd FOR TABLE outbox (id, aggregateid, type, payload)");
+		expect_refusal(NULL, NULL, "has a column list without the mapped column(s) aggregatetype");
+		t_exec(R.pg, "DROP PUBLICATION outboxd");
+	}
 	/* no slot may have been created by any of the refused starts */
 	{
 		char *n = t_query1(R.pg, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = '%s'", R.slot);
@@ -169,6 +171,7 @@ test_publication_recreated_behind_slot(void **state)
 {
 	struct t_msg *m;
 	size_t n;
+	char *gap;
 	int st;
 
 	(void)state;
@@ -179,11 +182,18 @@ test_publication_recreated_behind_slot(void **state)
 	assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
 	t_slot_wait_inactive(&R, 10000);
 	t_exec(R.pg, "DROP PUBLICATION outboxd");
+	gap = t_query1(R.pg, "SELECT pg_current_wal_lsn()");
 	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('pubre', 'gap', 'T', '{}')");
 	t_exec(R.pg, "CREATE PUBLICATION outboxd FOR TABLE outbox WITH (publish = 'insert')");
-	/* the server cannot decode the gap without the publication: a stop naming the recovery */
+	/* the server cannot decode the gap without the publication (up to 17 it stops with an
+	 * error, 18 warns and skips it): a stop naming the recovery, the gap not confirmed */
 	expect_refusal(NULL, NULL, "the publication was dropped behind slot");
 	assert_int_equal(t_log_count(&R, "retrying"), 0);
+	if (t_slot_confirmed(&R) > t_lsn(gap)) {
+		t_log_dump(&R);
+		fail_msg("the slot was confirmed past the row written without the publication (at %s)", gap);
+	}
+	free(gap);
 	/* the new publication had no record of the slot: written at start-up */
 	assert_int_equal(t_log_count(&R, "(made outside outboxd?): recorded it"), 1);
 
@@ -431,5 +441,5 @@ main(void)
 		cmocka_unit_test_teardown(test_publication_recreated_behind_slot, teardown),
 	};
 
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	return T_RUN_TESTS(tests);
 }

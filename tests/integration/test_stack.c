@@ -169,5 +169,5 @@ main(void)
 		cmocka_unit_test(test_kcat_talks_to_the_broker),
 	};
 
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	return T_RUN_TESTS(tests);
 }
