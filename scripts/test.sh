@@ -6,7 +6,7 @@
 #
 # PostgreSQL majors: the whole suite runs on Debian's 15 and on 18; 13, 14,
 # 16 and 17 run the compatibility set (the tests labelled compat in
-# tests/CMakeLists.txt, which says what it holds).  The majors other than
+# tests/CMakeLists.txt, which says what it holds) and the failover tests.  The majors other than
 # 15 come from scripts/pg-majors.sh; each gets a fresh cluster (ctest's
 # stack.start/stop fixture with OBX_PGBIN).  OBX_TEST_MAJORS="15 17"
 # runs those majors only, in that order.
@@ -50,7 +50,9 @@ nfail=0
 for m in "${majors[@]}"; do
 	case "$m" in
 	15 | 18) what="whole suite" sel=(-LE compat) ;;
-	*) what="compatibility set" sel=(-L compat) ;;
+	# and the failover tests, whose content follows the major: a synchronized slot
+	# surviving a crash on 17, a standby as the source on 16, refusals before
+	*) what="compatibility set and failover" sel=(-L 'compat|failover') ;;
 	esac
 	echo "test.sh: PostgreSQL $m, $what"
 	t0=$(date +%s)
