@@ -118,7 +118,7 @@ do_note(void *ctx, enum obx_log_level level, const char *line)
 	obx_log(level, "%s", line);
 }
 
-static const struct obx_core_ops relay_ops = { do_produce, do_note };
+static const struct obx_core_ops relay_ops = { do_produce, do_note, NULL };
 
 /* A delivery report, handed to the core with the record as the producer held it. */
 static void
