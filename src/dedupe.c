@@ -222,8 +222,6 @@ obx_dd_scan_partitions(struct obx_dd_scan *s, int32_t nparts)
 	}
 	s->nparts = nparts;
 	for (int32_t p = 0; p < nparts; p++) {
-		s->parts[p].read_from = -1;
-		s->parts[p].first_seen = -1;
 		s->parts[p].last_below = -1;
 		s->parts[p].last_foreign = -1;
 		s->parts[p].last_moved = -1;
@@ -249,30 +247,37 @@ next_window(const struct obx_dd_part *pt, uint64_t prev)
 	return want < prev * 8 ? want : prev * 8;
 }
 
-bool
-obx_dd_scan_want(struct obx_dd_scan *s, int32_t p, struct obx_dd_window *w)
+void
+obx_dd_scan_bounds(struct obx_dd_scan *s, int32_t p, int64_t lo, int64_t hi)
 {
 	struct obx_dd_part *pt;
 
 	if (!reading(s, p))
+		return;
+	pt = &s->parts[p];
+	pt->bounded = true;
+	pt->lo = lo;
+	pt->hi = pt->read_from = hi;
+	if (hi <= lo)
+		pt->reached = true; /* nothing there */
+}
+
+bool
+obx_dd_scan_want(struct obx_dd_scan *s, int32_t p, struct obx_dd_window *w)
+{
+	struct obx_dd_part *pt;
+	uint64_t n;
+
+	if (!reading(s, p))
 		return false;
 	pt = &s->parts[p];
-	if (pt->reached || pt->in_window)
+	if (!pt->bounded || pt->reached || pt->in_window)
 		return false;
-	if (!pt->started) {
-		pt->win = (struct obx_dd_window){ .tail = true, .count = OBX_DD_FIRST_WINDOW };
-	} else {
-		uint64_t n;
-
-		if (!pt->lo_known)
-			return false; /* obx_dd_scan_lo_needed() says so */
-		n = next_window(pt, pt->win.tail ? pt->win.count : (uint64_t)(pt->win.to - pt->win.from));
-		pt->win = (struct obx_dd_window){ .tail = false, .to = pt->read_from,
-			.from = pt->read_from - pt->lo > (int64_t)n ? pt->read_from - (int64_t)n : pt->lo };
-	}
-	pt->started = true;
+	n = pt->read_from == pt->hi ? OBX_DD_FIRST_WINDOW :
+	    next_window(pt, (uint64_t)(pt->win.to - pt->win.from));
+	pt->win.to = pt->read_from;
+	pt->win.from = pt->read_from - pt->lo > (int64_t)n ? pt->read_from - (int64_t)n : pt->lo;
 	pt->in_window = true;
-	pt->first_seen = -1;
 	*w = pt->win;
 	return true;
 }
@@ -288,10 +293,8 @@ obx_dd_scan_record(struct obx_dd_scan *s, int32_t p, int64_t offset, const void 
 	if (!reading(s, p) || !s->parts[p].in_window)
 		return;
 	pt = &s->parts[p];
-	if (!pt->win.tail && (offset < pt->win.from || offset >= pt->win.to))
+	if (offset < pt->win.from || offset >= pt->win.to)
 		return;
-	if (pt->first_seen < 0 || offset < pt->first_seen)
-		pt->first_seen = offset;
 	pt->records++;
 	pt->bytes += len + keylen;
 	for (size_t i = 0; i < nh; i++)
@@ -369,41 +372,8 @@ obx_dd_scan_window_done(struct obx_dd_scan *s, int32_t p)
 		obx_dd_scan_fail(s, p, "%s", why);
 		return;
 	}
-	if (pt->win.tail) {
-		if (pt->first_seen < 0) {
-			pt->reached = true; /* nothing there: an empty partition */
-			return;
-		}
-		pt->read_from = pt->first_seen;
-	} else {
-		pt->read_from = pt->win.from;
-	}
-	if (pt->read_from == 0 || (pt->lo_known && pt->read_from <= pt->lo))
-		pt->reached = true;
-}
-
-bool
-obx_dd_scan_lo_needed(const struct obx_dd_scan *s, int32_t p)
-{
-	const struct obx_dd_part *pt;
-
-	if (!reading(s, p))
-		return false;
-	pt = &s->parts[p];
-	return pt->started && !pt->in_window && !pt->reached && !pt->lo_known;
-}
-
-void
-obx_dd_scan_lo(struct obx_dd_scan *s, int32_t p, int64_t lo)
-{
-	struct obx_dd_part *pt;
-
-	if (!reading(s, p))
-		return;
-	pt = &s->parts[p];
-	pt->lo = lo;
-	pt->lo_known = true;
-	if (pt->read_from >= 0 && pt->read_from <= lo)
+	pt->read_from = pt->win.from;
+	if (pt->read_from <= pt->lo)
 		pt->reached = true;
 }
 

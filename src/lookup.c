@@ -2,11 +2,14 @@
  * lookup.c - the read-back for restart de-duplication (I/O); see lookup.h.
  *
  * The thread owns a consumer without a group (nothing is committed): per
- * topic it reads the metadata, then windows of each partition from its
- * end backwards, as the scan asks (dedupe.h), with the legacy per-partition
- * consumer so that each partition starts and stops on its own.  Every call
- * into librdkafka waits at most SLICE_MS, so a stop request or the budget
- * ends a read-back promptly.
+ * topic it reads the metadata and each partition's watermarks, then windows
+ * of each partition from its end backwards, as the scan asks (dedupe.h),
+ * with the legacy per-partition consumer so that each partition starts and
+ * stops on its own.  A window starts at an explicit offset and ends with
+ * its last offset: no offset query for "the last n", no waiting for the end
+ * of the partition (both cost a round trip and a broker-held fetch each).
+ * Every call into librdkafka waits at most SLICE_MS, so a stop request or
+ * the budget ends a read-back promptly.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -64,7 +67,9 @@ consumer_new(const struct obx_config *cfg, char *why, size_t whylen)
 		{ "enable.auto.commit", "false" },
 		{ "enable.auto.offset.store", "false" },
 		{ "auto.offset.reset", "earliest" }, /* a window below the first offset starts there */
-		{ "fetch.wait.max.ms", "10" },       /* the end of a partition is news at once */
+		/* a fetch at the end of a partition is answered at once, not held: it would delay
+		 * every request behind it on the connection (metadata, watermarks) */
+		{ "fetch.wait.max.ms", "0" },
 		{ "fetch.max.bytes", "4194304" },
 		{ "max.partition.fetch.bytes", "1048576" },
 		{ "queued.max.messages.kbytes", "8192" },
@@ -149,21 +154,23 @@ read_metadata(struct obx_lookup *l, rd_kafka_t *rk, rd_kafka_topic_t *rkt, struc
 	return s->nparts > 0 && !s->failed;
 }
 
-/* The first offset of every partition that needs it before its next window. */
+/* The watermarks of every partition: where each read-back starts and how far back it may go. */
 static void
-read_low_watermarks(struct obx_lookup *l, rd_kafka_t *rk, struct obx_dd_scan *s, int64_t deadline)
+read_bounds(struct obx_lookup *l, rd_kafka_t *rk, struct obx_dd_scan *s, int64_t deadline)
 {
 	for (int32_t p = 0; p < s->nparts; p++) {
 		int64_t lo, hi;
 		rd_kafka_resp_err_t err = RD_KAFKA_RESP_ERR__TIMED_OUT;
 
-		while (obx_dd_scan_lo_needed(s, p) && !stopping(l) && mono_ms() < deadline) {
+		while (!stopping(l) && mono_ms() < deadline) {
 			err = rd_kafka_query_watermark_offsets(rk, s->topic, p, &lo, &hi, slice(deadline));
 			if (err == RD_KAFKA_RESP_ERR_NO_ERROR)
-				obx_dd_scan_lo(s, p, lo);
+				break;
 		}
-		if (obx_dd_scan_lo_needed(s, p))
-			obx_dd_scan_fail(s, p, "could not read its first offset: %s", rd_kafka_err2str(err));
+		if (err == RD_KAFKA_RESP_ERR_NO_ERROR)
+			obx_dd_scan_bounds(s, p, lo, hi);
+		else
+			obx_dd_scan_fail(s, p, "could not read its watermarks: %s", rd_kafka_err2str(err));
 	}
 }
 
@@ -205,14 +212,13 @@ read_round(struct obx_lookup *l, rd_kafka_t *rk, rd_kafka_topic_t *rkt, struct o
 
 		if (!obx_dd_scan_want(s, p, &w))
 			continue;
-		if (rd_kafka_consume_start_queue(rkt, p, w.tail ? RD_KAFKA_OFFSET_TAIL((int64_t)w.count) :
-		    w.from, q) != 0) {
+		if (rd_kafka_consume_start_queue(rkt, p, w.from, q) != 0) {
 			obx_dd_scan_fail(s, p, "could not start reading it: %s",
 			    rd_kafka_err2str(rd_kafka_last_error()));
 			continue;
 		}
 		started[p] = active[p] = true;
-		to[p] = w.tail ? -1 : w.to;
+		to[p] = w.to;
 		nactive++;
 	}
 	while (nactive > 0 && !stopping(l) && mono_ms() < deadline) {
@@ -227,7 +233,7 @@ read_round(struct obx_lookup *l, rd_kafka_t *rk, rd_kafka_topic_t *rkt, struct o
 			continue;
 		}
 		if (m->err == RD_KAFKA_RESP_ERR__PARTITION_EOF ||
-		    (m->err == RD_KAFKA_RESP_ERR_NO_ERROR && to[p] >= 0 && m->offset >= to[p])) {
+		    (m->err == RD_KAFKA_RESP_ERR_NO_ERROR && m->offset >= to[p])) {
 			obx_dd_scan_window_done(s, p);
 			active[p] = false;
 		} else if (m->err != RD_KAFKA_RESP_ERR_NO_ERROR) {
@@ -235,7 +241,7 @@ read_round(struct obx_lookup *l, rd_kafka_t *rk, rd_kafka_topic_t *rkt, struct o
 			active[p] = false;
 		} else {
 			feed(s, m);
-			if (to[p] >= 0 && m->offset >= to[p] - 1) {
+			if (m->offset >= to[p] - 1) {
 				obx_dd_scan_window_done(s, p);
 				active[p] = false;
 			}
@@ -271,6 +277,7 @@ read_topic(struct obx_lookup *l, rd_kafka_t *rk, const char *why, const struct o
 	struct obx_dd_scan *s = obx_dd_scan_new(job->topic, &job->floor);
 	rd_kafka_topic_t *rkt;
 	char unfinished[128];
+	int rounds = 0;
 
 	if (s == NULL)
 		return NULL;
@@ -284,10 +291,12 @@ read_topic(struct obx_lookup *l, rd_kafka_t *rk, const char *why, const struct o
 		return s;
 	}
 	if (read_metadata(l, rk, rkt, s, deadline)) {
-		do
-			read_low_watermarks(l, rk, s, deadline);
-		while (!stopping(l) && mono_ms() < deadline && read_round(l, rk, rkt, s, deadline));
+		read_bounds(l, rk, s, deadline);
+		while (!stopping(l) && mono_ms() < deadline && read_round(l, rk, rkt, s, deadline))
+			rounds++;
 	}
+	obx_log_debug("de-duplication: read topic %s back in %lld ms, %d window(s) per partition at most",
+	    job->topic, (long long)(mono_ms() - (deadline - OBX_LOOKUP_BUDGET_MS)), rounds);
 	if (stopping(l))
 		snprintf(unfinished, sizeof(unfinished), "the session ended during its read-back");
 	else
@@ -344,9 +353,11 @@ obx_lookup_init(struct obx_lookup *l, const struct obx_config *cfg)
 	l->wake[0] = l->wake[1] = -1;
 }
 
-static int
-start(struct obx_lookup *l)
+int
+obx_lookup_start(struct obx_lookup *l)
 {
+	if (l->started)
+		return 0;
 	if (pipe2(l->wake, O_NONBLOCK | O_CLOEXEC) != 0) {
 		l->wake[0] = l->wake[1] = -1;
 		return OBX_EIO;
@@ -378,7 +389,7 @@ obx_lookup_request(struct obx_lookup *l, const char *topic, const struct obx_dd_
 	}
 	job->floor = *floor;
 	job->tag = tag;
-	if (!l->started && (r = start(l)) != 0) {
+	if ((r = obx_lookup_start(l)) != 0) {
 		obx_lookup_job_free(job);
 		return r;
 	}

@@ -436,6 +436,7 @@ static bool
 session_open(struct relay *r)
 {
 	char err[1024], a[OBX_LSN_STRLEN];
+	const char *partitioner;
 	enum obx_fail f;
 	int interval;
 
@@ -455,6 +456,10 @@ session_open(struct relay *r)
 		return false;
 	}
 	obx_lookup_init(&r->lk, r->cfg);
+	/* the read-backs of restart de-duplication get their consumer connected meanwhile; should
+	 * that fail, the first read-back tries again and a topic it cannot read is published */
+	if (r->cfg->dedupe && obx_dd_partitioner_supported(r->cfg, &partitioner))
+		(void)obx_lookup_start(&r->lk);
 	/* a fresh producer per session: nothing of an earlier stream can land after this one's events */
 	if (obx_kafka_open(&r->kf, r->cfg, on_delivery, r, err, sizeof(err)) != 0) {
 		obx_pgstream_close(&r->st);

@@ -37,7 +37,7 @@
 
 /* Marks kept per topic scan at most (24 bytes each); past it the partition falls back. */
 #define OBX_DD_MAX_MARKS 131072
-/* The first read-back window per partition, in records; each further one is larger. */
+/* The first read-back window per partition, in records (from the end); each further one is larger. */
 #define OBX_DD_FIRST_WINDOW 16
 /* Bytes a further window aims to read per partition, judged from the record sizes seen. */
 #define OBX_DD_WINDOW_BYTES (4 << 20)
@@ -79,12 +79,10 @@ bool obx_dd_partitioner_supported(const struct obx_config *cfg, const char **nam
 
 /* ---- the read-back of one topic ---- */
 
-/* A range of offsets to read: the last count records, or [from, to). */
+/* A range of offsets to read: [from, to). */
 struct obx_dd_window {
-	bool tail;     /* the last count records (librdkafka's OFFSET_TAIL(count)) */
-	uint64_t count;
-	int64_t from;  /* !tail: the first offset to read */
-	int64_t to;    /* !tail: the offset after the last one to read */
+	int64_t from;
+	int64_t to;
 };
 
 enum obx_dd_part_state {
@@ -95,14 +93,12 @@ enum obx_dd_part_state {
 
 struct obx_dd_part {
 	enum obx_dd_part_state state;
-	bool started;          /* a window has been read (or given out) */
+	bool bounded;          /* lo and hi are known */
 	bool reached;          /* met a record below the floor, or the first offset: nothing older matters */
-	bool lo_known;
-	int64_t lo;            /* the first offset, once known */
-	int64_t read_from;     /* the lowest offset read so far (-1: none yet) */
+	int64_t lo, hi;        /* the first offset and the end when the read began */
+	int64_t read_from;     /* the lowest offset read so far (hi before the first window) */
 	struct obx_dd_window win; /* the window given out */
 	bool in_window;        /* win is being read */
-	int64_t first_seen;    /* the lowest offset of a record in the current window; -1 none */
 	int64_t last_below;    /* the last offset of a record below the floor; -1 none */
 	int64_t last_foreign;  /* the last offset of a record without a mark; -1 none */
 	int64_t last_moved;    /* the last offset of a record whose key maps elsewhere; -1 none */
@@ -140,10 +136,14 @@ void obx_dd_scan_free(struct obx_dd_scan *s);
  */
 int obx_dd_scan_partitions(struct obx_dd_scan *s, int32_t nparts);
 
+/* Partition p's first offset (low watermark) and end (high watermark) as the read begins. */
+void obx_dd_scan_bounds(struct obx_dd_scan *s, int32_t p, int64_t lo, int64_t hi);
+
 /*
- * Which offsets of partition p to read next: true with *w while p still
- * needs older records, false when its read is over.  The read of the window
- * ends with obx_dd_scan_window_done() (or obx_dd_scan_fail()).
+ * Which offsets of partition p to read next: true with *w, the window just
+ * below what was read already, while p still needs older records; false
+ * when its read is over (or its bounds are not known).  The read of the
+ * window ends with obx_dd_scan_window_done() (or obx_dd_scan_fail()).
  */
 bool obx_dd_scan_want(struct obx_dd_scan *s, int32_t p, struct obx_dd_window *w);
 
@@ -156,15 +156,10 @@ void obx_dd_scan_record(struct obx_dd_scan *s, int32_t p, int64_t offset, const 
     size_t keylen, size_t len, const struct obx_header *hs, size_t nh);
 
 /*
- * The window of p is read: the end of the partition was reached, or a
- * record at or past the window's end arrived.
+ * The window of p is read: its last offset arrived, or a record past it,
+ * or the end of the partition.
  */
 void obx_dd_scan_window_done(struct obx_dd_scan *s, int32_t p);
-
-/* True when p needs its first offset (obx_dd_scan_lo()) before another window. */
-bool obx_dd_scan_lo_needed(const struct obx_dd_scan *s, int32_t p);
-/* The first offset of p (the low watermark). */
-void obx_dd_scan_lo(struct obx_dd_scan *s, int32_t p, int64_t lo);
 
 /*
  * Partition p (or, with p < 0, the whole topic) falls back to publishing

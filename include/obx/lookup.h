@@ -6,8 +6,9 @@
  * is read back.  docs/design.md ("Restart de-duplication") says why.
  *
  * One per session: obx_lookup_init() when it opens (no thread yet),
- * obx_lookup_request() per topic (the first starts the thread and the
- * consumer), obx_lookup_take() whenever obx_lookup_fd() is readable,
+ * obx_lookup_start() to have the consumer connect early (or the first
+ * obx_lookup_request() starts it), obx_lookup_request() per topic,
+ * obx_lookup_take() whenever obx_lookup_fd() is readable,
  * obx_lookup_close() when the session ends.  Each read-back ends within
  * OBX_LOOKUP_BUDGET_MS; what it could not read falls back to publishing.
  */
@@ -46,6 +47,13 @@ struct obx_lookup {
 
 /* Prepares l for cfg (borrowed); starts nothing. */
 void obx_lookup_init(struct obx_lookup *l, const struct obx_config *cfg);
+
+/*
+ * Starts the thread, which creates its consumer at once (it connects while
+ * the caller does other things).  Returns 0 (also when started already) or
+ * OBX_EIO (no pipe or thread).
+ */
+int obx_lookup_start(struct obx_lookup *l);
 
 /*
  * Asks for topic to be read back down to floor; the answer carries tag.

@@ -211,48 +211,43 @@ test_window_protocol(void **state)
 	assert_non_null(s);
 	assert_false(obx_dd_scan_want(s, 0, &w)); /* no partitions known yet */
 	assert_int_equal(obx_dd_scan_partitions(s, 1), 0);
-	/* first: the tail */
+	assert_false(obx_dd_scan_want(s, 0, &w)); /* nor its watermarks */
+	obx_dd_scan_bounds(s, 0, 10, 100);
+	/* first: the last records */
 	assert_true(obx_dd_scan_want(s, 0, &w));
-	assert_true(w.tail);
-	assert_int_equal(w.count, OBX_DD_FIRST_WINDOW);
+	assert_int_equal(w.from, 100 - OBX_DD_FIRST_WINDOW);
+	assert_int_equal(w.to, 100);
 	assert_false(obx_dd_scan_want(s, 0, &w)); /* given out already */
-	for (int64_t off = 84; off < 100; off++)
+	for (int64_t off = w.from; off < w.to; off++)
 		feed(s, 0, off, k, 1000 + (obx_lsn)off, 0, "x");
 	obx_dd_scan_window_done(s, 0);
-	/* nothing below the floor yet and offset 84 > 0: the first offset is needed */
-	assert_true(obx_dd_scan_lo_needed(s, 0));
-	assert_false(obx_dd_scan_want(s, 0, &w));
-	obx_dd_scan_lo(s, 0, 10);
-	assert_false(obx_dd_scan_lo_needed(s, 0));
+	/* nothing below the floor yet: the window below, larger, down to the first offset at most */
 	assert_true(obx_dd_scan_want(s, 0, &w));
-	assert_false(w.tail);
-	assert_int_equal(w.to, 84);
-	assert_true(w.from >= 10 && w.from < 84 - OBX_DD_FIRST_WINDOW);
+	assert_int_equal(w.to, 100 - OBX_DD_FIRST_WINDOW);
+	assert_int_equal(w.from, 10);
 	/* records outside the window are ignored (prefetched beyond its end) */
 	feed(s, 0, 90, k, 1, 0, "old"); /* would end the read if it counted */
-	feed(s, 0, w.from - 1, k, 1, 0, "old");
+	feed(s, 0, 9, k, 1, 0, "old");
 	assert_int_equal(s->parts[0].n, OBX_DD_FIRST_WINDOW);
-	feed(s, 0, w.from, k, 999, 3, "below"); /* below the floor: nothing older matters */
-	feed(s, 0, w.from + 1, k, 1000 + 1, 0, "x");
+	feed(s, 0, 10, k, 999, 3, "below"); /* below the floor: nothing older matters */
+	feed(s, 0, 11, k, 1000 + 1, 0, "x");
 	obx_dd_scan_window_done(s, 0);
 	assert_false(obx_dd_scan_want(s, 0, &w));
-	assert_false(obx_dd_scan_lo_needed(s, 0));
 	obx_dd_scan_finish(s, "late");
 	assert_int_equal(s->parts[0].state, OBX_DD_CHECKING);
 	assert_int_equal(s->parts[0].n, OBX_DD_FIRST_WINDOW + 1); /* the one below the floor is not kept */
 	obx_dd_scan_free(s);
 
-	/* a partition whose window reaches its first offset is done; an empty one too */
+	/* a window that reaches the first offset ends the read; an empty partition has none */
 	s = obx_dd_scan_new("t", &floor);
 	assert_int_equal(obx_dd_scan_partitions(s, 2), 0);
+	obx_dd_scan_bounds(s, 0, 0, 1);
+	obx_dd_scan_bounds(s, 1, 5, 5);
 	assert_true(obx_dd_scan_want(s, 0, &w));
-	assert_true(obx_dd_scan_want(s, 1, &w));
+	assert_false(obx_dd_scan_want(s, 1, &w));
 	feed(s, 0, 0, key_for(0, 2, 0), 1001, 0, "x");
 	obx_dd_scan_window_done(s, 0);
-	obx_dd_scan_window_done(s, 1); /* nothing read */
-	assert_false(obx_dd_scan_lo_needed(s, 0));
 	assert_false(obx_dd_scan_want(s, 0, &w));
-	assert_false(obx_dd_scan_want(s, 1, &w));
 	obx_dd_scan_finish(s, "late");
 	assert_int_equal(s->parts[0].state, OBX_DD_CHECKING);
 	assert_int_equal(s->parts[1].state, OBX_DD_CHECKING);
@@ -261,6 +256,7 @@ test_window_protocol(void **state)
 	/* unfinished partitions fall back with the reason given */
 	s = obx_dd_scan_new("t", &floor);
 	assert_int_equal(obx_dd_scan_partitions(s, 2), 0);
+	obx_dd_scan_bounds(s, 0, 0, 100);
 	assert_true(obx_dd_scan_want(s, 0, &w));
 	obx_dd_scan_finish(s, "its read-back did not finish within 5000 ms");
 	assert_int_equal(s->parts[0].state, OBX_DD_FALLBACK);
@@ -287,25 +283,20 @@ test_window_growth(void **state)
 	(void)state;
 	for (int big = 0; big < 2; big++) {
 		struct obx_dd_scan *s = obx_dd_scan_new("t", &floor);
-		int64_t end = 1 << 22;
 		const char *k = key_for(0, 1, 0);
 
 		assert_int_equal(obx_dd_scan_partitions(s, 1), 0);
+		obx_dd_scan_bounds(s, 0, 0, 1 << 22);
 		for (int round = 0; round < 6; round++) {
-			int64_t from;
-
 			assert_true(obx_dd_scan_want(s, 0, &w));
-			sizes[big][round] = w.tail ? w.count : (uint64_t)(w.to - w.from);
-			from = w.tail ? end - (int64_t)w.count : w.from;
-			for (int64_t off = from; off < (w.tail ? end : w.to); off++) {
+			sizes[big][round] = (uint64_t)(w.to - w.from);
+			for (int64_t off = w.from; off < w.to; off++) {
 				struct rec r;
 				const struct obx_header *h = hdrs(&r, floor.lsn + (obx_lsn)off, 0, "x");
 
 				obx_dd_scan_record(s, 0, off, k, strlen(k), big ? 1 << 20 : 100, h, r.nh);
 			}
 			obx_dd_scan_window_done(s, 0);
-			if (round == 0)
-				obx_dd_scan_lo(s, 0, 0);
 		}
 		obx_dd_scan_free(s);
 	}
@@ -319,6 +310,20 @@ test_window_growth(void **state)
 		    sizes[0][round] <= sizes[0][round - 1] * 8);
 		/* 1 MiB records: twice as many each round */
 		assert_true(sizes[1][round] == sizes[1][round - 1] * 2);
+	}
+}
+
+/* Opens partition p of s holding n records (offsets 0..n-1) and gives out its first window. */
+static void
+open_part(struct obx_dd_scan *s, int32_t p, int64_t n)
+{
+	struct obx_dd_window w;
+
+	obx_dd_scan_bounds(s, p, 0, n);
+	if (n > 0) {
+		assert_true(n <= OBX_DD_FIRST_WINDOW);
+		assert_true(obx_dd_scan_want(s, p, &w));
+		assert_int_equal(w.from, 0);
 	}
 }
 
@@ -336,7 +341,7 @@ test_fallbacks_in_scan(void **state)
 	s = obx_dd_scan_new("t", &floor);
 	assert_int_equal(obx_dd_scan_partitions(s, 4), 0);
 	for (int32_t p = 0; p < 4; p++)
-		assert_true(obx_dd_scan_want(s, p, &w));
+		open_part(s, p, p == 1 || p == 2 ? 3 : 0);
 	feed(s, 1, 0, key_for(1, 4, 0), 999, 0, "a");
 	feed(s, 1, 1, key_for(1, 4, 0), 1000, 0, "b");
 	obx_dd_scan_record(s, 1, 2, "z", 1, 3, none, 1);
@@ -357,7 +362,7 @@ test_fallbacks_in_scan(void **state)
 	/* a key that maps elsewhere today: the partition count changed, the whole topic falls back */
 	s = obx_dd_scan_new("t", &floor);
 	assert_int_equal(obx_dd_scan_partitions(s, 8), 0);
-	assert_true(obx_dd_scan_want(s, 3, &w));
+	open_part(s, 3, 2);
 	feed(s, 3, 0, key_for(3, 8, 0), 1000, 0, "a");
 	feed(s, 3, 1, key_for(5, 8, 0), 1000, 1, "b");
 	obx_dd_scan_window_done(s, 3);
@@ -369,7 +374,7 @@ test_fallbacks_in_scan(void **state)
 	/* ... unless it lies before the last record below the floor (an old change) */
 	s = obx_dd_scan_new("t", &floor);
 	assert_int_equal(obx_dd_scan_partitions(s, 8), 0);
-	assert_true(obx_dd_scan_want(s, 3, &w));
+	open_part(s, 3, 3);
 	feed(s, 3, 0, key_for(5, 8, 0), 900, 0, "a");
 	feed(s, 3, 1, key_for(3, 8, 0), 999, 0, "b");
 	feed(s, 3, 2, key_for(3, 8, 0), 1000, 0, "c");
@@ -381,7 +386,7 @@ test_fallbacks_in_scan(void **state)
 	/* a NULL key (placed at random) is no evidence of anything, and never kept */
 	s = obx_dd_scan_new("t", &floor);
 	assert_int_equal(obx_dd_scan_partitions(s, 2), 0);
-	assert_true(obx_dd_scan_want(s, 0, &w));
+	open_part(s, 0, 1);
 	feed(s, 0, 0, NULL, 1000, 0, "a");
 	obx_dd_scan_window_done(s, 0);
 	assert_false(s->failed);
@@ -391,9 +396,12 @@ test_fallbacks_in_scan(void **state)
 	/* too many records to hold: that partition falls back, its marks are freed */
 	s = obx_dd_scan_new("t", &floor);
 	assert_int_equal(obx_dd_scan_partitions(s, 1), 0);
-	assert_true(obx_dd_scan_want(s, 0, &w));
-	for (int64_t off = 0; off <= OBX_DD_MAX_MARKS; off++)
-		feed(s, 0, off, key_for(0, 1, 0), 1000 + (obx_lsn)off, 0, "x");
+	obx_dd_scan_bounds(s, 0, 0, 4 * OBX_DD_MAX_MARKS);
+	while (obx_dd_scan_want(s, 0, &w)) {
+		for (int64_t off = w.from; off < w.to; off++)
+			feed(s, 0, off, key_for(0, 1, 0), 1000 + (obx_lsn)off, 0, "x");
+		obx_dd_scan_window_done(s, 0);
+	}
 	assert_int_equal(s->parts[0].state, OBX_DD_FALLBACK);
 	assert_int_equal(s->nmarks, 0);
 	assert_non_null(strstr(s->parts[0].why, "more than 131072 records"));
@@ -421,18 +429,17 @@ scan_of(const char *topic, const struct obx_dd_mark *floor, int32_t nparts, cons
     size_t n)
 {
 	struct obx_dd_scan *s = obx_dd_scan_new(topic, floor);
-	struct obx_dd_window w;
-	int64_t off[16] = { 0 };
+	int64_t count[16] = { 0 }, off[16] = { 0 };
 
 	assert_int_equal(obx_dd_scan_partitions(s, nparts), 0);
+	for (size_t i = 0; i < n; i++)
+		count[rbs[i].p]++;
 	for (int32_t p = 0; p < nparts; p++)
-		obx_dd_scan_want(s, p, &w);
+		open_part(s, p, count[p]);
 	for (size_t i = 0; i < n; i++)
 		feed(s, rbs[i].p, off[rbs[i].p]++, rbs[i].key, rbs[i].lsn, rbs[i].seq, rbs[i].id);
-	for (int32_t p = 0; p < nparts; p++) {
+	for (int32_t p = 0; p < nparts; p++)
 		obx_dd_scan_window_done(s, p);
-		obx_dd_scan_lo(s, p, 0);
-	}
 	obx_dd_scan_finish(s, "unfinished");
 	return s;
 }
