@@ -455,13 +455,14 @@ session_open(struct relay *r)
 		snprintf(r->reason, sizeof(r->reason), "%s", err);
 		return false;
 	}
-	obx_lookup_init(&r->lk, r->cfg);
 	/* the read-backs of restart de-duplication get their consumer connected meanwhile; should
-	 * that fail, the first read-back tries again and a topic it cannot read is published */
+	 * that fail, the first read-back tries again, and a topic it cannot read is published */
+	obx_lookup_init(&r->lk, r->cfg);
 	if (r->cfg->dedupe && obx_dd_partitioner_supported(r->cfg, &partitioner))
 		(void)obx_lookup_start(&r->lk);
 	/* a fresh producer per session: nothing of an earlier stream can land after this one's events */
 	if (obx_kafka_open(&r->kf, r->cfg, on_delivery, r, err, sizeof(err)) != 0) {
+		obx_lookup_close(&r->lk);
 		obx_pgstream_close(&r->st);
 		r->end = OBX_CORE_END_FATAL;
 		snprintf(r->reason, sizeof(r->reason), "%s", err);
@@ -478,6 +479,7 @@ session_open(struct relay *r)
 	r->announced_interval = interval;
 	if (obx_core_session_start(&r->core, r->st.start_confirmed, r->st.proto_version, interval,
 	    now_ms()) != 0) {
+		obx_lookup_close(&r->lk);
 		obx_kafka_close(&r->kf, 0);
 		obx_pgstream_close(&r->st);
 		r->end = OBX_CORE_END_FATAL;
