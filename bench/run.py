@@ -20,6 +20,12 @@ clients) and measures on that very WAL:
      seconds per 1,000 events, start-up time (process start to the first
      CopyData message, which carries the first event of the backlog).
 
+Then the cost of restart de-duplication's read-backs ([delivery] dedupe): the
+same backlog over 8 topics, whose partitions already hold older outboxd
+records, published by outboxd with dedupe on and off on copies of one slot:
+start to the first acknowledged event and to the end of the backlog, as
+ratios on / off (--dedupe-events 0 skips it).
+
 Then latency: pgbench --rate commits 1-event transactions at 1,000 and 5,000
 events/s while a consumer records commit-to-receive time (commit_ts header);
 the floor is a bare producer (librdkafka's defaults except acks=all,
@@ -340,6 +346,75 @@ def shape_run(stack, name, args, workdir):
     return res
 
 
+def dedupe_run(stack, args, workdir):
+    """Start to first acknowledged event and drain time with [delivery] dedupe on vs off, same WAL.
+    Every partition already holds older outboxd records (written with murmur2_random and an
+    lsn header below the backlog's), so each is read back, one window each, and nothing is skipped."""
+    topics, per_topic_old = 8, 200
+    events = max(64, int(args.dedupe_events * args.scale) // 8 * 8)
+    db = "bench_dd"
+    stack.psql("postgres", "DROP DATABASE IF EXISTS %s" % db)
+    stack.psql("postgres", "CREATE DATABASE %s" % db)
+    stack.psql(db, open(os.path.join(ROOT, "sql/001_outbox.sql")).read())
+    stack.psql(db, "CREATE PUBLICATION bench FOR TABLE outbox WITH (publish = 'insert')")
+    stack.psql(db, "SELECT 1 FROM pg_create_logical_replication_slot('base_dd', 'pgoutput')")
+    modes = ("off", "on")
+    for r in range(args.runs):
+        for mode in modes:
+            stack.psql(db, "SELECT 1 FROM pg_copy_logical_replication_slot('base_dd', 'dd_%s_%d')" % (mode, r))
+    script = os.path.join(workdir, "load_dd.sql")
+    with open(script, "w") as f:
+        f.write("\\set n random(1, 1000000000)\n\\set agg random(1, 1000)\n"
+                "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES "
+                "('dd' || (:agg %% %d), 'agg-' || :agg, 'created', %s);\n" % (topics, payload_sql(300)))
+    os.chmod(script, 0o644)
+    pgbench(stack, db, script, ["-c", "8", "-j", "2", "-t", str(events // 8)])
+    end = stack.psql(db, "SELECT pg_current_wal_lsn()")
+    first, drain = {m: [] for m in modes}, {m: [] for m in modes}
+    for r in range(args.runs):
+        for mode in (modes if r % 2 == 0 else modes[::-1]):
+            prefix = "dd_%s_%d" % (mode, r)
+            for t in range(topics):
+                topic = "%s.dd%d" % (prefix, t)
+                stack.broker_cmd("topic %s 4" % topic)
+                old = "".join("old-%d:{}\n" % i for i in range(per_topic_old))
+                subprocess.run(["kcat", "-P", "-b", stack.bootstrap, "-t", topic, "-K:", "-X",
+                                "partitioner=murmur2_random", "-H", "lsn=0/1", "-H", "seq=0", "-H", "id=old"],
+                               input=old, text=True, check=True, capture_output=True)
+            o = Outboxd(stack, db, prefix, prefix + ".${aggregatetype}", workdir,
+                        "[delivery]\ndedupe = %s\n" % mode)
+            try:
+                t_first = None
+                while True:
+                    m = o.metrics() or {}
+                    published = m.get("outboxd_events_published_total", 0)
+                    if t_first is None and published >= 1:
+                        t_first = time.monotonic() - o.start
+                    if published >= events and lsn(stack.psql(db, "SELECT confirmed_flush_lsn FROM "
+                                                              "pg_replication_slots WHERE slot_name = '%s'"
+                                                              % prefix)) >= lsn(end):
+                        break
+                    if o.proc.poll() is not None:
+                        raise SystemExit("bench: outboxd exited:\n" + open(o.log).read())
+                    if time.monotonic() - o.start > 600:
+                        raise SystemExit("bench: outboxd did not drain the dedupe backlog in 600 s")
+                    time.sleep(0.005)
+                drain[mode].append(time.monotonic() - o.start)
+                first[mode].append(t_first * 1000.0)
+                if m.get("outboxd_dedupe_skipped_total", 0) or m.get("outboxd_dedupe_fallbacks_total", 0):
+                    raise SystemExit("bench: dedupe %s skipped or fell back; see %s" % (mode, o.log))
+            finally:
+                o.stop()
+            log("dedupe %s run %d: first event %.0f ms, %d events drained in %.2f s"
+                % (mode, r + 1, first[mode][-1], events, drain[mode][-1]))
+    stack.psql("postgres", "DROP DATABASE %s WITH (FORCE)" % db)
+    return {"events": events, "topics": topics, "partitions": topics * 4,
+            "first_event_ms": {m: median(first[m]) for m in modes},
+            "drain_s": {m: median(drain[m]) for m in modes},
+            "first_event_ratio": median([a / b for a, b in zip(first["on"], first["off"])]),
+            "drain_ratio": median([a / b for a, b in zip(drain["on"], drain["off"])])}
+
+
 def latency_run(stack, rate, args, workdir):
     db = "bench_lat"
     stack.psql("postgres", "DROP DATABASE IF EXISTS %s" % db)
@@ -524,6 +599,17 @@ def markdown(res):
         lines += ["", "Server alone: commit to receipt of the COMMIT by pg_recvlogical (test_decoding with "
                   "timestamps), same generator, no outboxd and no broker: the part of outboxd's latency "
                   "that is PostgreSQL's (WAL flush, walsender wake-up, decoding)."]
+    if res.get("dedupe"):
+        d = res["dedupe"]
+        lines += ["", "Restart de-duplication's read-backs: %d events over %d topics (%d partitions, each "
+                  "holding older records, so each is read back), dedupe on vs off on the same WAL:" % (
+                      d["events"], d["topics"], d["partitions"]), "",
+                  "| | dedupe off | dedupe on | on / off |", "|---|---|---|---|",
+                  "| start to first acknowledged event, ms | %s | %s | %.2f |" % (
+                      fmt(d["first_event_ms"]["off"]), fmt(d["first_event_ms"]["on"]),
+                      d["first_event_ratio"]["median"]),
+                  "| start to the backlog drained, s | %s | %s | %.2f |" % (
+                      fmt(d["drain_s"]["off"], "", 2), fmt(d["drain_s"]["on"], "", 2), d["drain_ratio"]["median"])]
     lines += ["", "Targets:", ""] + ["- %s %s" % v for v in verdicts(res)]
     return "\n".join(lines) + "\n"
 
@@ -535,6 +621,8 @@ def main():
     ap.add_argument("--shapes", default="abcd")
     ap.add_argument("--latency-seconds", type=int, default=20)
     ap.add_argument("--rates", default="1000,5000", help="latency rates, events/s ('' for none)")
+    ap.add_argument("--dedupe-events", type=int, default=20000,
+                    help="backlog for the dedupe on/off comparison (0 for none)")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
     ap.add_argument("--outboxd-kafka", action="append", default=[], metavar="KEY=VALUE",
                     help="a producer setting added to outboxd's [kafka] section")
@@ -559,6 +647,8 @@ def main():
     try:
         for name in args.shapes:
             res["shapes"][name] = shape_run(stack, name, args, workdir)
+        if args.dedupe_events > 0:
+            res["dedupe"] = dedupe_run(stack, args, workdir)
         for rate in [int(x) for x in args.rates.split(",") if x]:
             res["latency"][str(rate)] = latency_run(stack, rate, args, workdir)
     finally:

@@ -577,6 +577,13 @@ set_delivery(struct obx_config *cfg, const char *key, const char *value, const c
 		}
 		return 0;
 	}
+	if (strcmp(key, "dedupe") == 0) {
+		if (obx_parse_bool(value, &cfg->dedupe) != 0) {
+			obx_config_fail(errbuf, errlen, origin, key, "expected on or off, got '%s'", value);
+			return OBX_ECONFIG;
+		}
+		return 0;
+	}
 	if (strcmp(key, "dead_letter_topic") == 0) {
 		static const struct str_key k = SK(dead_letter_topic, true);
 
@@ -737,6 +744,7 @@ obx_config_init(struct obx_config *cfg)
 	cfg->max_inflight_bytes = 16LL << 20;
 	cfg->missing_topic_timeout_ms = 5LL * 60 * 1000;
 	cfg->on_error = OBX_ON_ERROR_STOP;
+	cfg->dedupe = true;
 	cfg->dead_letter_topic = strdup("outbox.dead_letter");
 	cfg->metrics_host = strdup("0.0.0.0");
 	cfg->metrics_port = 9898;
@@ -1078,6 +1086,7 @@ obx_config_diff(const struct obx_config *a, const struct obx_config *b, const ch
 		{ "[delivery] on_error", a->on_error != b->on_error },
 		{ "[delivery] dead_letter_topic", str_differs(a->dead_letter_topic, b->dead_letter_topic) },
 		{ "[delivery] missing_topic_timeout", a->missing_topic_timeout_ms != b->missing_topic_timeout_ms },
+		{ "[delivery] dedupe", a->dedupe != b->dedupe },
 		{ "[metrics] listen", str_differs(a->metrics_host, b->metrics_host) ||
 		    a->metrics_port != b->metrics_port },
 		{ "[log] level", a->log_level != b->log_level },

@@ -152,6 +152,12 @@ obx_metrics_render(const struct obx_metrics *m, size_t *len)
 	counter_u64(fp, "outboxd_events_published_total", "events acknowledged by the broker", m->events_published);
 	counter_u64(fp, "outboxd_events_dead_lettered_total", "events sent to the dead-letter topic",
 	    m->events_dead_lettered);
+	counter_u64(fp, "outboxd_dedupe_skipped_total",
+	    "events not sent again after a restart: read back from their partition (de-duplication)",
+	    m->dedupe_skipped);
+	counter_u64(fp, "outboxd_dedupe_fallbacks_total",
+	    "topics and partitions whose events a session published without de-duplication (at-least-once)",
+	    m->dedupe_fallbacks);
 	counter_u64(fp, "outboxd_transactions_total", "committed transactions received", m->transactions);
 	counter_u64(fp, "outboxd_messages_refused_total",
 	    "non-transactional logical decoding messages with the event prefix, not published",

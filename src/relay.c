@@ -26,6 +26,7 @@
 #include "obx/http.h"
 #include "obx/kafka.h"
 #include "obx/log.h"
+#include "obx/lookup.h"
 #include "obx/metrics.h"
 #include "obx/pgstream.h"
 #include "obx/relay.h"
@@ -41,6 +42,7 @@ struct relay {
 	const struct obx_run_opts *opts;
 	struct obx_pgstream st;
 	struct obx_kafka kf;
+	struct obx_lookup lk;   /* reads topics back for restart de-duplication */
 	struct obx_core core;
 	struct obx_metrics m;
 	struct obx_http http;
@@ -70,6 +72,7 @@ struct relay {
 #ifdef OBX_TEST_HOOKS
 	long test_fatal_after;
 	long test_produced;
+	long test_kill_after;
 #endif
 };
 
@@ -120,7 +123,15 @@ do_note(void *ctx, enum obx_log_level level, const char *line)
 	obx_log(level, "%s", line);
 }
 
-static const struct obx_core_ops relay_ops = { do_produce, do_note };
+static bool
+do_lookup(void *ctx, const char *topic, const struct obx_dd_mark *floor, uint32_t gen)
+{
+	struct relay *r = ctx;
+
+	return obx_lookup_request(&r->lk, topic, floor, gen) == 0;
+}
+
+static const struct obx_core_ops relay_ops = { do_produce, do_note, do_lookup };
 
 /* A delivery report, handed to the core with the record as the producer held it. */
 static void
@@ -160,11 +171,30 @@ serve_reports(struct relay *r)
 	/* one clock read per batch of reports, for the latency histogram */
 	r->reports_at_us = obx_pg_now();
 	obx_kafka_poll(&r->kf, 0);
+#ifdef OBX_TEST_HOOKS
+	/* test builds only: die right after N acknowledgements, before any status update
+	 * could confirm them (OBX_TEST_KILL_AFTER_ACKS) */
+	if (r->test_kill_after > 0 && r->core.published >= (uint64_t)r->test_kill_after)
+		raise(SIGKILL);
+#endif
 	if (r->kf.fatal && obx_core_ended(&r->core, NULL) == OBX_CORE_RUNNING) {
 		r->end_kafka = true;
 		obx_metrics_kafka_error(&r->m, "_FATAL");
 		obx_core_fail(&r->core, OBX_CORE_END_RETRY, "producer fatal error: %s; recreating it and "
 		    "rewinding to the slot", r->kf.fatal_reason);
+	}
+}
+
+/* Hands finished read-backs of topics (restart de-duplication) to the core. */
+static void
+serve_lookups(struct relay *r)
+{
+	struct obx_lookup_job *job;
+
+	while ((job = obx_lookup_take(&r->lk)) != NULL) {
+		obx_core_lookup_done(&r->core, job->tag, job->topic, job->scan);
+		job->scan = NULL;
+		obx_lookup_job_free(job);
 	}
 }
 
@@ -429,6 +459,7 @@ static bool
 session_open(struct relay *r)
 {
 	char err[1024], a[OBX_LSN_STRLEN];
+	const char *partitioner;
 	enum obx_fail f;
 	int interval;
 
@@ -447,8 +478,14 @@ session_open(struct relay *r)
 		snprintf(r->reason, sizeof(r->reason), "%s", err);
 		return false;
 	}
+	/* the read-backs of restart de-duplication get their consumer connected meanwhile; should
+	 * that fail, the first read-back tries again, and a topic it cannot read is published */
+	obx_lookup_init(&r->lk, r->cfg);
+	if (r->cfg->dedupe && obx_dd_partitioner_supported(r->cfg, &partitioner))
+		(void)obx_lookup_start(&r->lk);
 	/* a fresh producer per session: nothing of an earlier stream can land after this one's events */
 	if (obx_kafka_open(&r->kf, r->cfg, on_delivery, r, err, sizeof(err)) != 0) {
+		obx_lookup_close(&r->lk);
 		obx_pgstream_close(&r->st);
 		r->end = OBX_CORE_END_FATAL;
 		snprintf(r->reason, sizeof(r->reason), "%s", err);
@@ -465,6 +502,7 @@ session_open(struct relay *r)
 	r->announced_interval = interval;
 	if (obx_core_session_start(&r->core, r->st.start_confirmed, r->st.proto_version, interval,
 	    now_ms()) != 0) {
+		obx_lookup_close(&r->lk);
 		r->reports_at_us = obx_pg_now();
 		obx_kafka_close(&r->kf, 0);
 		obx_pgstream_close(&r->st);
@@ -494,7 +532,7 @@ static void
 wait_for_input(struct relay *r, int flushing)
 {
 	char err[1024];
-	struct pollfd p[3];
+	struct pollfd p[4];
 
 	p[0] = (struct pollfd){ obx_pgstream_fd(&r->st), 0, 0 };
 	if (obx_core_can_read(&r->core))
@@ -503,7 +541,8 @@ wait_for_input(struct relay *r, int flushing)
 		p[0].events |= POLLOUT;
 	p[1] = (struct pollfd){ obx_kafka_fd(&r->kf), POLLIN, 0 };
 	p[2] = (struct pollfd){ r->opts->signal_fd, POLLIN, 0 };
-	if (poll(p, 3, (int)obx_core_wait_ms(&r->core, now_ms())) < 0 && errno != EINTR) {
+	p[3] = (struct pollfd){ obx_lookup_fd(&r->lk), POLLIN, 0 }; /* -1 until a read-back starts */
+	if (poll(p, 4, (int)obx_core_wait_ms(&r->core, now_ms())) < 0 && errno != EINTR) {
 		obx_core_fail(&r->core, OBX_CORE_END_FATAL, "poll: %s", strerror(errno));
 		return;
 	}
@@ -534,6 +573,7 @@ session_close(struct relay *r)
 	r->m.events_published = r->core.published;
 	/* the generation moves on first: reports served while the producer closes count for nothing */
 	obx_core_session_end(&r->core);
+	obx_lookup_close(&r->lk);
 	obx_pgstream_close(&r->st);
 	r->reports_at_us = obx_pg_now();
 	obx_kafka_close(&r->kf, 5000);
@@ -550,6 +590,7 @@ session(struct relay *r)
 
 		read_signals(r);
 		serve_reports(r);
+		serve_lookups(r);
 		obx_core_pump(&r->core, now_ms());
 		update_metrics(r);
 		if (obx_core_ended(&r->core, NULL) != OBX_CORE_RUNNING)
@@ -640,6 +681,8 @@ obx_relay_run(const struct obx_config *cfg, const struct obx_run_opts *opts)
 #ifdef OBX_TEST_HOOKS
 	if (getenv("OBX_TEST_FATAL_AFTER") != NULL)
 		r.test_fatal_after = atol(getenv("OBX_TEST_FATAL_AFTER"));
+	if (getenv("OBX_TEST_KILL_AFTER_ACKS") != NULL)
+		r.test_kill_after = atol(getenv("OBX_TEST_KILL_AFTER_ACKS"));
 #endif
 	snprintf(r.m.info_slot, sizeof(r.m.info_slot), "%s", cfg->slot);
 	snprintf(r.m.info_table, sizeof(r.m.info_table), "%s.%s", cfg->table_schema, cfg->table_name);

@@ -10,6 +10,9 @@
  * stop ends the run without confirming past it, dead_letter sends it (or,
  * when even that is refused, the headers that identify it) to the
  * dead-letter topic, and the copy's acknowledgement counts for the event.
+ * Before a record reaches the producer, restart de-duplication (dedupe.h)
+ * may find it in Kafka already: it is then acknowledged at the next pump,
+ * as a delivery report would acknowledge it.
  */
 #include <inttypes.h>
 #include <stdarg.h>
@@ -338,12 +341,64 @@ refused(struct obx_core *c, const struct obx_record *rec, uint64_t ticket, bool 
 	    c->cfg->dead_letter_topic, why);
 }
 
+/* An event found in Kafka: acknowledged by the next obx_core_pump(), never from here. */
+static void
+skip(struct obx_core *c, uint64_t ticket)
+{
+	if (c->nskips == c->skips_cap) {
+		size_t cap = c->skips_cap ? c->skips_cap * 2 : 64;
+		uint64_t *grown = reallocarray(c->skips, cap, sizeof(*grown));
+
+		if (grown == NULL) {
+			fail(c, OBX_CORE_END_FATAL, "out of memory");
+			return;
+		}
+		c->skips = grown;
+		c->skips_cap = cap;
+	}
+	c->skips[c->nskips++] = ticket;
+}
+
+/*
+ * Restart de-duplication: send rec, skip it (found in Kafka), or hold it
+ * until its topic has been read back (docs/design.md, "Restart
+ * de-duplication").
+ */
+static enum obx_dd_verdict
+dedupe(struct obx_core *c, const struct obx_record *rec)
+{
+	struct obx_dd_mark floor;
+	enum obx_dd_verdict v;
+
+	if (!c->dd.on)
+		return OBX_DD_SEND;
+	v = obx_dedupe_check(&c->dd, rec->topic, rec->key, rec->keylen, rec->headers, rec->nheaders,
+	    &floor);
+	if (v != OBX_DD_LOOKUP)
+		return v;
+	if (c->ops->lookup(c->ctx, rec->topic, &floor, c->gen))
+		return OBX_DD_WAIT;
+	obx_dedupe_unavailable(&c->dd, rec->topic, "could not start reading it back");
+	c->m->dedupe_fallbacks++;
+	return OBX_DD_SEND;
+}
+
 static void
 produce_now(struct obx_core *c, const struct obx_record *rec, uint64_t ticket, bool dl)
 {
 	char why[512] = "";
 	char id[128];
 
+	switch (dedupe(c, rec)) {
+	case OBX_DD_SKIP:
+		skip(c, ticket);
+		return;
+	case OBX_DD_WAIT:
+		pending_push(c, rec, ticket, dl); /* tried again by obx_core_pump(), in order */
+		return;
+	default:
+		break;
+	}
 	switch (c->ops->produce(c->ctx, rec, obx_core_opaque(c->gen, ticket, dl), why, sizeof(why))) {
 	case OBX_PRODUCE_OK:
 		c->inflight++;
@@ -378,7 +433,8 @@ pending_flush(struct obx_core *c)
 
 		memmove(&c->pend[0], &c->pend[1], (c->npend - 1) * sizeof(c->pend[0]));
 		c->npend--;
-		/* one attempt queues at most one record (this one, or its dead-letter copy) */
+		/* one attempt queues at most one record (this one, or its dead-letter copy):
+		 * refused by the producer's queue, or waiting for its topic's read-back */
 		before = c->npend;
 		produce_now(c, &rec, p.ticket, p.dead_letter);
 		if (c->npend > before) {
@@ -945,6 +1001,43 @@ obx_core_report(struct obx_core *c, const struct obx_report *r)
 	    "(on_error = stop: nothing after it is confirmed)", id, lsn, r->record.topic, r->error);
 }
 
+/* ---- restart de-duplication ---- */
+
+void
+obx_core_lookup_done(struct obx_core *c, uint32_t gen, const char *topic, struct obx_dd_scan *s)
+{
+	uint64_t before = c->dd.fallbacks;
+
+	if (!c->active || gen != c->gen) {
+		obx_dd_scan_free(s); /* an earlier session's */
+		return;
+	}
+	if (s != NULL)
+		obx_dedupe_install(&c->dd, s);
+	else
+		obx_dedupe_unavailable(&c->dd, topic, "out of memory");
+	c->m->dedupe_fallbacks += c->dd.fallbacks - before;
+}
+
+/* Acknowledges the events found in Kafka since the last pump (docs/design.md, invariant 4). */
+static void
+apply_skips(struct obx_core *c)
+{
+	for (size_t i = 0; i < c->nskips; i++)
+		if (obx_ack_ack(&c->ack, c->skips[i]) != 0) {
+			fail(c, OBX_CORE_END_FATAL, "skipped event with unknown ticket %" PRIu64, c->skips[i]);
+			return;
+		}
+	c->m->dedupe_skipped += c->nskips;
+	c->nskips = 0;
+}
+
+static void
+dd_note(void *ctx, enum obx_log_level level, const char *line)
+{
+	note(ctx, level, "%s", line);
+}
+
 /* ---- flow control, status, drain ---- */
 
 static bool
@@ -980,6 +1073,7 @@ obx_core_pump(struct obx_core *c, int64_t now_ms)
 	missing_topics_metric(c);
 	if (!c->active || ending(c))
 		return;
+	apply_skips(c);
 	pending_flush(c);
 	if (c->replaying && c->npend == 0)
 		replay(c);
@@ -1071,6 +1165,8 @@ obx_core_wait_ms(const struct obx_core *c, int64_t now_ms)
 		w = PENDING_WAIT_MS; /* nothing wakes the loop when the producer's queue has room */
 	if (c->replaying && c->npend == 0 && !backpressured(c))
 		w = 0; /* reports served meanwhile let the Stream Commit go on: pump at once */
+	if (c->nskips > 0)
+		w = 0; /* events found in Kafka wait for their acknowledgement */
 	return w < 0 ? 0 : w;
 }
 
@@ -1115,7 +1211,26 @@ obx_core_reset(struct obx_core *c)
 	obx_pgoutput_reset(&c->dec);
 	message_row_free(c);
 	free(c->pend);
+	free(c->skips);
 	memset(c, 0, sizeof(*c)); /* a second reset is a no-op */
+}
+
+/* Restart de-duplication needs the setting, a read-back and a partitioner it can reproduce. */
+static bool
+dedupe_on(struct obx_core *c)
+{
+	const char *name;
+
+	if (!c->cfg->dedupe || c->ops->lookup == NULL)
+		return false;
+	if (obx_dd_partitioner_supported(c->cfg, &name))
+		return true;
+	if (!c->dd_noted)
+		note(c, OBX_LOG_WARN, "[delivery] dedupe is on but partitioner %s is not one outboxd can "
+		    "reproduce (murmur2_random, murmur2): events after a restart are published again "
+		    "(at-least-once)", name);
+	c->dd_noted = true;
+	return false;
 }
 
 int
@@ -1132,6 +1247,7 @@ obx_core_session_start(struct obx_core *c, obx_lsn start, int proto, int status_
 	obx_pgoutput_reset(&c->dec);
 	obx_pgoutput_init(&c->dec, proto);
 	obx_ack_init(&c->ack, start);
+	obx_dedupe_init(&c->dd, dedupe_on(c), dd_note, c);
 	c->received = c->sent_flush = c->server_wal_end = start;
 	c->last_status_ms = now_ms;
 	c->status_now = false;
@@ -1151,6 +1267,8 @@ obx_core_session_end(struct obx_core *c)
 	c->in_txn = c->in_stream = c->replaying = false;
 	c->inflight = c->inflight_bytes = 0;
 	pending_clear(c);
+	c->nskips = 0;
+	obx_dedupe_reset(&c->dd);
 	obx_ack_reset(&c->ack);
 	obx_relcache_reset(&c->rels);
 	obx_relcache_init(&c->rels);

@@ -96,6 +96,7 @@ struct obx_config {
 	enum obx_on_error on_error;
 	char *dead_letter_topic;
 	long long missing_topic_timeout_ms; /* a topic that does not exist yet is waited for this long */
+	bool dedupe;                /* skip events a restart finds in Kafka already (dedupe.h) */
 
 	/* [metrics] */
 	char *metrics_host;

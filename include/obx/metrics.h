@@ -31,6 +31,8 @@ struct obx_metrics {
 	double oldest_unacked_age_seconds;
 	uint64_t events_published;
 	uint64_t events_dead_lettered;
+	uint64_t dedupe_skipped;       /* events a session found in Kafka already and did not send */
+	uint64_t dedupe_fallbacks;     /* topics and partitions published without de-duplication */
 	uint64_t transactions;
 	uint64_t messages_refused;     /* non-transactional messages with our prefix */
 	uint64_t stream_aborted_events; /* buffered events of streamed (sub)transactions rolled back */

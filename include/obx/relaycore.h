@@ -14,11 +14,13 @@
  *
  * The core owns the ack tracker (the flush position, docs/design.md invariant 4), the
  * stream buffer (streamed transactions until their Stream Commit or Abort),
- * the message-to-row path ([source] messages), on_error and the drain
- * rules.  Every wait is a state, never a loop inside the core: a produce the
- * producer's queue refused, the rows of a Stream Commit still to publish
- * and the in-flight caps all make obx_core_can_read() false until
- * obx_core_pump() (called by the loop on every turn) has moved past them.
+ * the message-to-row path ([source] messages), on_error, restart
+ * de-duplication (dedupe.h) and the drain rules.  Every wait is a state,
+ * never a loop inside the core: a produce the producer's queue refused, a
+ * record waiting for its topic's read-back, the rows of a Stream Commit
+ * still to publish and the in-flight caps all make obx_core_can_read()
+ * false until obx_core_pump() (called by the loop on every turn) has moved
+ * past them.
  *
  * Lifetime: obx_core_init() once per process, obx_core_session_start() and
  * obx_core_session_end() around every replication session,
@@ -35,6 +37,7 @@
 
 #include "obx/acktrack.h"
 #include "obx/config.h"
+#include "obx/dedupe.h"
 #include "obx/event.h"
 #include "obx/lsn.h"
 #include "obx/metrics.h"
@@ -94,12 +97,19 @@ struct obx_report {
 /*
  * The actions.  produce hands a record to the producer (which copies it)
  * tagged with opaque, and writes why it failed into why (not OK).  note
- * gives a line for the log.  Both are called only from inside core calls.
+ * gives a line for the log.  lookup starts reading topic back from the end
+ * of its partitions down to floor, for restart de-duplication (dedupe.h;
+ * docs/design.md, "Restart de-duplication"); the finished scan comes back
+ * later through obx_core_lookup_done() with gen, never from inside the
+ * call.  It returns false when the read-back cannot be started (the
+ * topic's records are then published).  lookup may be NULL: no
+ * de-duplication.  All are called only from inside core calls.
  */
 struct obx_core_ops {
 	enum obx_produce_result (*produce)(void *ctx, const struct obx_record *rec, uint64_t opaque,
 	    char *why, size_t whylen);
 	void (*note)(void *ctx, enum obx_log_level level, const char *line);
+	bool (*lookup)(void *ctx, const char *topic, const struct obx_dd_mark *floor, uint32_t gen);
 };
 
 enum obx_core_end {
@@ -167,6 +177,11 @@ struct obx_core {
 
 	struct obx_core_pending *pend; /* records the producer's queue refused, in order */
 	size_t npend, pend_cap;
+
+	struct obx_dedupe dd;         /* restart de-duplication of this session (dedupe.h) */
+	bool dd_noted;                /* said once why de-duplication is off */
+	uint64_t *skips;              /* tickets of events found in Kafka, acknowledged by the next pump */
+	size_t nskips, skips_cap;
 
 	obx_lsn received;             /* the write position: the highest LSN read */
 	obx_lsn sent_flush;           /* the highest flush position sent */
@@ -243,9 +258,20 @@ void obx_core_keepalive(struct obx_core *c, obx_lsn wal_end, bool reply_requeste
 void obx_core_report(struct obx_core *c, const struct obx_report *r);
 
 /*
- * Moves pending work on as far as the in-flight caps allow: a record the
- * queue refused, the rows of a Stream Commit, the drain rule.  Call on
- * every turn of the loop, after serving delivery reports.
+ * The read-back of topic that ops->lookup started is over.  Takes
+ * ownership of s (NULL: it could not be made, the topic's records are
+ * published); one of an earlier session (generation) is freed unused.  The
+ * records that waited for it move on at the next obx_core_pump().
+ */
+void obx_core_lookup_done(struct obx_core *c, uint32_t gen, const char *topic,
+    struct obx_dd_scan *s);
+
+/*
+ * Moves pending work on as far as the in-flight caps allow: events found in
+ * Kafka by de-duplication (acknowledged here, as a delivery report would),
+ * a record the queue refused or that waits for its topic's read-back, the
+ * rows of a Stream Commit, the drain rule.  Call on every turn of the
+ * loop, after serving delivery reports.
  */
 void obx_core_pump(struct obx_core *c, int64_t now_ms);
 
@@ -275,7 +301,8 @@ void obx_core_status_sent(struct obx_core *c, obx_lsn flush, int64_t now_ms);
 /*
  * Milliseconds until the core next needs a turn, >= 0: a status update,
  * the drain check (100 ms), a record the producer's queue refused (50 ms),
- * at once when a Stream Commit's rows may go on.
+ * at once when a Stream Commit's rows may go on or skipped events wait to
+ * be acknowledged.
  */
 int64_t obx_core_wait_ms(const struct obx_core *c, int64_t now_ms);
 

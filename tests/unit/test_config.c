@@ -92,6 +92,7 @@ test_defaults(void **state)
 	assert_int_equal(cfg.max_inflight, 10000);
 	assert_int_equal(cfg.max_inflight_bytes, 16 << 20);
 	assert_int_equal(cfg.on_error, OBX_ON_ERROR_STOP);
+	assert_true(cfg.dedupe);
 	assert_string_equal(cfg.dead_letter_topic, "outbox.dead_letter");
 	assert_string_equal(cfg.metrics_host, "0.0.0.0");
 	assert_int_equal(cfg.metrics_port, 9898);
@@ -115,7 +116,7 @@ test_full_file(void **state)
 	    "payload = body\ntopic = ${tipo}\nheaders = hdrs\ntimestamp = created_at\n"
 	    KAFKA "linger.ms = 5\n"
 	    "[delivery]\nmax_inflight = 500\nmax_inflight_bytes = 4MiB\non_error = dead_letter\n"
-	    "dead_letter_topic = dlq\n"
+	    "dead_letter_topic = dlq\ndedupe = off\n"
 	    "[metrics]\nlisten = 127.0.0.1:9000\n"
 	    "[log]\nlevel = debug\nformat = text\n";
 
@@ -138,6 +139,7 @@ test_full_file(void **state)
 	assert_int_equal(cfg.max_inflight_bytes, 4 << 20);
 	assert_int_equal(cfg.on_error, OBX_ON_ERROR_DEAD_LETTER);
 	assert_string_equal(cfg.dead_letter_topic, "dlq");
+	assert_false(cfg.dedupe);
 	assert_string_equal(cfg.metrics_host, "127.0.0.1");
 	assert_int_equal(cfg.metrics_port, 9000);
 	assert_int_equal(cfg.log_level, OBX_LOG_DEBUG);
@@ -257,6 +259,7 @@ test_value_errors(void **state)
 	expect_error(KAFKA "[delivery]\nmax_inflight_bytes = 10\n", "key 'max_inflight_bytes': '10' is out of range");
 	expect_error(KAFKA "[delivery]\non_error = ignore\n", "key 'on_error': expected stop or dead_letter, got 'ignore'");
 	expect_error(KAFKA "[delivery]\non_error = dead_letter\ndead_letter_topic =\n", "key 'dead_letter_topic': must not be empty");
+	expect_error(KAFKA "[delivery]\ndedupe = maybe\n", ":4: key 'dedupe': expected on or off, got 'maybe'");
 	expect_error(KAFKA "[metrics]\nlisten = 9898\n", "key 'listen': expected host:port");
 	expect_error(KAFKA "[metrics]\nlisten = host:70000\n", "key 'listen': expected host:port");
 	expect_error(KAFKA "[log]\nlevel = verbose\n", "key 'level': expected error, warn, info or debug, got 'verbose'");
@@ -361,6 +364,7 @@ test_environment_and_set_overrides(void **state)
 		"OUTBOXD_KAFKA_BOOTSTRAP_SERVERS=envhost:9092",
 		"OUTBOXD_KAFKA_SASL_PASSWORD=hunter2",
 		"OUTBOXD_DELIVERY_MAX_INFLIGHT=7",
+		"OUTBOXD_DELIVERY_DEDUPE=off",
 		NULL,
 	};
 	const char *sets[] = { "source.slot=from_set", "delivery.on_error=dead_letter" };
@@ -371,6 +375,7 @@ test_environment_and_set_overrides(void **state)
 	assert_string_equal(cfg.publication, "pf");
 	assert_int_equal(cfg.status_interval_ms, 2000);
 	assert_int_equal(cfg.max_inflight, 7);
+	assert_false(cfg.dedupe);
 	assert_int_equal(cfg.on_error, OBX_ON_ERROR_DEAD_LETTER);
 	assert_string_equal(obx_config_kafka_get(&cfg, "bootstrap.servers"), "envhost:9092");
 	assert_string_equal(obx_config_kafka_get(&cfg, "sasl.password"), "hunter2");
@@ -659,6 +664,28 @@ test_io_checks_come_from_the_loader(void **state)
 	assert_null(cfg.checks);
 }
 
+/* SIGHUP names a changed [delivery] dedupe as needing a restart, like every other key. */
+static void
+test_dedupe_diff(void **state)
+{
+	struct obx_config a, b;
+	const char *names[32];
+	size_t n;
+	bool named = false;
+
+	(void)state;
+	assert_int_equal(load(&a, KAFKA, NULL, NULL, 0), 0);
+	assert_int_equal(load(&b, KAFKA "[delivery]\ndedupe = off\n", NULL, NULL, 0), 0);
+	n = obx_config_diff(&a, &b, names, 32);
+	for (size_t i = 0; i < n; i++)
+		named = named || strcmp(names[i], "[delivery] dedupe") == 0;
+	assert_int_equal(n, 1);
+	assert_true(named);
+	assert_int_equal(obx_config_diff(&a, &a, names, 32), 0);
+	obx_config_reset(&a);
+	obx_config_reset(&b);
+}
+
 int
 main(void)
 {
@@ -677,6 +704,7 @@ main(void)
 		cmocka_unit_test(test_values_from_files),
 		cmocka_unit_test(test_mapped_columns),
 		cmocka_unit_test(test_io_checks_come_from_the_loader),
+		cmocka_unit_test(test_dedupe_diff),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -10,6 +10,7 @@
 #include <cmocka.h>
 
 #include "obx/config.h"
+#include "obx/dedupe.h"
 #include "obx/kafka.h"
 
 static void
@@ -81,12 +82,42 @@ test_murmur2_matches_java(void **state)
 	}
 }
 
+/*
+ * Restart de-duplication looks for a record in the partition the producer
+ * put it in: its murmur2 must be librdkafka's own, for every key length,
+ * the empty key included, and every partition count.
+ */
+static void
+test_dedupe_partition_is_the_producers(void **state)
+{
+	uint32_t x = 2463534242u;
+
+	(void)state;
+	for (int i = 0; i < 20000; i++) {
+		unsigned char key[64];
+		size_t len = (size_t)(i % 41);
+		int32_t parts = 1 + i % 97;
+
+		for (size_t j = 0; j < len; j++) {
+			x ^= x << 13;
+			x ^= x >> 17;
+			x ^= x << 5;
+			key[j] = (unsigned char)x;
+		}
+		assert_int_equal(obx_dd_partition(key, len, parts),
+		    rd_kafka_msg_partitioner_murmur2_random(NULL, key, len, parts, NULL, NULL));
+		assert_int_equal(obx_dd_partition(key, len, parts),
+		    rd_kafka_msg_partitioner_murmur2(NULL, key, len, parts, NULL, NULL));
+	}
+}
+
 int
 main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_defaults_and_guarantees),
 		cmocka_unit_test(test_murmur2_matches_java),
+		cmocka_unit_test(test_dedupe_partition_is_the_producers),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -75,7 +75,7 @@ sink_note(void *ctx, enum obx_log_level level, const char *line)
 	(void)line;
 }
 
-static const struct obx_core_ops ops = { sink_produce, sink_note };
+static const struct obx_core_ops ops = { sink_produce, sink_note, NULL };
 
 static void
 put64(uint8_t *p, uint64_t v)

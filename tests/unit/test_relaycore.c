@@ -29,6 +29,7 @@ struct rec {
 	uint64_t opaque;
 	char original_topic[64];
 	char error[128];
+	char lsn[24], seq[16];
 };
 
 struct fake {
@@ -73,6 +74,8 @@ fake_produce(void *ctx, const struct obx_record *r, uint64_t opaque, char *why, 
 	hdr(r, "id", o->id, sizeof(o->id));
 	hdr(r, "original_topic", o->original_topic, sizeof(o->original_topic));
 	hdr(r, "error", o->error, sizeof(o->error));
+	hdr(r, "lsn", o->lsn, sizeof(o->lsn));
+	hdr(r, "seq", o->seq, sizeof(o->seq));
 	if (r->key != NULL)
 		snprintf(o->key, sizeof(o->key), "%.*s", (int)r->keylen, (const char *)r->key);
 	o->has_value = r->value != NULL;
@@ -92,7 +95,31 @@ fake_note(void *ctx, enum obx_log_level level, const char *line)
 	strlcat(f->notes, "\n", sizeof(f->notes));
 }
 
-static const struct obx_core_ops ops = { fake_produce, fake_note };
+static const struct obx_core_ops ops = { fake_produce, fake_note, NULL };
+
+/* Read-backs asked for (restart de-duplication); answered by the test with obx_core_lookup_done(). */
+static struct {
+	char topic[8][64];
+	struct obx_dd_mark floor[8];
+	uint32_t gen[8];
+	size_t n;
+	bool refuse;
+} lk;
+
+static bool
+fake_lookup(void *ctx, const char *topic, const struct obx_dd_mark *floor, uint32_t gen)
+{
+	(void)ctx;
+	if (lk.refuse)
+		return false;
+	assert_true(lk.n < 8);
+	snprintf(lk.topic[lk.n], sizeof(lk.topic[0]), "%s", topic);
+	lk.floor[lk.n] = *floor;
+	lk.gen[lk.n++] = gen;
+	return true;
+}
+
+static const struct obx_core_ops dd_ops = { fake_produce, fake_note, fake_lookup };
 
 static void
 set(const char *section, const char *key, const char *value)
@@ -109,11 +136,20 @@ start(obx_lsn at)
 	assert_int_equal(obx_core_session_start(&core, at, 2, 10000, 0), 0);
 }
 
+/* A core whose read-backs go to fake_lookup. */
+static void
+start_dd(obx_lsn at)
+{
+	assert_int_equal(obx_core_init(&core, &cfg, &dd_ops, &fk, &met), 0);
+	assert_int_equal(obx_core_session_start(&core, at, 2, 10000, 0), 0);
+}
+
 static int
 setup(void **state)
 {
 	(void)state;
 	memset(&fk, 0, sizeof(fk));
+	memset(&lk, 0, sizeof(lk));
 	memset(&met, 0, sizeof(met));
 	obx_config_init(&cfg);
 	return 0;
@@ -983,6 +1019,253 @@ test_protocol_errors(void **state)
 	assert_non_null(strstr(reason(), "Begin inside an open transaction"));
 }
 
+/* ---- restart de-duplication ---- */
+
+/* A read-back of topic (nparts partitions) that found the given events (id, commit lsn, seq, key). */
+struct found { const char *id; obx_lsn lsn; uint32_t seq; const char *key; };
+
+static struct obx_dd_scan *
+read_back(const char *topic, const struct obx_dd_mark *floor, int32_t nparts, const struct found *f,
+    size_t n)
+{
+	struct obx_dd_scan *s = obx_dd_scan_new(topic, floor);
+	struct obx_dd_window w;
+
+	assert_int_equal(obx_dd_scan_partitions(s, nparts), 0);
+	for (int32_t p = 0; p < nparts; p++) {
+		obx_dd_scan_bounds(s, p, 0, (int64_t)n); /* offsets 0..n-1, as in the loop below */
+		if (n > 0)
+			assert_true(obx_dd_scan_want(s, p, &w));
+	}
+	for (size_t i = 0; i < n; i++) {
+		char lsn[OBX_LSN_STRLEN], seq[16];
+		struct obx_header h[3] = { { "id", f[i].id, strlen(f[i].id) }, { "lsn", lsn, 0 },
+			{ "seq", seq, 0 } };
+
+		h[1].len = strlen(obx_lsn_format(f[i].lsn, lsn, sizeof(lsn)));
+		h[2].len = (size_t)snprintf(seq, sizeof(seq), "%u", f[i].seq);
+		obx_dd_scan_record(s, obx_dd_partition(f[i].key, strlen(f[i].key), nparts), (int64_t)i,
+		    f[i].key, strlen(f[i].key), 2, h, 3);
+	}
+	for (int32_t p = 0; p < nparts; p++)
+		obx_dd_scan_window_done(s, p);
+	obx_dd_scan_finish(s, "unfinished");
+	return s;
+}
+
+/*
+ * The first event of a topic asks for its read-back and waits (the stream
+ * with it); found events are skipped and acknowledged at the next pump, as
+ * a delivery report would; the first one not found is published, and every
+ * later one of its partition without asking.
+ */
+static void
+test_dedupe_skips_what_kafka_has(void **state)
+{
+	static const struct found f[] = { { "e1", 0x200, 0, "k1" } };
+
+	(void)state;
+	start_dd(0x100);
+	relation();
+	begin(0x200, 7);
+	insert("e1", "k1");
+	insert("e2", "k1");
+	commit(0x200, 0x210);
+	assert_int_equal(lk.n, 1);
+	assert_string_equal(lk.topic[0], "outbox.event.order");
+	assert_true(lk.floor[0].lsn == 0x200 && lk.floor[0].seq == 0);
+	assert_int_equal(fk.n, 0);                /* both wait, in order */
+	assert_false(obx_core_can_read(&core));  /* and the stream with them */
+	obx_core_pump(&core, 10);
+	assert_int_equal(fk.n, 0);
+	/* an answer of an earlier session is freed unused */
+	obx_core_lookup_done(&core, lk.gen[0] - 1, lk.topic[0], read_back(lk.topic[0], &lk.floor[0], 4, f, 1));
+	obx_core_pump(&core, 20);
+	assert_int_equal(fk.n, 0);
+	obx_core_lookup_done(&core, lk.gen[0], lk.topic[0], read_back(lk.topic[0], &lk.floor[0], 4, f, 1));
+	assert_int_equal(fk.n, 0); /* nothing moves from inside the answer */
+	obx_core_pump(&core, 30);
+	assert_int_equal(fk.n, 1);
+	assert_string_equal(fk.recs[0].id, "e2");
+	/* e1's acknowledgement waits for the next pump, which is due at once */
+	assert_int_equal(met.dedupe_skipped, 0);
+	assert_int_equal(obx_core_wait_ms(&core, 30), 0);
+	obx_core_pump(&core, 40);
+	assert_int_equal(met.dedupe_skipped, 1);
+	assert_int_equal(flush_now(), 0x100); /* e2 is out */
+	report(0, OBX_REPORT_OK);
+	assert_int_equal(flush_now(), 0x210);
+	assert_int_equal(core.published, 1);
+	/* caught up: later events go out at once, without another read-back */
+	assert_true(obx_core_can_read(&core));
+	begin(0x300, 8);
+	insert("e3", "k1");
+	insert("e4", "k2");
+	commit(0x300, 0x310);
+	assert_int_equal(fk.n, 3);
+	assert_int_equal(lk.n, 1);
+	assert_int_equal(met.dedupe_fallbacks, 0);
+	assert_int_equal(ended(), OBX_CORE_RUNNING);
+}
+
+/* Every event of a transaction found: the skips alone confirm it. */
+static void
+test_dedupe_skips_confirm(void **state)
+{
+	static const struct found f[] = { { "e1", 0x200, 0, "k1" }, { "e2", 0x200, 1, "k2" } };
+
+	(void)state;
+	start_dd(0x100);
+	relation();
+	begin(0x200, 7);
+	insert("e1", "k1");
+	insert("e2", "k2");
+	commit(0x200, 0x210);
+	obx_core_lookup_done(&core, lk.gen[0], lk.topic[0], read_back(lk.topic[0], &lk.floor[0], 4, f, 2));
+	obx_core_pump(&core, 10);
+	assert_int_equal(flush_now(), 0x100); /* found, not yet acknowledged */
+	obx_core_pump(&core, 20);
+	assert_int_equal(flush_now(), 0x210);
+	assert_int_equal(fk.n, 0);
+	assert_int_equal(met.dedupe_skipped, 2);
+	assert_int_equal(core.published, 0);
+	assert_non_null(strstr(fk.notes, "2 event(s) of topic outbox.event.order were in Kafka already"));
+}
+
+/* A read-back that cannot start, or that fell back: published, counted, said. */
+static void
+test_dedupe_fallbacks(void **state)
+{
+	struct obx_dd_scan *s;
+
+	(void)state;
+	lk.refuse = true;
+	start_dd(0x100);
+	relation();
+	begin(0x200, 7);
+	insert("e1", "k1");
+	assert_int_equal(fk.n, 1);
+	assert_int_equal(met.dedupe_fallbacks, 1);
+	assert_non_null(strstr(fk.notes, "de-duplication: topic outbox.event.order: could not start reading "
+	    "it back; publishing its events from the slot's position (at-least-once)"));
+	commit(0x200, 0x210);
+	obx_core_reset(&core);
+
+	/* a new session asks again; this time the read-back times out */
+	lk.refuse = false;
+	fk.notes[0] = '\0';
+	start_dd(0x210);
+	relation();
+	begin(0x300, 8);
+	insert("e2", "k1");
+	assert_int_equal(lk.n, 1);
+	s = obx_dd_scan_new(lk.topic[0], &lk.floor[0]);
+	obx_dd_scan_finish(s, "its read-back did not finish within 5000 ms");
+	obx_core_lookup_done(&core, lk.gen[0], lk.topic[0], s);
+	obx_core_pump(&core, 10);
+	assert_int_equal(fk.n, 2);
+	assert_int_equal(met.dedupe_fallbacks, 2);
+	assert_non_null(strstr(fk.notes, "topic outbox.event.order: its read-back did not finish within "
+	    "5000 ms; publishing its events from the slot's position (at-least-once)"));
+	insert("e3", "k1");
+	assert_int_equal(fk.n, 3);
+	commit(0x300, 0x310);
+	obx_core_reset(&core);
+
+	/* a read-back that ran out of memory: the same */
+	fk.notes[0] = '\0';
+	start_dd(0x310);
+	relation();
+	begin(0x400, 9);
+	insert("e4", "k1");
+	assert_int_equal(lk.n, 2);
+	obx_core_lookup_done(&core, lk.gen[1], lk.topic[1], NULL);
+	obx_core_pump(&core, 10);
+	assert_int_equal(fk.n, 4);
+	assert_int_equal(met.dedupe_fallbacks, 3);
+	assert_non_null(strstr(fk.notes, "topic outbox.event.order: out of memory; publishing"));
+}
+
+/* A dead-letter copy is looked for in the dead-letter topic, with its own read-back. */
+static void
+test_dedupe_dead_letter_copy(void **state)
+{
+	struct found f[1];
+	struct obx_header h[4];
+	struct obx_report r = { .status = OBX_REPORT_PERMANENT, .error = "too large",
+		.error_name = "MSG_SIZE_TOO_LARGE", .now_us = 2000 };
+
+	(void)state;
+	set("delivery", "on_error", "dead_letter");
+	start_dd(0x100);
+	relation();
+	begin(0x200, 7);
+	insert("e1", "k1");
+	commit(0x200, 0x210);
+	obx_core_lookup_done(&core, lk.gen[0], lk.topic[0], read_back(lk.topic[0], &lk.floor[0], 4, NULL, 0));
+	obx_core_pump(&core, 10);
+	assert_int_equal(fk.n, 1);
+	assert_string_equal(fk.recs[0].lsn, "0/200");
+	assert_string_equal(fk.recs[0].seq, "0");
+	/* the broker rejects it for good: its copy goes to the dead-letter topic, which is read back */
+	h[0] = (struct obx_header){ "id", "e1", 2 };
+	h[1] = (struct obx_header){ "lsn", fk.recs[0].lsn, strlen(fk.recs[0].lsn) };
+	h[2] = (struct obx_header){ "seq", fk.recs[0].seq, strlen(fk.recs[0].seq) };
+	h[3] = (struct obx_header){ "type", "Created", 7 };
+	r.opaque = fk.recs[0].opaque;
+	r.record = (struct obx_record){ fk.recs[0].topic, "k1", 2, "{}", 2, 0, h, 4 };
+	obx_core_report(&core, &r);
+	assert_int_equal(lk.n, 2);
+	assert_string_equal(lk.topic[1], "outbox.dead_letter");
+	assert_int_equal(fk.n, 1);
+	/* an earlier session's copy is there already */
+	f[0] = (struct found){ "e1", 0x200, 0, "k1" };
+	obx_core_lookup_done(&core, lk.gen[1], lk.topic[1], read_back(lk.topic[1], &lk.floor[1], 2, f, 1));
+	obx_core_pump(&core, 20);
+	obx_core_pump(&core, 30);
+	assert_int_equal(fk.n, 1);
+	assert_int_equal(met.dedupe_skipped, 1);
+	assert_int_equal(met.events_dead_lettered, 0);
+	assert_int_equal(flush_now(), 0x210);
+	assert_int_equal(ended(), OBX_CORE_RUNNING);
+}
+
+/* A partitioner outboxd cannot reproduce: no read-backs, one warning per process. */
+static void
+test_dedupe_partitioner_unsupported(void **state)
+{
+	(void)state;
+	set("kafka", "partitioner", "consistent_random");
+	start_dd(0x100);
+	relation();
+	begin(0x200, 7);
+	insert("e1", "k1");
+	commit(0x200, 0x210);
+	assert_int_equal(lk.n, 0);
+	assert_int_equal(fk.n, 1);
+	assert_int_equal(obx_core_session_start(&core, 0x100, 2, 10000, 0), 0);
+	{
+		const char *first = strstr(fk.notes, "partitioner consistent_random is not one outboxd can "
+		    "reproduce");
+
+		assert_non_null(first);
+		assert_null(strstr(first + 1, "partitioner consistent_random"));
+	}
+	/* and off by configuration: not a word */
+	obx_core_reset(&core);
+	obx_config_reset(&cfg);
+	obx_config_init(&cfg);
+	set("delivery", "dedupe", "off");
+	fk.notes[0] = '\0';
+	start_dd(0x100);
+	relation();
+	begin(0x200, 7);
+	insert("e1", "k1");
+	assert_int_equal(lk.n, 0);
+	assert_int_equal(fk.n, 2);
+	assert_string_equal(fk.notes, "");
+}
+
 int
 main(void)
 {
@@ -1008,6 +1291,11 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_stale_reports, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_drain, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_protocol_errors, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_dedupe_skips_what_kafka_has, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_dedupe_skips_confirm, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_dedupe_fallbacks, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_dedupe_dead_letter_copy, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_dedupe_partitioner_unsupported, setup, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

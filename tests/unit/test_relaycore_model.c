@@ -966,7 +966,7 @@ m_note(void *ctx, enum obx_log_level level, const char *line)
 	trace("core note: %.130s", line);
 }
 
-static const struct obx_core_ops ops = { m_produce, m_note };
+static const struct obx_core_ops ops = { m_produce, m_note, NULL };
 
 /* ---- feeding the core ---- */
 
