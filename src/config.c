@@ -311,8 +311,7 @@ set_source(struct obx_config *cfg, const char *key, const char *value, const cha
 		return OBX_ECONFIG;
 	}
 	if (strcmp(key, "failover") == 0) {
-		if (strcmp(value, "on") == 0 || strcmp(value, "off") == 0) {
-			cfg->failover = value[1] == 'n';
+		if (obx_parse_bool(value, &cfg->failover) == 0) {
 			cfg->failover_set = true;
 			return 0;
 		}
@@ -730,7 +729,8 @@ obx_config_init(struct obx_config *cfg)
 	cfg->messages = false;
 	cfg->message_prefix = strdup("outboxd");
 	/* losing the slot on failover is the worst day an outbox relay can have; on 17+ a
-	 * failover-enabled slot costs nothing until a standby synchronizes it */
+	 * failover-enabled slot costs nothing until a standby synchronizes it (README, "Failover
+	 * and standbys": synchronized_standby_slots makes it wait for that standby) */
 	cfg->failover = true;
 	cfg->col_id = strdup("id");
 	cfg->col_key = strdup("aggregateid");

@@ -7,6 +7,7 @@
  * PQescapeLiteral/PQescapeIdentifier.
  */
 #include <poll.h>
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -167,7 +168,12 @@ query_waiting(PGconn *c, const char *sql, int timeout_ms, struct obx_pgsetup_ctx
 			PQfreeCancel(cn);
 			break; /* the results below are the cancelled command's */
 		}
-		if (poll(&p, 1, 250) < 0 || PQconsumeInput(c) == 0)
+		if (poll(&p, 1, 250) < 0) {
+			if (errno == EINTR)
+				continue; /* a signal: the tick above asks whether to stop */
+			break;
+		}
+		if (PQconsumeInput(c) == 0)
 			break;
 	}
 	while ((res = PQgetResult(c)) != NULL) {
@@ -236,13 +242,25 @@ obx_pgsetup_connect(const char *conninfo, PGconn **out, char *errbuf, size_t err
 	char err[1024];
 	int r;
 
+	PGresult *res;
+
 	r = obx_pg_connect(conninfo, kw, val, "outboxd", out, err, sizeof(err));
 	if (r == OBX_EIO)
 		r = failf(errbuf, errlen, classify_connect_error(err),
 		    "could not connect to PostgreSQL: %s", err);
 	else if (r != 0)
 		r = failf(errbuf, errlen, r, "%s", err);
-	return r;
+	if (r != 0)
+		return r;
+	/* the stream's warnings must reach outboxd (PostgreSQL 18 warns, instead of failing,
+	 * when it skips a publication: pgstream.c), whatever the role's setting */
+	if (query(*out, "SET client_min_messages TO warning", &res, NULL, err, sizeof(err)) != 0) {
+		PQfinish(*out);
+		*out = NULL;
+		return failf(errbuf, errlen, OBX_EIO, "could not set client_min_messages: %s", err);
+	}
+	PQclear(res);
+	return 0;
 }
 
 int
@@ -772,12 +790,17 @@ read_slot(PGconn *c, const struct obx_config *cfg, const struct sqlnames *nm, bo
 		    "database; name another [source] slot or connect to %s", cfg->slot,
 		    PQgetvalue(res, 0, 3), PQgetvalue(res, 0, 6), PQgetvalue(res, 0, 3));
 	else if (strcmp(PQgetvalue(res, 0, 8), "t") == 0)
-		/* a slot on a standby whose catalog rows the primary removed (16+: conflicting) */
+		/* invalidated (16+: conflicting; on 16 also set when WAL was removed, so the
+		 * line names both causes) */
 		r = failf(errbuf, errlen, OBX_ECONFIG,
-		    "slot %s is invalidated by a conflict with recovery: the primary removed catalog rows "
-		    "it needed (give the standby a physical slot, primary_slot_name, and "
-		    "hot_standby_feedback = on); events committed after %s may have been lost; drop and "
-		    "recreate the slot, then reconcile from the business tables", cfg->slot, since);
+		    "slot %s is invalidated: %s; events committed after %s may have been lost; drop and "
+		    "recreate the slot, then reconcile from the business tables", cfg->slot,
+		    strcmp(PQgetvalue(res, 0, 4), "lost") == 0 ? "the server removed WAL it still needed "
+		    "(wal_status = lost; see max_slot_wal_keep_size) or, on a standby, catalog rows it "
+		    "needed (a conflict with recovery: give the standby a physical slot, primary_slot_name, "
+		    "and hot_standby_feedback = on)" : "a conflict with recovery: the primary removed "
+		    "catalog rows it needed (give the standby a physical slot, primary_slot_name, and "
+		    "hot_standby_feedback = on)", since);
 	else if (strcmp(PQgetvalue(res, 0, 4), "lost") == 0)
 		r = failf(errbuf, errlen, OBX_ECONFIG,
 		    "slot %s is invalidated (wal_status = lost): the server removed WAL it still needed, "
@@ -837,10 +860,19 @@ create_slot(PGconn *c, const struct obx_config *cfg, const struct sqlnames *nm, 
 			return failf(errbuf, errlen, OBX_EIO, "stopped while creating slot %s on the hot standby",
 			    cfg->slot);
 	} else {
-		r = query(c, sql, &res, state, err, sizeof(err));
+		/* waits for the transactions running now to end: a long or prepared one delays
+		 * it; the wait keeps /healthz fresh and ends on SIGTERM */
+		r = query_waiting(c, sql, 0, ctx, &res, state, err, sizeof(err));
+		if (r == OBX_ESTATE)
+			return failf(errbuf, errlen, OBX_EIO, "stopped while creating slot %s (it waits for "
+			    "the transactions running when it started to end)", cfg->slot);
 	}
 	if (r != 0) {
 		if (PQstatus(c) != CONNECTION_OK)
+			return failf(errbuf, errlen, OBX_EIO, "could not create slot %s: %s", cfg->slot, err);
+		/* cancelled, a serialization or lock conflict, an object in use: may heal */
+		if (strncmp(state, "40", 2) == 0 || strcmp(state, "57014") == 0 ||
+		    strcmp(state, "55P03") == 0 || strcmp(state, "55006") == 0)
 			return failf(errbuf, errlen, OBX_EIO, "could not create slot %s: %s", cfg->slot, err);
 		if (strcmp(state, "42710") != 0)
 			return failf(errbuf, errlen, OBX_ECONFIG, "could not create slot %s: %s",
@@ -951,7 +983,7 @@ note_standby_guard(const struct obx_config *cfg, const char *sysid, const char *
 	if (ctx->said_standby_guard)
 		return;
 	ctx->said_standby_guard = true;
-	obx_log_info("this hot standby is read-only: the slot guard cannot record slot %s on "
+	obx_log_warn("this hot standby is read-only: the slot guard cannot record slot %s on "
 	    "publication %s here, so a loss of the slot would not be detected; to protect it, add the "
 	    "line '" MARKER " %s %s %s' to the publication's comment on the primary", cfg->slot,
 	    cfg->publication, cfg->slot, sysid, lsn);

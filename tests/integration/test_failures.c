@@ -381,6 +381,37 @@ test_bad_credentials_and_privileges(void **state)
 }
 
 /*
+ * Creating a slot waits for the transactions running when it started to
+ * end.  A transaction left open must not make outboxd deaf to SIGTERM while
+ * it waits (Kubernetes would have to kill it, again on every restart).
+ */
+static void
+test_slot_creation_wait_ends_on_sigterm(void **state)
+{
+	PGconn *open_txn;
+	int st;
+
+	(void)state;
+	t_relay_setup(&R, "slotwait", 0);
+	open_txn = t_pg(&R.st, R.db, 0);
+	t_exec(open_txn, "BEGIN");
+	t_exec(open_txn, "CREATE TABLE held (v int)"); /* takes an xid */
+	t_relay_config(&R, NULL);
+	t_relay_start(&R, NULL, 0);
+	sleep(3);
+	assert_int_equal(t_log_count(&R, "streaming from slot"), 0); /* still waiting */
+	st = t_relay_signal(&R, SIGTERM, 10000);
+	if (st == -1 || !WIFEXITED(st)) {
+		t_log_dump(&R);
+		fail_msg("outboxd did not stop on SIGTERM while creating its slot (status %d)", st);
+	}
+	t_exec(open_txn, "COMMIT");
+	PQfinish(open_txn);
+	/* and once the transaction is over, the slot is created and the relay streams */
+	t_relay_start(&R, NULL, 1);
+}
+
+/*
  * A slot of another database can never decode this one: outboxd stops with
  * one line naming both databases instead of retrying START_REPLICATION.
  */
@@ -531,6 +562,7 @@ main(void)
 		cmocka_unit_test_teardown(test_two_instances_start_together, teardown),
 		cmocka_unit_test_teardown(test_second_signal_exits_at_once, teardown),
 		cmocka_unit_test_teardown(test_bad_credentials_and_privileges, teardown),
+		cmocka_unit_test_teardown(test_slot_creation_wait_ends_on_sigterm, teardown),
 		cmocka_unit_test_teardown(test_slot_of_another_database, teardown),
 		cmocka_unit_test_teardown(test_tls_and_wal_level, teardown),
 		cmocka_unit_test_teardown(test_invalidated_slot, teardown),

@@ -203,6 +203,10 @@ test_failover_setting(void **state)
 	(void)state;
 	assert_int_equal(load(&cfg, KAFKA "[source]\nfailover = off\n", NULL, NULL, 0), 0);
 	assert_false(cfg.failover);
+	obx_config_reset(&cfg);
+	/* the booleans every other key takes */
+	assert_int_equal(load(&cfg, KAFKA "[source]\nfailover = false\n", NULL, NULL, 0), 0);
+	assert_false(cfg.failover);
 	assert_true(cfg.failover_set);
 	obx_config_reset(&cfg);
 	assert_int_equal(load(&cfg, KAFKA, env, NULL, 0), 0);
@@ -234,7 +238,7 @@ test_value_errors(void **state)
 	expect_error(KAFKA "[source]\ncreate_publication = 2\n", "key 'create_publication': expected true or false");
 	expect_error(KAFKA "[source]\nstreaming = parallel\n", ":4: key 'streaming': expected on or off, got 'parallel'");
 	expect_error(KAFKA "[source]\nmessages = sometimes\n", ":4: key 'messages': expected true or false");
-	expect_error(KAFKA "[source]\nfailover = true\n", ":4: key 'failover': expected on or off, got 'true'");
+	expect_error(KAFKA "[source]\nfailover = maybe\n", ":4: key 'failover': expected on or off, got 'maybe'");
 	expect_error(KAFKA "[source]\nmessage_prefix =\n", ":4: key 'message_prefix'");
 	expect_error(KAFKA "[source]\nstream_buffer = 12\n", ":4: key 'stream_buffer': '12' is out of range (1KiB to 1TiB)");
 	expect_error(KAFKA "[source]\nstream_buffer = lots\n", ":4: key 'stream_buffer': expected a size");
