@@ -163,6 +163,21 @@ pg_start() {
 	done
 }
 
+# write_env ROOT PORT ENVBIN MAJOR: the state's env file for the tests (see the top)
+write_env() {
+	cat >"$state/env" <<ENV
+OBX_PGROOT=$1
+OBX_PGDATA=$1/data
+OBX_PGHOST=127.0.0.1
+OBX_PGPORT=$2
+OBX_PGUSER=postgres
+OBX_PGBIN=$3
+OBX_PGSERVERBIN=$pgbin
+OBX_PGMAJOR=$4
+OBX_PGSOCKDIR=$1
+ENV
+}
+
 start() {
 	stop
 	mkdir -p "$state"
@@ -209,17 +224,7 @@ local   replication   all                 trust
 host    all           all   127.0.0.1/32  trust
 host    replication   all   127.0.0.1/32  trust
 HBA
-	cat >"$state/env" <<ENV
-OBX_PGROOT=$root
-OBX_PGDATA=$root/data
-OBX_PGHOST=127.0.0.1
-OBX_PGPORT=$port
-OBX_PGUSER=postgres
-OBX_PGBIN=$envbin
-OBX_PGSERVERBIN=$pgbin
-OBX_PGMAJOR=$major
-OBX_PGSOCKDIR=$root
-ENV
+	write_env "$root" "$port" "$envbin" "$major"
 	if ! port=$(pg_start "$root" "$port"); then
 		stop
 		exit 1
@@ -246,16 +251,8 @@ standby() {
 	# the env file first, so that stop cleans up whatever comes next
 	envbin=$(make_envbin "$root")
 	port=$(free_port)
-	cat >"$state/env" <<ENV
-OBX_PGROOT=$root
-OBX_PGDATA=$root/data
-OBX_PGHOST=127.0.0.1
-OBX_PGPORT=$port
-OBX_PGUSER=postgres
-OBX_PGBIN=$envbin
-OBX_PGSERVERBIN=$pgbin
-OBX_PGMAJOR=$major
-OBX_PGSOCKDIR=$root
+	write_env "$root" "$port" "$envbin" "$major"
+	cat >>"$state/env" <<ENV
 OBX_PGPRIMARYHOST=$phost
 OBX_PGPRIMARYPORT=$pport
 OBX_PGPRIMARYSLOT=$slot
