@@ -502,7 +502,8 @@ set_kafka(struct obx_config *cfg, const char *key, const char *value, const char
 		}
 	}
 	if (strcmp(key, "transactional.id") == 0) {
-		obx_config_fail(errbuf, errlen, origin, key, "transactional producers are not supported");
+		obx_config_fail(errbuf, errlen, origin, key, "is set by outboxd: use [delivery] exactly_once "
+		    "= on, and [delivery] transactional_id to choose the id");
 		return OBX_ECONFIG;
 	}
 
@@ -583,8 +584,55 @@ set_delivery(struct obx_config *cfg, const char *key, const char *value, const c
 		}
 		return 0;
 	}
+	if (strcmp(key, "exactly_once") == 0) {
+		if (obx_parse_bool(value, &cfg->exactly_once) != 0) {
+			obx_config_fail(errbuf, errlen, origin, key, "expected on or off, got '%s'", value);
+			return OBX_ECONFIG;
+		}
+		return 0;
+	}
+	if (strcmp(key, "transaction_max_events") == 0) {
+		r = obx_parse_int(value, 1, 10000000, &cfg->txn_max_events);
+		if (r != 0) {
+			obx_config_fail(errbuf, errlen, origin, key, r == OBX_ERANGE ?
+			    "'%s' is out of range (1 to 10000000)" :
+			    "expected an integer, got '%s'", value);
+			return OBX_ECONFIG;
+		}
+		return 0;
+	}
+	if (strcmp(key, "transaction_max_bytes") == 0) {
+		r = obx_parse_size(value, 1024, 1LL << 40, &cfg->txn_max_bytes);
+		if (r != 0) {
+			obx_config_fail(errbuf, errlen, origin, key, r == OBX_ERANGE ?
+			    "'%s' is out of range (1KiB to 1TiB)" :
+			    "expected a size such as 16MiB or 65536, got '%s'", value);
+			return OBX_ECONFIG;
+		}
+		return 0;
+	}
+	if (strcmp(key, "transaction_max_time") == 0) {
+		r = obx_parse_duration_ms(value, 0, 60000, &cfg->txn_max_ms);
+		if (r != 0) {
+			obx_config_fail(errbuf, errlen, origin, key, r == OBX_ERANGE ?
+			    "'%s' is out of range (0 to 60s)" :
+			    "expected a duration such as 100ms or 1s, got '%s'", value);
+			return OBX_ECONFIG;
+		}
+		return 0;
+	}
 	if (strcmp(key, "dead_letter_topic") == 0) {
 		static const struct str_key k = SK(dead_letter_topic, true);
+
+		return set_str(cfg, &k, key, value, origin, errbuf, errlen);
+	}
+	if (strcmp(key, "progress_topic") == 0) {
+		static const struct str_key k = SK(progress_topic, true);
+
+		return set_str(cfg, &k, key, value, origin, errbuf, errlen);
+	}
+	if (strcmp(key, "transactional_id") == 0) {
+		static const struct str_key k = SK(transactional_id, false);
 
 		return set_str(cfg, &k, key, value, origin, errbuf, errlen);
 	}
@@ -745,6 +793,12 @@ obx_config_init(struct obx_config *cfg)
 	cfg->missing_topic_timeout_ms = 5LL * 60 * 1000;
 	cfg->on_error = OBX_ON_ERROR_STOP;
 	cfg->dedupe = true;
+	cfg->exactly_once = false;
+	cfg->transactional_id = strdup("");
+	cfg->progress_topic = strdup("outboxd.progress");
+	cfg->txn_max_events = 10000;
+	cfg->txn_max_bytes = 16LL << 20;
+	cfg->txn_max_ms = 100;
 	cfg->dead_letter_topic = strdup("outbox.dead_letter");
 	cfg->metrics_host = strdup("0.0.0.0");
 	cfg->metrics_port = 9898;
@@ -772,6 +826,7 @@ obx_config_reset(struct obx_config *cfg)
 		&cfg->table_name, &cfg->col_id, &cfg->col_key, &cfg->col_aggregate_type,
 		&cfg->col_type, &cfg->col_payload, &cfg->topic, &cfg->col_headers,
 		&cfg->col_timestamp, &cfg->dead_letter_topic, &cfg->metrics_host, &cfg->message_prefix,
+		&cfg->transactional_id, &cfg->progress_topic,
 	};
 
 	for (size_t i = 0; i < sizeof(strs) / sizeof(strs[0]); i++)
@@ -1087,6 +1142,11 @@ obx_config_diff(const struct obx_config *a, const struct obx_config *b, const ch
 		{ "[delivery] dead_letter_topic", str_differs(a->dead_letter_topic, b->dead_letter_topic) },
 		{ "[delivery] missing_topic_timeout", a->missing_topic_timeout_ms != b->missing_topic_timeout_ms },
 		{ "[delivery] dedupe", a->dedupe != b->dedupe },
+		{ "[delivery] exactly_once", a->exactly_once != b->exactly_once },
+		{ "[delivery] transactional_id", str_differs(a->transactional_id, b->transactional_id) },
+		{ "[delivery] progress_topic", str_differs(a->progress_topic, b->progress_topic) },
+		{ "[delivery] transaction_max_*", a->txn_max_events != b->txn_max_events ||
+		    a->txn_max_bytes != b->txn_max_bytes || a->txn_max_ms != b->txn_max_ms },
 		{ "[metrics] listen", str_differs(a->metrics_host, b->metrics_host) ||
 		    a->metrics_port != b->metrics_port },
 		{ "[log] level", a->log_level != b->log_level },

@@ -1,8 +1,11 @@
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/time.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "obx/err.h"
@@ -62,6 +65,13 @@ obx_kafka_conf(const struct obx_config *cfg, char *errbuf, size_t errlen)
 	if (conf_set(conf, "enable.idempotence", "true", errbuf, errlen) != 0 ||
 	    conf_set(conf, "acks", "all", errbuf, errlen) != 0)
 		goto fail;
+	if (cfg->exactly_once) {
+		char id[256];
+
+		obx_kafka_txn_id(cfg, id, sizeof(id));
+		if (conf_set(conf, "transactional.id", id, errbuf, errlen) != 0)
+			goto fail;
+	}
 	return conf;
 fail:
 	rd_kafka_conf_destroy(conf);
@@ -77,6 +87,23 @@ dr_cb(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
 	k->on_delivery(k->ctx, (uint64_t)(uintptr_t)m->_private, m);
 }
 
+void
+obx_kafka_txn_id(const struct obx_config *cfg, char *out, size_t len)
+{
+	if (cfg->transactional_id != NULL && cfg->transactional_id[0] != '\0')
+		snprintf(out, len, "%s", cfg->transactional_id);
+	else
+		snprintf(out, len, "outboxd-%s", cfg->slot);
+}
+
+/* The errors that say another producer with our transactional.id took over. */
+static bool
+is_fencing(rd_kafka_resp_err_t err)
+{
+	return err == RD_KAFKA_RESP_ERR__FENCED || err == RD_KAFKA_RESP_ERR_PRODUCER_FENCED ||
+	    err == RD_KAFKA_RESP_ERR_INVALID_PRODUCER_EPOCH;
+}
+
 static void
 error_cb(rd_kafka_t *rk, int err, const char *reason, void *opaque)
 {
@@ -84,7 +111,7 @@ error_cb(rd_kafka_t *rk, int err, const char *reason, void *opaque)
 	char buf[512];
 
 	if (err == RD_KAFKA_RESP_ERR__FATAL) {
-		rd_kafka_fatal_error(rk, buf, sizeof(buf));
+		k->fenced = is_fencing(rd_kafka_fatal_error(rk, buf, sizeof(buf)));
 		k->fatal = true;
 		snprintf(k->fatal_reason, sizeof(k->fatal_reason), "%s", buf);
 		return;
@@ -114,6 +141,16 @@ obx_kafka_open(struct obx_kafka *k, const struct obx_config *cfg, obx_delivery_f
 	k->wake[0] = k->wake[1] = -1;
 	k->on_delivery = fn;
 	k->ctx = ctx;
+	k->transactional = cfg->exactly_once;
+	if (k->transactional) {
+		struct timeval tv;
+
+		obx_kafka_txn_id(cfg, k->txn_id, sizeof(k->txn_id));
+		/* names this producer's transactions in their txn header: unique across restarts */
+		gettimeofday(&tv, NULL);
+		snprintf(k->producer_name, sizeof(k->producer_name), "%lld.%d",
+		    (long long)tv.tv_sec * 1000 + tv.tv_usec / 1000, (int)getpid());
+	}
 	conf = obx_kafka_conf(cfg, errbuf, errlen);
 	if (conf == NULL)
 		return OBX_ECONFIG;
@@ -151,20 +188,51 @@ obx_kafka_open(struct obx_kafka *k, const struct obx_config *cfg, obx_delivery_f
 	return 0;
 }
 
-rd_kafka_resp_err_t
-obx_kafka_produce(struct obx_kafka *k, const char *topic, const void *key, size_t keylen,
-    const void *value, size_t len, int64_t timestamp_ms, const struct obx_header *headers,
-    size_t nheaders, const char *extra_name, const char *extra_value, uint64_t opaque)
+/* Begins a transaction when none is open (a transactional producer); 0 or __STATE and the like. */
+static rd_kafka_resp_err_t
+txn_begin(struct obx_kafka *k)
 {
-	rd_kafka_headers_t *hdrs = rd_kafka_headers_new(nheaders + 1);
+	rd_kafka_error_t *e;
+
+	if (!k->transactional || k->txn_open)
+		return RD_KAFKA_RESP_ERR_NO_ERROR;
+	if (k->committing)
+		return RD_KAFKA_RESP_ERR__STATE;
+	e = rd_kafka_begin_transaction(k->rk);
+	if (e != NULL) {
+		rd_kafka_resp_err_t err = rd_kafka_error_code(e);
+
+		obx_log_debug("kafka: could not begin a transaction: %s", rd_kafka_error_string(e));
+		rd_kafka_error_destroy(e);
+		return err != RD_KAFKA_RESP_ERR_NO_ERROR ? err : RD_KAFKA_RESP_ERR__STATE;
+	}
+	k->txn_open = true;
+	k->txn_count++;
+	snprintf(k->txn_name, sizeof(k->txn_name), "%s.%" PRIu64, k->producer_name, k->txn_count);
+	return RD_KAFKA_RESP_ERR_NO_ERROR;
+}
+
+rd_kafka_resp_err_t
+obx_kafka_produce(struct obx_kafka *k, const char *topic, int32_t partition, const void *key,
+    size_t keylen, const void *value, size_t len, int64_t timestamp_ms,
+    const struct obx_header *headers, size_t nheaders, const char *extra_name,
+    const char *extra_value, uint64_t opaque)
+{
+	rd_kafka_headers_t *hdrs;
 	rd_kafka_resp_err_t err;
 
+	err = txn_begin(k);
+	if (err != RD_KAFKA_RESP_ERR_NO_ERROR)
+		return err;
+	hdrs = rd_kafka_headers_new(nheaders + 2);
 	for (size_t i = 0; i < nheaders; i++)
 		rd_kafka_header_add(hdrs, headers[i].name, -1, headers[i].value,
 		    headers[i].value ? (ssize_t)headers[i].len : 0);
 	if (extra_name != NULL)
 		rd_kafka_header_add(hdrs, extra_name, -1, extra_value, -1);
-	err = rd_kafka_producev(k->rk, RD_KAFKA_V_TOPIC(topic),
+	if (k->transactional)
+		rd_kafka_header_add(hdrs, "txn", -1, k->txn_name, -1);
+	err = rd_kafka_producev(k->rk, RD_KAFKA_V_TOPIC(topic), RD_KAFKA_V_PARTITION(partition),
 	    RD_KAFKA_V_KEY(key, keylen), RD_KAFKA_V_VALUE((void *)value, len),
 	    RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_TIMESTAMP(timestamp_ms),
 	    RD_KAFKA_V_HEADERS(hdrs), RD_KAFKA_V_OPAQUE((void *)(uintptr_t)opaque), RD_KAFKA_V_END);
@@ -193,6 +261,91 @@ int
 obx_kafka_outq_len(const struct obx_kafka *k)
 {
 	return rd_kafka_outq_len(k->rk);
+}
+
+/* Turns a transactional call's error into what the caller does next; frees e. */
+static enum obx_txn_result
+txn_result(struct obx_kafka *k, rd_kafka_error_t *e, const char *what, char *why, size_t whylen)
+{
+	rd_kafka_resp_err_t err;
+	enum obx_txn_result res;
+
+	if (e == NULL)
+		return OBX_TXN_OK;
+	err = rd_kafka_error_code(e);
+	snprintf(why, whylen, "could not %s the Kafka transaction: %s", what, rd_kafka_error_string(e));
+	if (rd_kafka_error_is_fatal(e) || k->fatal) {
+		char buf[512];
+
+		if (!k->fatal) {
+			k->fatal = true;
+			k->fenced = is_fencing(rd_kafka_fatal_error(k->rk, buf, sizeof(buf)));
+			snprintf(k->fatal_reason, sizeof(k->fatal_reason), "%s", buf);
+		}
+		res = k->fenced || is_fencing(err) ? OBX_TXN_FENCED : OBX_TXN_FATAL;
+		if (res == OBX_TXN_FENCED)
+			k->fenced = true;
+	} else if (rd_kafka_error_txn_requires_abort(e)) {
+		res = OBX_TXN_ABORT;
+	} else if (rd_kafka_error_is_retriable(e)) {
+		res = OBX_TXN_PENDING;
+	} else {
+		res = OBX_TXN_ABORT;
+	}
+	rd_kafka_error_destroy(e);
+	return res;
+}
+
+enum obx_txn_result
+obx_kafka_txn_init(struct obx_kafka *k, int timeout_ms, bool (*tick)(void *), void *arg, char *why,
+    size_t whylen)
+{
+	struct timespec t0, t;
+	enum obx_txn_result res;
+
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	for (;;) {
+		long long waited;
+
+		res = txn_result(k, rd_kafka_init_transactions(k->rk, 500), "initialise", why, whylen);
+		if (res != OBX_TXN_PENDING)
+			return res;
+		clock_gettime(CLOCK_MONOTONIC, &t);
+		waited = (long long)(t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000;
+		if (waited >= timeout_ms || (tick != NULL && tick(arg)))
+			return OBX_TXN_PENDING;
+	}
+}
+
+enum obx_txn_result
+obx_kafka_txn_commit(struct obx_kafka *k, int timeout_ms, char *why, size_t whylen)
+{
+	enum obx_txn_result res;
+	char buf[256];
+
+	if (!k->txn_open)
+		return OBX_TXN_OK;
+	while (read(k->wake[0], buf, sizeof(buf)) > 0)
+		;
+	k->committing = true;
+	res = txn_result(k, rd_kafka_commit_transaction(k->rk, timeout_ms), "commit", why, whylen);
+	if (res != OBX_TXN_PENDING)
+		k->committing = false;
+	if (res == OBX_TXN_OK)
+		k->txn_open = false;
+	return res;
+}
+
+enum obx_txn_result
+obx_kafka_txn_abort(struct obx_kafka *k, int timeout_ms, char *why, size_t whylen)
+{
+	enum obx_txn_result res;
+
+	if (!k->txn_open || k->fatal)
+		return k->fenced ? OBX_TXN_FENCED : OBX_TXN_OK;
+	res = txn_result(k, rd_kafka_abort_transaction(k->rk, timeout_ms), "abort", why, whylen);
+	k->txn_open = k->committing = false;
+	return res;
 }
 
 void

@@ -13,6 +13,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,10 +60,11 @@ error_cb(rd_kafka_t *rk, int err, const char *reason, void *opaque)
 
 /* A consumer with the producer's connection settings; NULL with why filled. */
 static rd_kafka_t *
-consumer_new(const struct obx_config *cfg, char *why, size_t whylen)
+consumer_new(const struct obx_config *cfg, const char *client_id, char *why, size_t whylen)
 {
 	static const char *const own[][2] = {
-		{ "client.id", "outboxd-dedupe" },
+		/* what a transaction that was aborted or is still open wrote is not read (progress) */
+		{ "isolation.level", "read_committed" },
 		{ "enable.partition.eof", "true" },
 		{ "enable.auto.commit", "false" },
 		{ "enable.auto.offset.store", "false" },
@@ -94,6 +96,10 @@ consumer_new(const struct obx_config *cfg, char *why, size_t whylen)
 			snprintf(why, whylen, "kafka property %s: %.300s", own[i][0], err);
 			goto fail;
 		}
+	if (rd_kafka_conf_set(conf, "client.id", client_id, err, sizeof(err)) != RD_KAFKA_CONF_OK) {
+		snprintf(why, whylen, "kafka property client.id: %.300s", err);
+		goto fail;
+	}
 	rd_kafka_conf_set_log_cb(conf, log_cb);
 	rd_kafka_conf_set_error_cb(conf, error_cb);
 	rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, err, sizeof(err));
@@ -317,7 +323,7 @@ worker(void *arg)
 
 	sigfillset(&all);
 	pthread_sigmask(SIG_BLOCK, &all, NULL); /* signals are the relay loop's */
-	rk = consumer_new(l->cfg, why, sizeof(why));
+	rk = consumer_new(l->cfg, "outboxd-dedupe", why, sizeof(why));
 	for (;;) {
 		struct obx_lookup_job *job, **tail;
 
@@ -466,4 +472,154 @@ obx_lookup_close(struct obx_lookup *l)
 		close(l->wake[1]);
 	}
 	obx_lookup_init(l, l->cfg);
+}
+
+/* ---- exactly-once: the progress record ---- */
+
+#define PROGRESS_WINDOW 64
+
+/*
+ * Reads partition p of the progress topic from its end backwards, window by
+ * window, until a record of the slot turns up (keeps the highest mark in
+ * *best).  Returns 1 found, 0 none, OBX_EIO with why.
+ */
+static int
+progress_partition(const struct obx_config *cfg, rd_kafka_t *rk, rd_kafka_topic_t *rkt, int32_t p,
+    int64_t deadline, bool (*tick)(void *), void *arg, struct obx_progress *best, bool *have,
+    char *why, size_t whylen)
+{
+	int64_t lo, hi, from, to;
+	rd_kafka_resp_err_t err = RD_KAFKA_RESP_ERR__TIMED_OUT;
+	int64_t window = PROGRESS_WINDOW;
+	int found = 0;
+
+	while (mono_ms() < deadline) {
+		err = rd_kafka_query_watermark_offsets(rk, cfg->progress_topic, p, &lo, &hi, slice(deadline));
+		if (err == RD_KAFKA_RESP_ERR_NO_ERROR || (tick != NULL && tick(arg)))
+			break;
+	}
+	if (err != RD_KAFKA_RESP_ERR_NO_ERROR) {
+		snprintf(why, whylen, "could not read the watermarks of %s [%d]: %s", cfg->progress_topic,
+		    (int)p, rd_kafka_err2str(err));
+		return OBX_EIO;
+	}
+	to = hi;
+	while (to > lo && found == 0) {
+		from = to - window > lo ? to - window : lo;
+		if (rd_kafka_consume_start(rkt, p, from) != 0) {
+			snprintf(why, whylen, "could not read %s [%d]: %s", cfg->progress_topic, (int)p,
+			    rd_kafka_err2str(rd_kafka_last_error()));
+			return OBX_EIO;
+		}
+		for (;;) {
+			rd_kafka_message_t *m;
+
+			if (mono_ms() >= deadline || (tick != NULL && tick(arg))) {
+				rd_kafka_consume_stop(rkt, p);
+				snprintf(why, whylen, "reading %s [%d] back did not finish in time",
+				    cfg->progress_topic, (int)p);
+				return OBX_EIO;
+			}
+			m = rd_kafka_consume(rkt, p, slice(deadline));
+			if (m == NULL)
+				continue;
+			if (m->err == RD_KAFKA_RESP_ERR__PARTITION_EOF ||
+			    (m->err == RD_KAFKA_RESP_ERR_NO_ERROR && m->offset >= to)) {
+				rd_kafka_message_destroy(m);
+				break;
+			}
+			if (m->err != RD_KAFKA_RESP_ERR_NO_ERROR) {
+				snprintf(why, whylen, "could not read %s [%d]: %s", cfg->progress_topic, (int)p,
+				    rd_kafka_message_errstr(m));
+				rd_kafka_message_destroy(m);
+				rd_kafka_consume_stop(rkt, p);
+				return OBX_EIO;
+			}
+			if (m->key_len == strlen(cfg->slot) && memcmp(m->key, cfg->slot, m->key_len) == 0) {
+				struct obx_progress pr;
+				char bad[128];
+				int rc = obx_progress_parse(m->payload, m->len, cfg->slot, &pr, bad, sizeof(bad));
+
+				if (rc == OBX_EINVAL) {
+					snprintf(why, whylen, "%s [%d] offset %" PRId64 " is keyed by slot %s but is "
+					    "not a progress record: %s", cfg->progress_topic, (int)p, m->offset,
+					    cfg->slot, bad);
+					rd_kafka_message_destroy(m);
+					rd_kafka_consume_stop(rkt, p);
+					return OBX_EIO;
+				}
+				if (rc == 0) {
+					found = 1;
+					if (!*have || obx_dd_mark_cmp(&pr.mark, &best->mark) > 0)
+						*best = pr;
+					*have = true;
+				}
+			}
+			if (m->offset >= to - 1) {
+				rd_kafka_message_destroy(m);
+				break;
+			}
+			rd_kafka_message_destroy(m);
+		}
+		rd_kafka_consume_stop(rkt, p);
+		to = from;
+		window *= 4;
+	}
+	return found;
+}
+
+int
+obx_lookup_progress(const struct obx_config *cfg, int budget_ms, bool (*tick)(void *), void *arg,
+    struct obx_progress *out, char *why, size_t whylen)
+{
+	int64_t deadline = mono_ms() + budget_ms;
+	const struct rd_kafka_metadata *md = NULL;
+	rd_kafka_resp_err_t err = RD_KAFKA_RESP_ERR__TIMED_OUT;
+	rd_kafka_topic_t *rkt;
+	int32_t nparts = 0;
+	bool have = false;
+	int rc = 0;
+	rd_kafka_t *rk = consumer_new(cfg, "outboxd-progress", why, whylen);
+
+	if (rk == NULL)
+		return OBX_EIO;
+	rkt = rd_kafka_topic_new(rk, cfg->progress_topic, NULL);
+	if (rkt == NULL) {
+		snprintf(why, whylen, "%s", rd_kafka_err2str(rd_kafka_last_error()));
+		rd_kafka_destroy(rk);
+		return OBX_EIO;
+	}
+	while (mono_ms() < deadline) {
+		err = rd_kafka_metadata(rk, 0, rkt, &md, slice(deadline) > 0 ? slice(deadline) : 1);
+		if (err == RD_KAFKA_RESP_ERR_NO_ERROR || (tick != NULL && tick(arg)))
+			break;
+	}
+	if (err != RD_KAFKA_RESP_ERR_NO_ERROR) {
+		snprintf(why, whylen, "could not read the metadata of %s: %s", cfg->progress_topic,
+		    rd_kafka_err2str(err));
+		rc = OBX_EIO;
+	} else {
+		err = md->topic_cnt == 1 ? md->topics[0].err : RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC;
+		if (err == RD_KAFKA_RESP_ERR_NO_ERROR)
+			nparts = md->topics[0].partition_cnt;
+		else if (err != RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART &&
+		    err != RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC) {
+			snprintf(why, whylen, "the metadata of %s says %s", cfg->progress_topic,
+			    rd_kafka_err2str(err));
+			rc = OBX_EIO;
+		}
+		rd_kafka_metadata_destroy(md);
+	}
+	/* every partition: the record's partition depends on the partitioner of whoever wrote it */
+	for (int32_t p = 0; p < nparts && rc >= 0; p++) {
+		int r = progress_partition(cfg, rk, rkt, p, deadline, tick, arg, out, &have, why, whylen);
+
+		if (r < 0)
+			rc = r;
+	}
+	rd_kafka_topic_destroy(rkt);
+	rd_kafka_destroy(rk);
+	if (rc < 0)
+		return rc;
+	return have ? 1 : 0;
 }

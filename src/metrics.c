@@ -159,6 +159,11 @@ obx_metrics_render(const struct obx_metrics *m, size_t *len)
 	    "topics and partitions whose events a session published without de-duplication (at-least-once)",
 	    m->dedupe_fallbacks);
 	counter_u64(fp, "outboxd_transactions_total", "committed transactions received", m->transactions);
+	counter_u64(fp, "outboxd_kafka_transactions_committed_total",
+	    "Kafka transactions committed ([delivery] exactly_once)", m->kafka_txn_committed);
+	counter_u64(fp, "outboxd_kafka_transactions_aborted_total",
+	    "Kafka transactions ended without a commit ([delivery] exactly_once): aborted, or left to the next "
+	    "session's init_transactions", m->kafka_txn_aborted);
 	counter_u64(fp, "outboxd_messages_refused_total",
 	    "non-transactional logical decoding messages with the event prefix, not published",
 	    m->messages_refused);

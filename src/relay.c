@@ -29,13 +29,19 @@
 #include "obx/lookup.h"
 #include "obx/metrics.h"
 #include "obx/pgstream.h"
+#include "obx/progress.h"
 #include "obx/relay.h"
 #include "obx/relaycore.h"
+#include "obx/walmsg.h"
 
 #define READ_BATCH 2000
 #define BACKOFF_MIN_MS 200
 #define BACKOFF_MAX_MS 30000
 #define MAX_REPORT_HEADERS 64
+#define COMMIT_SLICE_MS 500
+/* exactly-once: how long a session start may take to initialise transactions, and to read progress */
+#define TXN_INIT_MS 15000
+#define PROGRESS_READ_MS 15000
 
 struct relay {
 	const struct obx_config *cfg;
@@ -69,6 +75,7 @@ struct relay {
 	uint64_t progress_events;
 	uint64_t progress_txns;
 	enum obx_state title_state;
+	bool committing;        /* exactly-once: a commit is under way (obx_kafka_txn_commit again) */
 #ifdef OBX_TEST_HOOKS
 	long test_fatal_after;
 	long test_produced;
@@ -93,8 +100,8 @@ do_produce(void *ctx, const struct obx_record *rec, uint64_t opaque, char *why, 
 	struct relay *r = ctx;
 	rd_kafka_resp_err_t err;
 
-	err = obx_kafka_produce(&r->kf, rec->topic, rec->key, rec->keylen, rec->value, rec->len,
-	    rec->timestamp_ms, rec->headers, rec->nheaders, NULL, NULL, opaque);
+	err = obx_kafka_produce(&r->kf, rec->topic, RD_KAFKA_PARTITION_UA, rec->key, rec->keylen,
+	    rec->value, rec->len, rec->timestamp_ms, rec->headers, rec->nheaders, NULL, NULL, opaque);
 	if (err != RD_KAFKA_RESP_ERR_NO_ERROR)
 		snprintf(why, whylen, "%s", rd_kafka_err2str(err));
 	if (err == RD_KAFKA_RESP_ERR__QUEUE_FULL)
@@ -145,6 +152,12 @@ on_delivery(void *ctx, uint64_t opaque, const rd_kafka_message_t *m)
 	const void *v;
 	size_t sz, n = 0;
 
+	if (opaque == OBX_KAFKA_OPAQUE_PROGRESS) {
+		/* a progress record: its transaction's commit says how it went */
+		if (m->err != RD_KAFKA_RESP_ERR_NO_ERROR)
+			obx_log_debug("progress record not delivered: %s", rd_kafka_err2str(m->err));
+		return;
+	}
 	/* the core reads a record's headers only to name a failed event */
 	if (m->err != RD_KAFKA_RESP_ERR_NO_ERROR && rd_kafka_message_headers(m, &h) == 0)
 		for (size_t i = 0; n < MAX_REPORT_HEADERS && rd_kafka_header_get_all(h, i, &name, &v, &sz) == 0; i++)
@@ -177,6 +190,13 @@ serve_reports(struct relay *r)
 	if (r->test_kill_after > 0 && r->core.published >= (uint64_t)r->test_kill_after)
 		raise(SIGKILL);
 #endif
+	if (r->kf.fenced && obx_core_ended(&r->core, NULL) == OBX_CORE_RUNNING) {
+		r->end_kafka = true;
+		obx_metrics_kafka_error(&r->m, "_FENCED");
+		obx_core_fail(&r->core, OBX_CORE_END_FATAL, "fenced: another instance took over "
+		    "transactional.id %s (%s); stopping without publishing anything more", r->kf.txn_id,
+		    r->kf.fatal_reason);
+	}
 	if (r->kf.fatal && obx_core_ended(&r->core, NULL) == OBX_CORE_RUNNING) {
 		r->end_kafka = true;
 		obx_metrics_kafka_error(&r->m, "_FATAL");
@@ -258,11 +278,13 @@ check_silence(struct relay *r)
 	    now - r->last_rx_ms, r->st.wal_sender_timeout_ms);
 }
 
-static void
+/* Reads what the stream has; returns true when it could read and found nothing (idle). */
+static bool
 read_stream(struct relay *r)
 {
 	char err[1024];
 	int got = 0;
+	bool could = obx_core_can_read(&r->core);
 
 	for (int i = 0; i < READ_BATCH && obx_core_can_read(&r->core); i++) {
 		const uint8_t *buf;
@@ -296,6 +318,54 @@ read_stream(struct relay *r)
 	}
 	if (got > 0)
 		r->last_rx_ms = now_ms(); /* one clock read per batch */
+	return could && got == 0;
+}
+
+/*
+ * Exactly-once: when the core says the open Kafka transaction should
+ * commit, adds its progress record and commits it, a slice of at most
+ * COMMIT_SLICE_MS per turn so that status updates, health and signals are
+ * served while the broker answers (docs/design.md, "Exactly-once").
+ */
+static void
+drive_commit(struct relay *r, bool idle)
+{
+	struct obx_core_progress p;
+	struct obx_progress pr;
+	enum obx_txn_result res;
+	char why[768];
+	char *value;
+	rd_kafka_resp_err_t err;
+
+	if (!r->committing) {
+		if (!obx_core_commit_due(&r->core, now_ms(), idle, &p))
+			return;
+		pr = (struct obx_progress){ p.mark, p.end_lsn, p.commit_time, p.records };
+		value = obx_progress_encode(&pr, r->cfg->slot, r->kf.txn_id);
+		if (value == NULL) {
+			obx_core_commit_done(&r->core, OBX_CORE_COMMIT_FATAL, "out of memory", obx_pg_now());
+			return;
+		}
+		err = obx_kafka_produce(&r->kf, r->cfg->progress_topic, RD_KAFKA_PARTITION_UA, r->cfg->slot,
+		    strlen(r->cfg->slot), value, strlen(value), (obx_pg_now() + OBX_PG_EPOCH_OFFSET_US) / 1000,
+		    NULL, 0, NULL, NULL, OBX_KAFKA_OPAQUE_PROGRESS);
+		free(value);
+		if (err != RD_KAFKA_RESP_ERR_NO_ERROR) {
+			snprintf(why, sizeof(why), "could not produce the progress record to %s: %s",
+			    r->cfg->progress_topic, rd_kafka_err2str(err));
+			obx_core_commit_done(&r->core, OBX_CORE_COMMIT_ABORT, why, obx_pg_now());
+			return;
+		}
+		r->committing = true;
+	}
+	r->reports_at_us = obx_pg_now(); /* delivery reports are served from inside the commit */
+	res = obx_kafka_txn_commit(&r->kf, COMMIT_SLICE_MS, why, sizeof(why));
+	if (res == OBX_TXN_PENDING)
+		return;
+	r->committing = false;
+	obx_core_commit_done(&r->core, res == OBX_TXN_OK ? OBX_CORE_COMMIT_OK :
+	    res == OBX_TXN_FENCED ? OBX_CORE_COMMIT_FENCED : res == OBX_TXN_ABORT ?
+	    OBX_CORE_COMMIT_ABORT : OBX_CORE_COMMIT_FATAL, why, obx_pg_now());
 }
 
 /*
@@ -413,6 +483,8 @@ update_metrics(struct relay *r)
 	r->m.inflight_events = c->inflight;
 	r->m.inflight_bytes = c->inflight_bytes;
 	r->m.events_published = c->published;
+	r->m.kafka_txn_committed = c->eos_commits;
+	r->m.kafka_txn_aborted = c->eos_aborts;
 	r->m.oldest_unacked_age_seconds = obx_ack_oldest_time(&c->ack, &oldest) ?
 	    (double)(obx_pg_now() - oldest) / 1e6 : 0;
 	if (r->progress_interval_ms > 0 && now - r->last_progress_ms >= r->progress_interval_ms)
@@ -454,6 +526,47 @@ setup_tick(void *arg)
 	return r->core.signals > 0;
 }
 
+/*
+ * Exactly-once, once the slot is ours: init_transactions (fencing every
+ * older producer of the transactional.id and ending its open transaction),
+ * then the last committed progress record of the slot.  Returns false with
+ * r->end and r->reason set when the session cannot go on.
+ */
+static bool
+eos_open(struct relay *r, bool *have, struct obx_progress *floor)
+{
+	char why[768], a[OBX_LSN_STRLEN];
+	enum obx_txn_result res;
+	int rc;
+
+	res = obx_kafka_txn_init(&r->kf, TXN_INIT_MS, setup_tick, r, why, sizeof(why));
+	if (res != OBX_TXN_OK) {
+		r->end = res == OBX_TXN_FENCED ? OBX_CORE_END_FATAL : OBX_CORE_END_RETRY;
+		if (res == OBX_TXN_PENDING)
+			snprintf(why, sizeof(why), "Kafka transactions for transactional.id %s not initialised "
+			    "within %d s", r->kf.txn_id, TXN_INIT_MS / 1000);
+		snprintf(r->reason, sizeof(r->reason), "%s", why);
+		return false;
+	}
+	rc = obx_lookup_progress(r->cfg, PROGRESS_READ_MS, setup_tick, r, floor, why, sizeof(why));
+	if (rc < 0) {
+		/* never guess: without the record a replay would publish committed events again */
+		r->end = OBX_CORE_END_RETRY;
+		snprintf(r->reason, sizeof(r->reason), "could not read the progress of slot %s from %s: %s",
+		    r->cfg->slot, r->cfg->progress_topic, why);
+		return false;
+	}
+	*have = rc == 1;
+	if (*have)
+		obx_log_info("exactly-once: transactional.id %s; the last committed Kafka transaction ends "
+		    "at event lsn %s seq %" PRIu32 ": replayed events up to it are not sent again",
+		    r->kf.txn_id, obx_lsn_format(floor->mark.lsn, a, sizeof(a)), floor->mark.seq);
+	else
+		obx_log_info("exactly-once: transactional.id %s; no progress record of slot %s in %s yet",
+		    r->kf.txn_id, r->cfg->slot, r->cfg->progress_topic);
+	return true;
+}
+
 /* Connects and starts the producer.  Returns true when streaming may begin. */
 static bool
 session_open(struct relay *r)
@@ -462,6 +575,8 @@ session_open(struct relay *r)
 	const char *partitioner;
 	enum obx_fail f;
 	int interval;
+	struct obx_progress floor;
+	bool have_floor = false;
 
 	r->m.state = OBX_STATE_CONNECTING;
 	publish(r);
@@ -481,7 +596,7 @@ session_open(struct relay *r)
 	/* the read-backs of restart de-duplication get their consumer connected meanwhile; should
 	 * that fail, the first read-back tries again, and a topic it cannot read is published */
 	obx_lookup_init(&r->lk, r->cfg);
-	if (r->cfg->dedupe && obx_dd_partitioner_supported(r->cfg, &partitioner))
+	if (r->cfg->dedupe && !r->cfg->exactly_once && obx_dd_partitioner_supported(r->cfg, &partitioner))
 		(void)obx_lookup_start(&r->lk);
 	/* a fresh producer per session: nothing of an earlier stream can land after this one's events */
 	if (obx_kafka_open(&r->kf, r->cfg, on_delivery, r, err, sizeof(err)) != 0) {
@@ -489,6 +604,14 @@ session_open(struct relay *r)
 		obx_pgstream_close(&r->st);
 		r->end = OBX_CORE_END_FATAL;
 		snprintf(r->reason, sizeof(r->reason), "%s", err);
+		return false;
+	}
+	if (r->cfg->exactly_once && !eos_open(r, &have_floor, &floor)) {
+		obx_lookup_close(&r->lk);
+		r->reports_at_us = obx_pg_now();
+		obx_kafka_close(&r->kf, 0);
+		obx_pgstream_close(&r->st);
+		r->end_kafka = r->end != OBX_CORE_END_FATAL;
 		return false;
 	}
 	interval = r->cfg->status_interval_ms;
@@ -510,6 +633,9 @@ session_open(struct relay *r)
 		snprintf(r->reason, sizeof(r->reason), "out of memory");
 		return false;
 	}
+	if (r->cfg->exactly_once)
+		obx_core_exactly_once(&r->core, have_floor ? &floor.mark : NULL);
+	r->committing = false;
 	snprintf(r->m.info_database, sizeof(r->m.info_database), "%s", PQdb(r->st.conn));
 	r->streamed = true;
 	r->last_rx_ms = now_ms();
@@ -573,6 +699,18 @@ session_close(struct relay *r)
 	r->m.events_published = r->core.published;
 	/* the generation moves on first: reports served while the producer closes count for nothing */
 	obx_core_session_end(&r->core);
+	if (r->cfg->exactly_once && r->kf.rk != NULL) {
+		/* what the transaction holds is purged; a new session starts from the slot */
+		r->reports_at_us = obx_pg_now();
+		if (obx_kafka_txn_abort(&r->kf, 5000, err, sizeof(err)) == OBX_TXN_FENCED ||
+		    r->kf.fenced) {
+			r->end = OBX_CORE_END_FATAL;
+			snprintf(r->reason, sizeof(r->reason), "fenced: another instance took over "
+			    "transactional.id %s; stopping without publishing anything more", r->kf.txn_id);
+		}
+		r->committing = false;
+	}
+	r->m.kafka_txn_aborted = r->core.eos_aborts;
 	obx_lookup_close(&r->lk);
 	obx_pgstream_close(&r->st);
 	r->reports_at_us = obx_pg_now();
@@ -587,6 +725,7 @@ session(struct relay *r)
 		return;
 	for (;;) {
 		int flushing;
+		bool idle;
 
 		read_signals(r);
 		serve_reports(r);
@@ -595,8 +734,10 @@ session(struct relay *r)
 		update_metrics(r);
 		if (obx_core_ended(&r->core, NULL) != OBX_CORE_RUNNING)
 			break;
-		read_stream(r);
+		idle = read_stream(r);
 		check_silence(r);
+		if (r->cfg->exactly_once && obx_core_ended(&r->core, NULL) == OBX_CORE_RUNNING)
+			drive_commit(r, idle);
 		if (obx_core_ended(&r->core, NULL) != OBX_CORE_RUNNING)
 			break;
 		maybe_status(r);

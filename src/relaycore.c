@@ -383,12 +383,88 @@ dedupe(struct obx_core *c, const struct obx_record *rec)
 	return OBX_DD_SEND;
 }
 
+/* ---- exactly-once: Kafka transactions (docs/design.md, "Exactly-once") ---- */
+
+static bool
+is_bare(const struct obx_record *rec)
+{
+	return rec->key == NULL && rec->value == NULL;
+}
+
+/* Why the broker rejected rec in an earlier session's transaction, or NULL. */
+static const char *
+rejected_before(const struct obx_core *c, const struct obx_record *rec, bool dl)
+{
+	struct obx_dd_mark m;
+
+	if (c->nrejected == 0 || obx_dd_mark_parse(rec->headers, rec->nheaders, &m) != 0)
+		return NULL;
+	for (size_t i = 0; i < c->nrejected && i < OBX_CORE_REJECTED; i++)
+		if (obx_dd_mark_cmp(&c->rejected[i].mark, &m) == 0 && c->rejected[i].dead_letter == dl &&
+		    (c->rejected[i].why[0] == 'b') == is_bare(rec))
+			return c->rejected[i].why + 1;
+	return NULL;
+}
+
+/* Remembers that the broker rejected rec for good; the first byte of why says bare or not. */
+static void
+remember_rejected(struct obx_core *c, const struct obx_record *rec, bool dl, const char *why)
+{
+	size_t i = c->nrejected++ % OBX_CORE_REJECTED;
+
+	if (obx_dd_mark_parse(rec->headers, rec->nheaders, &c->rejected[i].mark) != 0)
+		memset(&c->rejected[i].mark, 0, sizeof(c->rejected[i].mark));
+	c->rejected[i].dead_letter = dl;
+	snprintf(c->rejected[i].why, sizeof(c->rejected[i].why), "%c%s", is_bare(rec) ? 'b' : 'r', why);
+}
+
+/* A record went into the open Kafka transaction: its ticket waits for the commit. */
+static void
+batch_add(struct obx_core *c, const struct obx_record *rec, uint64_t ticket, bool dl)
+{
+	struct obx_dd_mark m;
+
+	if (c->nbatch == c->batch_cap) {
+		size_t cap = c->batch_cap ? c->batch_cap * 2 : 256;
+		uint64_t *grown = reallocarray(c->batch_tickets, cap, sizeof(*grown));
+
+		if (grown == NULL) {
+			fail(c, OBX_CORE_END_FATAL, "out of memory");
+			return;
+		}
+		c->batch_tickets = grown;
+		c->batch_cap = cap;
+	}
+	c->batch_tickets[c->nbatch++] = obx_core_opaque(c->gen, ticket, dl);
+	if (c->batch_records++ == 0)
+		c->batch_since_ms = c->now_ms;
+	c->batch_bytes += rec->len + rec->keylen;
+	if (obx_dd_mark_parse(rec->headers, rec->nheaders, &m) == 0 &&
+	    obx_dd_mark_cmp(&m, &c->batch.mark) > 0)
+		c->batch.mark = m;
+}
+
+static void
+batch_clear(struct obx_core *c)
+{
+	c->nbatch = 0;
+	c->batch_records = c->batch_bytes = 0;
+	c->committing = c->commit_wanted = false;
+	memset(&c->batch, 0, sizeof(c->batch));
+}
+
 static void
 produce_now(struct obx_core *c, const struct obx_record *rec, uint64_t ticket, bool dl)
 {
 	char why[512] = "";
 	char id[128];
+	const char *was;
 
+	if (c->eos && (was = rejected_before(c, rec, dl)) != NULL) {
+		/* the broker rejected it inside a transaction that was aborted: on_error now */
+		refused(c, rec, ticket, dl, was);
+		return;
+	}
 	switch (dedupe(c, rec)) {
 	case OBX_DD_SKIP:
 		skip(c, ticket);
@@ -403,6 +479,8 @@ produce_now(struct obx_core *c, const struct obx_record *rec, uint64_t ticket, b
 	case OBX_PRODUCE_OK:
 		c->inflight++;
 		c->inflight_bytes += rec->len + rec->keylen;
+		if (c->eos)
+			batch_add(c, rec, ticket, dl);
 		return;
 	case OBX_PRODUCE_QUEUE_FULL:
 		pending_push(c, rec, ticket, dl); /* tried again by obx_core_pump(), in order */
@@ -528,6 +606,18 @@ publish_event(struct obx_core *c, const struct obx_rel *rel, const struct obx_pg
 		return;
 	}
 	c->txn_events++;
+	if (c->eos_floor_set) {
+		struct obx_dd_mark m = { c->txn.commit_lsn, c->txn_events - 1, 0 };
+
+		if (obx_dd_mark_cmp(&m, &c->eos_floor) <= 0) {
+			skip(c, ticket); /* a committed Kafka transaction holds it (exactly-once) */
+			c->eos_skipped++;
+			return;
+		}
+		c->eos_floor_set = false; /* marks only grow: nothing after this one is skipped */
+		note(c, OBX_LOG_INFO, "exactly-once: %" PRIu64 " replayed event(s) were in committed Kafka "
+		    "transactions already and were not sent again", c->eos_skipped);
+	}
 	if (why_not != NULL) {
 		poison_row(c, rel, tuple, ticket, why_not);
 		return;
@@ -665,6 +755,20 @@ buffer_result(struct obx_core *c, int rc)
 
 static bool backpressured(const struct obx_core *c);
 
+/*
+ * A PostgreSQL transaction ended at end_lsn: when every event of it is in
+ * the open Kafka transaction (none waits in the pending queue), its
+ * progress record names it as the last one complete.
+ */
+static void
+batch_txn_done(struct obx_core *c, obx_lsn end_lsn)
+{
+	if (!c->eos || c->npend > 0 || c->batch_records == 0)
+		return;
+	c->batch.end_lsn = end_lsn;
+	c->batch.commit_time = c->txn.commit_time;
+}
+
 /* Publishes the rows of the Stream Commit in progress as far as the caps allow. */
 static void
 replay(struct obx_core *c)
@@ -691,6 +795,7 @@ replay(struct obx_core *c)
 	c->replaying = false;
 	c->in_txn = false;
 	c->m->transactions++;
+	batch_txn_done(c, c->replay_end_lsn);
 	obx_streambuf_drop(&c->sbuf, c->replay_xid);
 	streams_changed(c);
 	if (c->replay_end_lsn > c->received)
@@ -838,6 +943,7 @@ handle_commit(struct obx_core *c, const struct obx_pgmsg *m)
 	c->m->transactions++;
 	if (m->u.commit.end_lsn > c->received)
 		c->received = m->u.commit.end_lsn;
+	batch_txn_done(c, m->u.commit.end_lsn);
 }
 
 static void
@@ -951,6 +1057,8 @@ obx_core_report(struct obx_core *c, const struct obx_report *r)
 	    r->record.len + r->record.keylen;
 	switch (r->status) {
 	case OBX_REPORT_OK:
+		if (c->eos)
+			return; /* acknowledged when its Kafka transaction commits (obx_core_commit_done) */
 		committed = obx_ack_ticket_time(&c->ack, ticket);
 		if (committed != 0)
 			obx_metrics_observe(c->m, (double)(r->now_us - committed) / 1e6);
@@ -984,6 +1092,16 @@ obx_core_report(struct obx_core *c, const struct obx_report *r)
 		c->end_kafka = true;
 		fail(c, OBX_CORE_END_RETRY, "delivery of event id=%s lsn=%s failed: %s; rewinding to the slot",
 		    id, lsn, r->error);
+		return;
+	}
+	if (c->eos && (dl || c->cfg->on_error == OBX_ON_ERROR_DEAD_LETTER)) {
+		/* a rejected record makes its Kafka transaction abortable: on_error applies to it
+		 * in the next transaction, at the replay (docs/design.md, "Exactly-once") */
+		remember_rejected(c, &r->record, dl, r->error);
+		c->end_kafka = true;
+		fail(c, OBX_CORE_END_RETRY, "%s id=%s lsn=%s rejected by the broker for %s (%s) inside a "
+		    "Kafka transaction: aborting it and rewinding to the slot; on_error applies at the replay",
+		    dl ? "dead-letter copy of event" : "event", id, lsn, r->record.topic, r->error);
 		return;
 	}
 	if (dl) {
@@ -1063,7 +1181,7 @@ obx_core_can_read(const struct obx_core *c)
 	/* when stopping, read on to the end of an open transaction: stopping inside one
 	 * would leave its acknowledged events unconfirmed, to be sent again */
 	return c->active && !ending(c) && c->npend == 0 && !c->replaying && !backpressured(c) &&
-	    !(c->draining && !c->in_txn);
+	    !c->committing && !c->commit_wanted && !(c->draining && !c->in_txn);
 }
 
 void
@@ -1074,6 +1192,8 @@ obx_core_pump(struct obx_core *c, int64_t now_ms)
 	if (!c->active || ending(c))
 		return;
 	apply_skips(c);
+	if (c->committing || c->commit_wanted)
+		return; /* nothing is produced while a Kafka transaction commits */
 	pending_flush(c);
 	if (c->replaying && c->npend == 0)
 		replay(c);
@@ -1167,6 +1287,11 @@ obx_core_wait_ms(const struct obx_core *c, int64_t now_ms)
 		w = 0; /* reports served meanwhile let the Stream Commit go on: pump at once */
 	if (c->nskips > 0)
 		w = 0; /* events found in Kafka wait for their acknowledgement */
+	if (c->eos && c->batch_records > 0 && !c->committing &&
+	    c->batch_since_ms + c->cfg->txn_max_ms - now_ms < w)
+		w = c->batch_since_ms + c->cfg->txn_max_ms - now_ms;
+	if (c->committing)
+		w = 0; /* the loop drives the commit, a slice per turn */
 	return w < 0 ? 0 : w;
 }
 
@@ -1212,6 +1337,7 @@ obx_core_reset(struct obx_core *c)
 	message_row_free(c);
 	free(c->pend);
 	free(c->skips);
+	free(c->batch_tickets);
 	memset(c, 0, sizeof(*c)); /* a second reset is a no-op */
 }
 
@@ -1268,6 +1394,10 @@ obx_core_session_end(struct obx_core *c)
 	c->inflight = c->inflight_bytes = 0;
 	pending_clear(c);
 	c->nskips = 0;
+	if (c->eos && (c->batch_records > 0 || c->committing))
+		c->eos_aborts++; /* ended without its commit: the next init_transactions aborts it */
+	batch_clear(c);
+	c->eos = c->eos_floor_set = false;
 	obx_dedupe_reset(&c->dd);
 	obx_ack_reset(&c->ack);
 	obx_relcache_reset(&c->rels);
@@ -1276,4 +1406,76 @@ obx_core_session_end(struct obx_core *c)
 	obx_streambuf_init(&c->sbuf, (size_t)c->cfg->stream_buffer_bytes);
 	obx_event_builder_forget(&c->eb);
 	c->m->stream_buffer_bytes = 0;
+}
+
+/* ---- exactly-once ---- */
+
+void
+obx_core_exactly_once(struct obx_core *c, const struct obx_dd_mark *floor)
+{
+	c->eos = true;
+	batch_clear(c);
+	/* the progress record does what the read-back would: de-duplication is off */
+	obx_dedupe_reset(&c->dd);
+	obx_dedupe_init(&c->dd, false, dd_note, c);
+	c->eos_floor_set = floor != NULL;
+	c->eos_skipped = 0;
+	if (floor != NULL)
+		c->eos_floor = *floor;
+}
+
+bool
+obx_core_commit_due(struct obx_core *c, int64_t now_ms, bool idle, struct obx_core_progress *p)
+{
+	if (!c->eos || !c->active || ending(c) || c->committing || c->batch_records == 0)
+		return false;
+	if (!c->commit_wanted && !(idle || c->draining || backpressured(c) ||
+	    c->batch_records >= (uint64_t)c->cfg->txn_max_events ||
+	    c->batch_bytes >= (uint64_t)c->cfg->txn_max_bytes ||
+	    now_ms - c->batch_since_ms >= c->cfg->txn_max_ms))
+		return false;
+	/* nothing more joins the transaction; its progress record is produced only once every
+	 * record of it is acknowledged, so that no broker, consumer or crash ever sees the record
+	 * of a transaction without all of its events in the log ("Exactly-once") */
+	c->commit_wanted = true;
+	if (c->inflight > 0)
+		return false;
+	c->commit_wanted = false;
+	c->committing = true;
+	*p = c->batch;
+	p->records = c->batch_records;
+	return true;
+}
+
+void
+obx_core_commit_done(struct obx_core *c, enum obx_core_commit how, const char *why, int64_t now_us)
+{
+	if (!c->active || !c->committing)
+		return;
+	if (how != OBX_CORE_COMMIT_OK) {
+		c->end_kafka = true;
+		if (how == OBX_CORE_COMMIT_FENCED)
+			fail(c, OBX_CORE_END_FATAL, "%s: another instance took over transactional.id; stopping "
+			    "without publishing anything more", why);
+		else
+			fail(c, OBX_CORE_END_RETRY, "%s; rewinding to the slot", why);
+		return;
+	}
+	for (size_t i = 0; i < c->nbatch; i++) {
+		uint64_t ticket = c->batch_tickets[i] & OP_TICKET_MASK;
+		int64_t committed = obx_ack_ticket_time(&c->ack, ticket);
+
+		if (committed != 0)
+			obx_metrics_observe(c->m, (double)(now_us - committed) / 1e6);
+		if (obx_ack_ack(&c->ack, ticket) != 0) {
+			fail(c, OBX_CORE_END_FATAL, "committed event with unknown ticket %" PRIu64, ticket);
+			return;
+		}
+		if (c->batch_tickets[i] & OP_DEAD_LETTER)
+			c->m->events_dead_lettered++;
+		else
+			c->published++;
+	}
+	c->eos_commits++;
+	batch_clear(c);
 }

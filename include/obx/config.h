@@ -97,6 +97,12 @@ struct obx_config {
 	char *dead_letter_topic;
 	long long missing_topic_timeout_ms; /* a topic that does not exist yet is waited for this long */
 	bool dedupe;                /* skip events a restart finds in Kafka already (dedupe.h) */
+	bool exactly_once;          /* Kafka transactions with a progress record (docs/design.md, "Exactly-once") */
+	char *transactional_id;     /* "" : outboxd-<slot> */
+	char *progress_topic;
+	long long txn_max_events;   /* a Kafka transaction ends at the first commit past any of these */
+	long long txn_max_bytes;
+	long long txn_max_ms;
 
 	/* [metrics] */
 	char *metrics_host;

@@ -27,7 +27,29 @@ struct obx_kafka {
 	obx_delivery_fn on_delivery;
 	void *ctx;
 	bool fatal;
+	bool fenced;       /* the fatal error says another producer took the transactional.id */
 	char fatal_reason[512];
+
+	/* exactly-once ([delivery] exactly_once): a transactional producer */
+	bool transactional;
+	bool txn_open;     /* begin_transaction done, commit or abort not yet */
+	bool committing;   /* commit_transaction returned a retriable time-out: call it again */
+	char txn_id[256];  /* the transactional.id */
+	char producer_name[64]; /* wall-clock ms and pid at open: unique across restarts */
+	uint64_t txn_count;
+	char txn_name[96];  /* producer_name.txn_count: the txn header of the open transaction */
+};
+
+/* The opaque of a progress record: its delivery report is not an event's. */
+#define OBX_KAFKA_OPAQUE_PROGRESS UINT64_MAX
+
+/* How a transactional call ended. */
+enum obx_txn_result {
+	OBX_TXN_OK,
+	OBX_TXN_PENDING,   /* still under way (a retriable time-out): call again */
+	OBX_TXN_ABORT,     /* the transaction cannot commit: abort it and rewind */
+	OBX_TXN_FENCED,    /* another producer with the same transactional.id took over */
+	OBX_TXN_FATAL,     /* the producer is unusable: recreate it and rewind */
 };
 
 /*
@@ -43,13 +65,39 @@ rd_kafka_conf_t *obx_kafka_conf(const struct obx_config *cfg, char *errbuf, size
 int obx_kafka_open(struct obx_kafka *k, const struct obx_config *cfg, obx_delivery_fn fn,
     void *ctx, char *errbuf, size_t errlen);
 
+/* The transactional.id [delivery] exactly_once uses: transactional_id, or outboxd-<slot>. */
+void obx_kafka_txn_id(const struct obx_config *cfg, char *out, size_t len);
+
 /*
- * Hands one record to the producer (copied).  Returns librdkafka's
- * synchronous result: 0, or e.g. RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE,
- * RD_KAFKA_RESP_ERR__QUEUE_FULL.
+ * Exactly-once: init_transactions, which fences every older producer with
+ * the same transactional.id and waits until its open transaction is over.
+ * Waits up to timeout_ms, in slices of at most 500 ms after each of which
+ * tick(arg) is called (a true return gives up).  Returns an obx_txn_result;
+ * why is filled when it is not OBX_TXN_OK.
  */
-rd_kafka_resp_err_t obx_kafka_produce(struct obx_kafka *k, const char *topic, const void *key,
-    size_t keylen, const void *value, size_t len, int64_t timestamp_ms,
+enum obx_txn_result obx_kafka_txn_init(struct obx_kafka *k, int timeout_ms, bool (*tick)(void *),
+    void *arg, char *why, size_t whylen);
+
+/*
+ * Commits the open transaction (flushing its records first; delivery
+ * reports are served from inside the call), waiting at most timeout_ms:
+ * OBX_TXN_PENDING means call again to go on.  OBX_TXN_OK with no
+ * transaction open too.
+ */
+enum obx_txn_result obx_kafka_txn_commit(struct obx_kafka *k, int timeout_ms, char *why, size_t whylen);
+
+/* Aborts the open transaction, if any (its records are purged), waiting at most timeout_ms. */
+enum obx_txn_result obx_kafka_txn_abort(struct obx_kafka *k, int timeout_ms, char *why, size_t whylen);
+
+/*
+ * Hands one record to the producer (copied), to partition (RD_KAFKA_PARTITION_UA:
+ * the partitioner's choice).  A transactional producer begins a transaction
+ * first when none is open.  Returns librdkafka's synchronous result: 0, or
+ * e.g. RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE, RD_KAFKA_RESP_ERR__QUEUE_FULL,
+ * RD_KAFKA_RESP_ERR__STATE (no transaction could begin).
+ */
+rd_kafka_resp_err_t obx_kafka_produce(struct obx_kafka *k, const char *topic, int32_t partition,
+    const void *key, size_t keylen, const void *value, size_t len, int64_t timestamp_ms,
     const struct obx_header *headers, size_t nheaders, const char *extra_name,
     const char *extra_value, uint64_t opaque);
 

@@ -33,6 +33,8 @@ struct obx_metrics {
 	uint64_t events_dead_lettered;
 	uint64_t dedupe_skipped;       /* events a session found in Kafka already and did not send */
 	uint64_t dedupe_fallbacks;     /* topics and partitions published without de-duplication */
+	uint64_t kafka_txn_committed;  /* exactly-once: Kafka transactions committed */
+	uint64_t kafka_txn_aborted;    /* exactly-once: Kafka transactions ended without a commit */
 	uint64_t transactions;
 	uint64_t messages_refused;     /* non-transactional messages with our prefix */
 	uint64_t stream_aborted_events; /* buffered events of streamed (sub)transactions rolled back */

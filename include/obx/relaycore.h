@@ -112,6 +112,28 @@ struct obx_core_ops {
 	bool (*lookup)(void *ctx, const char *topic, const struct obx_dd_mark *floor, uint32_t gen);
 };
 
+/*
+ * Exactly-once ([delivery] exactly_once; docs/design.md, "Exactly-once"):
+ * what one Kafka transaction holds, for its progress record.
+ */
+struct obx_core_progress {
+	struct obx_dd_mark mark; /* the last event it holds (lsn, seq); id_hash unused */
+	obx_lsn end_lsn;         /* the end of the last PostgreSQL transaction it completes (0/0: none) */
+	int64_t commit_time;     /* that transaction's commit time, PostgreSQL epoch microseconds */
+	uint64_t records;        /* records produced in it */
+};
+
+/* How a Kafka transaction's commit ended, as the loop reports it. */
+enum obx_core_commit {
+	OBX_CORE_COMMIT_OK,
+	OBX_CORE_COMMIT_ABORT,  /* it cannot commit: the session ends and rewinds */
+	OBX_CORE_COMMIT_FENCED, /* another instance took over the transactional.id: exit 1 */
+	OBX_CORE_COMMIT_FATAL,  /* the producer is unusable: the session ends and rewinds */
+};
+
+/* Records the broker rejected inside a Kafka transaction, remembered across sessions. */
+#define OBX_CORE_REJECTED 16
+
 enum obx_core_end {
 	OBX_CORE_RUNNING = 0,
 	OBX_CORE_END_STOP,  /* stopped on request: exit 0 */
@@ -208,6 +230,27 @@ struct obx_core {
 	} missing[OBX_CORE_MISSING_TOPICS];
 	int64_t now_ms;               /* the caller's clock at the last pump or session start */
 
+	/* exactly-once ([delivery] exactly_once; docs/design.md, "Exactly-once") */
+	bool eos;                     /* this session publishes in Kafka transactions */
+	struct obx_dd_mark eos_floor; /* the last event of the last committed transaction: at or below, skip */
+	bool eos_floor_set;
+	uint64_t eos_skipped;         /* replayed events at or below the floor this session */
+	bool commit_wanted;           /* the open transaction takes nothing more; its commit waits for its reports */
+	bool committing;              /* a commit was asked for and has not ended */
+	uint64_t batch_records, batch_bytes;
+	int64_t batch_since_ms;       /* when the open transaction got its first record */
+	struct obx_core_progress batch;
+	uint64_t *batch_tickets;      /* the tickets of its records, acknowledged when it commits */
+	size_t nbatch, batch_cap;
+	struct {
+		struct obx_dd_mark mark;
+		bool dead_letter;
+		char why[256];
+	} rejected[OBX_CORE_REJECTED]; /* kept across sessions: on_error applies at the replay */
+	size_t nrejected;
+	uint64_t eos_commits;         /* Kafka transactions committed */
+	uint64_t eos_aborts;          /* ended without a commit (abort, rewind) */
+
 	enum obx_core_end end;
 	bool end_kafka;               /* the session ended because of the broker side */
 	char reason[1024];
@@ -231,6 +274,32 @@ void obx_core_reset(struct obx_core *c);
  */
 int obx_core_session_start(struct obx_core *c, obx_lsn start, int proto, int status_interval_ms,
     int64_t now_ms);
+
+/*
+ * Exactly-once: this session publishes in Kafka transactions.  floor (NULL:
+ * no progress record was found) is the last event of the last committed
+ * transaction; every replayed event at or below it is skipped, acknowledged
+ * as found.  Call after obx_core_session_start(), before the first message.
+ */
+void obx_core_exactly_once(struct obx_core *c, const struct obx_dd_mark *floor);
+
+/*
+ * Exactly-once: true when the open Kafka transaction should commit now
+ * ([delivery] transaction_max_*, idle: the loop found nothing more to read,
+ * a drain, backpressure); *p says what it holds, for its progress record.
+ * From then on the core produces nothing and reads nothing until
+ * obx_core_commit_done().
+ */
+bool obx_core_commit_due(struct obx_core *c, int64_t now_ms, bool idle, struct obx_core_progress *p);
+
+/*
+ * Exactly-once: the commit asked for ended.  OK acknowledges every event
+ * of the transaction (the flush position may move); the rest end the
+ * session (why, borrowed, says how).  now_us (PostgreSQL-epoch
+ * microseconds) feeds the commit-to-acknowledgement histogram.
+ */
+void obx_core_commit_done(struct obx_core *c, enum obx_core_commit how, const char *why,
+    int64_t now_us);
 
 /*
  * The session is over (whatever the reason): forgets its transactions,

@@ -281,7 +281,7 @@ test_kafka_properties(void **state)
 	expect_error(KAFKA "enable.idempotence = false\n", "key 'enable.idempotence': must stay true");
 	expect_error(KAFKA "acks = 1\n", "key 'acks': must stay 'all'");
 	expect_error(KAFKA "request.required.acks = 0\n", "key 'request.required.acks': must stay 'all'");
-	expect_error(KAFKA "transactional.id = x\n", "key 'transactional.id': transactional producers are not supported");
+	expect_error(KAFKA "transactional.id = x\n", "key 'transactional.id': is set by outboxd: use [delivery] exactly_once = on");
 	expect_error(KAFKA "partitioner = random\n", "key 'partitioner': must not be 'random'");
 	expect_error(KAFKA "delivery.report.only.error = true\n", "key 'delivery.report.only.error': must stay false");
 	{
@@ -690,10 +690,44 @@ test_dedupe_diff(void **state)
 	obx_config_reset(&b);
 }
 
+/* [delivery] exactly_once and its keys: defaults, values, errors that name the key. */
+static void
+test_exactly_once_keys(void **state)
+{
+	struct obx_config cfg;
+
+	(void)state;
+	assert_int_equal(load(&cfg, KAFKA, NULL, NULL, 0), 0);
+	assert_false(cfg.exactly_once);
+	assert_string_equal(cfg.transactional_id, "");
+	assert_string_equal(cfg.progress_topic, "outboxd.progress");
+	assert_int_equal(cfg.txn_max_events, 10000);
+	assert_int_equal(cfg.txn_max_bytes, 16 << 20);
+	assert_int_equal(cfg.txn_max_ms, 100);
+	obx_config_reset(&cfg);
+	assert_int_equal(load(&cfg, KAFKA "[delivery]\nexactly_once = on\ntransactional_id = orders-eos\n"
+	    "progress_topic = ops.progress\ntransaction_max_events = 500\ntransaction_max_bytes = 1MiB\n"
+	    "transaction_max_time = 20ms\n", NULL, NULL, 0), 0);
+	assert_true(cfg.exactly_once);
+	assert_string_equal(cfg.transactional_id, "orders-eos");
+	assert_string_equal(cfg.progress_topic, "ops.progress");
+	assert_int_equal(cfg.txn_max_events, 500);
+	assert_int_equal(cfg.txn_max_bytes, 1 << 20);
+	assert_int_equal(cfg.txn_max_ms, 20);
+	obx_config_reset(&cfg);
+	expect_error(KAFKA "[delivery]\nexactly_once = maybe\n", "key 'exactly_once': expected on or off, got 'maybe'");
+	expect_error(KAFKA "[delivery]\ntransaction_max_events = 0\n",
+	    "key 'transaction_max_events': '0' is out of range (1 to 10000000)");
+	expect_error(KAFKA "[delivery]\ntransaction_max_time = 2min\n",
+	    "key 'transaction_max_time': '2min' is out of range (0 to 60s)");
+	expect_error(KAFKA "[delivery]\nprogress_topic = \n", "key 'progress_topic': must not be empty");
+}
+
 int
 main(void)
 {
 	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_exactly_once_keys),
 		cmocka_unit_test(test_defaults),
 		cmocka_unit_test(test_full_file),
 		cmocka_unit_test(test_structure_errors),
