@@ -12,7 +12,7 @@
  *   rtt ID MS                   add MS milliseconds of round-trip time
  *   produce-errors CNT ERRNAME  next CNT Produce requests fail with ERRNAME
  *   request-errors API CNT ERR  same for any API key (number)
- *   clear                       drop queued Produce request errors
+ *   clear [API]                 drop queued request errors of API (Produce)
  *   topic NAME PARTITIONS       create a topic (replication min(3, N))
  *   topic-error NAME ERRNAME    make the topic report ERRNAME in metadata
  *   bootstrap                   print the bootstrap servers again
@@ -142,8 +142,14 @@ run_command(rd_kafka_mock_cluster_t *mc, int nbrokers, char *line, char *out, si
 		snprintf(out, outlen, "ok");
 		return 0;
 	}
-	if (strcmp(argv[0], "clear") == 0 && argc == 1) {
-		rd_kafka_mock_clear_request_errors(mc, 0 /* Produce */);
+	if (strcmp(argv[0], "clear") == 0 && argc <= 2) {
+		long api = 0; /* Produce */
+
+		if (argc == 2 && parse_int(argv[1], 0, 100, &api) != 0) {
+			snprintf(out, outlen, "error: bad API key '%s'", argv[1]);
+			return 0;
+		}
+		rd_kafka_mock_clear_request_errors(mc, (int16_t)api);
 		snprintf(out, outlen, "ok");
 		return 0;
 	}

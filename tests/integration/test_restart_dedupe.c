@@ -452,6 +452,102 @@ test_crash_loop_dedupe_off_duplicates(void **state)
 	assert_true(crash_loop(DEDUPE_OFF, 6, s ? (unsigned)strtoul(s, NULL, 10) : (unsigned)time(NULL)) > 0);
 }
 
+/* Every outbox row of the database is in the committed records of topic exactly once. */
+static void
+expect_committed_once(const char *topic, size_t want)
+{
+	struct t_msg *m;
+	size_t n = t_consume_all(R.b.bootstrap, topic, 20000, &m);
+	PGresult *res;
+
+	committed_only(m, &n);
+	res = PQexec(R.pg, "SELECT id::text FROM outbox");
+	assert_int_equal((size_t)PQntuples(res), want);
+	for (int i = 0; i < PQntuples(res); i++)
+		if (count_id(m, n, PQgetvalue(res, i, 0)) != 1)
+			fail_msg("event %s is in committed Kafka transactions %zu time(s)", PQgetvalue(res, i, 0),
+			    count_id(m, n, PQgetvalue(res, i, 0)));
+	assert_int_equal(n, want);
+	PQclear(res);
+	t_msgs_free(m, n);
+}
+
+/*
+ * A zombie: the active instance stops (SIGSTOP) with a Kafka transaction
+ * open, the server ends its connection after wal_sender_timeout, a second
+ * instance takes the slot, initialises transactions with the same
+ * transactional.id and publishes from the last committed progress.  When
+ * the first one wakes up it must publish nothing and exit 1 on the fencing
+ * error.  The test broker does not fence an older producer (librdkafka's
+ * mock cluster gives each InitProducerId a new producer id; README,
+ * "Exactly-once"), so once the second instance is idle the test has the
+ * broker answer Produce, AddPartitionsToTxn and EndTxn with
+ * INVALID_PRODUCER_EPOCH, what a broker answers a fenced producer.
+ */
+static void
+test_zombie_is_fenced(void **state)
+{
+	static const int apis[] = { 0 /* Produce */, 24 /* AddPartitionsToTxn */, 26 /* EndTxn */ };
+	struct t_relay S;
+	int64_t t0;
+	int st;
+
+	(void)state;
+	t_relay_setup(&R, "eoszombie", 0);
+	t_relay_config(&R, "[delivery]\nexactly_once = on\n");
+	t_relay_start(&R, NULL, 1);
+	insert_txn("zomb", 100, 10);
+	assert_true(t_wait_confirmed_current(&R, 30000));
+
+	t_relay_twin(&R, &S, "standby");
+	t_relay_start(&S, NULL, 0);
+	for (t0 = t_now_ms(); t_log_count(&S, "standby:") == 0 && t_now_ms() - t0 < 15000;)
+		usleep(50000);
+	assert_int_equal(t_log_count(&S, "standby:"), 1);
+
+	/* the next transaction stays open: the brokers answer late, and the instance stops */
+	for (int b = 1; b <= 3; b++)
+		assert_int_equal(t_broker_cmd(&R.b, "rtt %d 5000", b), 0);
+	insert_txn("zomb", 100, 10);
+	for (t0 = t_now_ms(); metric("outboxd_inflight_events") == 0 && t_now_ms() - t0 < 15000;)
+		usleep(20000);
+	assert_true(metric("outboxd_inflight_events") > 0);
+	assert_int_equal(kill(R.pid, SIGSTOP), 0);
+	for (int b = 1; b <= 3; b++)
+		assert_int_equal(t_broker_cmd(&R.b, "rtt %d 0", b), 0);
+
+	/* wal_sender_timeout ends its connection; the standby takes over and publishes */
+	for (t0 = t_now_ms(); t_log_count(&S, "taking over slot") == 0 && t_now_ms() - t0 < 40000;)
+		usleep(100000);
+	if (t_log_count(&S, "taking over slot") != 1) {
+		kill(R.pid, SIGCONT);
+		t_log_dump(&S);
+		fail_msg("the standby did not take over");
+	}
+	assert_true(t_wait_confirmed_current(&R, 30000));
+	sleep(1); /* the standby is idle: what the broker answers next is the old instance's */
+
+	for (size_t i = 0; i < sizeof(apis) / sizeof(apis[0]); i++)
+		assert_int_equal(t_broker_cmd(&R.b, "request-errors %d 1000 INVALID_PRODUCER_EPOCH", apis[i]), 0);
+	assert_int_equal(kill(R.pid, SIGCONT), 0);
+	st = t_wait(R.pid, 30000);
+	if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 1) {
+		t_log_dump(&R);
+		fail_msg("the fenced instance did not exit 1 (wait status %d)", st);
+	}
+	R.pid = 0;
+	assert_int_equal(t_log_count(&R, "fenced: another instance took over transactional.id outboxd-"), 1);
+	for (size_t i = 0; i < sizeof(apis) / sizeof(apis[0]); i++)
+		assert_int_equal(t_broker_cmd(&R.b, "clear %d", apis[i]), 0);
+
+	/* the new instance goes on; every event is in committed transactions exactly once */
+	insert_txn("zomb", 50, 10);
+	assert_true(t_wait_confirmed_current(&R, 30000));
+	expect_committed_once("outbox.event.zomb", 250);
+	assert_int_equal(t_log_count(&S, "fenced"), 0);
+	t_relay_twin_stop(&S);
+}
+
 /*
  * Every event of one transaction acknowledged, none confirmed (the hook),
  * then a restart: all of them are found and skipped, and the skip counts as
@@ -635,6 +731,7 @@ main(void)
 		cmocka_unit_test_teardown(test_read_back_timeout_publishes, teardown),
 		cmocka_unit_test_teardown(test_crash_loop_dedupe_no_duplicates, teardown),
 		cmocka_unit_test_teardown(test_crash_loop_transactions, teardown),
+		cmocka_unit_test_teardown(test_zombie_is_fenced, teardown),
 		cmocka_unit_test_teardown(test_crash_loop_dedupe_off_duplicates, teardown),
 	};
 

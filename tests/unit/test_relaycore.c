@@ -1266,6 +1266,274 @@ test_dedupe_partitioner_unsupported(void **state)
 	assert_string_equal(fk.notes, "");
 }
 
+/* ---- exactly-once: Kafka transactions ---- */
+
+static void
+start_eos(obx_lsn at, const struct obx_dd_mark *floor)
+{
+	start(at);
+	obx_core_exactly_once(&core, floor);
+}
+
+/* A delivery report for produced record i with its own lsn and seq headers. */
+static void
+report_marked(size_t i, enum obx_report_status st)
+{
+	struct obx_header h[3] = { { "id", fk.recs[i].id, strlen(fk.recs[i].id) },
+		{ "lsn", fk.recs[i].lsn, strlen(fk.recs[i].lsn) }, { "seq", fk.recs[i].seq, strlen(fk.recs[i].seq) } };
+	struct obx_report r = { .opaque = fk.recs[i].opaque, .status = st, .error = "Broker: Message size too large",
+		.error_name = "MSG_SIZE_TOO_LARGE", .now_us = 2000 };
+
+	r.record = (struct obx_record){ fk.recs[i].topic, fk.recs[i].key[0] ? fk.recs[i].key : NULL,
+		strlen(fk.recs[i].key), fk.recs[i].has_value ? fk.recs[i].value : NULL,
+		strlen(fk.recs[i].value), 0, h, 3 };
+	obx_core_report(&core, &r);
+}
+
+/* Delivery reports acknowledge nothing; the commit acknowledges the whole transaction. */
+static void
+test_eos_acknowledged_at_commit(void **state)
+{
+	struct obx_core_progress p;
+
+	(void)state;
+	start_eos(0x100, NULL);
+	relation();
+	begin(0x200, 7);
+	insert("e1", "k1");
+	insert("e2", "k2");
+	commit(0x200, 0x210);
+	report(0, OBX_REPORT_OK);
+	report(1, OBX_REPORT_OK);
+	assert_int_equal(flush_now(), 0x100);
+	assert_int_equal(core.published, 0);
+	/* not idle, young, small: the transaction stays open */
+	assert_false(obx_core_commit_due(&core, 10, false, &p));
+	assert_true(obx_core_can_read(&core));
+	assert_true(obx_core_commit_due(&core, 10, true, &p));
+	assert_int_equal(p.mark.lsn, 0x200);
+	assert_int_equal(p.mark.seq, 1);
+	assert_int_equal(p.end_lsn, 0x210);
+	assert_int_equal(p.commit_time, 1000);
+	assert_int_equal(p.records, 2);
+	assert_false(obx_core_can_read(&core));
+	obx_core_pump(&core, 20);
+	assert_false(obx_core_commit_due(&core, 20, true, &p)); /* asked once */
+	obx_core_commit_done(&core, OBX_CORE_COMMIT_OK, NULL, 3000);
+	assert_int_equal(flush_now(), 0x210);
+	assert_int_equal(core.published, 2);
+	assert_int_equal(core.eos_commits, 1);
+	assert_true(obx_core_can_read(&core));
+	assert_false(obx_core_commit_due(&core, 1000, true, &p)); /* nothing open */
+	assert_int_equal(ended(), OBX_CORE_RUNNING);
+}
+
+/* The progress record waits for every report of the transaction; nothing joins it meanwhile. */
+static void
+test_eos_commit_waits_for_reports(void **state)
+{
+	struct obx_core_progress p;
+
+	(void)state;
+	start_eos(0x100, NULL);
+	relation();
+	begin(0x200, 7);
+	insert("e1", "k1");
+	commit(0x200, 0x210);
+	assert_false(obx_core_commit_due(&core, 10, true, &p));
+	assert_false(obx_core_can_read(&core)); /* wanted: the stream waits */
+	assert_false(obx_core_commit_due(&core, 20, false, &p));
+	report(0, OBX_REPORT_OK);
+	assert_true(obx_core_commit_due(&core, 30, false, &p)); /* still wanted, now possible */
+	obx_core_commit_done(&core, OBX_CORE_COMMIT_OK, NULL, 3000);
+	assert_int_equal(flush_now(), 0x210);
+}
+
+/* Bounds: events, bytes, age; a transaction may end inside a PostgreSQL one, which is confirmed later. */
+static void
+test_eos_bounds(void **state)
+{
+	struct obx_core_progress p;
+
+	(void)state;
+	set("delivery", "transaction_max_events", "2");
+	start_eos(0x100, NULL);
+	relation();
+	begin(0x200, 7);
+	insert("e1", "k1");
+	report(0, OBX_REPORT_OK);
+	assert_false(obx_core_commit_due(&core, 0, false, &p));
+	insert("e2", "k1");
+	report(1, OBX_REPORT_OK);
+	assert_true(obx_core_commit_due(&core, 0, false, &p));
+	assert_int_equal(p.mark.lsn, 0x200);
+	assert_int_equal(p.mark.seq, 1);
+	assert_int_equal(p.end_lsn, 0); /* no PostgreSQL transaction complete in it */
+	obx_core_commit_done(&core, OBX_CORE_COMMIT_OK, NULL, 3000);
+	assert_int_equal(flush_now(), 0x100); /* its transaction is not over */
+	insert("e3", "k1");
+	commit(0x200, 0x210);
+	report(2, OBX_REPORT_OK);
+	assert_false(obx_core_commit_due(&core, 99, false, &p));
+	assert_int_equal(obx_core_wait_ms(&core, 50), 50); /* woken when the age bound passes */
+	assert_true(obx_core_commit_due(&core, 100, false, &p)); /* transaction_max_time 100 ms */
+	assert_int_equal(p.mark.seq, 2);
+	assert_int_equal(p.end_lsn, 0x210);
+	obx_core_commit_done(&core, OBX_CORE_COMMIT_OK, NULL, 3000);
+	assert_int_equal(flush_now(), 0x210);
+	assert_int_equal(core.published, 3);
+}
+
+/* A new session skips every replayed event at or below the last committed progress record. */
+static void
+test_eos_floor_skips_replayed(void **state)
+{
+	struct obx_dd_mark floor = { 0x200, 1, 0 };
+	struct obx_core_progress p;
+
+	(void)state;
+	start_eos(0x100, &floor);
+	relation();
+	begin(0x180, 6);
+	insert("e0", "k1");
+	commit(0x180, 0x190);
+	begin(0x200, 7);
+	insert("e1", "k1");
+	insert("e2", "k1");
+	insert("e3", "k1");
+	commit(0x200, 0x210);
+	assert_int_equal(fk.n, 1);
+	assert_string_equal(fk.recs[0].id, "e3");
+	obx_core_pump(&core, 1);
+	assert_int_equal(met.dedupe_skipped, 3);
+	assert_non_null(strstr(fk.notes, "3 replayed event(s) were in committed Kafka transactions"));
+	assert_int_equal(flush_now(), 0x190); /* e3 waits for its commit */
+	begin(0x300, 8);
+	insert("e4", "k1"); /* after the floor: never skipped again */
+	commit(0x300, 0x310);
+	assert_int_equal(fk.n, 2);
+	report(0, OBX_REPORT_OK);
+	report(1, OBX_REPORT_OK);
+	assert_true(obx_core_commit_due(&core, 2, true, &p));
+	obx_core_commit_done(&core, OBX_CORE_COMMIT_OK, NULL, 3000);
+	assert_int_equal(flush_now(), 0x310);
+	assert_int_equal(core.published, 2);
+}
+
+/*
+ * A record the broker rejects inside a transaction: the transaction cannot
+ * commit, so the session rewinds and on_error applies when it comes again.
+ */
+static void
+test_eos_rejected_record(void **state)
+{
+	struct obx_core_progress p;
+
+	(void)state;
+	set("delivery", "on_error", "dead_letter");
+	start_eos(0x100, NULL);
+	relation();
+	begin(0x200, 7);
+	insert("e1", "k1");
+	insert("e2", "k1");
+	commit(0x200, 0x210);
+	report_marked(0, OBX_REPORT_OK);
+	report_marked(1, OBX_REPORT_PERMANENT);
+	assert_int_equal(ended(), OBX_CORE_END_RETRY);
+	assert_non_null(strstr(reason(), "inside a Kafka transaction"));
+	assert_int_equal(flush_now(), 0x100);
+	obx_core_session_end(&core);
+	assert_int_equal(core.eos_aborts, 1);
+
+	/* the replay: e1 again, e2 straight to the dead-letter topic */
+	assert_int_equal(obx_core_session_start(&core, 0x100, 2, 10000, 0), 0);
+	obx_core_exactly_once(&core, NULL);
+	relation();
+	begin(0x200, 7);
+	insert("e1", "k1");
+	insert("e2", "k1");
+	commit(0x200, 0x210);
+	assert_int_equal(fk.n, 4);
+	assert_string_equal(fk.recs[2].id, "e1");
+	assert_string_equal(fk.recs[2].topic, "outbox.event.order");
+	assert_string_equal(fk.recs[3].id, "e2");
+	assert_string_equal(fk.recs[3].topic, "outbox.dead_letter");
+	assert_string_equal(fk.recs[3].error, "Broker: Message size too large");
+	report_marked(2, OBX_REPORT_OK);
+	report_marked(3, OBX_REPORT_OK);
+	assert_true(obx_core_commit_due(&core, 1, true, &p));
+	obx_core_commit_done(&core, OBX_CORE_COMMIT_OK, NULL, 3000);
+	assert_int_equal(flush_now(), 0x210);
+	assert_int_equal(core.published, 1);
+	assert_int_equal(met.events_dead_lettered, 1);
+	obx_core_reset(&core);
+
+	/* on_error = stop: the run ends at once, nothing confirmed */
+	set("delivery", "on_error", "stop");
+	memset(&fk, 0, sizeof(fk));
+	start_eos(0x100, NULL);
+	relation();
+	begin(0x200, 7);
+	insert("e1", "k1");
+	commit(0x200, 0x210);
+	report_marked(0, OBX_REPORT_PERMANENT);
+	assert_int_equal(ended(), OBX_CORE_END_FATAL);
+	assert_int_equal(flush_now(), 0x100);
+}
+
+/* How a commit can fail: abortable and fatal rewind, fencing stops the process. */
+static void
+test_eos_commit_failures(void **state)
+{
+	static const struct { enum obx_core_commit how; enum obx_core_end end; const char *says; } cases[] = {
+		{ OBX_CORE_COMMIT_ABORT, OBX_CORE_END_RETRY, "rewinding to the slot" },
+		{ OBX_CORE_COMMIT_FATAL, OBX_CORE_END_RETRY, "rewinding to the slot" },
+		{ OBX_CORE_COMMIT_FENCED, OBX_CORE_END_FATAL, "another instance took over transactional.id" },
+	};
+	struct obx_core_progress p;
+
+	(void)state;
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		memset(&fk, 0, sizeof(fk));
+		start_eos(0x100, NULL);
+		relation();
+		begin(0x200, 7);
+		insert("e1", "k1");
+		commit(0x200, 0x210);
+		report(0, OBX_REPORT_OK);
+		assert_true(obx_core_commit_due(&core, 1, true, &p));
+		obx_core_commit_done(&core, cases[i].how, "could not commit the Kafka transaction: x", 3000);
+		assert_int_equal(ended(), cases[i].end);
+		assert_non_null(strstr(reason(), cases[i].says));
+		assert_int_equal(flush_now(), 0x100);
+		assert_int_equal(core.published, 0);
+		obx_core_reset(&core);
+	}
+}
+
+/* A drain commits what is open at once, then stops. */
+static void
+test_eos_drain(void **state)
+{
+	struct obx_core_progress p;
+
+	(void)state;
+	start_eos(0x100, NULL);
+	relation();
+	begin(0x200, 7);
+	insert("e1", "k1");
+	commit(0x200, 0x210);
+	report(0, OBX_REPORT_OK);
+	obx_core_signal(&core, 5);
+	obx_core_pump(&core, 6);
+	assert_int_equal(ended(), OBX_CORE_RUNNING);
+	assert_true(obx_core_commit_due(&core, 6, false, &p));
+	obx_core_commit_done(&core, OBX_CORE_COMMIT_OK, NULL, 3000);
+	obx_core_pump(&core, 7);
+	assert_int_equal(ended(), OBX_CORE_END_STOP);
+	assert_int_equal(flush_now(), 0x210);
+}
+
 int
 main(void)
 {
@@ -1296,6 +1564,13 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_dedupe_fallbacks, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_dedupe_dead_letter_copy, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_dedupe_partitioner_unsupported, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_eos_acknowledged_at_commit, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_eos_commit_waits_for_reports, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_eos_bounds, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_eos_floor_skips_replayed, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_eos_rejected_record, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_eos_commit_failures, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_eos_drain, setup, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
