@@ -94,6 +94,17 @@ now_ms(void)
 
 /* ---- the core's actions ---- */
 
+/* What a refused produce call means, in words. */
+static void
+produce_error(const struct relay *r, rd_kafka_resp_err_t err, char *why, size_t whylen)
+{
+	if (err == RD_KAFKA_RESP_ERR__STATE && r->kf.transactional)
+		snprintf(why, whylen, "the Kafka transaction can take no more records (the broker refused "
+		    "part of it, it must be aborted)");
+	else
+		snprintf(why, whylen, "%s", rd_kafka_err2str(err));
+}
+
 static enum obx_produce_result
 do_produce(void *ctx, const struct obx_record *rec, uint64_t opaque, char *why, size_t whylen)
 {
@@ -103,7 +114,7 @@ do_produce(void *ctx, const struct obx_record *rec, uint64_t opaque, char *why, 
 	err = obx_kafka_produce(&r->kf, rec->topic, RD_KAFKA_PARTITION_UA, rec->key, rec->keylen,
 	    rec->value, rec->len, rec->timestamp_ms, rec->headers, rec->nheaders, NULL, NULL, opaque);
 	if (err != RD_KAFKA_RESP_ERR_NO_ERROR)
-		snprintf(why, whylen, "%s", rd_kafka_err2str(err));
+		produce_error(r, err, why, whylen);
 	if (err == RD_KAFKA_RESP_ERR__QUEUE_FULL)
 		return OBX_PRODUCE_QUEUE_FULL;
 	if (obx_kafka_err_is_missing_topic(err))
@@ -351,8 +362,11 @@ drive_commit(struct relay *r, bool idle)
 		    NULL, 0, NULL, NULL, OBX_KAFKA_OPAQUE_PROGRESS);
 		free(value);
 		if (err != RD_KAFKA_RESP_ERR_NO_ERROR) {
+			char text[256];
+
+			produce_error(r, err, text, sizeof(text));
 			snprintf(why, sizeof(why), "could not produce the progress record to %s: %s",
-			    r->cfg->progress_topic, rd_kafka_err2str(err));
+			    r->cfg->progress_topic, text);
 			obx_core_commit_done(&r->core, OBX_CORE_COMMIT_ABORT, why, obx_pg_now());
 			return;
 		}

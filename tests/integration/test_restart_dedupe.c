@@ -549,6 +549,36 @@ test_zombie_is_fenced(void **state)
 }
 
 /*
+ * A transaction the broker refuses to extend (AddPartitionsToTxn answered
+ * TOPIC_AUTHORIZATION_FAILED once: the transaction becomes abortable): the
+ * session aborts it and rewinds to the slot, and what committed Kafka
+ * transactions hold is every event once.
+ */
+static void
+test_abortable_transaction_rewinds(void **state)
+{
+	(void)state;
+	t_relay_setup(&R, "eosabort", 0);
+	t_relay_config(&R, "[delivery]\nexactly_once = on\n");
+	t_relay_start(&R, NULL, 1);
+	insert_txn("eosab", 50, 5);
+	assert_true(t_wait_confirmed_current(&R, 30000));
+	assert_int_equal(t_broker_cmd(&R.b, "request-errors 24 1 TOPIC_AUTHORIZATION_FAILED"), 0);
+	insert_txn("eosab", 50, 5);
+	insert_txn("eosab", 50, 5);
+	assert_true(t_wait_confirmed_current(&R, 30000));
+	if (metric("outboxd_kafka_transactions_aborted_total") < 1 || t_log_count(&R, "streaming from slot") < 2) {
+		t_log_dump(&R);
+		fail_msg("the injected error did not abort a transaction and rewind");
+	}
+	/* said in words: the commit failed, or the transaction took no more records */
+	assert_int_equal(t_log_count(&R, "could not commit the Kafka transaction") +
+	    t_log_count(&R, "the Kafka transaction can take no more records"), 1);
+	assert_true(metric("outboxd_kafka_transactions_committed_total") >= 2);
+	expect_committed_once("outbox.event.eosab", 150);
+}
+
+/*
  * Every event of one transaction acknowledged, none confirmed (the hook),
  * then a restart: all of them are found and skipped, and the skip counts as
  * the acknowledgement that lets the slot move on.
@@ -732,6 +762,7 @@ main(void)
 		cmocka_unit_test_teardown(test_crash_loop_dedupe_no_duplicates, teardown),
 		cmocka_unit_test_teardown(test_crash_loop_transactions, teardown),
 		cmocka_unit_test_teardown(test_zombie_is_fenced, teardown),
+		cmocka_unit_test_teardown(test_abortable_transaction_rewinds, teardown),
 		cmocka_unit_test_teardown(test_crash_loop_dedupe_off_duplicates, teardown),
 	};
 
