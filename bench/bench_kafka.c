@@ -13,12 +13,17 @@
  *       bare producer: librdkafka's defaults except acks=all, idempotence and
  *       linger.ms=0.  RATE records per second for SECONDS, each with a header "sent_us"
  *       (wall-clock microseconds at the produce call).
- *   bench_kafka latency BOOTSTRAP TOPIC SECONDS HEADER
+ *   bench_kafka latency BOOTSTRAP TOPIC SECONDS HEADER [PROGRESS_TOPIC]
  *       Consumes TOPIC from its end for SECONDS and prints, per record, the
  *       time from HEADER ("sent_us", or "commit_ts" as outboxd writes it) to
  *       receipt: "count=... p50_ms=... p90_ms=... p99_ms=... max_ms=...".
  *       Prints "ready" once it is assigned and positioned at the end; with
- *       OBX_BENCH_TRACE set, one line per record on stderr.
+ *       OBX_BENCH_TRACE set, one line per record on stderr.  With
+ *       PROGRESS_TOPIC (outboxd's exactly-once mode) a record counts when the
+ *       progress record of its Kafka transaction (the same txn header)
+ *       arrives, when a read_committed consumer could first see it on a broker
+ *       with transactions (the test broker has none: it hands the records out
+ *       at once).
  */
 #include <inttypes.h>
 #include <signal.h>
@@ -232,9 +237,18 @@ cmp_i64(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
+/* A record read before its Kafka transaction's progress record: visible to read_committed later. */
+struct held {
+	char txn[96];
+	int64_t at;
+};
+
 static int
-cmd_latency(const char *bootstrap, const char *topic, double seconds, const char *header)
+cmd_latency(const char *bootstrap, const char *topic, double seconds, const char *header,
+    const char *progress)
 {
+	struct held *held = NULL;
+	size_t nheld = 0, heldcap = 0;
 	rd_kafka_conf_t *c = rd_kafka_conf_new();
 	rd_kafka_topic_partition_list_t *parts = rd_kafka_topic_partition_list_new(64);
 	const struct rd_kafka_metadata *md = NULL;
@@ -269,6 +283,23 @@ cmd_latency(const char *bootstrap, const char *topic, double seconds, const char
 		rd_kafka_topic_partition_list_add(parts, topic, i)->offset = RD_KAFKA_OFFSET_END;
 	rd_kafka_metadata_destroy(md);
 	rd_kafka_topic_destroy(rkt);
+	if (progress != NULL) {
+		/* exactly-once: a record counts when its transaction's progress record arrives */
+		rkt = rd_kafka_topic_new(rk, progress, NULL);
+		for (int tries = 0; rd_kafka_metadata(rk, 0, rkt, &md, 5000) != 0 || md->topics[0].err ||
+		    md->topics[0].partition_cnt == 0; tries++) {
+			if (md != NULL)
+				rd_kafka_metadata_destroy(md);
+			md = NULL;
+			if (tries > 50)
+				die(progress, "topic does not exist");
+			usleep(200000);
+		}
+		for (int i = 0; i < md->topics[0].partition_cnt; i++)
+			rd_kafka_topic_partition_list_add(parts, progress, i)->offset = RD_KAFKA_OFFSET_END;
+		rd_kafka_metadata_destroy(md);
+		rd_kafka_topic_destroy(rkt);
+	}
 	rd_kafka_assign(rk, parts);
 	rd_kafka_topic_partition_list_destroy(parts);
 	/* positioned once a poll round has fetched the end offsets */
@@ -290,9 +321,48 @@ cmd_latency(const char *bootstrap, const char *topic, double seconds, const char
 
 		if (m == NULL)
 			continue;
+		if (progress != NULL && m->err == 0 && strcmp(rd_kafka_topic_name(m->rkt), progress) == 0) {
+			/* every held record of this transaction becomes visible now */
+			if (rd_kafka_message_headers(m, &h) == 0 &&
+			    rd_kafka_header_get_last(h, "txn", &v, &sz) == 0 && v != NULL) {
+				for (size_t i = 0; i < nheld;) {
+					if (strlen(held[i].txn) == sz && memcmp(held[i].txn, v, sz) == 0) {
+						if (n == cap) {
+							cap = cap ? cap * 2 : 4096;
+							lat = realloc(lat, cap * sizeof(*lat));
+						}
+						lat[n++] = now - held[i].at;
+						if (first == 0)
+							first = mono_s();
+						last = mono_s();
+						held[i] = held[--nheld];
+					} else {
+						i++;
+					}
+				}
+			}
+			rd_kafka_message_destroy(m);
+			continue;
+		}
 		if (m->err == 0 && rd_kafka_message_headers(m, &h) == 0 &&
 		    rd_kafka_header_get_last(h, header, &v, &sz) == 0 && v != NULL) {
 			at = strcmp(header, "sent_us") == 0 ? strtoll(v, NULL, 10) : iso_us(v, sz);
+			if (at > 0 && progress != NULL) {
+				const void *tv;
+				size_t tsz;
+
+				if (rd_kafka_header_get_last(h, "txn", &tv, &tsz) == 0 && tv != NULL &&
+				    tsz < sizeof(held[0].txn)) {
+					if (nheld == heldcap) {
+						heldcap = heldcap ? heldcap * 2 : 1024;
+						held = realloc(held, heldcap * sizeof(*held));
+					}
+					memcpy(held[nheld].txn, tv, tsz);
+					held[nheld].txn[tsz] = '\0';
+					held[nheld++].at = at;
+				}
+				at = 0;
+			}
 			if (at > 0) {
 				if (n == cap) {
 					cap = cap ? cap * 2 : 4096;
@@ -320,6 +390,7 @@ cmd_latency(const char *bootstrap, const char *topic, double seconds, const char
 	    last > first ? (double)n / (last - first) : 0.0, lat[n / 2] / 1e3, lat[n * 9 / 10] / 1e3,
 	    lat[n * 99 / 100] / 1e3, lat[n - 1] / 1e3);
 	free(lat);
+	free(held);
 	return 0;
 }
 
@@ -330,10 +401,10 @@ main(int argc, char **argv)
 		return cmd_produce(argv[2], argv[3], atol(argv[4]), (size_t)atol(argv[5]), atol(argv[6]));
 	if (argc == 7 && strcmp(argv[1], "rate") == 0)
 		return cmd_rate(argv[2], argv[3], atof(argv[4]), atof(argv[5]), (size_t)atol(argv[6]));
-	if (argc == 6 && strcmp(argv[1], "latency") == 0)
-		return cmd_latency(argv[2], argv[3], atof(argv[4]), argv[5]);
+	if ((argc == 6 || argc == 7) && strcmp(argv[1], "latency") == 0)
+		return cmd_latency(argv[2], argv[3], atof(argv[4]), argv[5], argc == 7 ? argv[6] : NULL);
 	fprintf(stderr, "usage: bench_kafka produce BOOTSTRAP TOPIC COUNT SIZE KEYS\n"
 	    "       bench_kafka rate BOOTSTRAP TOPIC RATE SECONDS SIZE\n"
-	    "       bench_kafka latency BOOTSTRAP TOPIC SECONDS HEADER\n");
+	    "       bench_kafka latency BOOTSTRAP TOPIC SECONDS HEADER [PROGRESS_TOPIC]\n");
 	return 2;
 }

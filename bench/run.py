@@ -26,6 +26,11 @@ records, published by outboxd with dedupe on and off on copies of one slot:
 start to the first acknowledged event and to the end of the backlog, as
 ratios on / off (--dedupe-events 0 skips it).
 
+Then the delivery modes (--delivery-events 0 skips it): the same backlog of
+1-event transactions drained at-least-once (dedupe off), with restart
+de-duplication (dedupe on) and exactly-once, and commit-to-visible latency
+at --delivery-rate for each, as ratios and differences to at-least-once.
+
 Then latency: pgbench --rate commits 1-event transactions at 1,000 and 5,000
 events/s while a consumer records commit-to-receive time (commit_ts header);
 the floor is a bare producer (librdkafka's defaults except acks=all,
@@ -415,6 +420,102 @@ def dedupe_run(stack, args, workdir):
             "drain_ratio": median([a / b for a, b in zip(drain["on"], drain["off"])])}
 
 
+DELIVERY_MODES = {
+    # name: [delivery] lines
+    "at-least-once": "[delivery]\ndedupe = off\n",
+    "dedupe": "[delivery]\ndedupe = on\n",
+    "exactly-once": "[delivery]\nexactly_once = on\n",
+}
+
+
+def delivery_run(stack, args, workdir):
+    """The delivery modes on the same WAL: throughput of a backlog of 1-event transactions
+    (shape a) and commit-to-visible latency at --delivery-rate, at-least-once (dedupe off),
+    with restart de-duplication (dedupe on, the default) and exactly-once. Exactly-once's
+    latency counts a record when its Kafka transaction's progress record arrives: when a
+    read_committed consumer could first see it (the test broker itself hands records out at
+    once)."""
+    modes = list(DELIVERY_MODES)
+    events = max(800, int(args.delivery_events * args.scale) // 8 * 8)
+    db = "bench_dm"
+    stack.psql("postgres", "DROP DATABASE IF EXISTS %s" % db)
+    stack.psql("postgres", "CREATE DATABASE %s" % db)
+    stack.psql(db, open(os.path.join(ROOT, "sql/001_outbox.sql")).read())
+    stack.psql(db, "CREATE PUBLICATION bench FOR TABLE outbox WITH (publish = 'insert')")
+    stack.psql(db, "SELECT 1 FROM pg_create_logical_replication_slot('base_dm', 'pgoutput')")
+    for r in range(args.runs):
+        for i, mode in enumerate(modes):
+            stack.psql(db, "SELECT 1 FROM pg_copy_logical_replication_slot('base_dm', 'dm_%d_%d')" % (i, r))
+    script = os.path.join(workdir, "load_dm.sql")
+    pgbench_script(script, 1, 300, "bench")
+    pgbench(stack, db, script, ["-c", "8", "-j", "2", "-t", str(events // 8)])
+    end = stack.psql(db, "SELECT pg_current_wal_lsn()")
+    eps = {m: [] for m in modes}
+    lat = {m: [] for m in modes}
+    for r in range(args.runs):
+        order = modes if r % 2 == 0 else modes[::-1]
+        for mode in order:
+            i = modes.index(mode)
+            slot, topic = "dm_%d_%d" % (i, r), "dm.%d.%d" % (i, r)
+            stack.broker_cmd("topic %s 4" % topic)
+            o = Outboxd(stack, db, slot, topic, workdir, DELIVERY_MODES[mode])
+            try:
+                while True:
+                    m = o.metrics() or {}
+                    if m.get("outboxd_events_published_total", 0) >= events and lsn(stack.psql(
+                            db, "SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = '%s'"
+                            % slot)) >= lsn(end):
+                        break
+                    if o.proc.poll() is not None:
+                        raise SystemExit("bench: outboxd exited:\n" + open(o.log).read())
+                    if time.monotonic() - o.start > 600:
+                        raise SystemExit("bench: outboxd did not drain the %s backlog in 600 s" % mode)
+                    time.sleep(0.02)
+                eps[mode].append(events / (time.monotonic() - o.start))
+            finally:
+                o.stop()
+        for mode in order:
+            i = modes.index(mode)
+            slot, topic = "dml_%d_%d" % (i, r), "dml.%d.%d" % (i, r)
+            stack.psql(db, "SELECT 1 FROM pg_create_logical_replication_slot('%s', 'pgoutput')" % slot)
+            stack.broker_cmd("topic %s 4" % topic)
+            stack.broker_cmd("topic outboxd.progress 1")
+            o = Outboxd(stack, db, slot, "${aggregatetype}", workdir, DELIVERY_MODES[mode])
+            try:
+                while o.metrics() is None or not o.logged("streaming from slot"):
+                    if o.proc.poll() is not None:
+                        raise SystemExit("bench: outboxd exited:\n" + open(o.log).read())
+                    time.sleep(0.05)
+                lscript = os.path.join(workdir, "dml_%d_%d.sql" % (i, r))
+                pgbench_script(lscript, 1, 300, topic)
+                pgbench(stack, db, lscript, ["-c", "1", "-t", "1"])
+                while (o.metrics() or {}).get("outboxd_events_published_total", 0) < 1:
+                    time.sleep(0.05)
+                lat[mode].append(measure_latency(
+                    stack, topic, "commit_ts", args.latency_seconds,
+                    lambda: pgbench(stack, db, lscript, ["-c", "8", "-j", "2", "-R", str(args.delivery_rate),
+                                                         "-T", str(args.latency_seconds)]),
+                    progress="outboxd.progress" if mode == "exactly-once" else None))
+                if mode == "exactly-once":
+                    lat[mode][-1]["transactions"] = (o.metrics() or {}).get(
+                        "outboxd_kafka_transactions_committed_total", 0)
+            finally:
+                o.stop()
+        log("delivery run %d: %s" % (r + 1, ", ".join(
+            "%s %.0f/s p50 %.2f p99 %.2f ms" % (m, eps[m][-1], lat[m][-1]["p50_ms"], lat[m][-1]["p99_ms"])
+            for m in modes)))
+    stack.psql("postgres", "DROP DATABASE %s WITH (FORCE)" % db)
+    base = "at-least-once"
+    return {"events": events, "rate": args.delivery_rate, "modes": modes,
+            "eps": {m: median(eps[m]) for m in modes},
+            "eps_ratio": {m: median([a / b for a, b in zip(eps[m], eps[base])]) for m in modes},
+            "p50_ms": {m: median([x["p50_ms"] for x in lat[m]]) for m in modes},
+            "p99_ms": {m: median([x["p99_ms"] for x in lat[m]]) for m in modes},
+            "achieved": {m: median([x["rate"] for x in lat[m]]) for m in modes},
+            "p99_difference_ms": {m: median([x["p99_ms"] - y["p99_ms"] for x, y in zip(lat[m], lat[base])])
+                                  for m in modes}}
+
+
 def latency_run(stack, rate, args, workdir):
     db = "bench_lat"
     stack.psql("postgres", "DROP DATABASE IF EXISTS %s" % db)
@@ -503,10 +604,10 @@ def server_latency(stack, db, rate, r, seconds, workdir):
             "p99_ms": lat[n * 99 // 100], "max_ms": lat[-1]}
 
 
-def measure_latency(stack, topic, header, seconds, generate):
+def measure_latency(stack, topic, header, seconds, generate, progress=None):
     trace = os.environ.get("OBX_BENCH_TRACE")
     c = subprocess.Popen([os.path.join(BUILD, "bench_kafka"), "latency", stack.bootstrap, topic,
-                          str(seconds + 5), header], stdout=subprocess.PIPE, text=True,
+                          str(seconds + 5), header] + ([progress] if progress else []), stdout=subprocess.PIPE, text=True,
                          stderr=open("%s.%s" % (trace, topic), "w") if trace else None)
     if c.stdout.readline().strip() != "ready":
         raise SystemExit("bench: the latency consumer did not start")
@@ -610,6 +711,17 @@ def markdown(res):
                       d["first_event_ratio"]["median"]),
                   "| start to the backlog drained, s | %s | %s | %.2f |" % (
                       fmt(d["drain_s"]["off"], "", 2), fmt(d["drain_s"]["on"], "", 2), d["drain_ratio"]["median"])]
+    if res.get("delivery"):
+        d = res["delivery"]
+        lines += ["", "Delivery modes on the same WAL: a backlog of %d 1-event transactions (300 B), and "
+                  "commit to visible at %d events/s (exactly-once: when the Kafka transaction's progress "
+                  "record arrives, as a read_committed consumer would first see it):" % (d["events"], d["rate"]),
+                  "", "| mode | backlog events/s | / at-least-once | p50 ms | p99 ms | p99 - at-least-once ms |",
+                  "|---|---|---|---|---|---|"]
+        for m in d["modes"]:
+            lines.append("| %s | %s | %.2f | %.2f | %.2f | %+.2f |" % (
+                m, fmt(d["eps"][m]), d["eps_ratio"][m]["median"], d["p50_ms"][m]["median"],
+                d["p99_ms"][m]["median"], d["p99_difference_ms"][m]["median"]))
     lines += ["", "Targets:", ""] + ["- %s %s" % v for v in verdicts(res)]
     return "\n".join(lines) + "\n"
 
@@ -623,6 +735,9 @@ def main():
     ap.add_argument("--rates", default="1000,5000", help="latency rates, events/s ('' for none)")
     ap.add_argument("--dedupe-events", type=int, default=20000,
                     help="backlog for the dedupe on/off comparison (0 for none)")
+    ap.add_argument("--delivery-events", type=int, default=50000,
+                    help="backlog for the delivery modes' comparison (0 for none)")
+    ap.add_argument("--delivery-rate", type=int, default=1000, help="the delivery modes' latency rate")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
     ap.add_argument("--outboxd-kafka", action="append", default=[], metavar="KEY=VALUE",
                     help="a producer setting added to outboxd's [kafka] section")
@@ -649,6 +764,8 @@ def main():
             res["shapes"][name] = shape_run(stack, name, args, workdir)
         if args.dedupe_events > 0:
             res["dedupe"] = dedupe_run(stack, args, workdir)
+        if args.delivery_events > 0:
+            res["delivery"] = delivery_run(stack, args, workdir)
         for rate in [int(x) for x in args.rates.split(",") if x]:
             res["latency"][str(rate)] = latency_run(stack, rate, args, workdir)
     finally:

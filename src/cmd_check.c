@@ -418,6 +418,19 @@ check_kafka(struct check_ctx *cx, PGconn *conn, const struct obx_config *cfg, bo
 		free(expr);
 		PQfreemem(tq);
 	}
+	if (cfg->exactly_once) {
+		int parts = -1;
+
+		for (int j = 0; j < md->topic_cnt && parts < 0; j++)
+			if (strcmp(md->topics[j].topic, cfg->progress_topic) == 0)
+				parts = md->topics[j].partition_cnt;
+		if (parts >= 0)
+			report(cx, "ok", "exactly-once: progress topic %s exists (%d partition(s))", cfg->progress_topic,
+			    parts);
+		else
+			report(cx, "WARN", "exactly-once: progress topic %s does not exist (create it with "
+			    "cleanup.policy=compact, or allow auto-creation)", cfg->progress_topic);
+	}
 	rd_kafka_metadata_destroy(md);
 	rd_kafka_destroy(rk);
 }

@@ -65,13 +65,6 @@ obx_kafka_conf(const struct obx_config *cfg, char *errbuf, size_t errlen)
 	if (conf_set(conf, "enable.idempotence", "true", errbuf, errlen) != 0 ||
 	    conf_set(conf, "acks", "all", errbuf, errlen) != 0)
 		goto fail;
-	if (cfg->exactly_once) {
-		char id[256];
-
-		obx_kafka_txn_id(cfg, id, sizeof(id));
-		if (conf_set(conf, "transactional.id", id, errbuf, errlen) != 0)
-			goto fail;
-	}
 	return conf;
 fail:
 	rd_kafka_conf_destroy(conf);
@@ -88,12 +81,13 @@ dr_cb(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
 }
 
 void
-obx_kafka_txn_id(const struct obx_config *cfg, char *out, size_t len)
+obx_kafka_txn_id(const struct obx_config *cfg, const char *sysid, const char *dbname, char *out,
+    size_t len)
 {
 	if (cfg->transactional_id != NULL && cfg->transactional_id[0] != '\0')
 		snprintf(out, len, "%s", cfg->transactional_id);
 	else
-		snprintf(out, len, "outboxd-%s", cfg->slot);
+		snprintf(out, len, "outboxd-%s-%s-%s", sysid, dbname, cfg->slot);
 }
 
 /* The errors that say another producer with our transactional.id took over. */
@@ -131,8 +125,8 @@ log_cb(const rd_kafka_t *rk, int level, const char *fac, const char *msg)
 }
 
 int
-obx_kafka_open(struct obx_kafka *k, const struct obx_config *cfg, obx_delivery_fn fn, void *ctx,
-    char *errbuf, size_t errlen)
+obx_kafka_open(struct obx_kafka *k, const struct obx_config *cfg, const char *txn_id,
+    obx_delivery_fn fn, void *ctx, char *errbuf, size_t errlen)
 {
 	rd_kafka_conf_t *conf;
 	char why[512];
@@ -141,11 +135,11 @@ obx_kafka_open(struct obx_kafka *k, const struct obx_config *cfg, obx_delivery_f
 	k->wake[0] = k->wake[1] = -1;
 	k->on_delivery = fn;
 	k->ctx = ctx;
-	k->transactional = cfg->exactly_once;
+	k->transactional = txn_id != NULL;
 	if (k->transactional) {
 		struct timeval tv;
 
-		obx_kafka_txn_id(cfg, k->txn_id, sizeof(k->txn_id));
+		snprintf(k->txn_id, sizeof(k->txn_id), "%s", txn_id);
 		/* names this producer's transactions in their txn header: unique across restarts */
 		gettimeofday(&tv, NULL);
 		snprintf(k->producer_name, sizeof(k->producer_name), "%lld.%d",
@@ -154,6 +148,10 @@ obx_kafka_open(struct obx_kafka *k, const struct obx_config *cfg, obx_delivery_f
 	conf = obx_kafka_conf(cfg, errbuf, errlen);
 	if (conf == NULL)
 		return OBX_ECONFIG;
+	if (txn_id != NULL && conf_set(conf, "transactional.id", txn_id, errbuf, errlen) != 0) {
+		rd_kafka_conf_destroy(conf);
+		return OBX_ECONFIG;
+	}
 	rd_kafka_conf_set_dr_msg_cb(conf, dr_cb);
 	rd_kafka_conf_set_error_cb(conf, error_cb);
 	rd_kafka_conf_set_log_cb(conf, log_cb);

@@ -484,8 +484,8 @@ obx_lookup_close(struct obx_lookup *l)
  * *best).  Returns 1 found, 0 none, OBX_EIO with why.
  */
 static int
-progress_partition(const struct obx_config *cfg, rd_kafka_t *rk, rd_kafka_topic_t *rkt, int32_t p,
-    int64_t deadline, bool (*tick)(void *), void *arg, struct obx_progress *best, bool *have,
+progress_partition(const struct obx_config *cfg, const char *key, rd_kafka_t *rk,
+    rd_kafka_topic_t *rkt, int32_t p, int64_t deadline, bool (*tick)(void *), void *arg, struct obx_progress *best, bool *have,
     char *why, size_t whylen)
 {
 	int64_t lo, hi, from, to;
@@ -535,15 +535,14 @@ progress_partition(const struct obx_config *cfg, rd_kafka_t *rk, rd_kafka_topic_
 				rd_kafka_consume_stop(rkt, p);
 				return OBX_EIO;
 			}
-			if (m->key_len == strlen(cfg->slot) && memcmp(m->key, cfg->slot, m->key_len) == 0) {
+			if (m->key_len == strlen(key) && memcmp(m->key, key, m->key_len) == 0) {
 				struct obx_progress pr;
 				char bad[128];
 				int rc = obx_progress_parse(m->payload, m->len, cfg->slot, &pr, bad, sizeof(bad));
 
 				if (rc == OBX_EINVAL) {
-					snprintf(why, whylen, "%s [%d] offset %" PRId64 " is keyed by slot %s but is "
-					    "not a progress record: %s", cfg->progress_topic, (int)p, m->offset,
-					    cfg->slot, bad);
+					snprintf(why, whylen, "%s [%d] offset %" PRId64 " is keyed %s but is not a "
+					    "progress record: %s", cfg->progress_topic, (int)p, m->offset, key, bad);
 					rd_kafka_message_destroy(m);
 					rd_kafka_consume_stop(rkt, p);
 					return OBX_EIO;
@@ -569,8 +568,8 @@ progress_partition(const struct obx_config *cfg, rd_kafka_t *rk, rd_kafka_topic_
 }
 
 int
-obx_lookup_progress(const struct obx_config *cfg, int budget_ms, bool (*tick)(void *), void *arg,
-    struct obx_progress *out, char *why, size_t whylen)
+obx_lookup_progress(const struct obx_config *cfg, const char *key, int budget_ms,
+    bool (*tick)(void *), void *arg, struct obx_progress *out, char *why, size_t whylen)
 {
 	int64_t deadline = mono_ms() + budget_ms;
 	const struct rd_kafka_metadata *md = NULL;
@@ -612,7 +611,7 @@ obx_lookup_progress(const struct obx_config *cfg, int budget_ms, bool (*tick)(vo
 	}
 	/* every partition: the record's partition depends on the partitioner of whoever wrote it */
 	for (int32_t p = 0; p < nparts && rc >= 0; p++) {
-		int r = progress_partition(cfg, rk, rkt, p, deadline, tick, arg, out, &have, why, whylen);
+		int r = progress_partition(cfg, key, rk, rkt, p, deadline, tick, arg, out, &have, why, whylen);
 
 		if (r < 0)
 			rc = r;

@@ -41,7 +41,7 @@
 #define COMMIT_SLICE_MS 500
 /* exactly-once: how long a session start may take to initialise transactions, and to read progress */
 #define TXN_INIT_MS 15000
-#define PROGRESS_READ_MS 15000
+#define PROGRESS_READ_MS 30000
 
 struct relay {
 	const struct obx_config *cfg;
@@ -357,8 +357,8 @@ drive_commit(struct relay *r, bool idle)
 			obx_core_commit_done(&r->core, OBX_CORE_COMMIT_FATAL, "out of memory", obx_pg_now());
 			return;
 		}
-		err = obx_kafka_produce(&r->kf, r->cfg->progress_topic, RD_KAFKA_PARTITION_UA, r->cfg->slot,
-		    strlen(r->cfg->slot), value, strlen(value), (obx_pg_now() + OBX_PG_EPOCH_OFFSET_US) / 1000,
+		err = obx_kafka_produce(&r->kf, r->cfg->progress_topic, RD_KAFKA_PARTITION_UA, r->kf.txn_id,
+		    strlen(r->kf.txn_id), value, strlen(value), (obx_pg_now() + OBX_PG_EPOCH_OFFSET_US) / 1000,
 		    NULL, 0, NULL, NULL, OBX_KAFKA_OPAQUE_PROGRESS);
 		free(value);
 		if (err != RD_KAFKA_RESP_ERR_NO_ERROR) {
@@ -380,6 +380,11 @@ drive_commit(struct relay *r, bool idle)
 	obx_core_commit_done(&r->core, res == OBX_TXN_OK ? OBX_CORE_COMMIT_OK :
 	    res == OBX_TXN_FENCED ? OBX_CORE_COMMIT_FENCED : res == OBX_TXN_ABORT ?
 	    OBX_CORE_COMMIT_ABORT : OBX_CORE_COMMIT_FATAL, why, obx_pg_now());
+#ifdef OBX_TEST_HOOKS
+	/* test builds only: die right after the commit, before its status update */
+	if (r->test_kill_after > 0 && r->core.published >= (uint64_t)r->test_kill_after)
+		raise(SIGKILL);
+#endif
 }
 
 /*
@@ -562,7 +567,14 @@ eos_open(struct relay *r, bool *have, struct obx_progress *floor)
 		snprintf(r->reason, sizeof(r->reason), "%s", why);
 		return false;
 	}
-	rc = obx_lookup_progress(r->cfg, PROGRESS_READ_MS, setup_tick, r, floor, why, sizeof(why));
+	if (r->st.slot_created) {
+		/* a slot made now streams only what commits from now on: no progress can apply */
+		*have = false;
+		obx_log_info("exactly-once: transactional.id %s; a new slot, nothing to skip", r->kf.txn_id);
+		return true;
+	}
+	rc = obx_lookup_progress(r->cfg, r->kf.txn_id, PROGRESS_READ_MS, setup_tick, r, floor, why,
+	    sizeof(why));
 	if (rc < 0) {
 		/* never guess: without the record a replay would publish committed events again */
 		r->end = OBX_CORE_END_RETRY;
@@ -576,8 +588,8 @@ eos_open(struct relay *r, bool *have, struct obx_progress *floor)
 		    "at event lsn %s seq %" PRIu32 ": replayed events up to it are not sent again",
 		    r->kf.txn_id, obx_lsn_format(floor->mark.lsn, a, sizeof(a)), floor->mark.seq);
 	else
-		obx_log_info("exactly-once: transactional.id %s; no progress record of slot %s in %s yet",
-		    r->kf.txn_id, r->cfg->slot, r->cfg->progress_topic);
+		obx_log_info("exactly-once: transactional.id %s; no progress record of it in %s yet",
+		    r->kf.txn_id, r->cfg->progress_topic);
 	return true;
 }
 
@@ -591,6 +603,7 @@ session_open(struct relay *r)
 	int interval;
 	struct obx_progress floor;
 	bool have_floor = false;
+	char txn_id[256];
 
 	r->m.state = OBX_STATE_CONNECTING;
 	publish(r);
@@ -613,7 +626,10 @@ session_open(struct relay *r)
 	if (r->cfg->dedupe && !r->cfg->exactly_once && obx_dd_partitioner_supported(r->cfg, &partitioner))
 		(void)obx_lookup_start(&r->lk);
 	/* a fresh producer per session: nothing of an earlier stream can land after this one's events */
-	if (obx_kafka_open(&r->kf, r->cfg, on_delivery, r, err, sizeof(err)) != 0) {
+	if (r->cfg->exactly_once)
+		obx_kafka_txn_id(r->cfg, r->st.sysid, PQdb(r->st.conn), txn_id, sizeof(txn_id));
+	if (obx_kafka_open(&r->kf, r->cfg, r->cfg->exactly_once ? txn_id : NULL, on_delivery, r, err,
+	    sizeof(err)) != 0) {
 		obx_lookup_close(&r->lk);
 		obx_pgstream_close(&r->st);
 		r->end = OBX_CORE_END_FATAL;

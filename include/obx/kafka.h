@@ -61,12 +61,24 @@ enum obx_txn_result {
  */
 rd_kafka_conf_t *obx_kafka_conf(const struct obx_config *cfg, char *errbuf, size_t errlen);
 
-/* Creates the producer.  Returns 0, or OBX_ECONFIG (a property) / OBX_EIO with errbuf filled. */
-int obx_kafka_open(struct obx_kafka *k, const struct obx_config *cfg, obx_delivery_fn fn,
-    void *ctx, char *errbuf, size_t errlen);
+/*
+ * Creates the producer; with txn_id (NULL: none) a transactional one with
+ * that transactional.id.  Returns 0, or OBX_ECONFIG (a property) / OBX_EIO
+ * with errbuf filled.
+ */
+int obx_kafka_open(struct obx_kafka *k, const struct obx_config *cfg, const char *txn_id,
+    obx_delivery_fn fn, void *ctx, char *errbuf, size_t errlen);
 
-/* The transactional.id [delivery] exactly_once uses: transactional_id, or outboxd-<slot>. */
-void obx_kafka_txn_id(const struct obx_config *cfg, char *out, size_t len);
+/*
+ * The transactional.id of [delivery] exactly_once: transactional_id when
+ * set, else outboxd-<system identifier>-<database>-<slot>.  Slot names
+ * repeat across databases (every one may keep the default); the system
+ * identifier and the database make the id one source's, and stay the same
+ * on a physical standby promoted in its place, so its instance fences the
+ * old one's.
+ */
+void obx_kafka_txn_id(const struct obx_config *cfg, const char *sysid, const char *dbname, char *out,
+    size_t len);
 
 /*
  * Exactly-once: init_transactions, which fences every older producer with

@@ -85,6 +85,12 @@ expect "check: broker reachable" 0 "ok   broker: reachable, 1 broker" -- "$bin" 
 expect "check: warns about unbounded WAL retention" 0 "WARN max_slot_wal_keep_size = -1" -- "$bin" check -c "$tmp/real.ini"
 expect "check: publication will be created" 0 "ok   publication: outboxd does not exist \(will be created\)" -- "$bin" check -c "$tmp/real.ini"
 expect "check: empty outbox, topics at run time" 0 "topics: the outbox is empty" -- "$bin" check -c "$tmp/real.ini"
+expect "check: exactly-once names a missing progress topic" 0 \
+	"WARN exactly-once: progress topic outboxd.progress does not exist" -- "$bin" check -c "$tmp/real.ini" --set delivery.exactly_once=on
+echo "topic outboxd.progress 1" >&9
+sleep 1
+expect "check: exactly-once finds the progress topic" 0 \
+	"ok   exactly-once: progress topic outboxd.progress exists \(1 partition" -- "$bin" check -c "$tmp/real.ini" --set delivery.exactly_once=on
 if [ "$OBX_PGMAJOR" -lt 15 ]; then
 	# no row filters or column lists before 15: the topic listing alone
 	psql -X -q -h "$OBX_PGHOST" -p "$OBX_PGPORT" -U "$OBX_PGUSER" -d postgres -v ON_ERROR_STOP=1 \
