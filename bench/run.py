@@ -450,6 +450,7 @@ def delivery_run(stack, args, workdir):
     pgbench_script(script, 1, 300, "bench")
     pgbench(stack, db, script, ["-c", "8", "-j", "2", "-t", str(events // 8)])
     end = stack.psql(db, "SELECT pg_current_wal_lsn()")
+    stack.broker_cmd("topic outboxd.progress 1")  # created compacted in production (README)
     eps = {m: [] for m in modes}
     lat = {m: [] for m in modes}
     for r in range(args.runs):
@@ -479,7 +480,6 @@ def delivery_run(stack, args, workdir):
             slot, topic = "dml_%d_%d" % (i, r), "dml.%d.%d" % (i, r)
             stack.psql(db, "SELECT 1 FROM pg_create_logical_replication_slot('%s', 'pgoutput')" % slot)
             stack.broker_cmd("topic %s 4" % topic)
-            stack.broker_cmd("topic outboxd.progress 1")
             o = Outboxd(stack, db, slot, "${aggregatetype}", workdir, DELIVERY_MODES[mode])
             try:
                 while o.metrics() is None or not o.logged("streaming from slot"):

@@ -4,6 +4,7 @@
  * out.  A fake producer records every produce call and answers what the
  * test scripted.
  */
+#include <inttypes.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -1534,6 +1535,211 @@ test_eos_drain(void **state)
 	assert_int_equal(flush_now(), 0x210);
 }
 
+/*
+ * A randomized run of exactly-once mode: PostgreSQL transactions of 1 to 4
+ * events over 3 keys, delivery reports served at random, Kafka transactions
+ * that commit or abort at random, crashes at random (the open Kafka
+ * transaction is lost, the server resends from the last confirmed
+ * position, the floor is the last committed progress mark).  What committed
+ * Kafka transactions hold must be every event once, in per-key order, and
+ * the flush position must never pass an event that did not commit.
+ */
+#define EOS_TXNS 60
+#define EOS_MAXREC 4096
+
+static struct {
+	int nev[EOS_TXNS];        /* events per PostgreSQL transaction */
+	int key[EOS_TXNS][4];
+	struct { int t, e; uint64_t opaque; bool reported; } open[EOS_MAXREC]; /* the open Kafka transaction */
+	size_t nopen;
+	int committed[EOS_TXNS][4]; /* copies of each event in committed Kafka transactions */
+	int last[3];              /* per key: the last (t * 4 + e) committed */
+	struct obx_dd_mark progress;
+	bool have_progress;
+	obx_lsn confirmed;
+} ex;
+
+static obx_lsn
+ex_commit_lsn(int t)
+{
+	return 0x1000 + (obx_lsn)t * 0x100;
+}
+
+static enum obx_produce_result
+ex_produce(void *ctx, const struct obx_record *r, uint64_t opaque, char *why, size_t whylen)
+{
+	char id[32] = "";
+	int t, e;
+
+	(void)ctx;
+	(void)why;
+	(void)whylen;
+	hdr(r, "id", id, sizeof(id));
+	assert_int_equal(sscanf(id, "t%de%d", &t, &e), 2);
+	assert_true(ex.nopen < EOS_MAXREC);
+	ex.open[ex.nopen].t = t;
+	ex.open[ex.nopen].e = e;
+	ex.open[ex.nopen].opaque = opaque;
+	ex.open[ex.nopen++].reported = false;
+	return OBX_PRODUCE_OK;
+}
+
+static const struct obx_core_ops ex_ops = { ex_produce, fake_note, NULL };
+
+/* The flush position may reach the end of T only when T and all before it committed. */
+static void
+ex_check_flush(void)
+{
+	obx_lsn f = flush_now(), bound = 0x100;
+
+	for (int t = 0; t < EOS_TXNS; t++) {
+		bool all = true;
+
+		for (int e = 0; e < ex.nev[t]; e++)
+			all = all && ex.committed[t][e] > 0;
+		if (!all)
+			break;
+		bound = ex_commit_lsn(t) + 0x10;
+	}
+	if (f > bound)
+		fail_msg("flush %" PRIx64 " passes %" PRIx64 ", the end of the last fully committed transaction",
+		    f, bound);
+}
+
+static void
+ex_session(int64_t now)
+{
+	assert_int_equal(obx_core_session_start(&core, ex.confirmed, 2, 10000, now), 0);
+	obx_core_exactly_once(&core, ex.have_progress ? &ex.progress : NULL);
+	ex.nopen = 0;
+	relation();
+}
+
+static void
+test_eos_random(void **state)
+{
+	const char *env = getenv("OBX_MODEL_SEEDS");
+	int seeds = env != NULL ? atoi(env) : 100;
+
+	(void)state;
+	for (int seed = 1; seed <= seeds; seed++) {
+		uint64_t rng = (uint64_t)seed * 0x9e3779b97f4a7c15ULL;
+		int64_t now = 0;
+		int next_txn = 0, next_ev = 0; /* the server's position in the replay */
+		bool in_txn = false;
+		int crashes = 0, aborts = 0;
+
+#define EX_RND() (rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17, rng)
+		memset(&ex, 0, sizeof(ex));
+		memset(&fk, 0, sizeof(fk));
+		memset(&met, 0, sizeof(met));
+		ex.confirmed = 0x100;
+		for (int t = 0; t < EOS_TXNS; t++) {
+			ex.nev[t] = 1 + (int)(EX_RND() % 4);
+			for (int e = 0; e < ex.nev[t]; e++)
+				ex.key[t][e] = (int)(EX_RND() % 3);
+		}
+		for (int k = 0; k < 3; k++)
+			ex.last[k] = -1;
+		obx_config_reset(&cfg);
+		obx_config_init(&cfg);
+		set("delivery", "transaction_max_events", EX_RND() % 2 ? "3" : "50");
+		assert_int_equal(obx_core_init(&core, &cfg, &ex_ops, &fk, &met), 0);
+		ex_session(now);
+		for (int step = 0; step < 4000; step++) {
+			struct obx_core_progress p;
+			uint64_t r = EX_RND() % 100;
+			bool done = next_txn == EOS_TXNS && !in_txn;
+
+			now += 1;
+			if (done && ex.nopen == 0 && flush_now() == ex_commit_lsn(EOS_TXNS - 1) + 0x10)
+				break;
+			if (r < 45 && !done && obx_core_can_read(&core)) {
+				/* the server sends the next message of the replay */
+				char id[32], key[8];
+
+				if (!in_txn) {
+					begin(ex_commit_lsn(next_txn), (uint32_t)(100 + next_txn));
+					in_txn = true;
+					next_ev = 0;
+				} else if (next_ev < ex.nev[next_txn]) {
+					snprintf(id, sizeof(id), "t%de%d", next_txn, next_ev);
+					snprintf(key, sizeof(key), "k%d", ex.key[next_txn][next_ev]);
+					insert(id, key);
+					next_ev++;
+				} else {
+					commit(ex_commit_lsn(next_txn), ex_commit_lsn(next_txn) + 0x10);
+					in_txn = false;
+					next_txn++;
+				}
+			} else if (r < 75) {
+				/* a delivery report of a record of the open Kafka transaction */
+				for (size_t i = 0; i < ex.nopen; i++)
+					if (!ex.open[i].reported) {
+						struct obx_report rep = { .opaque = ex.open[i].opaque, .status = OBX_REPORT_OK,
+							.now_us = 2000 };
+
+						rep.record.topic = "outbox.event.order";
+
+						ex.open[i].reported = true;
+						obx_core_report(&core, &rep);
+						break;
+					}
+			} else if (r < 95) {
+				obx_core_pump(&core, now);
+				if (obx_core_commit_due(&core, now, r < 85 || done, &p)) {
+					if (EX_RND() % 10 == 0) {
+						aborts++;
+						obx_core_commit_done(&core, OBX_CORE_COMMIT_ABORT, "x", 3000);
+					} else {
+						/* every record is reported before the progress record is produced */
+						for (size_t i = 0; i < ex.nopen; i++) {
+							int t = ex.open[i].t, e = ex.open[i].e, k = ex.key[t][e];
+
+							assert_true(ex.open[i].reported);
+							if (++ex.committed[t][e] > 1)
+								fail_msg("seed %d: t%de%d committed twice", seed, t, e);
+							if (t * 4 + e < ex.last[k])
+								fail_msg("seed %d: key %d out of order at t%de%d", seed, k, t, e);
+							ex.last[k] = t * 4 + e;
+						}
+						assert_int_equal(p.records, ex.nopen);
+						if (ex.nopen > 0) {
+							ex.progress = p.mark;
+							ex.have_progress = true;
+						}
+						ex.nopen = 0;
+						obx_core_commit_done(&core, OBX_CORE_COMMIT_OK, NULL, 3000);
+					}
+				}
+			} else if (r < 98) {
+				/* a status update reaches the server */
+				ex.confirmed = flush_now() > ex.confirmed ? flush_now() : ex.confirmed;
+			} else {
+				crashes++;
+				obx_core_fail(&core, OBX_CORE_END_RETRY, "crash");
+			}
+			ex_check_flush();
+			if (ended() != OBX_CORE_RUNNING) {
+				/* the open Kafka transaction is lost; the server replays from the confirmed position */
+				obx_core_session_end(&core);
+				ex_session(now);
+				in_txn = false;
+				for (next_txn = 0; next_txn < EOS_TXNS && ex_commit_lsn(next_txn) + 0x10 <= ex.confirmed;)
+					next_txn++;
+			}
+		}
+		for (int t = 0; t < EOS_TXNS; t++)
+			for (int e = 0; e < ex.nev[t]; e++)
+				if (ex.committed[t][e] != 1)
+					fail_msg("seed %d: t%de%d committed %d times (%d crashes, %d aborts)", seed, t, e,
+					    ex.committed[t][e], crashes, aborts);
+		assert_int_equal(flush_now(), ex_commit_lsn(EOS_TXNS - 1) + 0x10);
+		obx_core_reset(&core);
+#undef EX_RND
+	}
+}
+
 int
 main(void)
 {
@@ -1571,6 +1777,7 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_eos_rejected_record, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_eos_commit_failures, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_eos_drain, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_eos_random, setup, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
