@@ -201,6 +201,14 @@ txn_begin(struct obx_kafka *k)
 		rd_kafka_resp_err_t err = rd_kafka_error_code(e);
 
 		obx_log_debug("kafka: could not begin a transaction: %s", rd_kafka_error_string(e));
+		if (rd_kafka_error_is_fatal(e) && !k->fatal) {
+			/* the error callback may not have run yet: fencing must not go unnoticed */
+			char buf[512];
+
+			k->fenced = is_fencing(rd_kafka_fatal_error(k->rk, buf, sizeof(buf))) || is_fencing(err);
+			snprintf(k->fatal_reason, sizeof(k->fatal_reason), "%s", buf);
+			k->fatal = true;
+		}
 		rd_kafka_error_destroy(e);
 		return err != RD_KAFKA_RESP_ERR_NO_ERROR ? err : RD_KAFKA_RESP_ERR__STATE;
 	}

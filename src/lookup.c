@@ -480,18 +480,25 @@ obx_lookup_close(struct obx_lookup *l)
 
 /*
  * Reads partition p of the progress topic from its end backwards, window by
- * window, until a record of the slot turns up (keeps the highest mark in
- * *best).  Returns 1 found, 0 none, OBX_EIO with why.
+ * window, until a record keyed key turns up, and takes the last one (the
+ * newest: a tombstone, or a record without a value, is a reset and leaves
+ * *have as it was).  The newest window is read up to the end of the
+ * partition, and that end must be the high watermark: a read_committed
+ * consumer stops at the first offset of a transaction still open (another
+ * instance's, on a shared topic), and a record of ours after it would be
+ * missed; it is waited for up to the deadline.  Returns 1 when a record of
+ * the key was found (*out filled when it is not a reset), 0 none, OBX_EIO
+ * with why.
  */
 static int
 progress_partition(const struct obx_config *cfg, const char *key, rd_kafka_t *rk,
-    rd_kafka_topic_t *rkt, int32_t p, int64_t deadline, bool (*tick)(void *), void *arg, struct obx_progress *best, bool *have,
-    char *why, size_t whylen)
+    rd_kafka_topic_t *rkt, int32_t p, int64_t deadline, bool (*tick)(void *), void *arg,
+    struct obx_progress *out, bool *have, char *why, size_t whylen)
 {
-	int64_t lo, hi, from, to;
+	int64_t lo, hi, from, end;
 	rd_kafka_resp_err_t err = RD_KAFKA_RESP_ERR__TIMED_OUT;
 	int64_t window = PROGRESS_WINDOW;
-	int found = 0;
+	bool newest = true;
 
 	while (mono_ms() < deadline) {
 		err = rd_kafka_query_watermark_offsets(rk, cfg->progress_topic, p, &lo, &hi, slice(deadline));
@@ -503,9 +510,12 @@ progress_partition(const struct obx_config *cfg, const char *key, rd_kafka_t *rk
 		    (int)p, rd_kafka_err2str(err));
 		return OBX_EIO;
 	}
-	to = hi;
-	while (to > lo && found == 0) {
-		from = to - window > lo ? to - window : lo;
+	end = hi; /* the newest window reads on past it, to the end of the partition */
+	do {
+		int64_t last = -1;
+		rd_kafka_message_t *keep = NULL;
+
+		from = end - window > lo ? end - window : lo;
 		if (rd_kafka_consume_start(rkt, p, from) != 0) {
 			snprintf(why, whylen, "could not read %s [%d]: %s", cfg->progress_topic, (int)p,
 			    rd_kafka_err2str(rd_kafka_last_error()));
@@ -513,69 +523,94 @@ progress_partition(const struct obx_config *cfg, const char *key, rd_kafka_t *rk
 		}
 		for (;;) {
 			rd_kafka_message_t *m;
+			int64_t off;
 
 			if (mono_ms() >= deadline || (tick != NULL && tick(arg))) {
+				if (keep != NULL)
+					rd_kafka_message_destroy(keep);
 				rd_kafka_consume_stop(rkt, p);
-				snprintf(why, whylen, "reading %s [%d] back did not finish in time",
-				    cfg->progress_topic, (int)p);
+				snprintf(why, whylen, "reading %s [%d] back did not finish in time%s",
+				    cfg->progress_topic, (int)p, newest ? " (a transaction still open there, of "
+				    "another producer, holds its last stable offset below its high watermark)" : "");
 				return OBX_EIO;
 			}
 			m = rd_kafka_consume(rkt, p, slice(deadline));
 			if (m == NULL)
 				continue;
-			if (m->err == RD_KAFKA_RESP_ERR__PARTITION_EOF ||
-			    (m->err == RD_KAFKA_RESP_ERR_NO_ERROR && m->offset >= to)) {
+			if (m->err == RD_KAFKA_RESP_ERR__PARTITION_EOF) {
+				int64_t wlo, whi;
+				bool stable = !newest ||
+				    rd_kafka_get_watermark_offsets(rk, cfg->progress_topic, p, &wlo, &whi) != 0 ||
+				    m->offset >= whi;
+
 				rd_kafka_message_destroy(m);
-				break;
+				if (stable)
+					break;
+				continue; /* an open transaction: its end lets the rest through */
 			}
 			if (m->err != RD_KAFKA_RESP_ERR_NO_ERROR) {
 				snprintf(why, whylen, "could not read %s [%d]: %s", cfg->progress_topic, (int)p,
 				    rd_kafka_message_errstr(m));
 				rd_kafka_message_destroy(m);
+				if (keep != NULL)
+					rd_kafka_message_destroy(keep);
 				rd_kafka_consume_stop(rkt, p);
 				return OBX_EIO;
 			}
-			if (m->key_len == strlen(key) && memcmp(m->key, key, m->key_len) == 0) {
-				struct obx_progress pr;
-				char bad[128];
-				int rc = obx_progress_parse(m->payload, m->len, cfg->slot, &pr, bad, sizeof(bad));
-
-				if (rc == OBX_EINVAL) {
-					snprintf(why, whylen, "%s [%d] offset %" PRId64 " is keyed %s but is not a "
-					    "progress record: %s", cfg->progress_topic, (int)p, m->offset, key, bad);
-					rd_kafka_message_destroy(m);
-					rd_kafka_consume_stop(rkt, p);
-					return OBX_EIO;
-				}
-				if (rc == 0) {
-					found = 1;
-					if (!*have || obx_dd_mark_cmp(&pr.mark, &best->mark) > 0)
-						*best = pr;
-					*have = true;
-				}
-			}
-			if (m->offset >= to - 1) {
+			if (!newest && m->offset >= end) {
 				rd_kafka_message_destroy(m);
 				break;
 			}
-			rd_kafka_message_destroy(m);
+			off = m->offset;
+			if (m->key_len == strlen(key) && memcmp(m->key, key, m->key_len) == 0 && off > last) {
+				if (keep != NULL)
+					rd_kafka_message_destroy(keep);
+				keep = m;
+				last = off;
+			} else {
+				rd_kafka_message_destroy(m);
+			}
+			if (!newest && off >= end - 1)
+				break;
 		}
 		rd_kafka_consume_stop(rkt, p);
-		to = from;
+		if (keep != NULL) {
+			struct obx_progress pr;
+			char bad[128];
+			int rc = keep->payload == NULL ? OBX_ENOENT :
+			    obx_progress_parse(keep->payload, keep->len, cfg->slot, &pr, bad, sizeof(bad));
+
+			if (rc == OBX_EINVAL) {
+				snprintf(why, whylen, "%s [%d] offset %" PRId64 " is keyed %s but is not a progress "
+				    "record: %s (a tombstone for the key resets the progress)", cfg->progress_topic,
+				    (int)p, keep->offset, key, bad);
+				rd_kafka_message_destroy(keep);
+				return OBX_EIO;
+			}
+			if (rc == 0 && (!*have || obx_dd_mark_cmp(&pr.mark, &out->mark) > 0)) {
+				*out = pr;
+				*have = true;
+			}
+			rd_kafka_message_destroy(keep);
+			return 1;
+		}
+		end = from;
+		newest = false;
 		window *= 4;
-	}
-	return found;
+	} while (end > lo);
+	return 0;
 }
 
 int
 obx_lookup_progress(const struct obx_config *cfg, const char *key, int budget_ms,
-    bool (*tick)(void *), void *arg, struct obx_progress *out, char *why, size_t whylen)
+    bool (*tick)(void *), void *arg, struct obx_progress *out, int32_t *nparts_out, char *why,
+    size_t whylen)
 {
 	int64_t deadline = mono_ms() + budget_ms;
 	const struct rd_kafka_metadata *md = NULL;
 	rd_kafka_resp_err_t err = RD_KAFKA_RESP_ERR__TIMED_OUT;
 	rd_kafka_topic_t *rkt;
-	int32_t nparts = 0;
+	int32_t nparts = 0, own;
 	bool have = false;
 	int rc = 0;
 	rd_kafka_t *rk = consumer_new(cfg, "outboxd-progress", why, whylen);
@@ -609,9 +644,18 @@ obx_lookup_progress(const struct obx_config *cfg, const char *key, int budget_ms
 		}
 		rd_kafka_metadata_destroy(md);
 	}
-	/* every partition: the record's partition depends on the partitioner of whoever wrote it */
-	for (int32_t p = 0; p < nparts && rc >= 0; p++) {
-		int r = progress_partition(cfg, key, rk, rkt, p, deadline, tick, arg, out, &have, why, whylen);
+	/*
+	 * The key's own partition (murmur2, where outboxd writes it); only when it
+	 * holds no record of the key, the others (a record written by a
+	 * partitioner of the user's while the topic did not exist yet)
+	 */
+	*nparts_out = nparts;
+	own = nparts > 0 ? obx_dd_partition(key, strlen(key), nparts) : 0;
+	if (rc == 0 && nparts > 0)
+		rc = progress_partition(cfg, key, rk, rkt, own, deadline, tick, arg, out, &have, why, whylen);
+	for (int32_t p = 0; p < nparts && rc == 0; p++) {
+		int r = p == own ? 0 : progress_partition(cfg, key, rk, rkt, p, deadline, tick, arg, out, &have,
+		    why, whylen);
 
 		if (r < 0)
 			rc = r;

@@ -22,7 +22,8 @@ obx_progress_encode(const struct obx_progress *p, const char *slot, const char *
 
 	if (p->commit_time != 0)
 		obx_format_pg_time(p->commit_time, ts, sizeof(ts));
-	o = json_pack("{s:s, s:s, s:s, s:I, s:s, s:s?, s:I}", "slot", slot, "transactional_id", txn_id,
+	o = json_pack("{s:s, s:s, s:I, s:s, s:I, s:s, s:s?, s:I}", "slot", slot, "transactional_id", txn_id,
+	    "timeline", (json_int_t)p->timeline,
 	    "lsn", obx_lsn_format(p->mark.lsn, lsn, sizeof(lsn)), "seq", (json_int_t)p->mark.seq,
 	    "end_lsn", obx_lsn_format(p->end_lsn, end, sizeof(end)), "commit_time",
 	    ts[0] != '\0' ? ts : NULL, "records", (json_int_t)p->records);
@@ -38,7 +39,7 @@ obx_progress_parse(const void *value, size_t len, const char *slot, struct obx_p
     char *why, size_t whylen)
 {
 	const char *s = NULL, *lsn = NULL, *end = NULL;
-	json_int_t seq = -1, records = 0;
+	json_int_t seq = -1, records = 0, timeline = 0;
 	json_error_t jerr;
 	json_t *o;
 	int rc = 0;
@@ -49,8 +50,8 @@ obx_progress_parse(const void *value, size_t len, const char *slot, struct obx_p
 		snprintf(why, whylen, "not JSON");
 		return OBX_EINVAL;
 	}
-	if (json_unpack(o, "{s:s, s:s, s:I, s?s, s?I}", "slot", &s, "lsn", &lsn, "seq", &seq,
-	    "end_lsn", &end, "records", &records) != 0) {
+	if (json_unpack(o, "{s:s, s:s, s:I, s?s, s?I, s?I}", "slot", &s, "lsn", &lsn, "seq", &seq,
+	    "end_lsn", &end, "records", &records, "timeline", &timeline) != 0) {
 		snprintf(why, whylen, "no slot, lsn or seq");
 		rc = OBX_EINVAL;
 	} else if (strcmp(s, slot) != 0) {
@@ -62,6 +63,7 @@ obx_progress_parse(const void *value, size_t len, const char *slot, struct obx_p
 	} else {
 		out->mark.seq = (uint32_t)seq;
 		out->records = (uint64_t)records;
+		out->timeline = timeline > 0 && timeline <= UINT32_MAX ? (uint32_t)timeline : 0;
 	}
 	json_decref(o);
 	return rc;

@@ -76,6 +76,8 @@ struct relay {
 	uint64_t progress_txns;
 	enum obx_state title_state;
 	bool committing;        /* exactly-once: a commit is under way (obx_kafka_txn_commit again) */
+	int32_t progress_partition; /* exactly-once: where the progress records go */
+	int64_t eos_status_ms;  /* exactly-once: the last status update while a session starts */
 #ifdef OBX_TEST_HOOKS
 	long test_fatal_after;
 	long test_produced;
@@ -188,6 +190,31 @@ on_delivery(void *ctx, uint64_t opaque, const rd_kafka_message_t *m)
 	obx_core_report(&r->core, &rep);
 }
 
+/*
+ * The broker refused this producer's epoch (exactly-once).  Another
+ * instance that took the transactional.id must have taken the slot first,
+ * which ends this instance's replication connection: then stop at once
+ * (exit 1).  While the connection is still ours nobody can have taken over:
+ * the transaction outlived transaction.timeout.ms and the broker aborted it;
+ * a new session goes on.  why gets the line.
+ */
+static enum obx_core_end
+fenced_verdict(struct relay *r, char *why, size_t whylen)
+{
+	char err[512];
+
+	if (PQstatus(r->st.conn) == CONNECTION_OK && obx_pgstream_consume(&r->st, err, sizeof(err)) == 0) {
+		snprintf(why, whylen, "the broker fenced transactional.id %s while this instance still holds "
+		    "slot %s (a Kafka transaction outlived transaction.timeout.ms and was aborted); starting a "
+		    "new session", r->kf.txn_id, r->cfg->slot);
+		return OBX_CORE_END_RETRY;
+	}
+	snprintf(why, whylen, "fenced: another instance took over transactional.id %s (the broker refuses "
+	    "this producer's epoch and the replication connection is gone); stopping without publishing "
+	    "anything more", r->kf.txn_id);
+	return OBX_CORE_END_FATAL;
+}
+
 /* Serves delivery reports; a producer fatal error ends the session (recreate and rewind). */
 static void
 serve_reports(struct relay *r)
@@ -202,11 +229,11 @@ serve_reports(struct relay *r)
 		raise(SIGKILL);
 #endif
 	if (r->kf.fenced && obx_core_ended(&r->core, NULL) == OBX_CORE_RUNNING) {
+		char why[768];
+
 		r->end_kafka = true;
 		obx_metrics_kafka_error(&r->m, "_FENCED");
-		obx_core_fail(&r->core, OBX_CORE_END_FATAL, "fenced: another instance took over "
-		    "transactional.id %s (%s); stopping without publishing anything more", r->kf.txn_id,
-		    r->kf.fatal_reason);
+		obx_core_fail(&r->core, fenced_verdict(r, why, sizeof(why)), "%s", why);
 	}
 	if (r->kf.fatal && obx_core_ended(&r->core, NULL) == OBX_CORE_RUNNING) {
 		r->end_kafka = true;
@@ -289,21 +316,26 @@ check_silence(struct relay *r)
 	    now - r->last_rx_ms, r->st.wal_sender_timeout_ms);
 }
 
-/* Reads what the stream has; returns true when it could read and found nothing (idle). */
+/*
+ * Reads what the stream has; returns true when it read everything the
+ * connection had buffered (the stream is caught up for now: idle).
+ */
 static bool
 read_stream(struct relay *r)
 {
 	char err[1024];
 	int got = 0;
-	bool could = obx_core_can_read(&r->core);
+	bool drained = false;
 
 	for (int i = 0; i < READ_BATCH && obx_core_can_read(&r->core); i++) {
 		const uint8_t *buf;
 		size_t len;
 		int n = obx_pgstream_read(&r->st, &buf, &len, err, sizeof(err));
 
-		if (n == 0)
+		if (n == 0) {
+			drained = true;
 			break;
+		}
 		if (n < 0) {
 			/* the server cannot decode the backlog: the publication was dropped (and maybe
 			 * created again) behind the slot; no retry heals that */
@@ -329,7 +361,7 @@ read_stream(struct relay *r)
 	}
 	if (got > 0)
 		r->last_rx_ms = now_ms(); /* one clock read per batch */
-	return could && got == 0;
+	return drained && obx_core_can_read(&r->core);
 }
 
 /*
@@ -351,13 +383,13 @@ drive_commit(struct relay *r, bool idle)
 	if (!r->committing) {
 		if (!obx_core_commit_due(&r->core, now_ms(), idle, &p))
 			return;
-		pr = (struct obx_progress){ p.mark, p.end_lsn, p.commit_time, p.records };
+		pr = (struct obx_progress){ p.mark, (uint32_t)r->st.timeline, p.end_lsn, p.commit_time, p.records };
 		value = obx_progress_encode(&pr, r->cfg->slot, r->kf.txn_id);
 		if (value == NULL) {
 			obx_core_commit_done(&r->core, OBX_CORE_COMMIT_FATAL, "out of memory", obx_pg_now());
 			return;
 		}
-		err = obx_kafka_produce(&r->kf, r->cfg->progress_topic, RD_KAFKA_PARTITION_UA, r->kf.txn_id,
+		err = obx_kafka_produce(&r->kf, r->cfg->progress_topic, r->progress_partition, r->kf.txn_id,
 		    strlen(r->kf.txn_id), value, strlen(value), (obx_pg_now() + OBX_PG_EPOCH_OFFSET_US) / 1000,
 		    NULL, 0, NULL, NULL, OBX_KAFKA_OPAQUE_PROGRESS);
 		free(value);
@@ -377,9 +409,14 @@ drive_commit(struct relay *r, bool idle)
 	if (res == OBX_TXN_PENDING)
 		return;
 	r->committing = false;
+	if (res == OBX_TXN_FENCED) {
+		obx_metrics_kafka_error(&r->m, "_FENCED");
+		obx_core_commit_done(&r->core, fenced_verdict(r, why, sizeof(why)) == OBX_CORE_END_FATAL ?
+		    OBX_CORE_COMMIT_FENCED : OBX_CORE_COMMIT_FATAL, why, obx_pg_now());
+		return;
+	}
 	obx_core_commit_done(&r->core, res == OBX_TXN_OK ? OBX_CORE_COMMIT_OK :
-	    res == OBX_TXN_FENCED ? OBX_CORE_COMMIT_FENCED : res == OBX_TXN_ABORT ?
-	    OBX_CORE_COMMIT_ABORT : OBX_CORE_COMMIT_FATAL, why, obx_pg_now());
+	    res == OBX_TXN_ABORT ? OBX_CORE_COMMIT_ABORT : OBX_CORE_COMMIT_FATAL, why, obx_pg_now());
 #ifdef OBX_TEST_HOOKS
 	/* test builds only: die right after the commit, before its status update */
 	if (r->test_kill_after > 0 && r->core.published >= (uint64_t)r->test_kill_after)
@@ -546,6 +583,26 @@ setup_tick(void *arg)
 }
 
 /*
+ * While a session's exactly-once set-up waits on the broker, the stream has
+ * started: status updates at the start position keep the server from ending
+ * it at wal_sender_timeout.  Then as setup_tick().
+ */
+static bool
+eos_tick(void *arg)
+{
+	struct relay *r = arg;
+	char err[512];
+
+	if (now_ms() - r->eos_status_ms >= 1000) {
+		if (obx_pgstream_send_status(&r->st, r->st.start_confirmed, r->st.start_confirmed, false, err,
+		    sizeof(err)) == 0)
+			(void)obx_pgstream_flush(&r->st);
+		r->eos_status_ms = now_ms();
+	}
+	return setup_tick(arg);
+}
+
+/*
  * Exactly-once, once the slot is ours: init_transactions (fencing every
  * older producer of the transactional.id and ending its open transaction),
  * then the last committed progress record of the slot.  Returns false with
@@ -556,9 +613,11 @@ eos_open(struct relay *r, bool *have, struct obx_progress *floor)
 {
 	char why[768], a[OBX_LSN_STRLEN];
 	enum obx_txn_result res;
+	int32_t nparts = 0;
 	int rc;
 
-	res = obx_kafka_txn_init(&r->kf, TXN_INIT_MS, setup_tick, r, why, sizeof(why));
+	r->progress_partition = RD_KAFKA_PARTITION_UA;
+	res = obx_kafka_txn_init(&r->kf, TXN_INIT_MS, eos_tick, r, why, sizeof(why));
 	if (res != OBX_TXN_OK) {
 		r->end = res == OBX_TXN_FENCED ? OBX_CORE_END_FATAL : OBX_CORE_END_RETRY;
 		if (res == OBX_TXN_PENDING)
@@ -573,7 +632,7 @@ eos_open(struct relay *r, bool *have, struct obx_progress *floor)
 		obx_log_info("exactly-once: transactional.id %s; a new slot, nothing to skip", r->kf.txn_id);
 		return true;
 	}
-	rc = obx_lookup_progress(r->cfg, r->kf.txn_id, PROGRESS_READ_MS, setup_tick, r, floor, why,
+	rc = obx_lookup_progress(r->cfg, r->kf.txn_id, PROGRESS_READ_MS, eos_tick, r, floor, &nparts, why,
 	    sizeof(why));
 	if (rc < 0) {
 		/* never guess: without the record a replay would publish committed events again */
@@ -582,8 +641,17 @@ eos_open(struct relay *r, bool *have, struct obx_progress *floor)
 		    r->cfg->slot, r->cfg->progress_topic, why);
 		return false;
 	}
+	/* the record goes to the key's own partition, where the next session reads first */
+	r->progress_partition = nparts > 0 ? obx_dd_partition(r->kf.txn_id, strlen(r->kf.txn_id), nparts) :
+	    RD_KAFKA_PARTITION_UA;
 	*have = rc == 1;
-	if (*have)
+	if (*have && floor->timeline != (uint32_t)r->st.timeline) {
+		/* LSNs of another timeline are not comparable (a point-in-time recovery, a failover) */
+		obx_log_warn("exactly-once: the last progress record of transactional.id %s was written on "
+		    "timeline %" PRIu32 ", the server is on timeline %d: not skipping anything this session "
+		    "(events may be published again)", r->kf.txn_id, floor->timeline, r->st.timeline);
+		*have = false;
+	} else if (*have)
 		obx_log_info("exactly-once: transactional.id %s; the last committed Kafka transaction ends "
 		    "at event lsn %s seq %" PRIu32 ": replayed events up to it are not sent again",
 		    r->kf.txn_id, obx_lsn_format(floor->mark.lsn, a, sizeof(a)), floor->mark.seq);
@@ -732,11 +800,14 @@ session_close(struct relay *r)
 	if (r->cfg->exactly_once && r->kf.rk != NULL) {
 		/* what the transaction holds is purged; a new session starts from the slot */
 		r->reports_at_us = obx_pg_now();
-		if (obx_kafka_txn_abort(&r->kf, 5000, err, sizeof(err)) == OBX_TXN_FENCED ||
-		    r->kf.fenced) {
-			r->end = OBX_CORE_END_FATAL;
-			snprintf(r->reason, sizeof(r->reason), "fenced: another instance took over "
-			    "transactional.id %s; stopping without publishing anything more", r->kf.txn_id);
+		if ((obx_kafka_txn_abort(&r->kf, 5000, err, sizeof(err)) == OBX_TXN_FENCED || r->kf.fenced) &&
+		    r->end != OBX_CORE_END_FATAL) {
+			char why[768];
+
+			if (fenced_verdict(r, why, sizeof(why)) == OBX_CORE_END_FATAL) {
+				r->end = OBX_CORE_END_FATAL;
+				snprintf(r->reason, sizeof(r->reason), "%s", why);
+			}
 		}
 		r->committing = false;
 	}

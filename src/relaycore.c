@@ -399,7 +399,7 @@ rejected_before(const struct obx_core *c, const struct obx_record *rec, bool dl)
 
 	if (c->nrejected == 0 || obx_dd_mark_parse(rec->headers, rec->nheaders, &m) != 0)
 		return NULL;
-	for (size_t i = 0; i < c->nrejected && i < OBX_CORE_REJECTED; i++)
+	for (size_t i = 0; i < c->nrejected; i++)
 		if (obx_dd_mark_cmp(&c->rejected[i].mark, &m) == 0 && c->rejected[i].dead_letter == dl &&
 		    (c->rejected[i].why[0] == 'b') == is_bare(rec))
 			return c->rejected[i].why + 1;
@@ -410,7 +410,20 @@ rejected_before(const struct obx_core *c, const struct obx_record *rec, bool dl)
 static void
 remember_rejected(struct obx_core *c, const struct obx_record *rec, bool dl, const char *why)
 {
-	size_t i = c->nrejected++ % OBX_CORE_REJECTED;
+	size_t i;
+
+	if (c->nrejected == c->rejected_cap) {
+		size_t cap = c->rejected_cap ? c->rejected_cap * 2 : 16;
+		void *grown = reallocarray(c->rejected, cap, sizeof(*c->rejected));
+
+		if (grown == NULL) {
+			fail(c, OBX_CORE_END_FATAL, "out of memory");
+			return;
+		}
+		c->rejected = grown;
+		c->rejected_cap = cap;
+	}
+	i = c->nrejected++;
 
 	if (obx_dd_mark_parse(rec->headers, rec->nheaders, &c->rejected[i].mark) != 0)
 		memset(&c->rejected[i].mark, 0, sizeof(c->rejected[i].mark));
@@ -1057,8 +1070,10 @@ obx_core_report(struct obx_core *c, const struct obx_report *r)
 	    r->record.len + r->record.keylen;
 	switch (r->status) {
 	case OBX_REPORT_OK:
-		if (c->eos)
+		if (c->eos) {
+			topic_wait_over(c, r->record.topic);
 			return; /* acknowledged when its Kafka transaction commits (obx_core_commit_done) */
+		}
 		committed = obx_ack_ticket_time(&c->ack, ticket);
 		if (committed != 0)
 			obx_metrics_observe(c->m, (double)(r->now_us - committed) / 1e6);
@@ -1192,8 +1207,16 @@ obx_core_pump(struct obx_core *c, int64_t now_ms)
 	if (!c->active || ending(c))
 		return;
 	apply_skips(c);
-	if (c->committing || c->commit_wanted)
-		return; /* nothing is produced while a Kafka transaction commits */
+	if (c->committing || c->commit_wanted) {
+		/* nothing is produced while a Kafka transaction commits; a drain still ends in time */
+		if (c->draining && now_ms >= c->drain_deadline_ms) {
+			note(c, OBX_LOG_WARN, "stopping with a Kafka transaction of %" PRIu64 " record(s) not "
+			    "committed after %d s (it is aborted; its events are re-sent from the slot)",
+			    c->batch_records, OBX_CORE_DRAIN_TIMEOUT_MS / 1000);
+			fail(c, OBX_CORE_END_STOP, "stopped");
+		}
+		return;
+	}
 	pending_flush(c);
 	if (c->replaying && c->npend == 0)
 		replay(c);
@@ -1287,9 +1310,9 @@ obx_core_wait_ms(const struct obx_core *c, int64_t now_ms)
 		w = 0; /* reports served meanwhile let the Stream Commit go on: pump at once */
 	if (c->nskips > 0)
 		w = 0; /* events found in Kafka wait for their acknowledgement */
-	if (c->eos && c->batch_records > 0 && !c->committing &&
+	if (c->eos && c->batch_records > 0 && !c->committing && !c->commit_wanted &&
 	    c->batch_since_ms + c->cfg->txn_max_ms - now_ms < w)
-		w = c->batch_since_ms + c->cfg->txn_max_ms - now_ms;
+		w = c->batch_since_ms + c->cfg->txn_max_ms - now_ms; /* wanted: the reports wake the loop */
 	if (c->committing)
 		w = 0; /* the loop drives the commit, a slice per turn */
 	return w < 0 ? 0 : w;
@@ -1338,6 +1361,7 @@ obx_core_reset(struct obx_core *c)
 	free(c->pend);
 	free(c->skips);
 	free(c->batch_tickets);
+	free(c->rejected);
 	memset(c, 0, sizeof(*c)); /* a second reset is a no-op */
 }
 
@@ -1455,8 +1479,7 @@ obx_core_commit_done(struct obx_core *c, enum obx_core_commit how, const char *w
 	if (how != OBX_CORE_COMMIT_OK) {
 		c->end_kafka = true;
 		if (how == OBX_CORE_COMMIT_FENCED)
-			fail(c, OBX_CORE_END_FATAL, "%s: another instance took over transactional.id; stopping "
-			    "without publishing anything more", why);
+			fail(c, OBX_CORE_END_FATAL, "%s", why);
 		else
 			fail(c, OBX_CORE_END_RETRY, "%s; rewinding to the slot", why);
 		return;

@@ -5,11 +5,13 @@
  * "Exactly-once").
  *
  * Key: the slot name.  Value: a JSON object
- *   {"slot": S, "transactional_id": T, "lsn": "X/X", "seq": N,
+ *   {"slot": S, "transactional_id": T, "timeline": N, "lsn": "X/X", "seq": N,
  *    "end_lsn": "X/X", "commit_time": "ISO 8601", "records": N}
  * where (lsn, seq) is the mark of the last event the transaction holds
- * (dedupe.h), end_lsn the end of the last PostgreSQL transaction it holds
- * whole (0/0 when none) and records how many records it holds.
+ * (dedupe.h), timeline the server's timeline (LSNs of another timeline are
+ * not comparable: a point-in-time recovery or a failover may go back),
+ * end_lsn the end of the last PostgreSQL transaction that ended in it (0/0
+ * when none) and records how many records it holds.
  */
 #ifndef OBX_PROGRESS_H
 #define OBX_PROGRESS_H
@@ -22,6 +24,7 @@
 
 struct obx_progress {
 	struct obx_dd_mark mark; /* id_hash unused (0) */
+	uint32_t timeline;       /* the server's timeline when it was written (0: unknown) */
 	obx_lsn end_lsn;
 	int64_t commit_time;     /* PostgreSQL epoch microseconds; 0 when unknown */
 	uint64_t records;

@@ -127,12 +127,9 @@ struct obx_core_progress {
 enum obx_core_commit {
 	OBX_CORE_COMMIT_OK,
 	OBX_CORE_COMMIT_ABORT,  /* it cannot commit: the session ends and rewinds */
-	OBX_CORE_COMMIT_FENCED, /* another instance took over the transactional.id: exit 1 */
+	OBX_CORE_COMMIT_FENCED, /* another instance took over the transactional.id: exit 1 (why says so) */
 	OBX_CORE_COMMIT_FATAL,  /* the producer is unusable: the session ends and rewinds */
 };
-
-/* Records the broker rejected inside a Kafka transaction, remembered across sessions. */
-#define OBX_CORE_REJECTED 16
 
 enum obx_core_end {
 	OBX_CORE_RUNNING = 0,
@@ -242,12 +239,12 @@ struct obx_core {
 	struct obx_core_progress batch;
 	uint64_t *batch_tickets;      /* the tickets of its records, acknowledged when it commits */
 	size_t nbatch, batch_cap;
-	struct {
+	struct obx_core_rejected {
 		struct obx_dd_mark mark;
 		bool dead_letter;
 		char why[256];
-	} rejected[OBX_CORE_REJECTED]; /* kept across sessions: on_error applies at the replay */
-	size_t nrejected;
+	} *rejected;                  /* kept across sessions: on_error applies at the replay */
+	size_t nrejected, rejected_cap;
 	uint64_t eos_commits;         /* Kafka transactions committed */
 	uint64_t eos_aborts;          /* ended without a commit (abort, rewind) */
 

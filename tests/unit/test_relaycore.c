@@ -1489,7 +1489,7 @@ test_eos_commit_failures(void **state)
 	static const struct { enum obx_core_commit how; enum obx_core_end end; const char *says; } cases[] = {
 		{ OBX_CORE_COMMIT_ABORT, OBX_CORE_END_RETRY, "rewinding to the slot" },
 		{ OBX_CORE_COMMIT_FATAL, OBX_CORE_END_RETRY, "rewinding to the slot" },
-		{ OBX_CORE_COMMIT_FENCED, OBX_CORE_END_FATAL, "another instance took over transactional.id" },
+		{ OBX_CORE_COMMIT_FENCED, OBX_CORE_END_FATAL, "could not commit the Kafka transaction" },
 	};
 	struct obx_core_progress p;
 
