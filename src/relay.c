@@ -39,6 +39,7 @@
 #define BACKOFF_MAX_MS 30000
 #define MAX_REPORT_HEADERS 64
 #define COMMIT_SLICE_MS 500
+#define IDLE_MESSAGES 32
 /* exactly-once: how long a session start may take to initialise transactions, and to read progress */
 #define TXN_INIT_MS 15000
 #define PROGRESS_READ_MS 30000
@@ -318,7 +319,9 @@ check_silence(struct relay *r)
 
 /*
  * Reads what the stream has; returns true when it read everything the
- * connection had buffered (the stream is caught up for now: idle).
+ * connection had buffered and that was little (IDLE_MESSAGES at most): the
+ * stream keeps up with the server, so waiting gains no batching.  A backlog
+ * arrives in larger reads.
  */
 static bool
 read_stream(struct relay *r)
@@ -361,7 +364,7 @@ read_stream(struct relay *r)
 	}
 	if (got > 0)
 		r->last_rx_ms = now_ms(); /* one clock read per batch */
-	return drained && obx_core_can_read(&r->core);
+	return drained && got <= IDLE_MESSAGES && obx_core_can_read(&r->core);
 }
 
 /*
@@ -415,6 +418,9 @@ drive_commit(struct relay *r, bool idle)
 		    OBX_CORE_COMMIT_FENCED : OBX_CORE_COMMIT_FATAL, why, obx_pg_now());
 		return;
 	}
+	if (res == OBX_TXN_OK)
+		obx_log_debug("committed Kafka transaction %s (%" PRIu64 " record(s))", r->kf.txn_name,
+		    r->core.batch_records);
 	obx_core_commit_done(&r->core, res == OBX_TXN_OK ? OBX_CORE_COMMIT_OK :
 	    res == OBX_TXN_ABORT ? OBX_CORE_COMMIT_ABORT : OBX_CORE_COMMIT_FATAL, why, obx_pg_now());
 #ifdef OBX_TEST_HOOKS
