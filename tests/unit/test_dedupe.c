@@ -16,6 +16,7 @@
 
 #include "obx/dedupe.h"
 #include "obx/err.h"
+#include "obx/progress.h"
 
 /* ---- records as the read-back or the core would hand them over ---- */
 
@@ -631,6 +632,40 @@ test_topic_fallbacks(void **state)
 	obx_dedupe_reset(&d); /* a second reset is harmless */
 }
 
+/* The progress record of exactly-once mode: written, read back, and what is refused. */
+static void
+test_progress_record(void **state)
+{
+	struct obx_progress p = { { 0x16B3A28, 7, 0 }, 3, 0x16B3B00, 12345678, 42 }, q;
+	char why[128];
+	char *v;
+
+	(void)state;
+	v = obx_progress_encode(&p, "s1", "outboxd-1-db-s1");
+	assert_non_null(v);
+	assert_non_null(strstr(v, "\"lsn\":\"0/16B3A28\""));
+	assert_non_null(strstr(v, "\"timeline\":3"));
+	assert_non_null(strstr(v, "\"commit_time\":\"2000-01-01T00:00:12.345678Z\""));
+	assert_int_equal(obx_progress_parse(v, strlen(v), "s1", &q, why, sizeof(why)), 0);
+	assert_int_equal(q.mark.lsn, 0x16B3A28);
+	assert_int_equal(q.mark.seq, 7);
+	assert_int_equal(q.timeline, 3);
+	assert_int_equal(q.end_lsn, 0x16B3B00);
+	assert_int_equal(q.records, 42);
+	assert_int_equal(obx_progress_parse(v, strlen(v), "s2", &q, why, sizeof(why)), OBX_ENOENT);
+	free(v);
+	assert_int_equal(obx_progress_parse("nope", 4, "s1", &q, why, sizeof(why)), OBX_EINVAL);
+	assert_int_equal(obx_progress_parse("{\"slot\":\"s1\",\"lsn\":\"x\",\"seq\":1}", 31, "s1", &q, why,
+	    sizeof(why)), OBX_EINVAL);
+	assert_int_equal(obx_progress_parse("{\"slot\":\"s1\",\"seq\":1}", 21, "s1", &q, why, sizeof(why)),
+	    OBX_EINVAL);
+	/* without a timeline: 0, which matches no server's */
+	assert_int_equal(obx_progress_parse("{\"slot\":\"s1\",\"lsn\":\"0/10\",\"seq\":1}", 34, "s1", &q, why,
+	    sizeof(why)), 0);
+	assert_int_equal(q.timeline, 0);
+	assert_int_equal(q.mark.lsn, 0x10);
+}
+
 int
 main(void)
 {
@@ -644,6 +679,7 @@ main(void)
 		cmocka_unit_test(test_verdicts),
 		cmocka_unit_test(test_order_after_a_resent_run),
 		cmocka_unit_test(test_topic_fallbacks),
+		cmocka_unit_test(test_progress_record),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
