@@ -590,6 +590,34 @@ test_abortable_transaction_rewinds(void **state)
 }
 
 /*
+ * The broker fences the epoch while this instance still holds the slot
+ * (what a broker does to a transaction that outlived transaction.timeout.ms):
+ * nobody took over, so outboxd starts a new session instead of exiting, and
+ * nothing is lost or duplicated in committed transactions.
+ */
+static void
+test_fenced_while_holding_the_slot(void **state)
+{
+	(void)state;
+	t_relay_setup(&R, "eosfence", 0);
+	t_relay_config(&R, "[delivery]\nexactly_once = on\n");
+	t_relay_start(&R, NULL, 1);
+	insert_txn("eosfn", 40, 4);
+	assert_true(t_wait_confirmed_current(&R, 30000));
+	assert_int_equal(t_broker_cmd(&R.b, "request-errors 26 1 INVALID_PRODUCER_EPOCH"), 0);
+	insert_txn("eosfn", 40, 4);
+	insert_txn("eosfn", 40, 4);
+	if (!t_wait_confirmed_current(&R, 30000) ||
+	    t_log_count(&R, "while this instance still holds slot") != 1) {
+		t_log_dump(&R);
+		fail_msg("the fenced epoch did not start a new session");
+	}
+	assert_true(waitpid(R.pid, NULL, WNOHANG) == 0); /* still running */
+	assert_int_equal(t_log_count(&R, "fenced: another instance took over"), 0);
+	expect_committed_once("outbox.event.eosfn", 120);
+}
+
+/*
  * Every event of one transaction acknowledged, none confirmed (the hook),
  * then a restart: all of them are found and skipped, and the skip counts as
  * the acknowledgement that lets the slot move on.
@@ -774,6 +802,7 @@ main(void)
 		cmocka_unit_test_teardown(test_crash_loop_transactions, teardown),
 		cmocka_unit_test_teardown(test_zombie_is_fenced, teardown),
 		cmocka_unit_test_teardown(test_abortable_transaction_rewinds, teardown),
+		cmocka_unit_test_teardown(test_fenced_while_holding_the_slot, teardown),
 		cmocka_unit_test_teardown(test_crash_loop_dedupe_off_duplicates, teardown),
 	};
 

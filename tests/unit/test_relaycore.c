@@ -1344,10 +1344,30 @@ test_eos_commit_waits_for_reports(void **state)
 	assert_false(obx_core_commit_due(&core, 10, true, &p));
 	assert_false(obx_core_can_read(&core)); /* wanted: the stream waits */
 	assert_false(obx_core_commit_due(&core, 20, false, &p));
+	/* past the age bound while waiting: the loop sleeps until a report wakes it, no busy loop */
+	assert_false(obx_core_commit_due(&core, 500, false, &p));
+	assert_true(obx_core_wait_ms(&core, 500) > 0);
 	report(0, OBX_REPORT_OK);
-	assert_true(obx_core_commit_due(&core, 30, false, &p)); /* still wanted, now possible */
+	assert_true(obx_core_commit_due(&core, 530, false, &p)); /* still wanted, now possible */
 	obx_core_commit_done(&core, OBX_CORE_COMMIT_OK, NULL, 3000);
 	assert_int_equal(flush_now(), 0x210);
+	obx_core_reset(&core);
+
+	/* a drain ends at its deadline even when the broker never answers */
+	memset(&fk, 0, sizeof(fk));
+	start_eos(0x100, NULL);
+	relation();
+	begin(0x200, 7);
+	insert("e1", "k1");
+	commit(0x200, 0x210);
+	obx_core_signal(&core, 1000);
+	assert_false(obx_core_commit_due(&core, 1000, false, &p)); /* wanted, the report never comes */
+	obx_core_pump(&core, 1000 + OBX_CORE_DRAIN_TIMEOUT_MS - 1);
+	assert_int_equal(ended(), OBX_CORE_RUNNING);
+	obx_core_pump(&core, 1000 + OBX_CORE_DRAIN_TIMEOUT_MS);
+	assert_int_equal(ended(), OBX_CORE_END_STOP);
+	assert_non_null(strstr(fk.notes, "not committed after 30 s"));
+	assert_int_equal(flush_now(), 0x100);
 }
 
 /* Bounds: events, bytes, age; a transaction may end inside a PostgreSQL one, which is confirmed later. */
