@@ -452,6 +452,7 @@ def delivery_run(stack, args, workdir):
     end = stack.psql(db, "SELECT pg_current_wal_lsn()")
     stack.broker_cmd("topic outboxd.progress 1")  # created compacted in production (README)
     eps = {m: [] for m in modes}
+    rss = {m: [] for m in modes}
     lat = {m: [] for m in modes}
     for r in range(args.runs):
         order = modes if r % 2 == 0 else modes[::-1]
@@ -473,6 +474,7 @@ def delivery_run(stack, args, workdir):
                         raise SystemExit("bench: outboxd did not drain the %s backlog in 600 s" % mode)
                     time.sleep(0.02)
                 eps[mode].append(events / (time.monotonic() - o.start))
+                rss[mode].append(o.usage()[0])
             finally:
                 o.stop()
         for mode in order:
@@ -509,6 +511,7 @@ def delivery_run(stack, args, workdir):
     return {"events": events, "rate": args.delivery_rate, "modes": modes,
             "eps": {m: median(eps[m]) for m in modes},
             "eps_ratio": {m: median([a / b for a, b in zip(eps[m], eps[base])]) for m in modes},
+            "peak_rss_mib": {m: median(rss[m]) for m in modes},
             "p50_ms": {m: median([x["p50_ms"] for x in lat[m]]) for m in modes},
             "p99_ms": {m: median([x["p99_ms"] for x in lat[m]]) for m in modes},
             "achieved": {m: median([x["rate"] for x in lat[m]]) for m in modes},
@@ -716,11 +719,13 @@ def markdown(res):
         lines += ["", "Delivery modes on the same WAL: a backlog of %d 1-event transactions (300 B), and "
                   "commit to visible at %d events/s (exactly-once: when the Kafka transaction's progress "
                   "record arrives, as a read_committed consumer would first see it):" % (d["events"], d["rate"]),
-                  "", "| mode | backlog events/s | / at-least-once | p50 ms | p99 ms | p99 - at-least-once ms |",
-                  "|---|---|---|---|---|---|"]
+                  "", "| mode | backlog events/s | / at-least-once | peak RSS MiB | p50 ms | p99 ms "
+                  "| p99 - at-least-once ms |",
+                  "|---|---|---|---|---|---|---|"]
         for m in d["modes"]:
-            lines.append("| %s | %s | %.2f | %.2f | %.2f | %+.2f |" % (
-                m, fmt(d["eps"][m]), d["eps_ratio"][m]["median"], d["p50_ms"][m]["median"],
+            lines.append("| %s | %s | %.2f | %.1f | %.2f | %.2f | %+.2f |" % (
+                m, fmt(d["eps"][m]), d["eps_ratio"][m]["median"], d["peak_rss_mib"][m]["median"],
+                d["p50_ms"][m]["median"],
                 d["p99_ms"][m]["median"], d["p99_difference_ms"][m]["median"]))
     lines += ["", "Targets:", ""] + ["- %s %s" % v for v in verdicts(res)]
     return "\n".join(lines) + "\n"
