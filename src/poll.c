@@ -751,6 +751,14 @@ cycle(struct poller *p)
 		r = record_rows(p, p->sql.give_up, ROW_GIVEN_UP, false);
 	if (r == 0)
 		r = mark_and_commit(p);
+	if (r == 0 && obx_log_enabled(OBX_LOG_DEBUG)) {
+		size_t count[ROW_GIVEN_UP + 1] = { 0 };
+
+		for (size_t i = 0; i < p->nrows; i++)
+			count[p->rows[i].state]++;
+		obx_log_debug("committed: %zu published, %zu failed, %zu given up, %zu held back",
+		    count[ROW_ACKED], count[ROW_FAILED], count[ROW_GIVEN_UP], count[ROW_SKIPPED]);
+	}
 	if (r == OBX_ENOMEM)
 		snprintf(p->reason, sizeof(p->reason), "out of memory");
 	clear_rows(p);
