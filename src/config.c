@@ -859,7 +859,7 @@ obx_config_init(struct obx_config *cfg)
 	cfg->col_last_error = strdup("last_error");
 	cfg->col_next_attempt_at = strdup("next_attempt_at");
 	cfg->col_created_at = strdup("created_at");
-	cfg->poll_batch = 1000;
+	cfg->poll_batch = 10000;
 	cfg->poll_interval_ms = 1000;
 	cfg->poll_max_attempts = 10;
 	cfg->poll_backoff_min_ms = 1000;

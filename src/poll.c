@@ -45,6 +45,7 @@
 #define STATS_INTERVAL_MS 5000
 #define SLOW_ACK_MS 5000
 #define OP_DEAD_LETTER (1ULL << 63)
+#define MARK_EARLY_MIN 64 /* acknowledged rows worth an early marking UPDATE */
 
 enum row_state {
 	ROW_SKIPPED,   /* neither produced nor marked: stays pending (held behind its key) */
@@ -59,6 +60,7 @@ struct prow {
 	long long attempts;
 	enum row_state state;
 	bool dead_letter; /* this cycle sends its dead-letter copy */
+	bool marked;      /* acknowledged and already marked by an UPDATE of this transaction */
 	char *error;      /* malloc'd: why it failed, or what became of it */
 };
 
@@ -79,6 +81,7 @@ struct poller {
 	struct prow *rows;
 	size_t nrows, rows_cap;
 	size_t outstanding;
+	bool pg_busy;             /* an early marking UPDATE is running (wait_acks) */
 	uint32_t gen;             /* per batch: delivery reports of an earlier one are ignored */
 	struct obx_metrics m;
 	struct obx_http http;
@@ -413,17 +416,18 @@ produce_batch(struct poller *p, const PGresult *res)
 {
 	const struct obx_config *c = p->cfg;
 	int n = PQntuples(res), nf = PQnfields(res);
-	int kcol;
+	int kcol, r, *failed; /* the rows that failed so far: their keys hold the later rows back */
+	size_t nfailed = 0;
 	char quoted[256] = "";
 
 	obx_poll_quote_ident(c->col_key, quoted, sizeof(quoted));
 	kcol = PQfnumber(res, quoted);
-	if (grow_rows(p, (size_t)n) != 0)
+	if (grow_rows(p, (size_t)n) != 0 || (failed = calloc((size_t)n, sizeof(*failed))) == NULL)
 		return OBX_ENOMEM;
 	p->nrows = (size_t)n;
 	for (int i = 0; i < n; i++) {
 		p->rows[i] = (struct prow){ strtoll(PQgetvalue(res, i, 0), NULL, 10),
-			strtoll(PQgetvalue(res, i, 1), NULL, 10), ROW_SKIPPED, false, NULL };
+			strtoll(PQgetvalue(res, i, 1), NULL, 10), ROW_SKIPPED, false, false, NULL };
 		if (!PQgetisnull(res, i, 2))
 			p->rows[i].error = strdup(PQgetvalue(res, i, 2));
 	}
@@ -437,12 +441,10 @@ produce_batch(struct poller *p, const PGresult *res)
 		bool held = false, exhausted = row->attempts >= c->poll_max_attempts;
 		rd_kafka_resp_err_t err;
 		size_t nh;
-		int r;
 
 		/* held back behind an earlier row of its key that failed in this batch */
-		for (int j = 0; j < i && kcol >= 0 && !held; j++)
-			held = p->rows[j].state == ROW_FAILED && !p->rows[j].dead_letter &&
-			    key_equal(res, i, j, kcol);
+		for (size_t f = 0; f < nfailed && kcol >= 0 && !held; f++)
+			held = key_equal(res, i, failed[f], kcol);
 		if (held)
 			continue;
 		for (int f = 0; f < nf; f++) {
@@ -457,7 +459,7 @@ produce_batch(struct poller *p, const PGresult *res)
 			txn.commit_time = (int64_t)time(NULL) * 1000000 - OBX_PG_EPOCH_OFFSET_US;
 		r = obx_event_build(&p->eb, &p->rel, &t, &txn, 0, &ev, why, sizeof(why));
 		if (r == OBX_ENOMEM)
-			return r;
+			goto out;
 		if (exhausted) {
 			if (c->poll_exhausted == OBX_POLL_EXHAUSTED_MARK) {
 				char text[640];
@@ -482,10 +484,11 @@ produce_batch(struct poller *p, const PGresult *res)
 			free(row->error);
 			row->error = strdup(why);
 			row->state = ROW_FAILED;
+			failed[nfailed++] = i;
 			continue;
 		}
 		if ((r = poll_headers(p, &ev, seq, &nh)) != 0)
-			return r;
+			goto out;
 		err = produce(p, ev.topic, ev.key, ev.keylen, ev.value, ev.len, ev.timestamp_ms, p->hdrs, nh,
 		    opaque_for(p, (size_t)i, false));
 		if (err != RD_KAFKA_RESP_ERR_NO_ERROR) {
@@ -494,66 +497,18 @@ produce_batch(struct poller *p, const PGresult *res)
 			free(row->error);
 			row->error = strdup(why);
 			row->state = ROW_FAILED;
+			failed[nfailed++] = i;
 			continue;
 		}
 		row->state = ROW_INFLIGHT;
 		p->outstanding++;
 	}
-	return 0;
+	r = 0;
+out:
+	free(failed);
+	return r;
 }
 
-/*
- * Waits for every delivery report of the batch.  Returns 0, or OBX_ESTATE
- * when a second stop signal abandons the batch or the producer failed
- * fatally (reason filled).
- */
-static int
-wait_acks(struct poller *p)
-{
-	int64_t start = now_ms();
-	bool slow = false;
-
-	obx_kafka_poll(&p->kf, 0);
-	while (p->outstanding > 0) {
-		struct pollfd fds[2] = {
-			{ obx_kafka_fd(&p->kf), POLLIN, 0 },
-			{ p->opts->signal_fd, POLLIN, 0 },
-		};
-
-		if (poll(fds, 2, 1000) < 0 && errno != EINTR) {
-			snprintf(p->reason, sizeof(p->reason), "could not poll: %s", strerror(errno));
-			return OBX_EIO;
-		}
-		obx_kafka_poll(&p->kf, 0);
-		if (fds[1].revents & POLLIN)
-			read_signals(p);
-		if (p->signals > 1) {
-			snprintf(p->reason, sizeof(p->reason),
-			    "stopped: %zu event(s) of the batch unacknowledged, their rows stay pending", p->outstanding);
-			return OBX_ESTATE;
-		}
-		if (p->kf.fatal) {
-			snprintf(p->reason, sizeof(p->reason), "the Kafka producer failed: %s", p->kf.fatal_reason);
-			return OBX_ESTATE;
-		}
-		if (!slow && now_ms() - start > SLOW_ACK_MS) {
-			char why[160];
-
-			slow = true;
-			snprintf(why, sizeof(why), "waiting for the broker to acknowledge %zu event(s)", p->outstanding);
-			obx_log_warn("%s; the claimed rows stay locked until then", why);
-			set_state(p, OBX_STATE_BACKPRESSURED, why);
-		}
-		p->m.inflight_events = p->outstanding;
-		publish(p);
-	}
-	p->m.inflight_events = 0;
-	if (slow) {
-		obx_log_info("the broker acknowledged the batch after %.1f s", (double)(now_ms() - start) / 1000.0);
-		set_state(p, OBX_STATE_STREAMING, NULL);
-	}
-	return 0;
-}
 
 /* Appends "v" to a PostgreSQL array literal under construction ("{a,b"). */
 static int
@@ -673,28 +628,113 @@ out:
 	return r;
 }
 
-/* Marks the acknowledged rows published and commits.  Returns 0 or OBX_EIO/OBX_ENOMEM. */
+/*
+ * Builds the marking UPDATE for the acknowledged rows not yet marked (and
+ * flags them marked), followed by "; COMMIT" when commit.  Returns the
+ * malloc'd statement, or NULL when out of memory; *count says how many
+ * rows it marks.
+ */
+static char *
+mark_statement(struct poller *p, bool commit, size_t *count)
+{
+	size_t head = strlen(p->sql.mark_head), tail = strlen(p->sql.mark_tail);
+	size_t cap = head + tail + p->nrows * 21 + 16, len = head;
+	char *q = malloc(cap);
+
+	*count = 0;
+	if (q == NULL)
+		return NULL;
+	memcpy(q, p->sql.mark_head, head);
+	for (size_t i = 0; i < p->nrows; i++) {
+		if (p->rows[i].state != ROW_ACKED || p->rows[i].marked)
+			continue;
+		len += (size_t)snprintf(q + len, cap - len, "%s%" PRId64, *count > 0 ? "," : "", p->rows[i].seq);
+		p->rows[i].marked = true;
+		(*count)++;
+	}
+	snprintf(q + len, cap - len, "%s%s", p->sql.mark_tail, commit ? "; COMMIT" : "");
+	return q;
+}
+
+/*
+ * Serves the result of an early marking UPDATE without blocking (block:
+ * waits for it).  Returns 0, or OBX_EIO with reason filled.
+ */
+static int
+mark_result(struct poller *p, bool block)
+{
+	PGresult *res;
+	char err[512];
+	int r = 0;
+
+	if (!p->pg_busy)
+		return 0;
+	if (!block && PQconsumeInput(p->pg) == 0) {
+		snprintf(p->reason, sizeof(p->reason), "lost the connection: %s",
+		    obx_pg_error_line(p->pg, err, sizeof(err)));
+		return OBX_EIO;
+	}
+	while (block || !PQisBusy(p->pg)) {
+		if ((res = PQgetResult(p->pg)) == NULL) {
+			p->pg_busy = false;
+			break;
+		}
+		if (PQresultStatus(res) != PGRES_COMMAND_OK && r == 0) {
+			snprintf(p->reason, sizeof(p->reason), "could not mark rows published: %s",
+			    obx_pg_result_error_line(res, err, sizeof(err)));
+			r = OBX_EIO;
+		}
+		PQclear(res);
+	}
+	return r;
+}
+
+/*
+ * While the last reports of a batch are awaited, marks the rows already
+ * acknowledged (inside the same transaction, so nothing is published
+ * before the COMMIT): the UPDATE's work overlaps the wait.  At most one
+ * statement runs at a time.  Returns 0, or OBX_EIO/OBX_ENOMEM.
+ */
+static int
+mark_early(struct poller *p)
+{
+	size_t acked = 0, count;
+	char *q, err[512];
+
+	if (p->pg_busy)
+		return 0;
+	for (size_t i = 0; i < p->nrows; i++)
+		if (p->rows[i].state == ROW_ACKED && !p->rows[i].marked)
+			acked++;
+	if (acked < MARK_EARLY_MIN)
+		return 0;
+	if ((q = mark_statement(p, false, &count)) == NULL)
+		return OBX_ENOMEM;
+	if (PQsendQuery(p->pg, q) == 0) {
+		snprintf(p->reason, sizeof(p->reason), "could not mark rows published: %s",
+		    obx_pg_error_line(p->pg, err, sizeof(err)));
+		free(q);
+		return OBX_EIO;
+	}
+	free(q);
+	p->pg_busy = true;
+	return 0;
+}
+
+/* Marks the remaining acknowledged rows published and commits.  Returns 0 or OBX_EIO/OBX_ENOMEM. */
 static int
 mark_and_commit(struct poller *p)
 {
-	size_t head = strlen(p->sql.mark_head), tail = strlen(p->sql.mark_tail);
-	size_t cap = head + tail + p->nrows * 21 + 1, len = head;
-	char *q = malloc(cap), err[512];
-	bool any = false;
+	size_t count;
+	char *q, err[512];
 	PGresult *res;
-	int r = 0;
+	int r;
 
-	if (q == NULL)
+	if ((r = mark_result(p, true)) != 0)
+		return r;
+	if ((q = mark_statement(p, true, &count)) == NULL)
 		return OBX_ENOMEM;
-	memcpy(q, p->sql.mark_head, head);
-	for (size_t i = 0; i < p->nrows; i++) {
-		if (p->rows[i].state != ROW_ACKED)
-			continue;
-		len += (size_t)snprintf(q + len, cap - len, "%s%" PRId64, any ? "," : "", p->rows[i].seq);
-		any = true;
-	}
-	memcpy(q + len, p->sql.mark_tail, tail + 1);
-	res = PQexec(p->pg, any ? q : "COMMIT");
+	res = PQexec(p->pg, count > 0 ? q : "COMMIT");
 	if (PQresultStatus(res) != PGRES_COMMAND_OK) {
 		snprintf(p->reason, sizeof(p->reason), "could not mark the batch published: %s",
 		    obx_pg_result_error_line(res, err, sizeof(err)));
@@ -703,6 +743,67 @@ mark_and_commit(struct poller *p)
 	PQclear(res);
 	free(q);
 	return r;
+}
+
+/*
+ * Waits for every delivery report of the batch.  Returns 0, or OBX_ESTATE
+ * when a second stop signal abandons the batch or the producer failed
+ * fatally (reason filled).
+ */
+static int
+wait_acks(struct poller *p)
+{
+	int64_t start = now_ms();
+	bool slow = false;
+
+	obx_kafka_poll(&p->kf, 0);
+	while (p->outstanding > 0) {
+		struct pollfd fds[3] = {
+			{ obx_kafka_fd(&p->kf), POLLIN, 0 },
+			{ p->opts->signal_fd, POLLIN, 0 },
+			{ p->pg_busy ? PQsocket(p->pg) : -1, POLLIN, 0 },
+		};
+		int r;
+
+		if ((r = mark_early(p)) != 0)
+			return r;
+		if (p->pg_busy)
+			fds[2].fd = PQsocket(p->pg);
+		if (poll(fds, 3, 1000) < 0 && errno != EINTR) {
+			snprintf(p->reason, sizeof(p->reason), "could not poll: %s", strerror(errno));
+			return OBX_EIO;
+		}
+		obx_kafka_poll(&p->kf, 0);
+		if ((fds[2].revents & (POLLIN | POLLERR | POLLHUP)) && (r = mark_result(p, false)) != 0)
+			return r;
+		if (fds[1].revents & POLLIN)
+			read_signals(p);
+		if (p->signals > 1) {
+			snprintf(p->reason, sizeof(p->reason),
+			    "stopped: %zu event(s) of the batch unacknowledged, their rows stay pending", p->outstanding);
+			return OBX_ESTATE;
+		}
+		if (p->kf.fatal) {
+			snprintf(p->reason, sizeof(p->reason), "the Kafka producer failed: %s", p->kf.fatal_reason);
+			return OBX_ESTATE;
+		}
+		if (!slow && now_ms() - start > SLOW_ACK_MS) {
+			char why[160];
+
+			slow = true;
+			snprintf(why, sizeof(why), "waiting for the broker to acknowledge %zu event(s)", p->outstanding);
+			obx_log_warn("%s; the claimed rows stay locked until then", why);
+			set_state(p, OBX_STATE_BACKPRESSURED, why);
+		}
+		p->m.inflight_events = p->outstanding;
+		publish(p);
+	}
+	p->m.inflight_events = 0;
+	if (slow) {
+		obx_log_info("the broker acknowledged the batch after %.1f s", (double)(now_ms() - start) / 1000.0);
+		set_state(p, OBX_STATE_STREAMING, NULL);
+	}
+	return 0;
 }
 
 /*

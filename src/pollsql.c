@@ -167,7 +167,9 @@ obx_poll_sql_build(struct obx_poll_sql *s, const struct obx_config *cfg)
 	/*
 	 * claim: lock up to batch due rows in order, skipping rows another
 	 * replica holds; keep a row only when every older pending row of its
-	 * key is among the rows locked here (docs/design.md, "Polling mode")
+	 * key is among the rows locked here, and only as many as fit in
+	 * [delivery] max_inflight_bytes of stored payload (the first always
+	 * does) (docs/design.md, "Polling mode")
 	 */
 	memset(&b, 0, sizeof(b));
 	put(&b, "BEGIN; WITH c AS MATERIALIZED (SELECT ");
@@ -184,6 +186,9 @@ obx_poll_sql_build(struct obx_poll_sql *s, const struct obx_config *cfg)
 	} else {
 		put(&b, "NULL::bigint AS obx_created_us");
 	}
+	put(&b, ", pg_column_size(");
+	col(&b, "o", cfg->col_payload);
+	put(&b, ")::bigint AS obx_size");
 	for (size_t i = 0; i < mapped.n; i++) {
 		put(&b, ", ");
 		col(&b, "o", mapped.v[i]);
@@ -196,8 +201,8 @@ obx_poll_sql_build(struct obx_poll_sql *s, const struct obx_config *cfg)
 	col(&b, "o", cfg->col_next_attempt_at);
 	put(&b, " <= now() ORDER BY ");
 	col(&b, "o", cfg->col_seq);
-	put(&b, " LIMIT %lld FOR UPDATE SKIP LOCKED) SELECT * FROM c WHERE NOT EXISTS (SELECT 1 FROM ",
-	    cfg->poll_batch);
+	put(&b, " LIMIT %lld FOR UPDATE SKIP LOCKED), k AS (SELECT *, sum(obx_size) OVER (ORDER BY obx_seq) "
+	    "AS obx_bytes FROM c WHERE NOT EXISTS (SELECT 1 FROM ", cfg->poll_batch);
 	table(&b, cfg);
 	put(&b, " p WHERE ");
 	col(&b, "p", cfg->col_key);
@@ -209,7 +214,9 @@ obx_poll_sql_build(struct obx_poll_sql *s, const struct obx_config *cfg)
 	col(&b, "p", cfg->col_published_at);
 	put(&b, " IS NULL AND NOT EXISTS (SELECT 1 FROM c c2 WHERE c2.obx_seq = ");
 	col(&b, "p", cfg->col_seq);
-	put(&b, ")) ORDER BY obx_seq");
+	/* the bytes bound: rows past it stay locked but unsent, pending for the next claim */
+	put(&b, "))) SELECT * FROM k WHERE coalesce(obx_bytes - obx_size, 0) < %lld ORDER BY obx_seq",
+	    cfg->max_inflight_bytes);
 	if ((r = finish(&b, &s->claim)) != 0)
 		goto out;
 
@@ -226,7 +233,7 @@ obx_poll_sql_build(struct obx_poll_sql *s, const struct obx_config *cfg)
 	put(&b, " = ANY ('{");
 	if ((r = finish(&b, &s->mark_head)) != 0)
 		goto out;
-	if ((s->mark_tail = strdup("}'::bigint[]); COMMIT")) == NULL) {
+	if ((s->mark_tail = strdup("}'::bigint[])")) == NULL) {
 		r = OBX_ENOMEM;
 		goto out;
 	}

@@ -23,16 +23,15 @@
  * their own names:
  *   obx_seq (bigint), obx_attempts (integer), obx_last_error (text),
  *   obx_created_us (bigint, microseconds since the Unix epoch, NULL when
- *   [outbox] created_at is "").
+ *   [outbox] created_at is ""), obx_size (bigint, the payload's stored size);
+ * and last obx_bytes (bigint, the running sum of obx_size).
  * Ownership: every string belongs to the struct; obx_poll_sql_reset() frees.
  */
-#define OBX_POLL_FIXED_COLUMNS 4
-
 struct obx_poll_sql {
 	char *check;     /* reads every column the mode needs, LIMIT 0: names a missing one */
 	char *claim;     /* "BEGIN; WITH c AS MATERIALIZED (... FOR UPDATE SKIP LOCKED) SELECT ..." */
 	char *mark_head; /* followed by the seqs, comma-separated, then mark_tail: marks published */
-	char *mark_tail; /* ends the array literal and COMMITs */
+	char *mark_tail; /* ends the array literal (and the statement) */
 	char *fail;      /* $1 bigint[] seqs, $2 text[] errors, $3 bigint[] delays in ms */
 	char *give_up;   /* $1 bigint[] seqs, $2 text[] last_error: published without a send */
 	char *stats;     /* pending rows, oldest pending age (s), retrying rows, max attempts */

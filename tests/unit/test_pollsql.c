@@ -40,7 +40,7 @@ test_defaults(void **state)
 	assert_string_equal(c.col_last_error, "last_error");
 	assert_string_equal(c.col_next_attempt_at, "next_attempt_at");
 	assert_string_equal(c.col_created_at, "created_at");
-	assert_int_equal(c.poll_batch, 1000);
+	assert_int_equal(c.poll_batch, 10000);
 	assert_int_equal(c.poll_interval_ms, 1000);
 	assert_int_equal(c.poll_max_attempts, 10);
 	assert_int_equal(c.poll_backoff_min_ms, 1000);
@@ -197,17 +197,22 @@ test_statements(void **state)
 	/* locks due rows in order, skipping locked ones, at most batch */
 	assert_non_null(strstr(s.claim, "BEGIN; WITH c AS MATERIALIZED (SELECT o.\"seq\" AS obx_seq, "
 	    "o.\"attempts\" AS obx_attempts, o.\"last_error\"::text AS obx_last_error, "
-	    "(extract(epoch FROM o.\"created_at\") * 1000000)::bigint AS obx_created_us, o.\"id\", "
+	    "(extract(epoch FROM o.\"created_at\") * 1000000)::bigint AS obx_created_us, "
+	    "pg_column_size(o.\"payload\")::bigint AS obx_size, o.\"id\", "
 	    "o.\"aggregateid\", o.\"type\", o.\"payload\", o.\"aggregatetype\" FROM \"public\".\"outbox\" o "
 	    "WHERE o.\"published_at\" IS NULL AND o.\"next_attempt_at\" <= now() ORDER BY o.\"seq\" "
-	    "LIMIT 1000 FOR UPDATE SKIP LOCKED)"));
+	    "LIMIT 10000 FOR UPDATE SKIP LOCKED)"));
 	/* keeps a row only when no older pending row of its key is outside the batch */
-	assert_non_null(strstr(s.claim, "SELECT * FROM c WHERE NOT EXISTS (SELECT 1 FROM \"public\".\"outbox\" p "
+	assert_non_null(strstr(s.claim, "k AS (SELECT *, sum(obx_size) OVER (ORDER BY obx_seq) AS obx_bytes "
+	    "FROM c WHERE NOT EXISTS (SELECT 1 FROM \"public\".\"outbox\" p "
 	    "WHERE p.\"aggregateid\" = c.\"aggregateid\" AND p.\"seq\" < c.obx_seq AND p.\"published_at\" IS NULL "
-	    "AND NOT EXISTS (SELECT 1 FROM c c2 WHERE c2.obx_seq = p.\"seq\")) ORDER BY obx_seq"));
+	    "AND NOT EXISTS (SELECT 1 FROM c c2 WHERE c2.obx_seq = p.\"seq\")))"));
+	/* no more payload than max_inflight_bytes, but always the first row */
+	assert_non_null(strstr(s.claim, "SELECT * FROM k WHERE coalesce(obx_bytes - obx_size, 0) < 16777216 "
+	    "ORDER BY obx_seq"));
 	assert_string_equal(s.mark_head, "UPDATE \"public\".\"outbox\" SET \"published_at\" = now() "
 	    "WHERE \"published_at\" IS NULL AND \"seq\" = ANY ('{");
-	assert_string_equal(s.mark_tail, "}'::bigint[]); COMMIT");
+	assert_string_equal(s.mark_tail, "}'::bigint[])");
 	assert_non_null(strstr(s.fail, "SET \"attempts\" = o.\"attempts\" + 1, \"last_error\" = f.e, "
 	    "\"next_attempt_at\" = now() + f.d * interval '1 millisecond'"));
 	assert_non_null(strstr(s.give_up, "SET \"published_at\" = now(), \"last_error\" = f.e"));
