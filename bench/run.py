@@ -687,7 +687,7 @@ def main():
     ap.add_argument("--scale", type=float, default=1.0, help="fraction of each shape's events")
     ap.add_argument("--shapes", default="abcd")
     ap.add_argument("--poll-shapes", default="a", help="shapes also run in polling mode ('' for none)")
-    ap.add_argument("--poll-batch", type=int, default=1000, help="[poll] batch for those runs")
+    ap.add_argument("--poll-batch", type=int, default=10000, help="[poll] batch for those runs (the default)")
     ap.add_argument("--latency-seconds", type=int, default=20)
     ap.add_argument("--rates", default="1000,5000", help="latency rates, events/s ('' for none)")
     ap.add_argument("--dedupe-events", type=int, default=20000,
