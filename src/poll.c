@@ -847,6 +847,8 @@ cycle(struct poller *p)
 	if (r == 0)
 		r = wait_acks(p);
 	if (r == 0)
+		r = mark_result(p, true); /* an early marking UPDATE still running */
+	if (r == 0)
 		r = record_rows(p, p->sql.fail, ROW_FAILED, true);
 	if (r == 0)
 		r = record_rows(p, p->sql.give_up, ROW_GIVEN_UP, false);
@@ -977,6 +979,7 @@ session_close(struct poller *p)
 {
 	PQfinish(p->pg);
 	p->pg = NULL;
+	p->pg_busy = false;
 }
 
 /* One connection's life.  Returns 0 on a clean stop, a negative code otherwise. */
