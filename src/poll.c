@@ -948,8 +948,11 @@ session_open(struct poller *p)
 		const char *state = PQresultErrorField(res, PG_DIAG_SQLSTATE);
 		bool missing = state != NULL && (strcmp(state, "42703") == 0 || strcmp(state, "42P01") == 0);
 
+		const char *primary = PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY);
+
 		snprintf(p->reason, sizeof(p->reason), "could not read the outbox table %s.%s for polling: "
-		    "%s%s", p->cfg->table_schema, p->cfg->table_name, obx_pg_result_error_line(res, err, sizeof(err)),
+		    "%s%s", p->cfg->table_schema, p->cfg->table_name,
+		    primary != NULL ? primary : obx_pg_result_error_line(res, err, sizeof(err)),
 		    missing ? " (apply sql/008_polling.sql, or map the columns in [outbox])" : "");
 		PQclear(res);
 		return missing ? OBX_ECONFIG : OBX_EIO;
@@ -988,8 +991,10 @@ session(struct poller *p)
 {
 	int r, n;
 
-	if ((r = session_open(p)) != 0)
+	if ((r = session_open(p)) != 0) {
+		session_close(p);
 		return r;
+	}
 	obx_log_info("polling %s.%s: batches of %lld, every %d ms when idle%s%s", p->cfg->table_schema,
 	    p->cfg->table_name, p->cfg->poll_batch, p->cfg->poll_interval_ms,
 	    p->listening ? ", woken by NOTIFY on " : "", p->listening ? p->cfg->poll_notify_channel : "");

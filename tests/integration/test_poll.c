@@ -86,6 +86,47 @@ poll_start(struct t_relay *r)
 	}
 }
 
+/* Runs cmd through the shell; its output goes to out.  Returns the exit status. */
+static int
+run_capture(const char *cmd, char *out, size_t len)
+{
+	FILE *fp = popen(cmd, "r");
+	size_t n;
+	int st;
+
+	assert_non_null(fp);
+	n = fread(out, 1, len - 1, fp);
+	out[n] = '\0';
+	st = pclose(fp);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/*
+ * 0. A table without the polling columns: check names the missing piece
+ * and the migration; run stops with that one line and exit status 1.
+ */
+static void
+test_unmigrated_table(void **state)
+{
+	char out[4096], cmd[1024];
+	int st;
+
+	(void)state;
+	t_relay_setup(&R, "pollbare", 0);
+	t_relay_config(&R, "[source]\nmode = poll\n");
+	snprintf(cmd, sizeof(cmd), "%s check -c %s 2>&1", getenv("OBX_OUTBOXD"), R.conf);
+	assert_int_equal(run_capture(cmd, out, sizeof(out)), 1);
+	assert_non_null(strstr(out, "FAIL polling: cannot read public.outbox: column o.seq does not exist "
+	    "(apply sql/008_polling.sql, or map the columns in [outbox])"));
+	t_relay_start(&R, NULL, 0);
+	st = t_wait(R.pid, 20000);
+	assert_true(st != -1 && WIFEXITED(st));
+	assert_int_equal(WEXITSTATUS(st), 1);
+	R.pid = 0;
+	assert_int_equal(t_log_count(&R, "could not read the outbox table public.outbox for polling: column "
+	    "o.seq does not exist (apply sql/008_polling.sql"), 1);
+}
+
 static size_t
 count_value(const struct t_msg *m, size_t n, const char *header, const char *value)
 {
@@ -191,6 +232,23 @@ test_happy_path(void **state)
 	assert_true(t_metric(body, "outboxd_poll_oldest_pending_age_seconds") == 0);
 	assert_true(t_metric(body, "outboxd_poll_failed_attempts_total") == 0);
 	assert_null(strstr(body, "outboxd_slot_retained_wal_bytes"));
+
+	/* check and status speak of the table, not of a slot */
+	{
+		char out[4096], cmd[1024];
+
+		snprintf(cmd, sizeof(cmd), "%s check -c %s 2>&1", getenv("OBX_OUTBOXD"), R.conf);
+		assert_int_equal(run_capture(cmd, out, sizeof(out)), 0);
+		assert_non_null(strstr(out, "ok   polling: public.outbox has every mapped column"));
+		assert_non_null(strstr(out, "ok   polling: 2 partial index(es) on the pending rows"));
+		assert_non_null(strstr(out, "sooner on NOTIFY outboxd"));
+		assert_null(strstr(out, "wal_level"));
+		assert_null(strstr(out, "publication:"));
+		assert_null(strstr(out, "slot:"));
+		snprintf(cmd, sizeof(cmd), "%s status -c %s --json 2>&1", getenv("OBX_OUTBOXD"), R.conf);
+		assert_int_equal(run_capture(cmd, out, sizeof(out)), 0);
+		assert_non_null(strstr(out, "{\"mode\":\"poll\",\"pending_rows\":0,"));
+	}
 
 	/* nothing for the rolled-back row; SIGTERM stops cleanly */
 	n = t_consume_all(R.b.bootstrap, "outbox.event.order", 5000, &m);
@@ -512,6 +570,7 @@ int
 main(void)
 {
 	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_teardown(test_unmigrated_table, teardown),
 		cmocka_unit_test_teardown(test_happy_path, teardown),
 		cmocka_unit_test_teardown(test_broker_down, teardown),
 		cmocka_unit_test_teardown(test_poison_dead_letter, teardown),
