@@ -20,6 +20,12 @@ clients) and measures on that very WAL:
      seconds per 1,000 events, start-up time (process start to the first
      CopyData message, which carries the first event of the backlog).
 
+Then polling mode ([source] mode = poll) on the same rows, for the shapes of
+--poll-shapes (a by default): sql/008_polling.sql is applied, every row is
+made pending again before each run, and outboxd runs in polling mode from
+process start until no row is pending: events/s beside the log-based
+source's from this run (target: at least half).
+
 Then the cost of restart de-duplication's read-backs ([delivery] dedupe): the
 same backlog over 8 topics, whose partitions already hold older outboxd
 records, published by outboxd with dedupe on and off on copies of one slot:
@@ -76,6 +82,7 @@ TARGETS = {"a": 0.95, "b": 0.95, "c": 0.95, "d": 0.95}
 RSS_TARGET_MIB = 20.0      # peak RSS on shapes a, b and c
 RSS_SHAPES = "abc"
 STARTUP_TARGET_MS = 50.0   # process start to the first event
+POLL_TARGET = 0.5          # polling mode / the log-based source, same rows, same run
 P99_TARGETS_MS = {1000: 1.0, 5000: 3.0}  # p99 above the bare producer's, by rate
 
 PG_TUNING = """
@@ -347,8 +354,51 @@ def shape_run(stack, name, args, workdir):
                 "ratio_to_pg_recvlogical": median([o / r for o, r in zip(ob, rl)]),
                 "peak_rss_mib": median(rss), "cpu_s_per_1000": median(cpu), "startup_ms": median(start),
                 "target_ratio": TARGETS[name]})
+    if name in args.poll_shapes:
+        res["poll"] = poll_run(stack, db, name, count, median(ob)["median"], args, workdir)
     stack.psql("postgres", "DROP DATABASE %s WITH (FORCE)" % db)
     return res
+
+
+def poll_run(stack, db, name, count, logical_eps, args, workdir):
+    """Polling mode on the rows the log-based source just published: events/s, made pending per run."""
+    stack.psql(db, open(os.path.join(ROOT, "sql/008_polling.sql")).read())
+    eps, cpu, rss = [], [], []
+    for r in range(args.runs):
+        stack.psql(db, "UPDATE outbox SET published_at = NULL, attempts = 0, last_error = NULL, "
+                   "next_attempt_at = now() - interval '1 second'")
+        stack.psql(db, "VACUUM (ANALYZE) outbox")
+        stack.psql(db, "CHECKPOINT")
+        topic = "outboxd.poll.%s.%d" % (name, r)
+        stack.broker_cmd("topic %s 4" % topic)
+        o = Outboxd(stack, db, "poll_%s_%d" % (name, r), topic, workdir,
+                    "[source]\nmode = poll\n[poll]\nbatch = %d\n" % args.poll_batch)
+        try:
+            deadline = o.start + 600
+            while True:
+                m = o.metrics()
+                if m and m.get("outboxd_events_published_total", 0) >= count:
+                    if stack.psql(db, "SELECT count(*) FROM outbox WHERE published_at IS NULL") == "0":
+                        break
+                if o.proc.poll() is not None:
+                    raise SystemExit("bench: outboxd (polling) exited:\n" + open(o.log).read())
+                if time.monotonic() > deadline:
+                    raise SystemExit("bench: outboxd (polling) did not finish shape %s in 600 s" % name)
+                time.sleep(0.02)
+            elapsed = time.monotonic() - o.start
+            hwm, cpus = o.usage()
+            eps.append(count / elapsed)
+            rss.append(hwm)
+            cpu.append(cpus / count * 1000.0)
+        finally:
+            o.stop()
+        log("shape %s poll run %d: %.0f/s (%.2f x the log-based source's %.0f/s), RSS %.1f MiB, CPU %.3f s/1000"
+            % (name, r + 1, eps[-1], eps[-1] / logical_eps, logical_eps, rss[-1], cpu[-1]))
+    wal = stack.psql(db, "SELECT pg_size_pretty(pg_relation_size('outbox_pending_seq')) || ' / ' || "
+                     "pg_size_pretty(pg_relation_size('outbox'))")
+    return {"batch": args.poll_batch, "outboxd_poll_eps": median(eps), "logical_eps": logical_eps,
+            "ratio_to_logical": median([e / logical_eps for e in eps]), "peak_rss_mib": median(rss),
+            "cpu_s_per_1000": median(cpu), "sizes_index_table": wal, "target_ratio": POLL_TARGET}
 
 
 def dedupe_run(stack, args, workdir):
@@ -653,6 +703,10 @@ def verdicts(res):
         if name in RSS_SHAPES:
             m = s["peak_rss_mib"]["median"]
             out.append((m <= RSS_TARGET_MIB, "shape %s: peak RSS %.1f MiB (<= %.0f)" % (name, m, RSS_TARGET_MIB)))
+        if s.get("poll"):
+            p = s["poll"]["ratio_to_logical"]["median"]
+            out.append((p >= s["poll"]["target_ratio"], "shape %s: polling mode / log-based source %.2f (>= %.2f)"
+                        % (name, p, s["poll"]["target_ratio"])))
         st = s["startup_ms"]["median"]
         out.append((st < STARTUP_TARGET_MS, "shape %s: start to first event %.0f ms (< %.0f)"
                     % (name, st, STARTUP_TARGET_MS)))
@@ -684,6 +738,19 @@ def markdown(res):
             "PASS" if ratio["median"] >= s["target_ratio"] else "MISS",
             s["ratio_to_pg_recvlogical"]["median"],
             fmt(s["peak_rss_mib"], "", 1), fmt(s["cpu_s_per_1000"], "", 3), fmt(s["startup_ms"])))
+    polled = [(n, s) for n, s in res["shapes"].items() if s.get("poll")]
+    if polled:
+        lines += ["", "Polling mode ([source] mode = poll, [poll] batch = %d) on the same rows, made pending "
+                  "again per run, process start to no row pending:" % polled[0][1]["poll"]["batch"], "",
+                  "| shape | events | log-based source (above) | polling mode | polling / log-based (target) "
+                  "| peak RSS MiB | CPU s / 1000 events |", "|---|---|---|---|---|---|---|"]
+        for name, s in polled:
+            p = s["poll"]
+            lines.append("| %s: %s | %d | %s | %s | %.2f (>= %.2f %s) | %s | %s |" % (
+                name, s["description"], s["events"], fmt(s["outboxd_eps"]), fmt(p["outboxd_poll_eps"]),
+                p["ratio_to_logical"]["median"], p["target_ratio"],
+                "PASS" if p["ratio_to_logical"]["median"] >= p["target_ratio"] else "MISS",
+                fmt(p["peak_rss_mib"], "", 1), fmt(p["cpu_s_per_1000"], "", 3)))
     if res["latency"]:
         lines += ["", "Latency, commit to receipt (outboxd) and produce call to receipt (a bare producer, the "
                   "floor), ms:", "",
@@ -736,6 +803,8 @@ def main():
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--scale", type=float, default=1.0, help="fraction of each shape's events")
     ap.add_argument("--shapes", default="abcd")
+    ap.add_argument("--poll-shapes", default="a", help="shapes also run in polling mode ('' for none)")
+    ap.add_argument("--poll-batch", type=int, default=10000, help="[poll] batch for those runs (the default)")
     ap.add_argument("--latency-seconds", type=int, default=20)
     ap.add_argument("--rates", default="1000,5000", help="latency rates, events/s ('' for none)")
     ap.add_argument("--dedupe-events", type=int, default=20000,

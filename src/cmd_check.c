@@ -14,6 +14,7 @@
 #include "obx/err.h"
 #include "obx/kafka.h"
 #include "obx/pgutil.h"
+#include "obx/poll.h"
 #include "obx/template.h"
 
 struct check_ctx {
@@ -435,6 +436,125 @@ check_kafka(struct check_ctx *cx, PGconn *conn, const struct obx_config *cfg, bo
 	rd_kafka_destroy(rk);
 }
 
+/* ---- polling mode ([source] mode = poll; README, "Polling mode") ---- */
+
+/*
+ * What polling needs instead of a slot: the bookkeeping columns, the right
+ * to mark rows, the pending-rows index; the NOTIFY trigger is optional.
+ * Returns whether the table and its columns are usable.
+ */
+static bool
+check_poll(struct check_ctx *cx, PGconn *conn, const struct obx_config *cfg)
+{
+	const char *tp[6] = { cfg->table_schema, cfg->table_name, cfg->col_published_at,
+		cfg->col_attempts, cfg->col_last_error, cfg->col_next_attempt_at };
+	struct obx_poll_sql sql;
+	char err[1024];
+	PGresult *res;
+	char *v;
+	bool ok;
+
+	if (obx_poll_sql_build(&sql, cfg) != 0) {
+		report(cx, "FAIL", "polling: out of memory");
+		return false;
+	}
+	res = PQexec(conn, sql.check);
+	ok = PQresultStatus(res) == PGRES_TUPLES_OK;
+	if (ok)
+		report(cx, "ok", "polling: %s.%s has every mapped column and %s, %s, %s, %s, %s%s%s",
+		    cfg->table_schema, cfg->table_name, cfg->col_seq, cfg->col_published_at,
+		    cfg->col_attempts, cfg->col_last_error, cfg->col_next_attempt_at,
+		    cfg->col_created_at[0] != '\0' ? ", " : "", cfg->col_created_at);
+	else
+		report(cx, "FAIL", "polling: cannot read %s.%s: %s (apply sql/008_polling.sql, or map the "
+		    "columns in [outbox])", cfg->table_schema, cfg->table_name,
+		    PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY) != NULL ?
+		    PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY) : obx_pg_result_error_line(res, err, sizeof(err)));
+	PQclear(res);
+	obx_poll_sql_reset(&sql);
+	if (!ok)
+		return false;
+	query_value(conn, "SELECT (has_table_privilege(r, 'SELECT') AND has_column_privilege(r, $3, 'UPDATE') "
+	    "AND has_column_privilege(r, $4, 'UPDATE') AND has_column_privilege(r, $5, 'UPDATE') "
+	    "AND has_column_privilege(r, $6, 'UPDATE'))::text "
+	    "FROM (SELECT (quote_ident($1) || '.' || quote_ident($2))::regclass AS r) t", 6, tp, &v, err,
+	    sizeof(err));
+	if (v != NULL && strcmp(v, "true") == 0)
+		report(cx, "ok", "polling: the role may read the table and mark rows");
+	else
+		report(cx, "FAIL", "polling: the role may not read the table or update %s, %s, %s, %s "
+		    "(sql/008_polling.sql grants it to outboxd)", cfg->col_published_at, cfg->col_attempts,
+		    cfg->col_last_error, cfg->col_next_attempt_at);
+	free(v);
+	query_value(conn, "SELECT count(*)::text FROM pg_index i WHERE i.indrelid = "
+	    "(quote_ident($1) || '.' || quote_ident($2))::regclass AND i.indpred IS NOT NULL "
+	    "AND pg_get_expr(i.indpred, i.indrelid) LIKE ('%' || quote_ident($3) || ' IS NULL%')", 3, tp, &v, err,
+	    sizeof(err));
+	if (v != NULL && strcmp(v, "0") != 0)
+		report(cx, "ok", "polling: %s partial index(es) on the pending rows", v);
+	else
+		report(cx, "WARN", "polling: no index WHERE %s IS NULL: every claim scans the table "
+		    "(sql/008_polling.sql creates two)", cfg->col_published_at);
+	free(v);
+	query_value(conn, "SELECT count(*)::text FROM pg_trigger WHERE NOT tgisinternal AND tgrelid = "
+	    "(quote_ident($1) || '.' || quote_ident($2))::regclass", 2, tp, &v, err, sizeof(err));
+	if (cfg->poll_notify_channel[0] == '\0')
+		report(cx, "ok", "polling: every %d ms when idle ([poll] notify_channel is empty)",
+		    cfg->poll_interval_ms);
+	else if (v != NULL && strcmp(v, "0") != 0)
+		report(cx, "ok", "polling: every %d ms when idle, sooner on NOTIFY %s (the table has %s "
+		    "trigger(s))", cfg->poll_interval_ms, cfg->poll_notify_channel, v);
+	else
+		report(cx, "ok", "polling: every %d ms when idle (no trigger: sql/009_polling_notify.sql "
+		    "wakes it at each commit)", cfg->poll_interval_ms);
+	free(v);
+	return true;
+}
+
+/* "outboxd status" in polling mode: the pending rows. */
+static int
+poll_status(PGconn *conn, const struct obx_config *cfg, bool json)
+{
+	static const char *const names[] = { "pending_rows", "oldest_pending_age_seconds",
+		"retrying_rows", "max_attempts" };
+	struct obx_poll_sql sql;
+	char err[1024];
+	PGresult *res;
+	int rc = OBX_EXIT_FAILURE;
+
+	if (obx_poll_sql_build(&sql, cfg) != 0) {
+		fprintf(stderr, "outboxd: out of memory\n");
+		return OBX_EXIT_FAILURE;
+	}
+	res = PQexec(conn, sql.stats);
+	if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1) {
+		fprintf(stderr, "outboxd: could not read the pending rows of %s.%s: %s\n", cfg->table_schema,
+		    cfg->table_name, obx_pg_result_error_line(res, err, sizeof(err)));
+	} else if (json) {
+		json_t *o = json_object();
+		char *s;
+
+		json_object_set_new(o, "mode", json_string("poll"));
+		for (int i = 0; i < 4; i++)
+			json_object_set_new(o, names[i], i == 1 ? json_real(strtod(PQgetvalue(res, 0, i), NULL)) :
+			    json_integer(strtoll(PQgetvalue(res, 0, i), NULL, 10)));
+		s = json_dumps(o, JSON_COMPACT);
+		if (s != NULL)
+			printf("%s\n", s);
+		free(s);
+		json_decref(o);
+		rc = OBX_EXIT_OK;
+	} else {
+		printf("%-27s %s\n", "mode", "poll");
+		for (int i = 0; i < 4; i++)
+			printf("%-27s %s\n", names[i], PQgetvalue(res, 0, i));
+		rc = OBX_EXIT_OK;
+	}
+	PQclear(res);
+	obx_poll_sql_reset(&sql);
+	return rc;
+}
+
 int
 obx_cmd_check(const struct obx_config *cfg)
 {
@@ -478,6 +598,11 @@ obx_cmd_check(const struct obx_config *cfg)
 			report(&cx, "WARN", "hot_standby_feedback: %s: the primary may remove catalog rows the "
 			    "slot needs, which invalidates it (set it on, with primary_slot_name)", v ? v : err);
 		free(v);
+	}
+	if (cfg->mode == OBX_SOURCE_POLL) {
+		/* no slot, publication, wal_level or REPLICATION: the table is read with plain SQL */
+		check_kafka(&cx, conn, cfg, check_poll(&cx, conn, cfg));
+		goto done;
 	}
 	if (cfg->messages && !facts.messages)
 		report(&cx, "FAIL", "messages: [source] messages = on needs PostgreSQL 14 or later "
@@ -545,7 +670,7 @@ obx_cmd_check(const struct obx_config *cfg)
 	check_slot(&cx, conn, cfg);
 	check_failover(&cx, conn, cfg, &facts, in_recovery);
 	check_kafka(&cx, conn, cfg, has_table);
-
+done:
 	PQfinish(conn);
 	printf("%d failed, %d warnings\n", cx.failures, cx.warnings);
 	return cx.failures == 0 ? OBX_EXIT_OK : OBX_EXIT_FAILURE;
@@ -565,6 +690,11 @@ obx_cmd_status(const struct obx_config *cfg, bool json)
 	if (obx_pg_connect(cfg->conninfo, NULL, NULL, "outboxd status", &conn, err, sizeof(err)) != 0) {
 		fprintf(stderr, "outboxd: could not connect: %s\n", err);
 		return OBX_EXIT_FAILURE;
+	}
+	if (cfg->mode == OBX_SOURCE_POLL) {
+		rc = poll_status(conn, cfg, json);
+		PQfinish(conn);
+		return rc;
 	}
 	res = PQexecParams(conn,
 	    "SELECT slot_name, active, active_pid, restart_lsn, confirmed_flush_lsn, wal_status, safe_wal_size, "

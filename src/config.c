@@ -263,6 +263,100 @@ parse_qualified_name(const char *s, char **schema, char **name)
 	return 0;
 }
 
+/* ---- polling mode: [source] mode, the [outbox] bookkeeping columns, [poll] ---- */
+
+static int
+set_source_mode(struct obx_config *cfg, const char *key, const char *value, const char *origin,
+    char *errbuf, size_t errlen)
+{
+	if (strcmp(value, "logical") == 0)
+		cfg->mode = OBX_SOURCE_LOGICAL;
+	else if (strcmp(value, "poll") == 0)
+		cfg->mode = OBX_SOURCE_POLL;
+	else {
+		obx_config_fail(errbuf, errlen, origin, key, "expected logical or poll, got '%s'", value);
+		return OBX_ECONFIG;
+	}
+	return 0;
+}
+
+/* Returns OBX_ENOENT when key is not one of the polling columns (the caller goes on). */
+static int
+set_poll_column(struct obx_config *cfg, const char *key, const char *value, const char *origin,
+    char *errbuf, size_t errlen)
+{
+	static const struct str_key cols[] = {
+		SK(col_seq, true), SK(col_published_at, true), SK(col_attempts, true),
+		SK(col_last_error, true), SK(col_next_attempt_at, true), SK(col_created_at, false),
+	};
+
+	for (size_t i = 0; i < sizeof(cols) / sizeof(cols[0]); i++)
+		if (strcmp(key, cols[i].name + 4) == 0) /* the key is the field name without "col_" */
+			return set_str(cfg, &cols[i], key, value, origin, errbuf, errlen);
+	return OBX_ENOENT;
+}
+
+static int
+set_poll(struct obx_config *cfg, const char *key, const char *value, const char *origin,
+    char *errbuf, size_t errlen)
+{
+	long long v;
+	int r;
+
+	if (strcmp(key, "batch") == 0) {
+		r = obx_parse_int(value, 1, 100000, &cfg->poll_batch);
+		if (r != 0) {
+			obx_config_fail(errbuf, errlen, origin, key, r == OBX_ERANGE ?
+			    "'%s' is out of range (1 to 100000)" : "expected an integer, got '%s'", value);
+			return OBX_ECONFIG;
+		}
+		return 0;
+	}
+	if (strcmp(key, "max_attempts") == 0) {
+		r = obx_parse_int(value, 1, 1000000, &cfg->poll_max_attempts);
+		if (r != 0) {
+			obx_config_fail(errbuf, errlen, origin, key, r == OBX_ERANGE ?
+			    "'%s' is out of range (1 to 1000000)" : "expected an integer, got '%s'", value);
+			return OBX_ECONFIG;
+		}
+		return 0;
+	}
+	if (strcmp(key, "poll_interval") == 0 || strcmp(key, "backoff_min") == 0 ||
+	    strcmp(key, "backoff_max") == 0) {
+		int *dst = key[0] == 'p' ? &cfg->poll_interval_ms :
+		    strcmp(key, "backoff_min") == 0 ? &cfg->poll_backoff_min_ms : &cfg->poll_backoff_max_ms;
+
+		r = obx_parse_duration_ms(value, 1, 24LL * 3600 * 1000, &v);
+		if (r != 0) {
+			obx_config_fail(errbuf, errlen, origin, key, r == OBX_ERANGE ?
+			    "'%s' is out of range (1ms to 24h)" :
+			    "expected a duration such as 500ms or 5s, got '%s'", value);
+			return OBX_ECONFIG;
+		}
+		*dst = (int)v;
+		return 0;
+	}
+	if (strcmp(key, "exhausted") == 0) {
+		if (strcmp(value, "dead_letter") == 0)
+			cfg->poll_exhausted = OBX_POLL_EXHAUSTED_DEAD_LETTER;
+		else if (strcmp(value, "mark") == 0)
+			cfg->poll_exhausted = OBX_POLL_EXHAUSTED_MARK;
+		else {
+			obx_config_fail(errbuf, errlen, origin, key,
+			    "expected dead_letter or mark, got '%s'", value);
+			return OBX_ECONFIG;
+		}
+		return 0;
+	}
+	if (strcmp(key, "notify_channel") == 0) {
+		static const struct str_key k = SK(poll_notify_channel, false);
+
+		return set_str(cfg, &k, key, value, origin, errbuf, errlen);
+	}
+	obx_config_fail(errbuf, errlen, origin, key, "unknown key in [poll]");
+	return OBX_ECONFIG;
+}
+
 static int
 set_source(struct obx_config *cfg, const char *key, const char *value, const char *origin,
     char *errbuf, size_t errlen)
@@ -276,6 +370,8 @@ set_source(struct obx_config *cfg, const char *key, const char *value, const cha
 	for (size_t i = 0; i < sizeof(strs) / sizeof(strs[0]); i++)
 		if (strcmp(key, strs[i].name) == 0)
 			return set_str(cfg, &strs[i], key, value, origin, errbuf, errlen);
+	if (strcmp(key, "mode") == 0)
+		return set_source_mode(cfg, key, value, origin, errbuf, errlen);
 	if (strcmp(key, "conninfo") == 0) {
 		if (cfg->checks != NULL && cfg->checks->conninfo != NULL &&
 		    cfg->checks->conninfo(value) != 0) {
@@ -392,10 +488,13 @@ set_outbox(struct obx_config *cfg, const char *key, const char *value, const cha
 		{ "timestamp", { "timestamp", offsetof(struct obx_config, col_timestamp), false } },
 	};
 	char why[256];
+	int pr;
 
 	for (size_t i = 0; i < sizeof(cols) / sizeof(cols[0]); i++)
 		if (strcmp(key, cols[i].name) == 0)
 			return set_str(cfg, &cols[i].k, key, value, origin, errbuf, errlen);
+	if ((pr = set_poll_column(cfg, key, value, origin, errbuf, errlen)) != OBX_ENOENT)
+		return pr;
 	if (strncmp(key, "header.", 7) == 0) {
 		if (key[7] == '\0' || value[0] == '\0') {
 			obx_config_fail(errbuf, errlen, origin, key,
@@ -719,6 +818,7 @@ static const struct {
 } sections[] = {
 	{ "source", set_source }, { "outbox", set_outbox }, { "kafka", set_kafka },
 	{ "delivery", set_delivery }, { "metrics", set_metrics }, { "log", set_log },
+	{ "poll", set_poll },
 };
 
 int
@@ -754,7 +854,7 @@ obx_config_set(struct obx_config *cfg, const char *section, const char *key, con
 		obx_config_fail(errbuf, errlen, origin, key, "outside of any [section]");
 	else
 		obx_config_fail(errbuf, errlen, origin, NULL, "section '%s': unknown section "
-		    "(known: source, outbox, kafka, delivery, metrics, log)", section);
+		    "(known: source, outbox, kafka, delivery, metrics, log, poll)", section);
 	return OBX_ECONFIG;
 }
 
@@ -805,6 +905,21 @@ obx_config_init(struct obx_config *cfg)
 	cfg->log_level = OBX_LOG_INFO;
 	cfg->log_format = OBX_LOG_FORMAT_JSON;
 	cfg->progress_interval_ms = 60000;
+	/* polling mode (docs/design.md, "Polling mode") */
+	cfg->mode = OBX_SOURCE_LOGICAL;
+	cfg->col_seq = strdup("seq");
+	cfg->col_published_at = strdup("published_at");
+	cfg->col_attempts = strdup("attempts");
+	cfg->col_last_error = strdup("last_error");
+	cfg->col_next_attempt_at = strdup("next_attempt_at");
+	cfg->col_created_at = strdup("created_at");
+	cfg->poll_batch = 10000;
+	cfg->poll_interval_ms = 1000;
+	cfg->poll_max_attempts = 10;
+	cfg->poll_backoff_min_ms = 1000;
+	cfg->poll_backoff_max_ms = 300000;
+	cfg->poll_exhausted = OBX_POLL_EXHAUSTED_DEAD_LETTER;
+	cfg->poll_notify_channel = strdup("outboxd");
 }
 
 static void
@@ -827,6 +942,9 @@ obx_config_reset(struct obx_config *cfg)
 		&cfg->col_type, &cfg->col_payload, &cfg->topic, &cfg->col_headers,
 		&cfg->col_timestamp, &cfg->dead_letter_topic, &cfg->metrics_host, &cfg->message_prefix,
 		&cfg->transactional_id, &cfg->progress_topic,
+		/* polling mode */
+		&cfg->col_seq, &cfg->col_published_at, &cfg->col_attempts, &cfg->col_last_error,
+		&cfg->col_next_attempt_at, &cfg->col_created_at, &cfg->poll_notify_channel,
 	};
 
 	for (size_t i = 0; i < sizeof(strs) / sizeof(strs[0]); i++)
@@ -1067,9 +1185,30 @@ obx_config_apply_set(struct obx_config *cfg, const char *assignment, char *errbu
 	return obx_config_set(cfg, section, key, eq + 1, origin, false, errbuf, errlen);
 }
 
+/* The polling mode's combinations: its own block, so [delivery]'s checks stay apart. */
+static int
+poll_finish(const struct obx_config *cfg, const char *path, char *errbuf, size_t errlen)
+{
+	if (cfg->mode != OBX_SOURCE_POLL)
+		return 0;
+	if (cfg->poll_backoff_min_ms > cfg->poll_backoff_max_ms) {
+		obx_config_fail(errbuf, errlen, path, "backoff_min",
+		    "[poll] backoff_min (%d ms) is above backoff_max (%d ms)", cfg->poll_backoff_min_ms,
+		    cfg->poll_backoff_max_ms);
+		return OBX_ECONFIG;
+	}
+	if (cfg->poll_exhausted == OBX_POLL_EXHAUSTED_DEAD_LETTER && cfg->dead_letter_topic[0] == '\0') {
+		obx_config_fail(errbuf, errlen, path, "dead_letter_topic",
+		    "required in [delivery] when [poll] exhausted = dead_letter");
+		return OBX_ECONFIG;
+	}
+	return 0;
+}
+
 int
 obx_config_finish(struct obx_config *cfg, const char *path, char *errbuf, size_t errlen)
 {
+	int r;
 	const char *bs = obx_config_kafka_get(cfg, "bootstrap.servers");
 
 	if (bs == NULL)
@@ -1077,6 +1216,13 @@ obx_config_finish(struct obx_config *cfg, const char *path, char *errbuf, size_t
 	if (bs == NULL || bs[0] == '\0') {
 		obx_config_fail(errbuf, errlen, path, "bootstrap.servers",
 		    "required in [kafka] (or OUTBOXD_KAFKA_BOOTSTRAP_SERVERS)");
+		return OBX_ECONFIG;
+	}
+	if ((r = poll_finish(cfg, path, errbuf, errlen)) != 0)
+		return r;
+	if (cfg->exactly_once && cfg->mode == OBX_SOURCE_POLL) {
+		obx_config_fail(errbuf, errlen, path, "exactly_once",
+		    "works with [source] mode = logical only (polling mode marks rows published instead)");
 		return OBX_ECONFIG;
 	}
 	if (cfg->on_error == OBX_ON_ERROR_DEAD_LETTER && cfg->dead_letter_topic[0] == '\0') {
@@ -1152,6 +1298,20 @@ obx_config_diff(const struct obx_config *a, const struct obx_config *b, const ch
 		{ "[log] level", a->log_level != b->log_level },
 		{ "[log] format", a->log_format != b->log_format },
 		{ "[log] progress_interval", a->progress_interval_ms != b->progress_interval_ms },
+		/* polling mode */
+		{ "[source] mode", a->mode != b->mode },
+		{ "[outbox] polling columns", str_differs(a->col_seq, b->col_seq) ||
+		    str_differs(a->col_published_at, b->col_published_at) ||
+		    str_differs(a->col_attempts, b->col_attempts) ||
+		    str_differs(a->col_last_error, b->col_last_error) ||
+		    str_differs(a->col_next_attempt_at, b->col_next_attempt_at) ||
+		    str_differs(a->col_created_at, b->col_created_at) },
+		{ "[poll]", a->poll_batch != b->poll_batch || a->poll_interval_ms != b->poll_interval_ms ||
+		    a->poll_max_attempts != b->poll_max_attempts ||
+		    a->poll_backoff_min_ms != b->poll_backoff_min_ms ||
+		    a->poll_backoff_max_ms != b->poll_backoff_max_ms ||
+		    a->poll_exhausted != b->poll_exhausted ||
+		    str_differs(a->poll_notify_channel, b->poll_notify_channel) },
 	};
 	size_t n = 0;
 

@@ -198,7 +198,8 @@ obx_http_start(struct obx_http *h, const struct obx_config *cfg, char *errbuf, s
 	}
 	info = MHD_get_daemon_info(h->daemon, MHD_DAEMON_INFO_BIND_PORT);
 	h->port = info != NULL ? info->port : cfg->metrics_port;
-	if (pthread_create(&h->poller, NULL, poller_main, h) == 0)
+	/* polling mode has no slot to watch (docs/design.md, "Polling mode") */
+	if (cfg->mode != OBX_SOURCE_POLL && pthread_create(&h->poller, NULL, poller_main, h) == 0)
 		h->poller_running = true;
 	return 0;
 }

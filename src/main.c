@@ -17,6 +17,7 @@
 #include "obx/config_load.h"
 #include "obx/err.h"
 #include "obx/log.h"
+#include "obx/poll.h"
 #include "obx/relay.h"
 
 extern char **environ;
@@ -104,6 +105,8 @@ cmd_run(const struct obx_config *cfg, bool recreate_slot, struct reload_args *re
 	sigaction(SIGHUP, &sa, NULL);
 	signal(SIGPIPE, SIG_IGN);
 	opts.signal_fd = signal_pipe[0];
+	if (cfg->mode == OBX_SOURCE_POLL)
+		return obx_poll_run(cfg, &opts);
 	return obx_relay_run(cfg, &opts);
 }
 

@@ -106,6 +106,26 @@ info(FILE *fp, const struct obx_metrics *m)
 	    label_value(m->info_table, table, sizeof(table)), OBX_VERSION);
 }
 
+static void
+poll_metrics(FILE *fp, const struct obx_metrics *m)
+{
+	if (m->poll_pending_rows >= 0) {
+		gauge_u64(fp, "outboxd_poll_pending_rows", "rows not yet published (published_at IS NULL)",
+		    (uint64_t)m->poll_pending_rows);
+		family(fp, "outboxd_poll_oldest_pending_age_seconds", "gauge",
+		    "age of the oldest row not yet published, 0 when none");
+		fprintf(fp, "outboxd_poll_oldest_pending_age_seconds %.3f\n", m->poll_oldest_pending_age_seconds);
+		gauge_u64(fp, "outboxd_poll_retrying_rows", "rows not yet published that failed at least once",
+		    (uint64_t)m->poll_retrying_rows);
+		gauge_u64(fp, "outboxd_poll_max_attempts", "the highest attempts count among rows not yet published",
+		    (uint64_t)m->poll_max_attempts_pending);
+	}
+	counter_u64(fp, "outboxd_poll_failed_attempts_total",
+	    "failed attempts this process recorded (attempts + 1, last_error, next_attempt_at)",
+	    m->poll_failed_attempts);
+	counter_u64(fp, "outboxd_poll_batches_total", "claimed batches of at least one row", m->poll_batches);
+}
+
 char *
 obx_metrics_render(const struct obx_metrics *m, size_t *len)
 {
@@ -122,16 +142,34 @@ obx_metrics_render(const struct obx_metrics *m, size_t *len)
 	family(fp, "outboxd_state", "gauge", "1 for the current state, 0 for the others");
 	for (int s = 0; s < OBX_STATE_COUNT; s++)
 		fprintf(fp, "outboxd_state{state=\"%s\"} %d\n", state_names[s], m->state == (enum obx_state)s);
-	gauge_u64(fp, "outboxd_received_lsn", "highest WAL position received from the server", m->received_lsn);
-	gauge_u64(fp, "outboxd_confirmed_flush_lsn", "WAL position confirmed to the slot (everything before it is acknowledged by the broker)",
-	    m->confirmed_flush_lsn);
-	gauge_u64(fp, "outboxd_server_wal_end_lsn", "the server's WAL end as last reported on the stream",
-	    m->server_wal_end_lsn);
-	lag = m->server_wal_end_lsn > m->confirmed_flush_lsn ? m->server_wal_end_lsn - m->confirmed_flush_lsn : 0;
-	gauge_u64(fp, "outboxd_lag_bytes", "server WAL end minus confirmed flush position", lag);
-	family(fp, "outboxd_oldest_unacked_age_seconds", "gauge",
-	    "age (since commit) of the oldest event not yet acknowledged by the broker, 0 when none");
-	fprintf(fp, "outboxd_oldest_unacked_age_seconds %.3f\n", m->oldest_unacked_age_seconds);
+	if (m->poll_mode) {
+		/* polling mode reads no WAL: the positions and lags are not applicable (NaN), not 0 */
+		static const char *const na[][2] = {
+			{ "outboxd_received_lsn", "highest WAL position received from the server (NaN: polling mode)" },
+			{ "outboxd_confirmed_flush_lsn", "WAL position confirmed to the slot (NaN: polling mode)" },
+			{ "outboxd_server_wal_end_lsn", "the server's WAL end as last reported on the stream (NaN: polling mode)" },
+			{ "outboxd_lag_bytes", "server WAL end minus confirmed flush position (NaN: polling mode)" },
+			{ "outboxd_oldest_unacked_age_seconds",
+			    "age (since commit) of the oldest event not yet acknowledged (NaN: polling mode, see outboxd_poll_oldest_pending_age_seconds)" },
+		};
+
+		for (size_t i = 0; i < sizeof(na) / sizeof(na[0]); i++) {
+			family(fp, na[i][0], "gauge", na[i][1]);
+			fprintf(fp, "%s NaN\n", na[i][0]);
+		}
+		poll_metrics(fp, m);
+	} else {
+		gauge_u64(fp, "outboxd_received_lsn", "highest WAL position received from the server", m->received_lsn);
+		gauge_u64(fp, "outboxd_confirmed_flush_lsn", "WAL position confirmed to the slot (everything before it is acknowledged by the broker)",
+		    m->confirmed_flush_lsn);
+		gauge_u64(fp, "outboxd_server_wal_end_lsn", "the server's WAL end as last reported on the stream",
+		    m->server_wal_end_lsn);
+		lag = m->server_wal_end_lsn > m->confirmed_flush_lsn ? m->server_wal_end_lsn - m->confirmed_flush_lsn : 0;
+		gauge_u64(fp, "outboxd_lag_bytes", "server WAL end minus confirmed flush position", lag);
+		family(fp, "outboxd_oldest_unacked_age_seconds", "gauge",
+		    "age (since commit) of the oldest event not yet acknowledged by the broker, 0 when none");
+		fprintf(fp, "outboxd_oldest_unacked_age_seconds %.3f\n", m->oldest_unacked_age_seconds);
+	}
 	family(fp, "outboxd_commit_to_ack_seconds", "histogram",
 	    "time from the transaction's commit to the broker's acknowledgement, per event");
 	for (int i = 0; i < OBX_HIST_BUCKETS; i++) {

@@ -24,6 +24,9 @@
 #include "obx/template.h"
 
 enum obx_on_error { OBX_ON_ERROR_STOP, OBX_ON_ERROR_DEAD_LETTER };
+enum obx_source_mode { OBX_SOURCE_LOGICAL, OBX_SOURCE_POLL };
+/* what polling mode does with a row that failed [poll] max_attempts times */
+enum obx_poll_exhausted { OBX_POLL_EXHAUSTED_DEAD_LETTER, OBX_POLL_EXHAUSTED_MARK };
 enum obx_log_format { OBX_LOG_FORMAT_JSON, OBX_LOG_FORMAT_TEXT };
 enum obx_log_level { OBX_LOG_ERROR, OBX_LOG_WARN, OBX_LOG_INFO, OBX_LOG_DEBUG };
 
@@ -103,6 +106,25 @@ struct obx_config {
 	long long txn_max_events;   /* a Kafka transaction ends at the first commit past any of these */
 	long long txn_max_bytes;
 	long long txn_max_ms;
+
+	/*
+	 * Polling mode ([source] mode = poll; docs/design.md, "Polling mode"):
+	 * the bookkeeping columns, mapped in [outbox], and the [poll] section.
+	 */
+	enum obx_source_mode mode;
+	char *col_seq;             /* the ordering column (bigint identity) */
+	char *col_published_at;
+	char *col_attempts;
+	char *col_last_error;
+	char *col_next_attempt_at;
+	char *col_created_at;      /* for the age of the oldest pending row; "" for none */
+	long long poll_batch;
+	int poll_interval_ms;
+	long long poll_max_attempts;
+	int poll_backoff_min_ms;
+	int poll_backoff_max_ms;
+	enum obx_poll_exhausted poll_exhausted;
+	char *poll_notify_channel; /* LISTEN on it; "" for none */
 
 	/* [metrics] */
 	char *metrics_host;

@@ -59,6 +59,17 @@ struct obx_metrics {
 	char missing_topic[250];  /* a topic waited for because the cluster does not have it; "" none */
 	double missing_topic_seconds;
 	int64_t heartbeat_ms; /* monotonic time the loop last turned */
+	/*
+	 * Polling mode ([source] mode = poll): the WAL positions and lag above do
+	 * not apply and render as NaN; these describe the table instead.
+	 */
+	int poll_mode;
+	int64_t poll_pending_rows;            /* -1 until the first count */
+	double poll_oldest_pending_age_seconds; /* 0 when none pending */
+	int64_t poll_retrying_rows;           /* pending rows that failed at least once */
+	int64_t poll_max_attempts_pending;    /* the highest attempts among pending rows */
+	uint64_t poll_failed_attempts;        /* failures recorded (attempts + 1) by this process */
+	uint64_t poll_batches;                /* claim cycles that produced at least one row */
 	/* what these numbers describe, for outboxd_info (set once at start-up) */
 	char info_slot[64];
 	char info_database[64];

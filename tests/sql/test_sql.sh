@@ -41,6 +41,30 @@ psql_db -d "$db" -c "CALL outbox_cleanup(interval '1 day', 1000)" >/dev/null
 check "cleanup deleted the old rows in batches, kept the new one" \
 	"$(psql_db -d "$db" -tAc "SELECT count(*) FROM outbox")" 1
 
+# polling mode: the migration and the trigger, twice; cleanup then takes published rows only
+psql_db -d "$db" -c "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('a', 'before', 't', '{}')" >/dev/null
+for f in 008_polling.sql 009_polling_notify.sql 008_polling.sql 009_polling_notify.sql; do
+	if psql_db -d "$db" -f "$src/sql/$f" >/dev/null; then ok "$f runs"; else not_ok "$f runs"; fi
+done
+check "rows there before the migration count as published, new ones are pending" \
+	"$(psql_db -d "$db" -tAc "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('a', 'after', 't', '{}');
+		SELECT string_agg(aggregateid || ':' || (published_at IS NULL) || ':' || attempts || ':' || (seq > 0), ',' ORDER BY seq) FROM outbox")" \
+	"new:false:0:true,before:false:0:true,after:true:0:true"
+check "the role may mark rows" \
+	"$(psql_db -d "$db" -tAc "SELECT has_column_privilege('outboxd', 'outbox', 'published_at', 'UPDATE')")" t
+check "an insert notifies the poller's channel" \
+	"$(psql_db -d "$db" -tA -c "LISTEN outboxd" -c "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('a', 'n', 't', '{}')" 2>&1 | grep -c 'notification \"outboxd\"')" 1
+psql_db -d "$db" -c "DELETE FROM outbox" \
+	-c "INSERT INTO outbox (aggregatetype, aggregateid, type, payload, created_at, published_at)
+	SELECT 'a', g::text, 't', '{}', now() - interval '3 days', now() - interval '2 days' FROM generate_series(1, 2500) g" \
+	-c "INSERT INTO outbox (aggregatetype, aggregateid, type, payload, created_at)
+	SELECT 'a', 'pending' || g, 't', '{}', now() - interval '3 days' FROM generate_series(1, 3) g" \
+	-c "INSERT INTO outbox (aggregatetype, aggregateid, type, payload, published_at) VALUES ('a', 'fresh', 't', '{}', now())" >/dev/null
+psql_db -d "$db" -c "CALL outbox_cleanup(interval '1 day', 1000)" >/dev/null
+check "polling cleanup deleted the old published rows, kept the pending and the fresh ones" \
+	"$(psql_db -d "$db" -tAc "SELECT string_agg(aggregateid, ',' ORDER BY aggregateid) FROM outbox")" \
+	"fresh,pending1,pending2,pending3"
+
 psql_db -d "$db" -c "SELECT pg_create_logical_replication_slot('sqltest_$$', 'pgoutput')" >/dev/null
 check "the monitoring view shows the slot" \
 	"$(psql_db -d "$db" -tAc "SELECT slot_name || ' ' || wal_status || ' ' || (lag_bytes >= 0) FROM outboxd_slot_status")" \

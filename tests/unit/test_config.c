@@ -721,6 +721,8 @@ test_exactly_once_keys(void **state)
 	expect_error(KAFKA "[delivery]\ntransaction_max_time = 2min\n",
 	    "key 'transaction_max_time': '2min' is out of range (0 to 60s)");
 	expect_error(KAFKA "[delivery]\nprogress_topic = \n", "key 'progress_topic': must not be empty");
+	expect_error(KAFKA "[source]\nmode = poll\n[delivery]\nexactly_once = on\n",
+	    "key 'exactly_once': works with [source] mode = logical only");
 }
 
 int

@@ -1,0 +1,1132 @@
+/*
+ * poll.c - the loop of "outboxd run" in polling mode ([source] mode = poll).
+ * docs/design.md, "Polling mode", gives the cycle and why it keeps
+ * per-aggregate order with several replicas; pollsql.c holds the SQL.
+ *
+ * One cycle, in one transaction on an ordinary connection:
+ *   1. claim: lock up to [poll] batch due rows, SKIP LOCKED, in order, keeping
+ *      a row only when no older pending row of its key is outside the batch;
+ *   2. produce each row's record (the event builder and the Kafka sink of
+ *      the log-based source); a row that cannot be built or produced holds
+ *      back the later rows of its key in the batch;
+ *   3. wait for every delivery report;
+ *   4. record failures (attempts + 1, last_error, next_attempt_at with
+ *      backoff), mark the acknowledged rows published, COMMIT.
+ * A row that failed [poll] max_attempts times is dead-lettered (or only
+ * marked) on its next claim.  A crash anywhere before the COMMIT leaves the
+ * rows pending and unlocked: the next claim publishes them again (the only
+ * duplicates), each with its id header.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <libpq-fe.h>
+
+#include "obx/err.h"
+#include "obx/event.h"
+#include "obx/http.h"
+#include "obx/kafka.h"
+#include "obx/log.h"
+#include "obx/metrics.h"
+#include "obx/pgutil.h"
+#include "obx/poll.h"
+#include "obx/relcache.h"
+#include "obx/walmsg.h"
+
+#define RECONNECT_MIN_MS 200
+#define RECONNECT_MAX_MS 30000
+#define STATS_INTERVAL_MS 5000
+#define SLOW_ACK_MS 5000
+#define OP_DEAD_LETTER (1ULL << 63)
+#define MARK_EARLY_MIN 64 /* acknowledged rows worth an early marking UPDATE */
+
+enum row_state {
+	ROW_SKIPPED,   /* neither produced nor marked: stays pending (held behind its key) */
+	ROW_INFLIGHT,  /* handed to the producer */
+	ROW_ACKED,     /* acknowledged: mark published */
+	ROW_FAILED,    /* record a failure (attempts + 1) */
+	ROW_GIVEN_UP,  /* dead-letter copy acknowledged, or mark-only: published with last_error */
+};
+
+struct prow {
+	int64_t seq;
+	long long attempts;
+	enum row_state state;
+	bool dead_letter; /* this cycle sends its dead-letter copy */
+	bool marked;      /* acknowledged and already marked by an UPDATE of this transaction */
+	char *error;      /* malloc'd: why it failed, or what became of it */
+};
+
+struct poller {
+	const struct obx_config *cfg;
+	const struct obx_run_opts *opts;
+	PGconn *pg;
+	struct obx_kafka kf;
+	bool kf_open;
+	struct obx_event_builder eb;
+	struct obx_poll_sql sql;
+	struct obx_rel rel;       /* the claim's result columns, built once per connection */
+	bool rel_built;
+	unsigned rel_version;
+	struct obx_pg_datum *datums;
+	struct obx_header *hdrs;
+	size_t hdr_cap;
+	struct prow *rows;
+	size_t nrows, rows_cap;
+	size_t outstanding;
+	bool pg_busy;             /* an early marking UPDATE is running (wait_acks) */
+	uint32_t gen;             /* per batch: delivery reports of an earlier one are ignored */
+	struct obx_metrics m;
+	struct obx_http http;
+	bool http_on;
+	int signals;              /* stop signals received */
+	bool listening;
+	int64_t next_stats_ms;
+	char reason[1024];
+	enum obx_log_level log_level;
+	enum obx_state title_state;
+#ifdef OBX_TEST_HOOKS
+	long test_kill_after;     /* OBX_TEST_KILL_AFTER_ACKS: SIGKILL itself after that many acks */
+	long test_acks;
+#endif
+};
+
+static int64_t
+now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void
+publish(struct poller *p)
+{
+	p->m.heartbeat_ms = now_ms();
+	if (p->http_on)
+		obx_http_publish(&p->http, &p->m);
+	if (p->m.state != p->title_state) {
+		setproctitle("%s (polling %s.%s)", obx_state_name(p->m.state), p->cfg->table_schema,
+		    p->cfg->table_name);
+		p->title_state = p->m.state;
+	}
+}
+
+static void
+set_state(struct poller *p, enum obx_state s, const char *reason)
+{
+	p->m.state = s;
+	snprintf(p->m.state_reason, sizeof(p->m.state_reason), "%.*s", (int)sizeof(p->m.state_reason) - 1,
+	    reason != NULL ? reason : "");
+	publish(p);
+}
+
+/* SIGHUP: the log level takes effect at once; other changes need a restart. */
+static void
+reload(struct poller *p)
+{
+	struct obx_config fresh;
+	const char *names[40];
+	char err[1024], later[1024] = "";
+	size_t n;
+
+	if (p->opts->reload == NULL)
+		return;
+	if (p->opts->reload(p->opts->reload_ctx, &fresh, err, sizeof(err)) != 0) {
+		obx_log_warn("SIGHUP: could not re-read the configuration, the running one stays: %s", err);
+		obx_config_reset(&fresh);
+		return;
+	}
+	if (fresh.log_level != p->log_level) {
+		p->log_level = fresh.log_level;
+		obx_log_setup(p->log_level, p->cfg->log_format);
+		obx_log_info("SIGHUP: log level %s", obx_log_level_name(p->log_level));
+	}
+	n = obx_config_diff(p->cfg, &fresh, names, sizeof(names) / sizeof(names[0]));
+	for (size_t i = 0; i < n; i++) {
+		if (strcmp(names[i], "[log] level") == 0)
+			continue;
+		snprintf(later + strlen(later), sizeof(later) - strlen(later), "%s%s", later[0] ? ", " : "",
+		    names[i]);
+	}
+	if (later[0] != '\0')
+		obx_log_warn("SIGHUP: changed settings that take effect only after a restart: %s", later);
+	else
+		obx_log_info("SIGHUP: configuration re-read");
+	obx_config_reset(&fresh);
+}
+
+static void
+read_signals(struct poller *p)
+{
+	char buf[16];
+	ssize_t n;
+
+	while ((n = read(p->opts->signal_fd, buf, sizeof(buf))) > 0)
+		for (ssize_t i = 0; i < n; i++) {
+			if (buf[i] == SIGHUP) {
+				reload(p);
+				continue;
+			}
+			if (++p->signals == 1)
+				obx_log_info("stopping: finishing the claimed batch (a second signal abandons it)");
+		}
+}
+
+/* ---- delivery reports ---- */
+
+static void
+on_delivery(void *ctx, uint64_t opaque, const rd_kafka_message_t *km)
+{
+	struct poller *p = ctx;
+	uint32_t gen = (uint32_t)(opaque >> 32) & 0x7fffffffU;
+	size_t i = (size_t)(opaque & 0xffffffffU);
+	struct prow *row;
+	char why[512];
+
+	if (gen != p->gen || i >= p->nrows || p->rows[i].state != ROW_INFLIGHT)
+		return; /* an abandoned batch's report */
+	row = &p->rows[i];
+	p->outstanding--;
+	if (km->err == RD_KAFKA_RESP_ERR_NO_ERROR) {
+		if (row->dead_letter) {
+			char text[640];
+
+			snprintf(text, sizeof(text), "dead-lettered to %s after %lld attempt(s): %s",
+			    p->cfg->dead_letter_topic, row->attempts, row->error != NULL ? row->error : "unknown");
+			free(row->error);
+			row->error = strdup(text);
+			row->state = ROW_GIVEN_UP;
+			p->m.events_dead_lettered++;
+		} else {
+			row->state = ROW_ACKED;
+			p->m.events_published++;
+		}
+#ifdef OBX_TEST_HOOKS
+		if (p->test_kill_after > 0 && ++p->test_acks == p->test_kill_after) {
+			obx_log_info("test hook: killing myself after %ld acknowledgement(s)", p->test_acks);
+			raise(SIGKILL);
+		}
+#endif
+		return;
+	}
+	obx_metrics_kafka_error(&p->m, rd_kafka_err2name(km->err));
+	snprintf(why, sizeof(why), "%s%s: %s", row->dead_letter ? "dead-letter copy: " : "",
+	    rd_kafka_err2name(km->err), rd_kafka_err2str(km->err));
+	free(row->error);
+	row->error = strdup(why);
+	row->state = ROW_FAILED;
+}
+
+/* ---- one batch ---- */
+
+static int
+grow_rows(struct poller *p, size_t n)
+{
+	if (n > p->rows_cap) {
+		struct prow *r = reallocarray(p->rows, n, sizeof(*r));
+
+		if (r == NULL)
+			return OBX_ENOMEM;
+		p->rows = r;
+		p->rows_cap = n;
+	}
+	return 0;
+}
+
+static void
+clear_rows(struct poller *p)
+{
+	for (size_t i = 0; i < p->nrows; i++)
+		free(p->rows[i].error);
+	p->nrows = 0;
+	p->outstanding = 0;
+}
+
+/* The claim's result columns as a relation the event builder resolves by name. */
+static int
+build_rel(struct poller *p, const PGresult *res)
+{
+	int n = PQnfields(res);
+
+	obx_rel_free(&p->rel);
+	free(p->datums);
+	p->datums = NULL;
+	p->rel.cols = calloc((size_t)n, sizeof(*p->rel.cols));
+	p->rel.nspname = strdup(p->cfg->table_schema);
+	p->rel.relname = strdup(p->cfg->table_name);
+	p->datums = calloc((size_t)n, sizeof(*p->datums));
+	if (p->rel.cols == NULL || p->rel.nspname == NULL || p->rel.relname == NULL || p->datums == NULL)
+		return OBX_ENOMEM;
+	p->rel.natts = (uint16_t)n;
+	for (int i = 0; i < n; i++) {
+		if ((p->rel.cols[i].name = strdup(PQfname(res, i))) == NULL)
+			return OBX_ENOMEM;
+		p->rel.cols[i].type_oid = PQftype(res, i);
+	}
+	p->rel.version = ++p->rel_version;
+	obx_event_builder_forget(&p->eb);
+	p->rel_built = true;
+	return 0;
+}
+
+static bool
+key_equal(const PGresult *res, int a, int b, int col)
+{
+	return PQgetlength(res, a, col) == PQgetlength(res, b, col) &&
+	    memcmp(PQgetvalue(res, a, col), PQgetvalue(res, b, col), (size_t)PQgetlength(res, a, col)) == 0;
+}
+
+/*
+ * Copies the builder's headers, keeping id and type and the [outbox]
+ * header.* and headers-column ones; lsn, xid and commit_ts do not exist
+ * here, and seq becomes the ordering column's value.
+ */
+static int
+poll_headers(struct poller *p, const struct obx_event *ev, const char *seq, size_t *n)
+{
+	size_t o = 0;
+
+	if (ev->nheaders > p->hdr_cap) {
+		struct obx_header *h = reallocarray(p->hdrs, ev->nheaders, sizeof(*h));
+
+		if (h == NULL)
+			return OBX_ENOMEM;
+		p->hdrs = h;
+		p->hdr_cap = ev->nheaders;
+	}
+	for (size_t i = 0; i < ev->nheaders; i++) {
+		const struct obx_header *h = &ev->headers[i];
+
+		/* the builder's first six are id, type, lsn, seq, xid, commit_ts (event.c) */
+		if (i < 6 && (strcmp(h->name, "lsn") == 0 || strcmp(h->name, "xid") == 0 ||
+		    strcmp(h->name, "commit_ts") == 0))
+			continue;
+		p->hdrs[o] = *h;
+		if (i < 6 && strcmp(h->name, "seq") == 0) {
+			p->hdrs[o].value = seq;
+			p->hdrs[o].len = strlen(seq);
+		}
+		o++;
+	}
+	*n = o;
+	return 0;
+}
+
+static uint64_t
+opaque_for(struct poller *p, size_t i, bool dl)
+{
+	return (dl ? OP_DEAD_LETTER : 0) | ((uint64_t)(p->gen & 0x7fffffffU) << 32) | (uint64_t)i;
+}
+
+/* Produces, retrying while the producer's queue is full.  Returns librdkafka's result. */
+static rd_kafka_resp_err_t
+produce(struct poller *p, const char *topic, const void *key, size_t keylen, const void *value,
+    size_t len, int64_t ts, const struct obx_header *h, size_t nh, uint64_t opaque)
+{
+	rd_kafka_resp_err_t err;
+
+	while ((err = obx_kafka_produce(&p->kf, topic, RD_KAFKA_PARTITION_UA, key, keylen, value, len, ts, h,
+	    nh, NULL, NULL, opaque)) == RD_KAFKA_RESP_ERR__QUEUE_FULL)
+		obx_kafka_poll(&p->kf, 100);
+	return err;
+}
+
+/*
+ * Sends the dead-letter copy of row i: the record with its headers plus
+ * original_topic and error, or (when the row cannot become a record) the
+ * row as JSON with seq and error.  The row is then in flight, or failed
+ * with row->error filled.
+ */
+static void
+dead_letter(struct poller *p, size_t i, const struct obx_event *ev, bool built, const char *seq)
+{
+	struct prow *row = &p->rows[i];
+	const char *last = row->error != NULL ? row->error : "unknown";
+	char why[512];
+	rd_kafka_resp_err_t err;
+	size_t nh = 0;
+
+	row->dead_letter = true;
+	if (built) {
+		struct obx_header *hs = calloc(ev->nheaders + 2, sizeof(*hs));
+		int r = hs == NULL ? OBX_ENOMEM : poll_headers(p, ev, seq, &nh);
+
+		if (r != 0) {
+			free(hs);
+			snprintf(why, sizeof(why), "out of memory");
+			goto failed;
+		}
+		memcpy(hs, p->hdrs, nh * sizeof(*hs));
+		hs[nh++] = (struct obx_header){ "original_topic", ev->topic, strlen(ev->topic) };
+		hs[nh++] = (struct obx_header){ "error", last, strlen(last) };
+		err = produce(p, p->cfg->dead_letter_topic, ev->key, ev->keylen, ev->value, ev->len,
+		    ev->timestamp_ms, hs, nh, opaque_for(p, i, true));
+		if (err != RD_KAFKA_RESP_ERR_NO_ERROR) /* too large, say: the headers alone */
+			err = produce(p, p->cfg->dead_letter_topic, NULL, 0, NULL, 0, ev->timestamp_ms, hs,
+			    nh, opaque_for(p, i, true));
+		free(hs);
+	} else {
+		const char *params[1] = { seq };
+		PGresult *res = PQexecParams(p->pg, p->sql.row_json, 1, NULL, params, NULL, NULL, 0);
+		struct obx_header hs[2] = {
+			{ "seq", seq, strlen(seq) },
+			{ "error", last, strlen(last) },
+		};
+
+		if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1) {
+			char pgerr[400];
+
+			snprintf(why, sizeof(why), "could not read the row as JSON: %s",
+			    obx_pg_result_error_line(res, pgerr, sizeof(pgerr)));
+			PQclear(res);
+			goto failed;
+		}
+		err = produce(p, p->cfg->dead_letter_topic, NULL, 0, PQgetvalue(res, 0, 0),
+		    (size_t)PQgetlength(res, 0, 0), 0, hs, 2, opaque_for(p, i, true));
+		PQclear(res);
+	}
+	if (err == RD_KAFKA_RESP_ERR_NO_ERROR) {
+		row->state = ROW_INFLIGHT;
+		p->outstanding++;
+		return;
+	}
+	snprintf(why, sizeof(why), "dead-letter copy: %s", rd_kafka_err2str(err));
+failed:
+	free(row->error);
+	row->error = strdup(why);
+	row->state = ROW_FAILED;
+}
+
+/*
+ * Produces every claimed row of res.  A row that cannot be built or whose
+ * produce call fails holds back the later rows of its key in this batch
+ * (they stay pending and are claimed after it).
+ */
+static int
+produce_batch(struct poller *p, const PGresult *res)
+{
+	const struct obx_config *c = p->cfg;
+	int n = PQntuples(res), nf = PQnfields(res);
+	int kcol, r, *failed; /* the rows that failed so far: their keys hold the later rows back */
+	size_t nfailed = 0;
+	char quoted[256] = "";
+
+	obx_poll_quote_ident(c->col_key, quoted, sizeof(quoted));
+	kcol = PQfnumber(res, quoted);
+	if (grow_rows(p, (size_t)n) != 0 || (failed = calloc((size_t)n, sizeof(*failed))) == NULL)
+		return OBX_ENOMEM;
+	p->nrows = (size_t)n;
+	for (int i = 0; i < n; i++) {
+		p->rows[i] = (struct prow){ strtoll(PQgetvalue(res, i, 0), NULL, 10),
+			strtoll(PQgetvalue(res, i, 1), NULL, 10), ROW_SKIPPED, false, false, NULL };
+		if (!PQgetisnull(res, i, 2))
+			p->rows[i].error = strdup(PQgetvalue(res, i, 2));
+	}
+	for (int i = 0; i < n; i++) {
+		struct prow *row = &p->rows[i];
+		struct obx_pg_tuple t = { (uint16_t)nf, p->datums };
+		struct obx_txninfo txn = { 0, 0, 0 };
+		struct obx_event ev;
+		const char *seq = PQgetvalue(res, i, 0);
+		char why[512];
+		bool held = false, exhausted = row->attempts >= c->poll_max_attempts;
+		rd_kafka_resp_err_t err;
+		size_t nh;
+
+		/* held back behind an earlier row of its key that failed in this batch */
+		for (size_t f = 0; f < nfailed && kcol >= 0 && !held; f++)
+			held = key_equal(res, i, failed[f], kcol);
+		if (held)
+			continue;
+		for (int f = 0; f < nf; f++) {
+			p->datums[f].kind = PQgetisnull(res, i, f) ? 'n' : 't';
+			p->datums[f].data = (const uint8_t *)PQgetvalue(res, i, f);
+			p->datums[f].len = (uint32_t)PQgetlength(res, i, f);
+		}
+		/* no commit time here: the row's created_at, else now, unless [outbox] timestamp says */
+		if (!PQgetisnull(res, i, 3))
+			txn.commit_time = strtoll(PQgetvalue(res, i, 3), NULL, 10) - OBX_PG_EPOCH_OFFSET_US;
+		else
+			txn.commit_time = (int64_t)time(NULL) * 1000000 - OBX_PG_EPOCH_OFFSET_US;
+		r = obx_event_build(&p->eb, &p->rel, &t, &txn, 0, &ev, why, sizeof(why));
+		if (r == OBX_ENOMEM)
+			goto out;
+		if (exhausted) {
+			if (c->poll_exhausted == OBX_POLL_EXHAUSTED_MARK) {
+				char text[640];
+
+				snprintf(text, sizeof(text), "given up after %lld attempt(s): %s", row->attempts,
+				    row->error != NULL ? row->error : "unknown");
+				obx_log_warn("row seq %s (id %s) failed %lld time(s): marked published without "
+				    "sending ([poll] exhausted = mark): %s", seq, r == 0 ? ev.id : "?",
+				    row->attempts, row->error != NULL ? row->error : "unknown");
+				free(row->error);
+				row->error = strdup(text);
+				row->state = ROW_GIVEN_UP;
+				continue;
+			}
+			obx_log_warn("row seq %s (id %s) failed %lld time(s): dead-lettering it to %s: %s", seq,
+			    r == 0 ? ev.id : "?", row->attempts, c->dead_letter_topic,
+			    row->error != NULL ? row->error : "unknown");
+			dead_letter(p, (size_t)i, &ev, r == 0, seq);
+			continue;
+		}
+		if (r != 0) {
+			free(row->error);
+			row->error = strdup(why);
+			row->state = ROW_FAILED;
+			failed[nfailed++] = i;
+			continue;
+		}
+		if ((r = poll_headers(p, &ev, seq, &nh)) != 0)
+			goto out;
+		err = produce(p, ev.topic, ev.key, ev.keylen, ev.value, ev.len, ev.timestamp_ms, p->hdrs, nh,
+		    opaque_for(p, (size_t)i, false));
+		if (err != RD_KAFKA_RESP_ERR_NO_ERROR) {
+			obx_metrics_kafka_error(&p->m, rd_kafka_err2name(err));
+			snprintf(why, sizeof(why), "%s: %s", rd_kafka_err2name(err), rd_kafka_err2str(err));
+			free(row->error);
+			row->error = strdup(why);
+			row->state = ROW_FAILED;
+			failed[nfailed++] = i;
+			continue;
+		}
+		row->state = ROW_INFLIGHT;
+		p->outstanding++;
+	}
+	r = 0;
+out:
+	free(failed);
+	return r;
+}
+
+
+/* Appends "v" to a PostgreSQL array literal under construction ("{a,b"). */
+static int
+array_add(char **buf, size_t *len, size_t *cap, const char *v)
+{
+	size_t need = *len + strlen(v) + 2;
+
+	if (need > *cap) {
+		size_t nc = *cap ? *cap * 2 : 256;
+		char *q;
+
+		while (nc < need)
+			nc *= 2;
+		if ((q = realloc(*buf, nc)) == NULL)
+			return OBX_ENOMEM;
+		*buf = q;
+		*cap = nc;
+	}
+	if (*len > 0)
+		(*buf)[(*len)++] = ',';
+	memcpy(*buf + *len, v, strlen(v) + 1);
+	*len += strlen(v);
+	return 0;
+}
+
+/* A text[] literal element: double-quoted, with backslash and quote escaped. */
+static char *
+array_text(const char *s)
+{
+	size_t n = strlen(s);
+	char *o = malloc(n * 2 + 3), *q = o;
+
+	if (o == NULL)
+		return NULL;
+	*q++ = '"';
+	for (; *s != '\0'; s++) {
+		if (*s == '"' || *s == '\\')
+			*q++ = '\\';
+		*q++ = *s;
+	}
+	*q++ = '"';
+	*q = '\0';
+	return o;
+}
+
+/* Runs stmt with the rows in state as arrays (seq, error[, delay]).  Returns 0 or OBX_EIO. */
+static int
+record_rows(struct poller *p, const char *stmt, enum row_state state, bool with_delay)
+{
+	char *a[3] = { NULL, NULL, NULL };
+	size_t len[3] = { 0, 0, 0 }, cap[3] = { 0, 0, 0 };
+	const char *params[3];
+	size_t count = 0;
+	char num[32], err[512];
+	PGresult *res;
+	int r = OBX_ENOMEM;
+
+	for (size_t i = 0; i < p->nrows; i++) {
+		struct prow *row = &p->rows[i];
+		char *t;
+
+		if (row->state != state)
+			continue;
+		snprintf(num, sizeof(num), "%" PRId64, row->seq);
+		if (array_add(&a[0], &len[0], &cap[0], num) != 0)
+			goto out;
+		if ((t = array_text(row->error != NULL ? row->error : "")) == NULL ||
+		    array_add(&a[1], &len[1], &cap[1], t) != 0) {
+			free(t);
+			goto out;
+		}
+		free(t);
+		if (with_delay) {
+			int64_t d = obx_poll_backoff_ms(row->attempts + 1, p->cfg->poll_backoff_min_ms,
+			    p->cfg->poll_backoff_max_ms, arc4random());
+
+			snprintf(num, sizeof(num), "%" PRId64, d);
+			if (array_add(&a[2], &len[2], &cap[2], num) != 0)
+				goto out;
+			obx_log_warn("row seq %" PRId64 " failed (attempt %lld of %lld), next in %" PRId64 " ms: %s",
+			    row->seq, row->attempts + 1, p->cfg->poll_max_attempts, d,
+			    row->error != NULL ? row->error : "unknown");
+		}
+		count++;
+	}
+	r = 0;
+	if (count == 0)
+		goto out;
+	for (int k = 0; k < 3; k++) {
+		char *w;
+
+		if (a[k] == NULL)
+			continue;
+		if ((w = malloc(len[k] + 3)) == NULL) {
+			r = OBX_ENOMEM;
+			goto out;
+		}
+		snprintf(w, len[k] + 3, "{%s}", a[k]);
+		free(a[k]);
+		a[k] = w;
+	}
+	params[0] = a[0];
+	params[1] = a[1];
+	params[2] = a[2];
+	res = PQexecParams(p->pg, stmt, with_delay ? 3 : 2, NULL, params, NULL, NULL, 0);
+	if (PQresultStatus(res) != PGRES_COMMAND_OK) {
+		snprintf(p->reason, sizeof(p->reason), "could not record %zu row(s): %s", count,
+		    obx_pg_result_error_line(res, err, sizeof(err)));
+		r = OBX_EIO;
+	} else if (with_delay) {
+		p->m.poll_failed_attempts += count;
+	}
+	PQclear(res);
+out:
+	for (int k = 0; k < 3; k++)
+		free(a[k]);
+	return r;
+}
+
+/*
+ * Builds the marking UPDATE for the acknowledged rows not yet marked (and
+ * flags them marked), followed by "; COMMIT" when commit.  Returns the
+ * malloc'd statement, or NULL when out of memory; *count says how many
+ * rows it marks.
+ */
+static char *
+mark_statement(struct poller *p, bool commit, size_t *count)
+{
+	size_t head = strlen(p->sql.mark_head), tail = strlen(p->sql.mark_tail);
+	size_t cap = head + tail + p->nrows * 21 + 16, len = head;
+	char *q = malloc(cap);
+
+	*count = 0;
+	if (q == NULL)
+		return NULL;
+	memcpy(q, p->sql.mark_head, head);
+	for (size_t i = 0; i < p->nrows; i++) {
+		if (p->rows[i].state != ROW_ACKED || p->rows[i].marked)
+			continue;
+		len += (size_t)snprintf(q + len, cap - len, "%s%" PRId64, *count > 0 ? "," : "", p->rows[i].seq);
+		p->rows[i].marked = true;
+		(*count)++;
+	}
+	snprintf(q + len, cap - len, "%s%s", p->sql.mark_tail, commit ? "; COMMIT" : "");
+	return q;
+}
+
+/*
+ * Serves the result of an early marking UPDATE without blocking (block:
+ * waits for it).  Returns 0, or OBX_EIO with reason filled.
+ */
+static int
+mark_result(struct poller *p, bool block)
+{
+	PGresult *res;
+	char err[512];
+	int r = 0;
+
+	if (!p->pg_busy)
+		return 0;
+	if (!block && PQconsumeInput(p->pg) == 0) {
+		snprintf(p->reason, sizeof(p->reason), "lost the connection: %s",
+		    obx_pg_error_line(p->pg, err, sizeof(err)));
+		return OBX_EIO;
+	}
+	while (block || !PQisBusy(p->pg)) {
+		if ((res = PQgetResult(p->pg)) == NULL) {
+			p->pg_busy = false;
+			break;
+		}
+		if (PQresultStatus(res) != PGRES_COMMAND_OK && r == 0) {
+			snprintf(p->reason, sizeof(p->reason), "could not mark rows published: %s",
+			    obx_pg_result_error_line(res, err, sizeof(err)));
+			r = OBX_EIO;
+		}
+		PQclear(res);
+	}
+	return r;
+}
+
+/*
+ * While the last reports of a batch are awaited, marks the rows already
+ * acknowledged (inside the same transaction, so nothing is published
+ * before the COMMIT): the UPDATE's work overlaps the wait.  At most one
+ * statement runs at a time.  Returns 0, or OBX_EIO/OBX_ENOMEM.
+ */
+static int
+mark_early(struct poller *p)
+{
+	size_t acked = 0, count;
+	char *q, err[512];
+
+	if (p->pg_busy)
+		return 0;
+	for (size_t i = 0; i < p->nrows; i++)
+		if (p->rows[i].state == ROW_ACKED && !p->rows[i].marked)
+			acked++;
+	if (acked < MARK_EARLY_MIN)
+		return 0;
+	if ((q = mark_statement(p, false, &count)) == NULL)
+		return OBX_ENOMEM;
+	if (PQsendQuery(p->pg, q) == 0) {
+		snprintf(p->reason, sizeof(p->reason), "could not mark rows published: %s",
+		    obx_pg_error_line(p->pg, err, sizeof(err)));
+		free(q);
+		return OBX_EIO;
+	}
+	free(q);
+	p->pg_busy = true;
+	return 0;
+}
+
+/* Marks the remaining acknowledged rows published and commits.  Returns 0 or OBX_EIO/OBX_ENOMEM. */
+static int
+mark_and_commit(struct poller *p)
+{
+	size_t count;
+	char *q, err[512];
+	PGresult *res;
+	int r;
+
+	if ((r = mark_result(p, true)) != 0)
+		return r;
+	if ((q = mark_statement(p, true, &count)) == NULL)
+		return OBX_ENOMEM;
+	res = PQexec(p->pg, count > 0 ? q : "COMMIT");
+	if (PQresultStatus(res) != PGRES_COMMAND_OK) {
+		snprintf(p->reason, sizeof(p->reason), "could not mark the batch published: %s",
+		    obx_pg_result_error_line(res, err, sizeof(err)));
+		r = OBX_EIO;
+	}
+	PQclear(res);
+	free(q);
+	return r;
+}
+
+/*
+ * Waits for every delivery report of the batch.  Returns 0, or OBX_ESTATE
+ * when a second stop signal abandons the batch or the producer failed
+ * fatally (reason filled).
+ */
+static int
+wait_acks(struct poller *p)
+{
+	int64_t start = now_ms();
+	bool slow = false;
+
+	obx_kafka_poll(&p->kf, 0);
+	while (p->outstanding > 0) {
+		struct pollfd fds[3] = {
+			{ obx_kafka_fd(&p->kf), POLLIN, 0 },
+			{ p->opts->signal_fd, POLLIN, 0 },
+			{ p->pg_busy ? PQsocket(p->pg) : -1, POLLIN, 0 },
+		};
+		int r;
+
+		if ((r = mark_early(p)) != 0)
+			return r;
+		if (p->pg_busy)
+			fds[2].fd = PQsocket(p->pg);
+		if (poll(fds, 3, 1000) < 0 && errno != EINTR) {
+			snprintf(p->reason, sizeof(p->reason), "could not poll: %s", strerror(errno));
+			return OBX_EIO;
+		}
+		obx_kafka_poll(&p->kf, 0);
+		if ((fds[2].revents & (POLLIN | POLLERR | POLLHUP)) && (r = mark_result(p, false)) != 0)
+			return r;
+		if (fds[1].revents & POLLIN)
+			read_signals(p);
+		if (p->signals > 1) {
+			snprintf(p->reason, sizeof(p->reason),
+			    "stopped: %zu event(s) of the batch unacknowledged, their rows stay pending", p->outstanding);
+			return OBX_ESTATE;
+		}
+		if (p->kf.fatal) {
+			snprintf(p->reason, sizeof(p->reason), "the Kafka producer failed: %s", p->kf.fatal_reason);
+			return OBX_ESTATE;
+		}
+		if (!slow && now_ms() - start > SLOW_ACK_MS) {
+			char why[160];
+
+			slow = true;
+			snprintf(why, sizeof(why), "waiting for the broker to acknowledge %zu event(s)", p->outstanding);
+			obx_log_warn("%s; the claimed rows stay locked until then", why);
+			set_state(p, OBX_STATE_BACKPRESSURED, why);
+		}
+		p->m.inflight_events = p->outstanding;
+		publish(p);
+	}
+	p->m.inflight_events = 0;
+	if (slow) {
+		obx_log_info("the broker acknowledged the batch after %.1f s", (double)(now_ms() - start) / 1000.0);
+		set_state(p, OBX_STATE_STREAMING, NULL);
+	}
+	return 0;
+}
+
+/*
+ * One cycle.  Returns the number of rows claimed (>= 0), or a negative
+ * OBX_E* code with p->reason filled (the session ends).
+ */
+static int
+cycle(struct poller *p)
+{
+	PGresult *res = PQexec(p->pg, p->sql.claim);
+	char err[512];
+	int n, r;
+
+	if (PQresultStatus(res) != PGRES_TUPLES_OK) {
+		snprintf(p->reason, sizeof(p->reason), "could not claim rows: %s",
+		    obx_pg_result_error_line(res, err, sizeof(err)));
+		PQclear(res);
+		return OBX_EIO;
+	}
+	n = PQntuples(res);
+	if (n == 0) {
+		PQclear(res);
+		res = PQexec(p->pg, "COMMIT");
+		r = PQresultStatus(res) == PGRES_COMMAND_OK ? 0 : OBX_EIO;
+		if (r != 0)
+			snprintf(p->reason, sizeof(p->reason), "could not end the claim: %s",
+			    obx_pg_result_error_line(res, err, sizeof(err)));
+		PQclear(res);
+		return r;
+	}
+	obx_log_debug("claimed %d row(s), seq %s to %s", n, PQgetvalue(res, 0, 0), PQgetvalue(res, n - 1, 0));
+	if (!p->rel_built && (r = build_rel(p, res)) != 0) {
+		PQclear(res);
+		snprintf(p->reason, sizeof(p->reason), "out of memory");
+		return r;
+	}
+	p->gen++;
+	p->m.poll_batches++;
+	r = produce_batch(p, res);
+	PQclear(res);
+	if (r == 0)
+		r = wait_acks(p);
+	if (r == 0)
+		r = mark_result(p, true); /* an early marking UPDATE still running */
+	if (r == 0)
+		r = record_rows(p, p->sql.fail, ROW_FAILED, true);
+	if (r == 0)
+		r = record_rows(p, p->sql.give_up, ROW_GIVEN_UP, false);
+	if (r == 0)
+		r = mark_and_commit(p);
+	if (r == 0 && obx_log_enabled(OBX_LOG_DEBUG)) {
+		size_t count[ROW_GIVEN_UP + 1] = { 0 };
+
+		for (size_t i = 0; i < p->nrows; i++)
+			count[p->rows[i].state]++;
+		obx_log_debug("committed: %zu published, %zu failed, %zu given up, %zu held back",
+		    count[ROW_ACKED], count[ROW_FAILED], count[ROW_GIVEN_UP], count[ROW_SKIPPED]);
+	}
+	if (r == OBX_ENOMEM)
+		snprintf(p->reason, sizeof(p->reason), "out of memory");
+	clear_rows(p);
+	return r < 0 ? r : n;
+}
+
+/* ---- between cycles ---- */
+
+static void
+stats(struct poller *p)
+{
+	PGresult *res = PQexec(p->pg, p->sql.stats);
+
+	if (PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1) {
+		p->m.poll_pending_rows = strtoll(PQgetvalue(res, 0, 0), NULL, 10);
+		p->m.poll_oldest_pending_age_seconds = strtod(PQgetvalue(res, 0, 1), NULL);
+		p->m.poll_retrying_rows = strtoll(PQgetvalue(res, 0, 2), NULL, 10);
+		p->m.poll_max_attempts_pending = strtoll(PQgetvalue(res, 0, 3), NULL, 10);
+	}
+	PQclear(res);
+	p->next_stats_ms = now_ms() + STATS_INTERVAL_MS;
+}
+
+/*
+ * Sleeps up to ms, or until a notification on the channel, a signal or the
+ * connection's failure.  Returns 0, or OBX_EIO with reason filled.
+ */
+static int
+idle_wait(struct poller *p, int ms)
+{
+	int64_t until = now_ms() + ms;
+	PGnotify *nt;
+	bool woken = false;
+
+	while (!woken && p->signals == 0) {
+		int64_t left = until - now_ms();
+		struct pollfd fds[3] = {
+			{ PQsocket(p->pg), POLLIN, 0 },
+			{ p->opts->signal_fd, POLLIN, 0 },
+			{ obx_kafka_fd(&p->kf), POLLIN, 0 },
+		};
+
+		if (left <= 0)
+			break;
+		if (poll(fds, 3, (int)(left < 1000 ? left : 1000)) < 0 && errno != EINTR) {
+			snprintf(p->reason, sizeof(p->reason), "could not poll: %s", strerror(errno));
+			return OBX_EIO;
+		}
+		if (fds[1].revents & POLLIN)
+			read_signals(p);
+		if (fds[2].revents & POLLIN)
+			obx_kafka_poll(&p->kf, 0);
+		if (fds[0].revents & (POLLIN | POLLERR | POLLHUP)) {
+			char err[512];
+
+			if (PQconsumeInput(p->pg) == 0) {
+				snprintf(p->reason, sizeof(p->reason), "lost the connection: %s",
+				    obx_pg_error_line(p->pg, err, sizeof(err)));
+				return OBX_EIO;
+			}
+		}
+		while ((nt = PQnotifies(p->pg)) != NULL) {
+			woken = true;
+			PQfreemem(nt);
+		}
+		publish(p);
+	}
+	return 0;
+}
+
+/* Connects, checks the table and LISTENs.  Returns 0 or a negative code with reason filled. */
+static int
+session_open(struct poller *p)
+{
+	char err[512];
+	PGresult *res;
+
+	if (obx_pg_connect(p->cfg->conninfo, NULL, NULL, "outboxd", &p->pg, err, sizeof(err)) != 0) {
+		snprintf(p->reason, sizeof(p->reason), "could not connect to the server: %s", err);
+		return OBX_EIO;
+	}
+	res = PQexec(p->pg, p->sql.check);
+	if (PQresultStatus(res) != PGRES_TUPLES_OK) {
+		const char *state = PQresultErrorField(res, PG_DIAG_SQLSTATE);
+		bool missing = state != NULL && (strcmp(state, "42703") == 0 || strcmp(state, "42P01") == 0);
+
+		const char *primary = PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY);
+
+		snprintf(p->reason, sizeof(p->reason), "could not read the outbox table %s.%s for polling: "
+		    "%s%s", p->cfg->table_schema, p->cfg->table_name,
+		    primary != NULL ? primary : obx_pg_result_error_line(res, err, sizeof(err)),
+		    missing ? " (apply sql/008_polling.sql, or map the columns in [outbox])" : "");
+		PQclear(res);
+		return missing ? OBX_ECONFIG : OBX_EIO;
+	}
+	PQclear(res);
+	p->listening = false;
+	if (p->cfg->poll_notify_channel[0] != '\0') {
+		char chan[256] = "", q[300];
+
+		if (obx_poll_quote_ident(p->cfg->poll_notify_channel, chan, sizeof(chan)) == 0) {
+			snprintf(q, sizeof(q), "LISTEN %s", chan);
+			res = PQexec(p->pg, q);
+			p->listening = PQresultStatus(res) == PGRES_COMMAND_OK;
+			if (!p->listening)
+				obx_log_warn("could not listen on channel %s, polling every %d ms only: %s",
+				    p->cfg->poll_notify_channel, p->cfg->poll_interval_ms,
+				    obx_pg_result_error_line(res, err, sizeof(err)));
+			PQclear(res);
+		}
+	}
+	p->rel_built = false;
+	return 0;
+}
+
+static void
+session_close(struct poller *p)
+{
+	PQfinish(p->pg);
+	p->pg = NULL;
+	p->pg_busy = false;
+}
+
+/* One connection's life.  Returns 0 on a clean stop, a negative code otherwise. */
+static int
+session(struct poller *p)
+{
+	int r, n;
+
+	if ((r = session_open(p)) != 0) {
+		session_close(p);
+		return r;
+	}
+	obx_log_info("polling %s.%s: batches of %lld, every %d ms when idle%s%s", p->cfg->table_schema,
+	    p->cfg->table_name, p->cfg->poll_batch, p->cfg->poll_interval_ms,
+	    p->listening ? ", woken by NOTIFY on " : "", p->listening ? p->cfg->poll_notify_channel : "");
+	set_state(p, OBX_STATE_STREAMING, NULL);
+	stats(p);
+	for (;;) {
+		if (p->signals > 0) {
+			snprintf(p->reason, sizeof(p->reason), "stopped");
+			r = 0;
+			break;
+		}
+		if (!p->kf_open) {
+			char err[512];
+
+			if (obx_kafka_open(&p->kf, p->cfg, NULL, on_delivery, p, err, sizeof(err)) != 0) {
+				snprintf(p->reason, sizeof(p->reason), "%s", err);
+				r = OBX_ECONFIG;
+				break;
+			}
+			p->kf_open = true;
+		}
+		n = cycle(p);
+		if (n < 0) {
+			r = n;
+			break;
+		}
+		if (now_ms() >= p->next_stats_ms)
+			stats(p);
+		publish(p);
+		if (n == 0 && (r = idle_wait(p, p->cfg->poll_interval_ms)) != 0)
+			break;
+	}
+	session_close(p);
+	return r;
+}
+
+/* Sleeps until the backoff has passed or a signal arrives. */
+static void
+backoff(struct poller *p, int attempt)
+{
+	int64_t d = obx_poll_backoff_ms(attempt + 1, RECONNECT_MIN_MS, RECONNECT_MAX_MS, arc4random());
+	int64_t until = now_ms() + d;
+
+	while (now_ms() < until && p->signals == 0) {
+		struct pollfd fd = { p->opts->signal_fd, POLLIN, 0 };
+		int64_t left = until - now_ms();
+
+		if (poll(&fd, 1, (int)(left < 1000 ? left : 1000)) > 0)
+			read_signals(p);
+		publish(p);
+	}
+}
+
+int
+obx_poll_run(const struct obx_config *cfg, const struct obx_run_opts *opts)
+{
+	struct poller p;
+	char err[512], last[1024] = "";
+	int attempt = 0, rc = 1, r;
+
+	memset(&p, 0, sizeof(p));
+	p.cfg = cfg;
+	p.opts = opts;
+	p.log_level = cfg->log_level;
+	p.title_state = OBX_STATE_COUNT;
+	p.m.poll_mode = 1;
+	p.m.poll_pending_rows = -1;
+	p.m.state = OBX_STATE_CONNECTING;
+#ifdef OBX_TEST_HOOKS
+	if (getenv("OBX_TEST_KILL_AFTER_ACKS") != NULL)
+		p.test_kill_after = atol(getenv("OBX_TEST_KILL_AFTER_ACKS"));
+#endif
+	snprintf(p.m.info_table, sizeof(p.m.info_table), "%s.%s", cfg->table_schema, cfg->table_name);
+	if (obx_poll_sql_build(&p.sql, cfg) != 0 || obx_event_builder_init(&p.eb, cfg) != 0) {
+		obx_log_error("out of memory");
+		goto out;
+	}
+	if (obx_http_start(&p.http, cfg, err, sizeof(err)) != 0) {
+		obx_log_error("%s", err);
+		goto out;
+	}
+	p.http_on = true;
+	obx_log_info("metrics and health on %s:%d (/metrics, /healthz, /readyz)", cfg->metrics_host,
+	    p.http.port);
+	for (;;) {
+		int64_t published = (int64_t)p.m.events_published;
+
+		r = session(&p);
+		if (p.kf_open && (r != 0 || p.signals > 0)) {
+			/* rows not yet marked stay pending: whatever is still queued is dropped */
+			obx_kafka_close(&p.kf, 1000);
+			p.kf_open = false;
+		}
+		if (r == 0) {
+			obx_log_info("stopped; %" PRIu64 " event(s) published", p.m.events_published);
+			rc = 0;
+			break;
+		}
+		if (r == OBX_ECONFIG || r == OBX_ENOMEM) {
+			obx_log_error("%s", p.reason);
+			break;
+		}
+		if (p.signals > 0) {
+			obx_log_info("%s; stopped", p.reason);
+			rc = 0;
+			break;
+		}
+		if ((int64_t)p.m.events_published > published)
+			attempt = 0;
+		p.m.reconnects_postgres++;
+		set_state(&p, OBX_STATE_CONNECTING, p.reason);
+		if (strcmp(last, p.reason) != 0)
+			obx_log_warn("%s; retrying", p.reason);
+		snprintf(last, sizeof(last), "%s", p.reason);
+		backoff(&p, attempt++);
+		if (p.signals > 0) {
+			obx_log_info("stopped while reconnecting");
+			rc = 0;
+			break;
+		}
+	}
+out:
+	if (p.kf_open)
+		obx_kafka_close(&p.kf, 1000);
+	if (p.http_on)
+		obx_http_stop(&p.http);
+	clear_rows(&p);
+	free(p.rows);
+	free(p.hdrs);
+	free(p.datums);
+	obx_rel_free(&p.rel);
+	obx_event_builder_reset(&p.eb);
+	obx_poll_sql_reset(&p.sql);
+	return rc;
+}
