@@ -237,6 +237,28 @@ cmp_i64(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
+/* Adds every partition of topic (waiting up to 10 s for it to exist) at its end to parts. */
+static void
+add_partitions_at_end(rd_kafka_t *rk, rd_kafka_topic_partition_list_t *parts, const char *topic)
+{
+	const struct rd_kafka_metadata *md = NULL;
+	rd_kafka_topic_t *rkt = rd_kafka_topic_new(rk, topic, NULL);
+
+	for (int tries = 0; rd_kafka_metadata(rk, 0, rkt, &md, 5000) != 0 || md->topics[0].err ||
+	    md->topics[0].partition_cnt == 0; tries++) {
+		if (md != NULL)
+			rd_kafka_metadata_destroy(md);
+		md = NULL;
+		if (tries > 50)
+			die(topic, "topic does not exist");
+		usleep(200000);
+	}
+	for (int i = 0; i < md->topics[0].partition_cnt; i++)
+		rd_kafka_topic_partition_list_add(parts, topic, i)->offset = RD_KAFKA_OFFSET_END;
+	rd_kafka_metadata_destroy(md);
+	rd_kafka_topic_destroy(rkt);
+}
+
 /* A record read before its Kafka transaction's progress record: visible to read_committed later. */
 struct held {
 	char txn[96];
@@ -251,8 +273,6 @@ cmd_latency(const char *bootstrap, const char *topic, double seconds, const char
 	size_t nheld = 0, heldcap = 0;
 	rd_kafka_conf_t *c = rd_kafka_conf_new();
 	rd_kafka_topic_partition_list_t *parts = rd_kafka_topic_partition_list_new(64);
-	const struct rd_kafka_metadata *md = NULL;
-	rd_kafka_topic_t *rkt;
 	rd_kafka_t *rk;
 	char err[256];
 	int64_t *lat = NULL;
@@ -269,37 +289,9 @@ cmd_latency(const char *bootstrap, const char *topic, double seconds, const char
 	rk = rd_kafka_new(RD_KAFKA_CONSUMER, c, err, sizeof(err));
 	if (rk == NULL)
 		die("consumer", err);
-	rkt = rd_kafka_topic_new(rk, topic, NULL);
-	for (int tries = 0; rd_kafka_metadata(rk, 0, rkt, &md, 5000) != 0 || md->topics[0].err ||
-	    md->topics[0].partition_cnt == 0; tries++) {
-		if (md != NULL)
-			rd_kafka_metadata_destroy(md);
-		md = NULL;
-		if (tries > 50)
-			die(topic, "topic does not exist");
-		usleep(200000);
-	}
-	for (int i = 0; i < md->topics[0].partition_cnt; i++)
-		rd_kafka_topic_partition_list_add(parts, topic, i)->offset = RD_KAFKA_OFFSET_END;
-	rd_kafka_metadata_destroy(md);
-	rd_kafka_topic_destroy(rkt);
-	if (progress != NULL) {
-		/* exactly-once: a record counts when its transaction's progress record arrives */
-		rkt = rd_kafka_topic_new(rk, progress, NULL);
-		for (int tries = 0; rd_kafka_metadata(rk, 0, rkt, &md, 5000) != 0 || md->topics[0].err ||
-		    md->topics[0].partition_cnt == 0; tries++) {
-			if (md != NULL)
-				rd_kafka_metadata_destroy(md);
-			md = NULL;
-			if (tries > 50)
-				die(progress, "topic does not exist");
-			usleep(200000);
-		}
-		for (int i = 0; i < md->topics[0].partition_cnt; i++)
-			rd_kafka_topic_partition_list_add(parts, progress, i)->offset = RD_KAFKA_OFFSET_END;
-		rd_kafka_metadata_destroy(md);
-		rd_kafka_topic_destroy(rkt);
-	}
+	add_partitions_at_end(rk, parts, topic);
+	if (progress != NULL)
+		add_partitions_at_end(rk, parts, progress); /* exactly-once: records count when it arrives */
 	rd_kafka_assign(rk, parts);
 	rd_kafka_topic_partition_list_destroy(parts);
 	/* positioned once a poll round has fetched the end offsets */

@@ -134,9 +134,8 @@ static void
 reload(struct poller *p)
 {
 	struct obx_config fresh;
-	const char *names[40];
-	char err[1024], later[1024] = "";
-	size_t n;
+	static const char *const live[] = { "[log] level" };
+	char err[1024];
 
 	if (p->opts->reload == NULL)
 		return;
@@ -150,17 +149,7 @@ reload(struct poller *p)
 		obx_log_setup(p->log_level, p->cfg->log_format);
 		obx_log_info("SIGHUP: log level %s", obx_log_level_name(p->log_level));
 	}
-	n = obx_config_diff(p->cfg, &fresh, names, sizeof(names) / sizeof(names[0]));
-	for (size_t i = 0; i < n; i++) {
-		if (strcmp(names[i], "[log] level") == 0)
-			continue;
-		snprintf(later + strlen(later), sizeof(later) - strlen(later), "%s%s", later[0] ? ", " : "",
-		    names[i]);
-	}
-	if (later[0] != '\0')
-		obx_log_warn("SIGHUP: changed settings that take effect only after a restart: %s", later);
-	else
-		obx_log_info("SIGHUP: configuration re-read");
+	obx_relay_report_reload(p->cfg, &fresh, live, sizeof(live) / sizeof(live[0]));
 	obx_config_reset(&fresh);
 }
 

@@ -430,6 +430,29 @@ drive_commit(struct relay *r, bool idle)
 #endif
 }
 
+void
+obx_relay_report_reload(const struct obx_config *running, const struct obx_config *fresh,
+    const char *const *live, size_t nlive)
+{
+	const char *names[48];
+	char later[1024] = "";
+	size_t n = obx_config_diff(running, fresh, names, sizeof(names) / sizeof(names[0]));
+
+	for (size_t i = 0; i < n; i++) {
+		bool applied = false;
+
+		for (size_t j = 0; j < nlive && !applied; j++)
+			applied = strcmp(names[i], live[j]) == 0;
+		if (!applied)
+			snprintf(later + strlen(later), sizeof(later) - strlen(later), "%s%s",
+			    later[0] ? ", " : "", names[i]);
+	}
+	if (later[0] != '\0')
+		obx_log_warn("SIGHUP: changed settings that take effect only after a restart: %s", later);
+	else
+		obx_log_info("SIGHUP: configuration re-read");
+}
+
 /*
  * SIGHUP: re-reads the configuration.  The log level and the progress
  * interval take effect at once; every other change is named as needing a
@@ -439,9 +462,8 @@ static void
 reload(struct relay *r)
 {
 	struct obx_config fresh;
-	const char *names[32];
-	char err[1024], later[1024] = "";
-	size_t n;
+	static const char *const live[] = { "[log] level", "[log] progress_interval" };
+	char err[1024];
 
 	if (r->opts->reload == NULL)
 		return;
@@ -457,17 +479,7 @@ reload(struct relay *r)
 		obx_log_info("SIGHUP: log level %s, progress every %d ms", obx_log_level_name(r->log_level),
 		    r->progress_interval_ms);
 	}
-	n = obx_config_diff(r->cfg, &fresh, names, sizeof(names) / sizeof(names[0]));
-	for (size_t i = 0; i < n; i++) {
-		if (strcmp(names[i], "[log] level") == 0 || strcmp(names[i], "[log] progress_interval") == 0)
-			continue;
-		snprintf(later + strlen(later), sizeof(later) - strlen(later), "%s%s", later[0] ? ", " : "",
-		    names[i]);
-	}
-	if (later[0] != '\0')
-		obx_log_warn("SIGHUP: changed settings that take effect only after a restart: %s", later);
-	else
-		obx_log_info("SIGHUP: configuration re-read");
+	obx_relay_report_reload(r->cfg, &fresh, live, sizeof(live) / sizeof(live[0]));
 	obx_config_reset(&fresh);
 }
 

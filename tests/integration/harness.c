@@ -658,8 +658,8 @@ t_msgs_free(struct t_msg *m, size_t n)
 
 /* ---- relay under test ---- */
 
-static void
-exec_file(PGconn *c, const char *relpath)
+void
+t_exec_file(PGconn *c, const char *relpath)
 {
 	const char *src = getenv("OBX_SOURCE_DIR");
 	char path[1024], *text;
@@ -690,7 +690,7 @@ t_relay_setup(struct t_relay *r, const char *prefix, int bare)
 	snprintf(r->slot, sizeof(r->slot), "%s", r->db);
 	r->pg = t_pg(&r->st, r->db, 0);
 	if (!bare)
-		exec_file(r->pg, "sql/001_outbox.sql");
+		t_exec_file(r->pg, "sql/001_outbox.sql");
 	t_broker_start(&r->b, 3);
 	snprintf(r->log, sizeof(r->log), "/tmp/obx-test-%s.log", r->db);
 	unlink(r->log);

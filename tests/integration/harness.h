@@ -83,6 +83,8 @@ void t_conninfo(const struct t_stack *st, const char *db, char *buf, size_t len)
 
 /* Runs SQL (printf-style); fails the test unless it succeeds. */
 void t_exec(PGconn *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Runs the SQL file relpath of the source tree ($OBX_SOURCE_DIR) on c; fails the test if it cannot. */
+void t_exec_file(PGconn *c, const char *relpath);
 
 /* Runs SQL returning one value; returns a malloc'd string ("" for NULL). */
 char *t_query1(PGconn *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

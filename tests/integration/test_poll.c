@@ -32,29 +32,6 @@ teardown(void **state)
 	return 0;
 }
 
-static void
-exec_sql_file(PGconn *c, const char *relpath)
-{
-	const char *src = getenv("OBX_SOURCE_DIR");
-	char path[1024], *text;
-	FILE *fp;
-	long len;
-
-	snprintf(path, sizeof(path), "%s/%s", src ? src : ".", relpath);
-	fp = fopen(path, "r");
-	if (fp == NULL)
-		fail_msg("could not open %s", path);
-	fseek(fp, 0, SEEK_END);
-	len = ftell(fp);
-	fseek(fp, 0, SEEK_SET);
-	text = calloc(1, (size_t)len + 1);
-	if (fread(text, 1, (size_t)len, fp) != (size_t)len)
-		fail_msg("could not read %s", path);
-	fclose(fp);
-	t_exec(c, "%s", text);
-	free(text);
-}
-
 /* A database with the outbox, the polling migration and (notify) the trigger; the config. */
 static void
 poll_setup(const char *prefix, int notify, const char *extra)
@@ -62,9 +39,9 @@ poll_setup(const char *prefix, int notify, const char *extra)
 	char text[2048];
 
 	t_relay_setup(&R, prefix, 0);
-	exec_sql_file(R.pg, "sql/008_polling.sql");
+	t_exec_file(R.pg, "sql/008_polling.sql");
 	if (notify)
-		exec_sql_file(R.pg, "sql/009_polling_notify.sql");
+		t_exec_file(R.pg, "sql/009_polling_notify.sql");
 	snprintf(text, sizeof(text), "[source]\nmode = poll\n%s", extra != NULL ? extra : "");
 	/* t_relay_config writes [source] first: a second [source] block adds to it */
 	t_relay_config(&R, text);
