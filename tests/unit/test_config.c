@@ -89,8 +89,8 @@ test_defaults(void **state)
 	assert_string_equal(cfg.topic, "outbox.event.${aggregatetype}");
 	assert_string_equal(cfg.col_headers, "");
 	assert_string_equal(cfg.col_timestamp, "");
-	assert_int_equal(cfg.max_inflight, 10000);
-	assert_int_equal(cfg.max_inflight_bytes, 16 << 20);
+	assert_int_equal(cfg.max_inflight, 4000);
+	assert_int_equal(cfg.max_inflight_bytes, 8 << 20);
 	assert_int_equal(cfg.on_error, OBX_ON_ERROR_STOP);
 	assert_true(cfg.dedupe);
 	assert_string_equal(cfg.dead_letter_topic, "outbox.dead_letter");

@@ -40,7 +40,7 @@ test_defaults_and_guarantees(void **state)
 	expect_prop(conf, "message.timeout.ms", "0");
 	expect_prop(conf, "linger.ms", "0"); /* an event leaves at once */
 	expect_prop(conf, "partitioner", "murmur2_random");
-	expect_prop(conf, "queue.buffering.max.messages", "21000");
+	expect_prop(conf, "queue.buffering.max.messages", "9000"); /* 2 x max_inflight + 1000 */
 	rd_kafka_conf_destroy(conf);
 
 	/* user tuning wins where it does not weaken anything */
