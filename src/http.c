@@ -16,15 +16,6 @@
 #define HEARTBEAT_STALE_MS 30000
 #define SLOT_POLL_SECONDS 15
 
-static int64_t
-mono_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 static enum MHD_Result
 reply(struct MHD_Connection *c, unsigned status, const char *ctype, char *body, size_t len, bool owned)
 {
@@ -73,7 +64,7 @@ handle(void *cls, struct MHD_Connection *c, const char *url, const char *method,
 	}
 	if (strcmp(url, "/healthz") == 0) {
 		/* alive and the loop turning; outages of PostgreSQL or the broker are ridden out */
-		if (mono_ms() - m.heartbeat_ms > HEARTBEAT_STALE_MS)
+		if (obx_mono_ms() - m.heartbeat_ms > HEARTBEAT_STALE_MS)
 			return reply(c, 503, "text/plain", "stalled: the relay loop has not turned for 30 s\n", 48, false);
 		return reply(c, 200, "text/plain", "ok\n", 3, false);
 	}
@@ -170,7 +161,7 @@ obx_http_start(struct obx_http *h, const struct obx_config *cfg, char *errbuf, s
 	h->cfg = cfg;
 	pthread_mutex_init(&h->mu, NULL);
 	pthread_cond_init(&h->cv, NULL);
-	h->snap.heartbeat_ms = mono_ms();
+	h->snap.heartbeat_ms = obx_mono_ms();
 	memset(&a4, 0, sizeof(a4));
 	memset(&a6, 0, sizeof(a6));
 	if (inet_pton(AF_INET, cfg->metrics_host, &a4.sin_addr) == 1) {

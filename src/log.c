@@ -67,3 +67,12 @@ obx_log(enum obx_log_level level, const char *fmt, ...)
 	}
 	errno = saved_errno;
 }
+
+int64_t
+obx_mono_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}

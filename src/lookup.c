@@ -30,15 +30,6 @@
 #define SLICE_MS 200
 #define MAX_HEADERS 64
 
-static int64_t
-mono_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 static void
 log_cb(const rd_kafka_t *rk, int level, const char *fac, const char *msg)
 {
@@ -127,7 +118,7 @@ stopping(struct obx_lookup *l)
 static int
 slice(int64_t deadline)
 {
-	int64_t left = deadline - mono_ms();
+	int64_t left = deadline - obx_mono_ms();
 
 	return left <= 0 ? 0 : left < SLICE_MS ? (int)left : SLICE_MS;
 }
@@ -144,7 +135,7 @@ read_metadata(struct obx_lookup *l, rd_kafka_t *rk, rd_kafka_topic_t *rkt, struc
 		err = rd_kafka_metadata(rk, 0, rkt, &md, slice(deadline) > 0 ? slice(deadline) : 1);
 		if (err == RD_KAFKA_RESP_ERR_NO_ERROR)
 			break;
-		if (stopping(l) || mono_ms() >= deadline) {
+		if (stopping(l) || obx_mono_ms() >= deadline) {
 			obx_dd_scan_fail(s, -1, "could not read its metadata: %s", rd_kafka_err2str(err));
 			return false;
 		}
@@ -168,7 +159,7 @@ read_bounds(struct obx_lookup *l, rd_kafka_t *rk, struct obx_dd_scan *s, int64_t
 		int64_t lo, hi;
 		rd_kafka_resp_err_t err = RD_KAFKA_RESP_ERR__TIMED_OUT;
 
-		while (!stopping(l) && mono_ms() < deadline) {
+		while (!stopping(l) && obx_mono_ms() < deadline) {
 			err = rd_kafka_query_watermark_offsets(rk, s->topic, p, &lo, &hi, slice(deadline));
 			if (err == RD_KAFKA_RESP_ERR_NO_ERROR)
 				break;
@@ -227,7 +218,7 @@ read_round(struct obx_lookup *l, rd_kafka_t *rk, rd_kafka_topic_t *rkt, struct o
 		to[p] = w.to;
 		nactive++;
 	}
-	while (nactive > 0 && !stopping(l) && mono_ms() < deadline) {
+	while (nactive > 0 && !stopping(l) && obx_mono_ms() < deadline) {
 		rd_kafka_message_t *m = rd_kafka_consume_queue(q, slice(deadline));
 		int32_t p;
 
@@ -279,7 +270,7 @@ out:
 static struct obx_dd_scan *
 read_topic(struct obx_lookup *l, rd_kafka_t *rk, const char *why, const struct obx_lookup_job *job)
 {
-	int64_t deadline = mono_ms() + OBX_LOOKUP_BUDGET_MS;
+	int64_t deadline = obx_mono_ms() + OBX_LOOKUP_BUDGET_MS;
 	struct obx_dd_scan *s = obx_dd_scan_new(job->topic, &job->floor);
 	rd_kafka_topic_t *rkt;
 	char unfinished[128];
@@ -298,11 +289,11 @@ read_topic(struct obx_lookup *l, rd_kafka_t *rk, const char *why, const struct o
 	}
 	if (read_metadata(l, rk, rkt, s, deadline)) {
 		read_bounds(l, rk, s, deadline);
-		while (!stopping(l) && mono_ms() < deadline && read_round(l, rk, rkt, s, deadline))
+		while (!stopping(l) && obx_mono_ms() < deadline && read_round(l, rk, rkt, s, deadline))
 			rounds++;
 	}
 	obx_log_debug("de-duplication: read topic %s back in %lld ms, %d window(s) per partition at most",
-	    job->topic, (long long)(mono_ms() - (deadline - OBX_LOOKUP_BUDGET_MS)), rounds);
+	    job->topic, (long long)(obx_mono_ms() - (deadline - OBX_LOOKUP_BUDGET_MS)), rounds);
 	if (stopping(l))
 		snprintf(unfinished, sizeof(unfinished), "the session ended during its read-back");
 	else
@@ -500,7 +491,7 @@ progress_partition(const struct obx_config *cfg, const char *key, rd_kafka_t *rk
 	int64_t window = PROGRESS_WINDOW;
 	bool newest = true;
 
-	while (mono_ms() < deadline) {
+	while (obx_mono_ms() < deadline) {
 		err = rd_kafka_query_watermark_offsets(rk, cfg->progress_topic, p, &lo, &hi, slice(deadline));
 		if (err == RD_KAFKA_RESP_ERR_NO_ERROR || (tick != NULL && tick(arg)))
 			break;
@@ -525,7 +516,7 @@ progress_partition(const struct obx_config *cfg, const char *key, rd_kafka_t *rk
 			rd_kafka_message_t *m;
 			int64_t off;
 
-			if (mono_ms() >= deadline || (tick != NULL && tick(arg))) {
+			if (obx_mono_ms() >= deadline || (tick != NULL && tick(arg))) {
 				if (keep != NULL)
 					rd_kafka_message_destroy(keep);
 				rd_kafka_consume_stop(rkt, p);
@@ -606,7 +597,7 @@ obx_lookup_progress(const struct obx_config *cfg, const char *key, int budget_ms
     bool (*tick)(void *), void *arg, struct obx_progress *out, int32_t *nparts_out, char *why,
     size_t whylen)
 {
-	int64_t deadline = mono_ms() + budget_ms;
+	int64_t deadline = obx_mono_ms() + budget_ms;
 	const struct rd_kafka_metadata *md = NULL;
 	rd_kafka_resp_err_t err = RD_KAFKA_RESP_ERR__TIMED_OUT;
 	rd_kafka_topic_t *rkt;
@@ -623,7 +614,7 @@ obx_lookup_progress(const struct obx_config *cfg, const char *key, int budget_ms
 		rd_kafka_destroy(rk);
 		return OBX_EIO;
 	}
-	while (mono_ms() < deadline) {
+	while (obx_mono_ms() < deadline) {
 		err = rd_kafka_metadata(rk, 0, rkt, &md, slice(deadline) > 0 ? slice(deadline) : 1);
 		if (err == RD_KAFKA_RESP_ERR_NO_ERROR || (tick != NULL && tick(arg)))
 			break;

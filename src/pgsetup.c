@@ -116,15 +116,6 @@ query(PGconn *c, const char *sql, PGresult **out, char sqlstate[6], char *errbuf
 	return OBX_EIO;
 }
 
-static int64_t
-mono_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /*
  * Runs sql like query() for a command that may wait on the server, ticking
  * ctx about every second meanwhile.  After timeout_ms (0: no limit), or
@@ -136,7 +127,7 @@ static int
 query_waiting(PGconn *c, const char *sql, int timeout_ms, struct obx_pgsetup_ctx *ctx,
     PGresult **out, char sqlstate[6], char *errbuf, size_t errlen)
 {
-	int64_t start = mono_ms(), next_tick = start + 1000;
+	int64_t start = obx_mono_ms(), next_tick = start + 1000;
 	PGresult *res, *last = NULL;
 	int gave_up = 0;
 	ExecStatusType st;
@@ -150,7 +141,7 @@ query_waiting(PGconn *c, const char *sql, int timeout_ms, struct obx_pgsetup_ctx
 	}
 	while (PQisBusy(c)) {
 		struct pollfd p = { PQsocket(c), POLLIN, 0 };
-		int64_t now = mono_ms();
+		int64_t now = obx_mono_ms();
 
 		if (timeout_ms > 0 && now - start >= timeout_ms)
 			gave_up = OBX_EBUSY;

@@ -98,19 +98,10 @@ struct poller {
 #endif
 };
 
-static int64_t
-now_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 static void
 publish(struct poller *p)
 {
-	p->m.heartbeat_ms = now_ms();
+	p->m.heartbeat_ms = obx_mono_ms();
 	if (p->http_on)
 		obx_http_publish(&p->http, &p->m);
 	if (p->m.state != p->title_state) {
@@ -742,7 +733,7 @@ mark_and_commit(struct poller *p)
 static int
 wait_acks(struct poller *p)
 {
-	int64_t start = now_ms();
+	int64_t start = obx_mono_ms();
 	bool slow = false;
 
 	obx_kafka_poll(&p->kf, 0);
@@ -776,7 +767,7 @@ wait_acks(struct poller *p)
 			snprintf(p->reason, sizeof(p->reason), "the Kafka producer failed: %s", p->kf.fatal_reason);
 			return OBX_ESTATE;
 		}
-		if (!slow && now_ms() - start > SLOW_ACK_MS) {
+		if (!slow && obx_mono_ms() - start > SLOW_ACK_MS) {
 			char why[160];
 
 			slow = true;
@@ -789,7 +780,7 @@ wait_acks(struct poller *p)
 	}
 	p->m.inflight_events = 0;
 	if (slow) {
-		obx_log_info("the broker acknowledged the batch after %.1f s", (double)(now_ms() - start) / 1000.0);
+		obx_log_info("the broker acknowledged the batch after %.1f s", (double)(obx_mono_ms() - start) / 1000.0);
 		set_state(p, OBX_STATE_STREAMING, NULL);
 	}
 	return 0;
@@ -871,7 +862,7 @@ stats(struct poller *p)
 		p->m.poll_max_attempts_pending = strtoll(PQgetvalue(res, 0, 3), NULL, 10);
 	}
 	PQclear(res);
-	p->next_stats_ms = now_ms() + STATS_INTERVAL_MS;
+	p->next_stats_ms = obx_mono_ms() + STATS_INTERVAL_MS;
 }
 
 /*
@@ -881,12 +872,12 @@ stats(struct poller *p)
 static int
 idle_wait(struct poller *p, int ms)
 {
-	int64_t until = now_ms() + ms;
+	int64_t until = obx_mono_ms() + ms;
 	PGnotify *nt;
 	bool woken = false;
 
 	while (!woken && p->signals == 0) {
-		int64_t left = until - now_ms();
+		int64_t left = until - obx_mono_ms();
 		struct pollfd fds[3] = {
 			{ PQsocket(p->pg), POLLIN, 0 },
 			{ p->opts->signal_fd, POLLIN, 0 },
@@ -1010,7 +1001,7 @@ session(struct poller *p)
 			r = n;
 			break;
 		}
-		if (now_ms() >= p->next_stats_ms)
+		if (obx_mono_ms() >= p->next_stats_ms)
 			stats(p);
 		publish(p);
 		if (n == 0 && (r = idle_wait(p, p->cfg->poll_interval_ms)) != 0)
@@ -1025,11 +1016,11 @@ static void
 backoff(struct poller *p, int attempt)
 {
 	int64_t d = obx_poll_backoff_ms(attempt + 1, RECONNECT_MIN_MS, RECONNECT_MAX_MS, arc4random());
-	int64_t until = now_ms() + d;
+	int64_t until = obx_mono_ms() + d;
 
-	while (now_ms() < until && p->signals == 0) {
+	while (obx_mono_ms() < until && p->signals == 0) {
 		struct pollfd fd = { p->opts->signal_fd, POLLIN, 0 };
-		int64_t left = until - now_ms();
+		int64_t left = until - obx_mono_ms();
 
 		if (poll(&fd, 1, (int)(left < 1000 ? left : 1000)) > 0)
 			read_signals(p);

@@ -86,15 +86,6 @@ struct relay {
 #endif
 };
 
-static int64_t
-now_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* ---- the core's actions ---- */
 
 /* What a refused produce call means, in words. */
@@ -268,7 +259,7 @@ send_status(struct relay *r, obx_lsn write, obx_lsn flush, bool reply)
 	}
 	if (flush > r->core.sent_flush)
 		obx_log_debug("confirmed %s", obx_lsn_format(flush, a, sizeof(a)));
-	obx_core_status_sent(&r->core, flush, now_ms());
+	obx_core_status_sent(&r->core, flush, obx_mono_ms());
 }
 
 /*
@@ -279,7 +270,7 @@ send_status(struct relay *r, obx_lsn write, obx_lsn flush, bool reply)
 static void
 maybe_status(struct relay *r)
 {
-	int64_t now = now_ms();
+	int64_t now = obx_mono_ms();
 	obx_lsn write, flush;
 	bool reply;
 
@@ -299,7 +290,7 @@ maybe_status(struct relay *r)
 static void
 check_silence(struct relay *r)
 {
-	int64_t now = now_ms(), limit = (int64_t)r->st.wal_sender_timeout_ms * r->silence_factor;
+	int64_t now = obx_mono_ms(), limit = (int64_t)r->st.wal_sender_timeout_ms * r->silence_factor;
 
 	if (!obx_core_can_read(&r->core) || r->st.wal_sender_timeout_ms <= 0) {
 		r->last_rx_ms = now;
@@ -363,7 +354,7 @@ read_stream(struct relay *r)
 			serve_reports(r);
 	}
 	if (got > 0)
-		r->last_rx_ms = now_ms(); /* one clock read per batch */
+		r->last_rx_ms = obx_mono_ms(); /* one clock read per batch */
 	return drained && got <= IDLE_MESSAGES && obx_core_can_read(&r->core);
 }
 
@@ -384,7 +375,7 @@ drive_commit(struct relay *r, bool idle)
 	rd_kafka_resp_err_t err;
 
 	if (!r->committing) {
-		if (!obx_core_commit_due(&r->core, now_ms(), idle, &p))
+		if (!obx_core_commit_due(&r->core, obx_mono_ms(), idle, &p))
 			return;
 		pr = (struct obx_progress){ p.mark, (uint32_t)r->st.timeline, p.end_lsn, p.commit_time, p.records };
 		value = obx_progress_encode(&pr, r->cfg->slot, r->kf.txn_id);
@@ -496,7 +487,7 @@ read_signals(struct relay *r)
 				reload(r);
 				continue;
 			}
-			obx_core_signal(&r->core, now_ms());
+			obx_core_signal(&r->core, obx_mono_ms());
 		}
 }
 
@@ -515,7 +506,7 @@ set_title(struct relay *r)
 static void
 publish(struct relay *r)
 {
-	r->m.heartbeat_ms = now_ms();
+	r->m.heartbeat_ms = obx_mono_ms();
 	if (r->http_on)
 		obx_http_publish(&r->http, &r->m);
 	if (r->m.state != r->title_state)
@@ -546,7 +537,7 @@ static void
 update_metrics(struct relay *r)
 {
 	const struct obx_core *c = &r->core;
-	int64_t now = now_ms(), oldest;
+	int64_t now = obx_mono_ms(), oldest;
 
 	r->m.state = c->draining ? OBX_STATE_DRAINING : obx_core_backpressured(c) ?
 	    OBX_STATE_BACKPRESSURED : OBX_STATE_STREAMING;
@@ -611,11 +602,11 @@ eos_tick(void *arg)
 	struct relay *r = arg;
 	char err[512];
 
-	if (now_ms() - r->eos_status_ms >= 1000) {
+	if (obx_mono_ms() - r->eos_status_ms >= 1000) {
 		if (obx_pgstream_send_status(&r->st, r->st.start_confirmed, r->st.start_confirmed, false, err,
 		    sizeof(err)) == 0)
 			(void)obx_pgstream_flush(&r->st);
-		r->eos_status_ms = now_ms();
+		r->eos_status_ms = obx_mono_ms();
 	}
 	return setup_tick(arg);
 }
@@ -740,7 +731,7 @@ session_open(struct relay *r)
 	}
 	r->announced_interval = interval;
 	if (obx_core_session_start(&r->core, r->st.start_confirmed, r->st.proto_version, interval,
-	    now_ms()) != 0) {
+	    obx_mono_ms()) != 0) {
 		obx_lookup_close(&r->lk);
 		r->reports_at_us = obx_pg_now();
 		obx_kafka_close(&r->kf, 0);
@@ -754,11 +745,11 @@ session_open(struct relay *r)
 	r->committing = false;
 	snprintf(r->m.info_database, sizeof(r->m.info_database), "%s", PQdb(r->st.conn));
 	r->streamed = true;
-	r->last_rx_ms = now_ms();
+	r->last_rx_ms = obx_mono_ms();
 	if (r->was_standby)
 		obx_log_info("taking over slot %s from the previous instance", r->cfg->slot);
 	r->was_standby = false;
-	r->last_progress_ms = now_ms();
+	r->last_progress_ms = obx_mono_ms();
 	r->progress_events = r->core.published;
 	r->progress_txns = r->m.transactions;
 	obx_log_info("streaming from slot %s at %s (pgoutput protocol %d%s%s%s, status every %d ms)",
@@ -784,7 +775,7 @@ wait_for_input(struct relay *r, int flushing)
 	p[1] = (struct pollfd){ obx_kafka_fd(&r->kf), POLLIN, 0 };
 	p[2] = (struct pollfd){ r->opts->signal_fd, POLLIN, 0 };
 	p[3] = (struct pollfd){ obx_lookup_fd(&r->lk), POLLIN, 0 }; /* -1 until a read-back starts */
-	if (poll(p, 4, (int)obx_core_wait_ms(&r->core, now_ms())) < 0 && errno != EINTR) {
+	if (poll(p, 4, (int)obx_core_wait_ms(&r->core, obx_mono_ms())) < 0 && errno != EINTR) {
 		obx_core_fail(&r->core, OBX_CORE_END_FATAL, "poll: %s", strerror(errno));
 		return;
 	}
@@ -807,9 +798,9 @@ session_close(struct relay *r)
 	r->end_kafka = r->end_kafka || r->core.end_kafka;
 	/* confirm what is safe before leaving (no-op when the connection is gone) */
 	if (r->end != OBX_CORE_END_FATAL && PQstatus(r->st.conn) == CONNECTION_OK) {
-		obx_core_status_due(&r->core, now_ms(), &write, &flush, &reply);
+		obx_core_status_due(&r->core, obx_mono_ms(), &write, &flush, &reply);
 		if (obx_pgstream_send_status(&r->st, write, flush, false, err, sizeof(err)) == 0)
-			obx_core_status_sent(&r->core, flush, now_ms());
+			obx_core_status_sent(&r->core, flush, obx_mono_ms());
 		obx_pgstream_flush(&r->st);
 	}
 	r->m.events_published = r->core.published;
@@ -849,7 +840,7 @@ session(struct relay *r)
 		read_signals(r);
 		serve_reports(r);
 		serve_lookups(r);
-		obx_core_pump(&r->core, now_ms());
+		obx_core_pump(&r->core, obx_mono_ms());
 		update_metrics(r);
 		if (obx_core_ended(&r->core, NULL) != OBX_CORE_RUNNING)
 			break;
@@ -881,10 +872,10 @@ backoff(struct relay *r, int attempt)
 	int64_t until;
 
 	delay = delay / 2 + arc4random_uniform((uint32_t)(delay / 2 + 1));
-	until = now_ms() + delay;
-	while (now_ms() < until) {
+	until = obx_mono_ms() + delay;
+	while (obx_mono_ms() < until) {
 		struct pollfd p = { r->opts->signal_fd, POLLIN, 0 };
-		int64_t left = until - now_ms();
+		int64_t left = until - obx_mono_ms();
 
 		if (poll(&p, 1, (int)(left < 1000 ? left : 1000)) > 0)
 			break;

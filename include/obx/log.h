@@ -7,6 +7,8 @@
 #ifndef OBX_LOG_H
 #define OBX_LOG_H
 
+#include <stdint.h>
+
 #include "obx/config.h"
 
 void obx_log_setup(enum obx_log_level level, enum obx_log_format format);
@@ -20,5 +22,8 @@ void obx_log(enum obx_log_level level, const char *fmt, ...)
 #define obx_log_warn(...) obx_log(OBX_LOG_WARN, __VA_ARGS__)
 #define obx_log_info(...) obx_log(OBX_LOG_INFO, __VA_ARGS__)
 #define obx_log_debug(...) obx_log(OBX_LOG_DEBUG, __VA_ARGS__)
+
+/* Milliseconds of the monotonic clock: what every loop's deadlines and waits are counted in. */
+int64_t obx_mono_ms(void);
 
 #endif
