@@ -185,9 +185,12 @@ obx_pgstream_start(struct obx_pgstream *s, const struct obx_config *cfg, char *e
 {
 	int r;
 
+	/* the marker goes before the snapshot's transaction ends: whoever finds the marker then
+	 * also finds the transaction's lock taken (snapshot.c) */
+	r = s->snap.wanted ? obx_pgsetup_snapshot_done(s->conn, &s->snap, errbuf, errlen) : 0;
 	PQfinish(s->snap.conn);
 	s->snap.conn = NULL;
-	if (s->snap.wanted && (r = obx_pgsetup_snapshot_done(s->conn, &s->snap, errbuf, errlen)) != 0)
+	if (r != 0)
 		return fail_class(r);
 	s->snap.wanted = false;
 	return fail_class(start_replication(s, cfg, errbuf, errlen));

@@ -24,7 +24,7 @@
 #include "obx/poll.h"
 #include "obx/snapshot.h"
 
-#define FETCH_SQL "FETCH 1000 FROM outboxd_snapshot"
+#define FETCH_SQL "FETCH 500 FROM outboxd_snapshot" /* rows held by libpq at a time */
 #define PROGRESS_MS 10000
 #define OP_SNAPSHOT (1ULL << 62)
 #define OP_DEAD_LETTER (1ULL << 61)
@@ -84,8 +84,10 @@ produce(struct obx_snapshot *s, const char *topic, const void *key, size_t keyle
 	while ((err = obx_kafka_produce(s->kf, topic, RD_KAFKA_PARTITION_UA, key, keylen, value, len, ts, h,
 	    nh, NULL, NULL, opaque)) == RD_KAFKA_RESP_ERR__QUEUE_FULL)
 		obx_kafka_poll(s->kf, 100);
-	if (err == RD_KAFKA_RESP_ERR_NO_ERROR)
+	if (err == RD_KAFKA_RESP_ERR_NO_ERROR) {
 		s->outstanding++;
+		s->outstanding_bytes += len + keylen;
+	}
 	return err;
 }
 
@@ -127,6 +129,8 @@ obx_snapshot_report(struct obx_snapshot *s, uint64_t opaque, const rd_kafka_mess
 	if ((opaque & OP_SNAPSHOT) == 0 || s->outstanding == 0)
 		return;
 	s->outstanding--;
+	s->outstanding_bytes -= s->outstanding_bytes < m->len + m->key_len ? s->outstanding_bytes :
+	    m->len + m->key_len;
 	if (m->err == RD_KAFKA_RESP_ERR_NO_ERROR) {
 		s->acked++;
 		if (dl) {
@@ -424,17 +428,42 @@ take_lock(struct obx_snapshot *s, PGconn *c, char *errbuf, size_t errlen)
 	return r;
 }
 
+/* Returns 0 while the marker slot exists, OBX_ENOENT once it is gone, or OBX_EIO. */
+static int
+marker_gone(struct obx_snapshot *s, PGconn *c, const char *marker, char *errbuf, size_t errlen)
+{
+	const char *params[1] = { marker };
+	char err[512];
+	PGresult *res = PQexecParams(c, "SELECT 1 FROM pg_replication_slots WHERE slot_name = $1", 1,
+	    NULL, params, NULL, NULL, 0);
+	int r;
+
+	if (PQresultStatus(res) != PGRES_TUPLES_OK) {
+		snprintf(errbuf, errlen, "snapshot of slot %s: could not read slot %s: %s", s->cfg->slot,
+		    marker, obx_pg_result_error_line(res, err, sizeof(err)));
+		PQclear(res);
+		return OBX_EIO;
+	}
+	r = PQntuples(res) == 1 ? 0 : OBX_ENOENT;
+	PQclear(res);
+	if (r != 0)
+		obx_log_info("snapshot of slot %s: another instance finished it meanwhile", s->cfg->slot);
+	return r;
+}
+
 /*
  * Serves delivery reports until at most limit records are outstanding.
  * Returns 0, the run's end code, or OBX_ESTATE when tick asks to stop.
  */
 static int
-wait_reports(struct obx_snapshot *s, uint64_t limit, bool (*tick)(void *), void *arg,
-    int64_t started, int64_t *next_note)
+wait_reports(struct obx_snapshot *s, uint64_t limit, uint64_t limit_bytes, bool (*tick)(void *),
+    void *arg, int64_t started, int64_t *next_note)
 {
 	while (s->end == 0) {
-		obx_kafka_poll(s->kf, s->outstanding > limit ? 100 : 0);
-		if (s->outstanding <= limit || s->end != 0)
+		bool over = s->outstanding > limit || s->outstanding_bytes > limit_bytes;
+
+		obx_kafka_poll(s->kf, over ? 100 : 0);
+		if ((s->outstanding <= limit && s->outstanding_bytes <= limit_bytes) || s->end != 0)
 			break;
 		if (tick != NULL && tick(arg))
 			return OBX_ESTATE;
@@ -449,13 +478,16 @@ wait_reports(struct obx_snapshot *s, uint64_t limit, bool (*tick)(void *), void 
 }
 
 int
-obx_snapshot_run(struct obx_snapshot *s, PGconn *conn, bool imported, obx_lsn start,
-    bool (*tick)(void *), void *arg, char *errbuf, size_t errlen)
+obx_snapshot_run(struct obx_snapshot *s, PGconn *conn, bool imported, const char *marker,
+    obx_lsn start, bool (*tick)(void *), void *arg, char *errbuf, size_t errlen)
 {
 	const struct obx_config *cfg = s->cfg;
 	char err[512], state[6], filter[1024], order[300];
 	char *declare = NULL;
+	/* [delivery] max_inflight and max_inflight_bytes bound what waits for the broker, as in
+	 * the stream (docs/design.md, invariant 7) */
 	uint64_t window = cfg->max_inflight > 0 ? (uint64_t)cfg->max_inflight : 4000;
+	uint64_t window_bytes = cfg->max_inflight_bytes > 0 ? (uint64_t)cfg->max_inflight_bytes : 8 << 20;
 	int64_t started = obx_mono_ms(), next_note = started + PROGRESS_MS;
 	int r;
 
@@ -466,6 +498,10 @@ obx_snapshot_run(struct obx_snapshot *s, PGconn *conn, bool imported, obx_lsn st
 		return OBX_EIO;
 	}
 	if ((r = take_lock(s, conn, errbuf, errlen)) != 0)
+		return r;
+	/* an earlier run's snapshot: another instance may have finished it since the marker was
+	 * read (the marker goes before that instance's lock does) */
+	if (!imported && (r = marker_gone(s, conn, marker, errbuf, errlen)) != 0)
 		return r;
 	if ((r = cursor_sql(s, conn, &declare, filter, sizeof(filter), order, sizeof(order), errbuf,
 	    errlen)) != 0)
@@ -514,12 +550,12 @@ obx_snapshot_run(struct obx_snapshot *s, PGconn *conn, bool imported, obx_lsn st
 		r = n > 0 ? produce_rows(s, conn, res) : 0;
 		PQclear(res);
 		if (r == 0)
-			r = wait_reports(s, window, tick, arg, started, &next_note);
+			r = wait_reports(s, window, window_bytes, tick, arg, started, &next_note);
 		if (r != 0 || n == 0)
 			break;
 	}
 	if (r == 0)
-		r = wait_reports(s, 0, tick, arg, started, &next_note);
+		r = wait_reports(s, 0, 0, tick, arg, started, &next_note);
 	if (r == OBX_ESTATE) {
 		snprintf(errbuf, errlen, "stopped during the snapshot of slot %s: %" PRIu64 " of its rows "
 		    "acknowledged; the next start publishes its pending rows again", cfg->slot, s->acked);
@@ -529,7 +565,8 @@ obx_snapshot_run(struct obx_snapshot *s, PGconn *conn, bool imported, obx_lsn st
 		snprintf(errbuf, errlen, "%s", s->reason);
 		return r;
 	}
-	(void)exec_ok(conn, "COMMIT", err, sizeof(err), NULL);
+	/* the transaction (and its lock) stays open until the caller has dropped the marker: an
+	 * instance that then finds the marker still finds the lock taken */
 	obx_log_info("snapshot of slot %s at %s: %" PRIu64 " row(s) published in %.1f s; streaming "
 	    "follows", cfg->slot, s->point, s->acked - s->dead_lettered,
 	    (double)(obx_mono_ms() - started) / 1000);

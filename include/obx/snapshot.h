@@ -41,6 +41,7 @@ struct obx_snapshot {
 	char point[32];             /* the slot's creation point: the snapshot header */
 	uint64_t rows;              /* rows read */
 	uint64_t outstanding;       /* records not yet reported */
+	uint64_t outstanding_bytes; /* their keys and values */
 	uint64_t acked;             /* records acknowledged (dead-letter copies included) */
 	uint64_t dead_lettered;
 	int end;                    /* 0, or how the run failed: OBX_EIO (retry) or OBX_ECONFIG (stop) */
@@ -59,17 +60,22 @@ int obx_snapshot_init(struct obx_snapshot *s, const struct obx_config *cfg, stru
  * when the table has it (else the physical order), and waits until each is
  * acknowledged.  conn is an ordinary connection; imported: it is already in
  * a transaction in the slot's exported snapshot, else a repeatable-read
- * transaction starts now.  start is the slot's creation point.  tick runs
+ * transaction starts now (and when marker, the marker slot's name, is
+ * gone once the lock is taken, another instance finished the rows:
+ * OBX_ENOENT, nothing published).  start is the slot's creation point.  tick runs
  * about every 100 ms while records wait (health, signals) and returns true
  * to stop.  Returns 0 (every row acknowledged or, with on_error =
  * dead_letter, dead-lettered), OBX_EBUSY (another instance is publishing
  * the same snapshot), OBX_EIO (a transient failure: the marker stays and
  * the next session publishes them again), OBX_ESTATE (tick asked to stop)
  * or OBX_ECONFIG (the filter, the table or a rejected record with
- * on_error = stop); errbuf says why in one line.
+ * on_error = stop); errbuf says why in one line.  On success the
+ * transaction stays open, holding the lock that keeps another instance
+ * from publishing the same rows, until the caller closes conn (after
+ * dropping the marker).
  */
-int obx_snapshot_run(struct obx_snapshot *s, PGconn *conn, bool imported, obx_lsn start,
-    bool (*tick)(void *), void *arg, char *errbuf, size_t errlen);
+int obx_snapshot_run(struct obx_snapshot *s, PGconn *conn, bool imported, const char *marker,
+    obx_lsn start, bool (*tick)(void *), void *arg, char *errbuf, size_t errlen);
 
 /* The delivery report of a record produced by obx_snapshot_run(). */
 void obx_snapshot_report(struct obx_snapshot *s, uint64_t opaque, const rd_kafka_message_t *m);
