@@ -815,8 +815,124 @@ read_slot(PGconn *c, const struct obx_config *cfg, const struct sqlnames *nm, bo
 	return r;
 }
 
+/* ---- the marker of an unfinished snapshot ([source] snapshot = pending) ---- */
+
+static void
+marker_name(const char *slot, char *out, size_t len)
+{
+	/* a slot name has at most 63 characters: the marker keeps as much of it as fits */
+	snprintf(out, len, "%.*s_snapshot", 63 - (int)strlen("_snapshot"), slot);
+}
+
 /*
- * Creates the slot without a snapshot, with failover when [source] failover
+ * Whether the marker slot exists.  Returns 0 with *exists set, OBX_EIO, or
+ * OBX_ECONFIG when a slot of that name is not a marker (not physical).
+ */
+static int
+read_marker(PGconn *c, const char *slot, const char *marker, bool *exists, char *errbuf,
+    size_t errlen)
+{
+	char sql[512], err[1024], *lit;
+	PGresult *res;
+	int r = 0;
+
+	*exists = false;
+	if ((lit = PQescapeLiteral(c, marker, strlen(marker))) == NULL)
+		return failf(errbuf, errlen, OBX_ENOMEM, "out of memory");
+	snprintf(sql, sizeof(sql), "SELECT slot_type FROM pg_replication_slots WHERE slot_name = %s", lit);
+	PQfreemem(lit);
+	if (query(c, sql, &res, NULL, err, sizeof(err)) != 0)
+		return failf(errbuf, errlen, OBX_EIO, "could not read slot %s: %s", marker, err);
+	if (PQntuples(res) == 1 && strcmp(PQgetvalue(res, 0, 0), "physical") != 0)
+		r = failf(errbuf, errlen, OBX_ECONFIG, "slot %s exists and is %s: outboxd keeps a physical "
+		    "slot of that name while the rows pending at slot %s's creation are published; drop "
+		    "it or rename [source] slot", marker, PQgetvalue(res, 0, 0), slot);
+	else
+		*exists = PQntuples(res) == 1;
+	PQclear(res);
+	return r;
+}
+
+/* Creates the marker slot (no WAL reserved: it pins nothing).  Returns 0 or OBX_EIO/OBX_ECONFIG. */
+static int
+create_marker(PGconn *c, const char *slot, const char *marker, char *errbuf, size_t errlen)
+{
+	char sql[256], err[1024], state[6] = "";
+	PGresult *res;
+	char *ident = PQescapeIdentifier(c, marker, strlen(marker));
+
+	if (ident == NULL)
+		return failf(errbuf, errlen, OBX_ENOMEM, "out of memory");
+	snprintf(sql, sizeof(sql), "CREATE_REPLICATION_SLOT %s PHYSICAL", ident);
+	PQfreemem(ident);
+	if (query(c, sql, &res, state, err, sizeof(err)) == 0) {
+		PQclear(res);
+		return 0;
+	}
+	if (strcmp(state, "42710") == 0) /* left by a run that died before creating the slot */
+		return 0;
+	return failf(errbuf, errlen, PQstatus(c) != CONNECTION_OK || strcmp(state, "53400") != 0 ?
+	    OBX_EIO : OBX_ECONFIG, "could not create slot %s, which marks the snapshot of slot %s as "
+	    "unfinished: %s", marker, slot, err);
+}
+
+int
+obx_pgsetup_snapshot_done(PGconn *c, const struct obx_pgsetup_snapshot *snap, char *errbuf,
+    size_t errlen)
+{
+	char sql[256], err[1024], state[6] = "";
+	PGresult *res;
+	char *ident = PQescapeIdentifier(c, snap->marker, strlen(snap->marker));
+
+	if (ident == NULL)
+		return failf(errbuf, errlen, OBX_ENOMEM, "out of memory");
+	snprintf(sql, sizeof(sql), "DROP_REPLICATION_SLOT %s", ident);
+	PQfreemem(ident);
+	if (query(c, sql, &res, state, err, sizeof(err)) == 0) {
+		PQclear(res);
+		return 0;
+	}
+	if (strcmp(state, "42704") == 0)
+		return 0;
+	return failf(errbuf, errlen, OBX_EIO, "could not drop slot %s after the snapshot: %s",
+	    snap->marker, err);
+}
+
+/*
+ * Opens a read-only repeatable-read transaction on importer in the snapshot
+ * the slot's creation exported.  Returns 0 or OBX_EIO (the marker makes the
+ * next session publish the pending rows from a fresh snapshot).
+ */
+static int
+import_snapshot(PGconn *importer, const struct obx_config *cfg, const char *name, char *errbuf,
+    size_t errlen)
+{
+	char sql[256], err[1024];
+	PGresult *res;
+	char *lit;
+
+	if (name[0] == '\0')
+		return failf(errbuf, errlen, OBX_EPROTO, "slot %s was created without the snapshot asked for",
+		    cfg->slot);
+	if (query(importer, "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY", &res, NULL, err,
+	    sizeof(err)) != 0)
+		return failf(errbuf, errlen, OBX_EIO, "could not begin the snapshot of slot %s: %s",
+		    cfg->slot, err);
+	PQclear(res);
+	if ((lit = PQescapeLiteral(importer, name, strlen(name))) == NULL)
+		return failf(errbuf, errlen, OBX_ENOMEM, "out of memory");
+	snprintf(sql, sizeof(sql), "SET TRANSACTION SNAPSHOT %s", lit);
+	PQfreemem(lit);
+	if (query(importer, sql, &res, NULL, err, sizeof(err)) != 0)
+		return failf(errbuf, errlen, OBX_EIO, "could not use the snapshot slot %s exported: %s",
+		    cfg->slot, err);
+	PQclear(res);
+	return 0;
+}
+
+/*
+ * Creates the slot (without a snapshot, or exporting one that importer
+ * takes over at once), with failover when [source] failover
  * asks for it and the server can (17, not on a standby).  On a hot standby
  * the server waits for the primary's next running-transactions record; the
  * wait ticks ctx.  Returns 0 with *confirmed and point (its consistent point
@@ -826,8 +942,8 @@ read_slot(PGconn *c, const struct obx_config *cfg, const struct sqlnames *nm, bo
  */
 static int
 create_slot(PGconn *c, const struct obx_config *cfg, const struct sqlnames *nm, bool in_recovery,
-    struct obx_pgsetup_ctx *ctx, obx_lsn *confirmed, char *point, size_t pointlen, bool *raced,
-    char *errbuf, size_t errlen)
+    struct obx_pgsetup_ctx *ctx, PGconn *importer, obx_lsn *confirmed, char *point, size_t pointlen,
+    bool *raced, char *errbuf, size_t errlen)
 {
 	struct obx_pgfacts f = obx_pg_facts(c);
 	char sql[1024], err[1024], state[6] = "";
@@ -836,11 +952,12 @@ create_slot(PGconn *c, const struct obx_config *cfg, const struct sqlnames *nm, 
 
 	*raced = false;
 	if (f.slot_options)
-		snprintf(sql, sizeof(sql), "CREATE_REPLICATION_SLOT %s LOGICAL pgoutput (SNAPSHOT 'nothing'%s)",
-		    nm->slot_ident, f.failover_slots && cfg->failover && !in_recovery ? ", FAILOVER" : "");
+		snprintf(sql, sizeof(sql), "CREATE_REPLICATION_SLOT %s LOGICAL pgoutput (SNAPSHOT '%s'%s)",
+		    nm->slot_ident, importer != NULL ? "export" : "nothing",
+		    f.failover_slots && cfg->failover && !in_recovery ? ", FAILOVER" : "");
 	else
-		snprintf(sql, sizeof(sql), "CREATE_REPLICATION_SLOT %s LOGICAL pgoutput NOEXPORT_SNAPSHOT",
-		    nm->slot_ident);
+		snprintf(sql, sizeof(sql), "CREATE_REPLICATION_SLOT %s LOGICAL pgoutput %s",
+		    nm->slot_ident, importer != NULL ? "EXPORT_SNAPSHOT" : "NOEXPORT_SNAPSHOT");
 	if (in_recovery) {
 		obx_log(ctx->said_standby_create ? OBX_LOG_DEBUG : OBX_LOG_INFO,
 		    "creating slot %s on a hot standby: waiting for the primary's next running-transactions "
@@ -871,11 +988,15 @@ create_slot(PGconn *c, const struct obx_config *cfg, const struct sqlnames *nm, 
 		*raced = true;
 		return 0;
 	}
-	if (PQntuples(res) < 1 || PQnfields(res) < 2 ||
+	if (PQntuples(res) < 1 || PQnfields(res) < 3 ||
 	    obx_lsn_parse(PQgetvalue(res, 0, 1), confirmed) != 0)
 		r = failf(errbuf, errlen, OBX_EPROTO, "slot %s: unexpected consistent point", cfg->slot);
 	else
 		strlcpy(point, PQgetvalue(res, 0, 1), pointlen);
+	/* the export lasts until c runs its next command: imported before anything else */
+	if (r == 0 && importer != NULL)
+		r = import_snapshot(importer, cfg, PQgetisnull(res, 0, 2) ? "" : PQgetvalue(res, 0, 2),
+		    errbuf, errlen);
 	PQclear(res);
 	return r;
 }
@@ -956,8 +1077,8 @@ warn_unpublished_rows(PGconn *c, const struct obx_config *cfg, const struct sqln
 		return;
 	if (strcmp(PQgetvalue(res, 0, 0), "0") != 0)
 		obx_log_warn("%s row(s) already in %s.%s will not be published: a new slot starts "
-		    "at its creation point (no snapshot)", PQgetvalue(res, 0, 0), cfg->table_schema,
-		    cfg->table_name);
+		    "at its creation point ([source] snapshot = none; with pending, a new slot publishes "
+		    "them first)", PQgetvalue(res, 0, 0), cfg->table_schema, cfg->table_name);
 	PQclear(res);
 }
 
@@ -1065,13 +1186,40 @@ note_synced(const struct obx_config *cfg, obx_lsn confirmed, struct obx_pgsetup_
 	    "published again", cfg->slot, obx_lsn_format(confirmed, at, sizeof(at)));
 }
 
+/*
+ * The slot exists: its pending rows are still wanted when its marker is
+ * there.  Without [source] snapshot = pending a leftover marker is only
+ * logged (once).
+ */
+static int
+snapshot_wanted(PGconn *c, const struct obx_config *cfg, bool in_recovery,
+    struct obx_pgsetup_snapshot *snap, struct obx_pgsetup_ctx *ctx, char *errbuf, size_t errlen)
+{
+	bool exists = false;
+	int r;
+
+	if (in_recovery) /* a standby's slots are its own: no marker was made there */
+		return 0;
+	if ((r = read_marker(c, cfg->slot, snap->marker, &exists, errbuf, errlen)) != 0)
+		return r;
+	if (exists && snap->conn == NULL && !ctx->said_marker) {
+		ctx->said_marker = true;
+		obx_log_warn("slot %s exists, so does %s: the rows pending when slot %s was created were not "
+		    "all published; with [source] snapshot = pending they are published before streaming, "
+		    "with none they are not (drop slot %s to stop this warning)", snap->marker, snap->marker,
+		    cfg->slot, snap->marker);
+	}
+	snap->wanted = exists && snap->conn != NULL;
+	return 0;
+}
+
 int
 obx_pgsetup_slot(PGconn *c, const struct obx_config *cfg, const char *sysid, bool recreate,
-    bool in_recovery, struct obx_pgsetup_ctx *ctx, obx_lsn *confirmed, bool *created,
-    char *errbuf, size_t errlen)
+    bool in_recovery, struct obx_pgsetup_ctx *ctx, struct obx_pgsetup_snapshot *snap,
+    obx_lsn *confirmed, bool *created, char *errbuf, size_t errlen)
 {
 	struct obx_pgfacts f = obx_pg_facts(c);
-	char msysid[32], mlsn[32], point[32], ver[32];
+	char msysid[32], mlsn[32], point[32], ver[32], how[64];
 	char *comment = NULL;
 	struct sqlnames nm;
 	struct slotrow row;
@@ -1079,6 +1227,8 @@ obx_pgsetup_slot(PGconn *c, const struct obx_config *cfg, const char *sysid, boo
 	int r;
 
 	*created = false;
+	snap->wanted = snap->imported = false;
+	marker_name(cfg->slot, snap->marker, sizeof(snap->marker));
 	if (cfg->failover && cfg->failover_set && !f.failover_slots && !ctx->said_failover_ignored) {
 		obx_log_info("[source] failover = on is ignored: PostgreSQL %s cannot synchronize slots to "
 		    "standbys (17 and later can); after a failover the slot guard refuses to go on without "
@@ -1096,6 +1246,8 @@ obx_pgsetup_slot(PGconn *c, const struct obx_config *cfg, const char *sysid, boo
 				note_synced(cfg, row.confirmed, ctx);
 			if (f.failover_slots)
 				r = match_failover(c, cfg, &nm, &row, in_recovery, ctx, errbuf, errlen);
+			if (r == 0)
+				r = snapshot_wanted(c, cfg, in_recovery, snap, ctx, errbuf, errlen);
 		}
 		if (r != OBX_ENOENT)
 			goto out;
@@ -1105,22 +1257,33 @@ obx_pgsetup_slot(PGconn *c, const struct obx_config *cfg, const char *sysid, boo
 		    sizeof(mlsn), errbuf, errlen);
 		if (r == 0)
 			r = may_create_slot(cfg, marked, recreate, msysid, mlsn, errbuf, errlen);
+		if (r == 0 && snap->conn != NULL && in_recovery)
+			r = failf(errbuf, errlen, OBX_ECONFIG, "[source] snapshot = pending: slot %s would be "
+			    "created on a hot standby, which cannot export the snapshot of the pending rows; "
+			    "start outboxd against the primary once, or set snapshot = none", cfg->slot);
+		/* the marker first: a crash after the slot's creation must find it */
+		if (r == 0 && snap->conn != NULL)
+			r = create_marker(c, cfg->slot, snap->marker, errbuf, errlen);
 		if (r == 0)
-			r = create_slot(c, cfg, &nm, in_recovery, ctx, confirmed, point, sizeof(point), &raced,
-			    errbuf, errlen);
+			r = create_slot(c, cfg, &nm, in_recovery, ctx, snap->conn, confirmed, point,
+			    sizeof(point), &raced, errbuf, errlen);
 		if (r != 0)
 			goto out;
 		if (!raced) {
 			*created = true;
-			log_created(cfg, marked, mlsn, point, in_recovery ? " on a hot standby" :
-			    f.failover_slots && cfg->failover ? " with failover" : "");
+			snap->wanted = snap->imported = snap->conn != NULL;
+			snprintf(how, sizeof(how), "%s%s", f.failover_slots && cfg->failover && !in_recovery ?
+			    " with failover" : in_recovery ? " on a hot standby" : "",
+			    snap->wanted ? ", exporting its snapshot" : "");
+			log_created(cfg, marked, mlsn, point, how);
 			if (in_recovery && f.failover_slots && cfg->failover)
 				note_standby_failover(cfg, ctx);
 			if (in_recovery)
 				note_standby_guard(cfg, sysid, point, ctx);
 			else
 				record_marker(c, cfg, &nm, comment, sysid, point, false);
-			warn_unpublished_rows(c, cfg, &nm);
+			if (!snap->wanted)
+				warn_unpublished_rows(c, cfg, &nm);
 			goto out;
 		}
 		/* another instance created it a moment ago: use it */
