@@ -334,9 +334,9 @@ count_snapshot_records(void)
 /* ---- logs, slots ---- */
 
 /*
- * The last line of r's log holding "snapshot of slot" and "published":
- * its LSN (after " at ") and row count (before " row(s)") go to *lsn and
- * *n.  Returns how many such lines the log holds.
+ * The last line of r's log saying a snapshot is done, "snapshot of slot S
+ * at LSN: N row(s) published in T s": its LSN and N go to *lsn and *n.
+ * Returns how many such lines the log holds.
  */
 static int
 snapshot_line(const struct t_relay *r, uint64_t *lsn, long *n)
@@ -351,13 +351,13 @@ snapshot_line(const struct t_relay *r, uint64_t *lsn, long *n)
 		const char *p = strstr(line, "snapshot of slot ");
 		const char *at, *colon;
 
-		if (p == NULL || strstr(p, "published") == NULL)
+		if (p == NULL || strstr(p, " row(s) published in ") == NULL)
 			continue;
 		found++;
 		at = strstr(p, " at ");
 		colon = at != NULL ? strstr(at, ": ") : NULL;
-		if (at == NULL || colon == NULL || strstr(colon, " row(s)") == NULL)
-			fail_msg("a snapshot line without its position or row count: %s", line);
+		if (at == NULL || colon == NULL)
+			fail_msg("a snapshot line without its position: %s", line);
 		*lsn = t_lsn(at + 4);
 		*n = strtol(colon + 2, NULL, 10);
 	}

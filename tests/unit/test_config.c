@@ -725,6 +725,58 @@ test_exactly_once_keys(void **state)
 	    "key 'exactly_once': works with [source] mode = logical only");
 }
 
+/*
+ * [source] snapshot and snapshot_filter: off and the default filter unless
+ * given; pending or none only; refused with polling mode and with
+ * exactly-once, naming the key and what it conflicts with; a reload that
+ * changes either is named.
+ */
+static void
+test_snapshot_keys(void **state)
+{
+	struct obx_config cfg, other;
+	const char *names[8];
+	char *env[] = { "OUTBOXD_SOURCE_SNAPSHOT=pending", NULL };
+
+	(void)state;
+	assert_int_equal(load(&cfg, KAFKA, NULL, NULL, 0), 0);
+	assert_false(cfg.snapshot);
+	assert_string_equal(cfg.snapshot_filter, "");
+	obx_config_reset(&cfg);
+	assert_int_equal(load(&cfg, KAFKA "[source]\nsnapshot = pending\n"
+	    "snapshot_filter = published_at IS NULL AND created_at > now() - interval '1 day'\n", NULL, NULL, 0), 0);
+	assert_true(cfg.snapshot);
+	assert_string_equal(cfg.snapshot_filter, "published_at IS NULL AND created_at > now() - interval '1 day'");
+	obx_config_reset(&cfg);
+	assert_int_equal(load(&cfg, KAFKA "[source]\nsnapshot = none\n", NULL, NULL, 0), 0);
+	assert_false(cfg.snapshot);
+	obx_config_reset(&cfg);
+	assert_int_equal(load(&cfg, KAFKA, env, NULL, 0), 0);
+	assert_true(cfg.snapshot);
+	obx_config_reset(&cfg);
+	expect_error(KAFKA "[source]\nsnapshot = on\n", "key 'snapshot': expected pending or none, got 'on'");
+	expect_error(KAFKA "[source]\nmode = poll\nsnapshot = pending\n",
+	    "key 'snapshot': snapshot = pending works with [source] mode = logical only");
+	expect_error(KAFKA "[source]\nsnapshot = pending\n[delivery]\nexactly_once = on\n",
+	    "key 'snapshot': snapshot = pending does not work with [delivery] exactly_once = on");
+	/* snapshot = none says nothing against either */
+	assert_int_equal(load(&cfg, KAFKA "[source]\nmode = poll\nsnapshot = none\n", NULL, NULL, 0), 0);
+	obx_config_reset(&cfg);
+	assert_int_equal(load(&cfg, KAFKA "[source]\nsnapshot = none\n[delivery]\nexactly_once = on\n", NULL,
+	    NULL, 0), 0);
+	obx_config_reset(&cfg);
+	assert_int_equal(load(&cfg, KAFKA, NULL, NULL, 0), 0);
+	assert_int_equal(load(&other, KAFKA "[source]\nsnapshot_filter = true\n", NULL, NULL, 0), 0);
+	assert_int_equal(obx_config_diff(&cfg, &other, names, 8), 1);
+	assert_string_equal(names[0], "[source] snapshot");
+	obx_config_reset(&other);
+	assert_int_equal(load(&other, KAFKA "[source]\nsnapshot = pending\n", NULL, NULL, 0), 0);
+	assert_int_equal(obx_config_diff(&cfg, &other, names, 8), 1);
+	assert_string_equal(names[0], "[source] snapshot");
+	obx_config_reset(&other);
+	obx_config_reset(&cfg);
+}
+
 int
 main(void)
 {
@@ -745,6 +797,7 @@ main(void)
 		cmocka_unit_test(test_mapped_columns),
 		cmocka_unit_test(test_io_checks_come_from_the_loader),
 		cmocka_unit_test(test_dedupe_diff),
+		cmocka_unit_test(test_snapshot_keys),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
