@@ -606,6 +606,37 @@ check_boundary(uint64_t snap_lsn, size_t *before, size_t *after)
 }
 
 /*
+ * The snapshot records of one run (second: the second run's, else every
+ * one) carry seq 0..n-1, once each, in the order of the table's seq column.
+ */
+static void
+check_ordinals(long n, bool second)
+{
+	long long prev_seq = -1;
+	size_t counted = 0;
+
+	by_ordinal = calloc((size_t)n + 1, sizeof(*by_ordinal));
+	for (size_t i = 0; i < nrows; i++) {
+		if ((second ? rows[i].snap2 : rows[i].snap) == 0)
+			continue;
+		if (rows[i].ordinal < 0 || rows[i].ordinal >= n || by_ordinal[rows[i].ordinal] != 0)
+			fail_msg("row %s: snapshot seq %lld is out of 0..%ld or taken twice", rows[i].id,
+			    rows[i].ordinal, n - 1);
+		by_ordinal[rows[i].ordinal] = rows[i].seq;
+		counted++;
+	}
+	if (counted != (size_t)n)
+		fail_msg("%zu row(s) have snapshot records, the log says %ld", counted, n);
+	for (long i = 0; i < n; i++) {
+		if (by_ordinal[i] <= prev_seq)
+			fail_msg("snapshot seq %ld is the row of seq %lld, after seq %lld", i, by_ordinal[i], prev_seq);
+		prev_seq = by_ordinal[i];
+	}
+	free(by_ordinal);
+	by_ordinal = NULL;
+}
+
+/*
  * 1. The hand-over without a crash: the poller publishes part of the
  * backlog and stops; outboxd with snapshot = pending creates the slot,
  * publishes the rows pending in its snapshot in seq order, then streams;
@@ -619,8 +650,7 @@ test_handover_once(void **state)
 	char marker[128];
 	uint64_t snap_lsn;
 	long n_logged, polled;
-	size_t nsnap, before, after, counted = 0;
-	long long prev_seq = -1;
+	size_t nsnap, before, after;
 	int st;
 
 	(void)state;
@@ -660,23 +690,7 @@ test_handover_once(void **state)
 			    "by the stream", rows[i].id, rows[i].seq, c, rows[i].polled, rows[i].snap,
 			    rows[i].streamed);
 	}
-	/* ordinals 0..N-1, once each, in the table's seq order */
-	by_ordinal = calloc((size_t)n_logged + 1, sizeof(*by_ordinal));
-	for (size_t i = 0; i < nrows; i++) {
-		if (rows[i].snap == 0)
-			continue;
-		if (rows[i].ordinal < 0 || rows[i].ordinal >= n_logged || by_ordinal[rows[i].ordinal] != 0)
-			fail_msg("row %s: snapshot seq %lld is out of 0..%ld or taken twice", rows[i].id,
-			    rows[i].ordinal, n_logged - 1);
-		by_ordinal[rows[i].ordinal] = rows[i].seq;
-		counted++;
-	}
-	assert_int_equal(counted, (size_t)n_logged);
-	for (long i = 0; i < n_logged; i++) {
-		if (by_ordinal[i] <= prev_seq)
-			fail_msg("snapshot seq %ld is the row of seq %lld, after seq %lld", i, by_ordinal[i], prev_seq);
-		prev_seq = by_ordinal[i];
-	}
+	check_ordinals(n_logged, false);
 	/* the backlog rows the poller left are all snapshot records, and the writers straddled the slot */
 	check_boundary(snap_lsn, &before, &after);
 	print_message("writer rows: %zu committed below the slot's start, %zu above\n", before, after);
@@ -702,7 +716,7 @@ test_handover_kill9(void **state)
 	uint64_t snap_lsn, slot_start, streaming_at;
 	int64_t from[TOPICS][4];
 	long n2, polled;
-	size_t nsnap1, dups = 0, snap2 = 0;
+	size_t nsnap1, dups = 0, snap2 = 0, before, after;
 	int st;
 
 	(void)state;
@@ -789,9 +803,100 @@ test_handover_kill9(void **state)
 	}
 	print_message("%zu row(s), %zu re-delivered; %zu record(s) of the second run's snapshot; %ld by the "
 	    "poller\n", nrows, dups, snap2, polled);
-	if (snap2 > (size_t)n2)
+	/* the second run published its whole snapshot, numbered in seq order */
+	if (snap2 != (size_t)n2)
 		fail_msg("the second run's snapshot wrote %zu record(s), its log says %ld", snap2, n2);
+	check_ordinals(n2, true);
+	/* every row pending at the slot's creation was in it: the backlog the poller left, and the
+	 * writers' rows committed below the slot's start */
+	for (size_t i = 0; i < nrows; i++) {
+		const struct row *r = &rows[i];
+
+		if (!r->marked && (r->post == 0 || r->post <= slot_start) && r->snap2 != 1)
+			fail_msg("row %s (seq %lld), pending at the slot's creation, has %d record(s) in the "
+			    "second run's snapshot", r->id, r->seq, r->snap2);
+	}
+	check_boundary(snap_lsn, &before, &after);
+	print_message("writer rows: %zu committed below the slot's start, %zu above\n", before, after);
+	assert_true(before > 0);
+	assert_true(after > 0);
 	free_all();
+}
+
+/*
+ * 3. A table without the polling columns (sql/001_outbox.sql alone): the
+ * default filter takes every row, in physical order.  The snapshot
+ * publishes each row once, numbered in ctid order, then the stream
+ * follows; a restart finds the slot without its marker and publishes
+ * nothing again.
+ */
+static void
+test_plain_table(void **state)
+{
+	struct t_msg *m;
+	size_t n;
+	uint64_t snap_lsn;
+	long logged;
+	PGresult *res;
+	int lines;
+
+	(void)state;
+	t_relay_setup(&R, "snapplain", 0);
+	/* rows updated and deleted, so physical order is not insertion order */
+	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
+	    "SELECT 'plain', 'k' || (g %% 3), 'T', jsonb_build_object('i', g) FROM generate_series(0, 299) g");
+	t_exec(R.pg, "DELETE FROM outbox WHERE (payload->>'i')::int %% 10 = 0");
+	t_exec(R.pg, "UPDATE outbox SET type = 'U' WHERE (payload->>'i')::int %% 7 = 0");
+	t_relay_config(&R, "[source]\nsnapshot = pending\n");
+	t_relay_start(&R, NULL, 0);
+	wait_streaming(&R, 30000);
+	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
+	    "SELECT 'plain', 'k' || (g %% 3), 'S', jsonb_build_object('i', g) FROM generate_series(300, 309) g");
+	assert_true(t_wait_confirmed_current(&R, 20000));
+	assert_int_equal(t_relay_signal(&R, SIGTERM, 20000), 0);
+	assert_int_equal(snapshot_line(&R, &snap_lsn, &logged), 1);
+	assert_int_equal(logged, 270);
+
+	n = t_consume_all(R.b.bootstrap, "outbox.event.plain", 15000, &m);
+	assert_int_equal(n, 280);
+	res = PQexec(R.pg, "SELECT id::text, type FROM outbox ORDER BY ctid");
+	assert_int_equal(PQntuples(res), 280);
+	for (int r = 0, ordinal = 0; r < PQntuples(res); r++) {
+		const char *id = PQgetvalue(res, r, 0);
+		const struct t_msg *hit = NULL;
+
+		for (size_t i = 0; i < n; i++)
+			if (strcmp(t_msg_header(&m[i], "id"), id) == 0) {
+				if (hit != NULL)
+					fail_msg("row %s published twice", id);
+				hit = &m[i];
+			}
+		if (hit == NULL)
+			fail_msg("row %s was never published", id);
+		if (strcmp(PQgetvalue(res, r, 1), "S") == 0) {
+			/* committed after the slot: streamed */
+			assert_null(t_msg_header(hit, "snapshot"));
+			assert_true(t_lsn(t_msg_header(hit, "lsn")) >= snap_lsn);
+			continue;
+		}
+		if (t_msg_header(hit, "snapshot") == NULL || atoi(t_msg_header(hit, "seq")) != ordinal)
+			fail_msg("row %s, number %d in ctid order: snapshot %s, seq %s", id, ordinal,
+			    t_msg_header(hit, "snapshot") ? t_msg_header(hit, "snapshot") : "(none)",
+			    t_msg_header(hit, "seq"));
+		assert_string_equal(t_msg_header(hit, "type"), PQgetvalue(res, r, 1));
+		ordinal++;
+	}
+	PQclear(res);
+	t_msgs_free(m, n);
+
+	/* the slot exists without its marker: no snapshot again */
+	lines = t_log_count(&R, "snapshot of slot");
+	t_relay_start(&R, NULL, 1);
+	assert_int_equal(t_relay_signal(&R, SIGTERM, 20000), 0);
+	assert_int_equal(t_log_count(&R, "snapshot of slot"), lines);
+	n = t_consume_all(R.b.bootstrap, "outbox.event.plain", 15000, &m);
+	assert_int_equal(n, 280);
+	t_msgs_free(m, n);
 }
 
 /* Runs outboxd cmd -c conf, its output to out; returns the exit status. */
@@ -813,7 +918,7 @@ run_capture(const char *cmd, const char *conf, char *out, size_t len)
 }
 
 /*
- * 3. snapshot = pending where it cannot work: with polling mode and with
+ * 4. snapshot = pending where it cannot work: with polling mode and with
  * exactly-once delivery, check and run stop at the configuration with one
  * line naming the key and what it conflicts with, exit status 2, and
  * create no slot.  In logical mode alone the key is accepted (check gets
@@ -866,6 +971,7 @@ main(void)
 		cmocka_unit_test_teardown(test_snapshot_refused, teardown),
 		cmocka_unit_test_teardown(test_handover_once, teardown),
 		cmocka_unit_test_teardown(test_handover_kill9, teardown),
+		cmocka_unit_test_teardown(test_plain_table, teardown),
 	};
 
 	return T_RUN_TESTS(tests);
