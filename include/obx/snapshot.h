@@ -49,6 +49,16 @@ struct obx_snapshot {
 	long kill_after;            /* test builds: SIGKILL after that many acknowledgements (0: never) */
 };
 
+/*
+ * What a snapshot of cfg's table reads: table (quoted, schema-qualified),
+ * filter ([source] snapshot_filter, else the published_at column IS NULL
+ * when the table has it, else true) and order (the seq column when the
+ * table has it, else ctid).  Returns 0, OBX_ECONFIG (no such table, a name
+ * too long) or OBX_EIO, with errbuf.
+ */
+int obx_snapshot_describe(PGconn *c, const struct obx_config *cfg, char *table, size_t tlen,
+    char *filter, size_t flen, char *order, size_t olen, char *errbuf, size_t errlen);
+
 /* Prepares s for one run.  Returns 0 or OBX_ENOMEM. */
 int obx_snapshot_init(struct obx_snapshot *s, const struct obx_config *cfg, struct obx_kafka *kf,
     struct obx_metrics *m);

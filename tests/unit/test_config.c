@@ -725,10 +725,38 @@ test_exactly_once_keys(void **state)
 	    "key 'exactly_once': works with [source] mode = logical only");
 }
 
+/* [source] snapshot and snapshot_filter: defaults, values, the modes it refuses. */
+static void
+test_snapshot_keys(void **state)
+{
+	struct obx_config cfg;
+
+	(void)state;
+	assert_int_equal(load(&cfg, KAFKA, NULL, NULL, 0), 0);
+	assert_false(cfg.snapshot);
+	assert_string_equal(cfg.snapshot_filter, "");
+	obx_config_reset(&cfg);
+	assert_int_equal(load(&cfg, KAFKA "[source]\nsnapshot = pending\n"
+	    "snapshot_filter = created_at > now() - interval '7 days'\n", NULL, NULL, 0), 0);
+	assert_true(cfg.snapshot);
+	assert_string_equal(cfg.snapshot_filter, "created_at > now() - interval '7 days'");
+	obx_config_reset(&cfg);
+	assert_int_equal(load(&cfg, KAFKA "[source]\nsnapshot = none\n", NULL, NULL, 0), 0);
+	assert_false(cfg.snapshot);
+	obx_config_reset(&cfg);
+	expect_error(KAFKA "[source]\nsnapshot = initial\n",
+	    "key 'snapshot': expected pending or none, got 'initial'");
+	expect_error(KAFKA "[source]\nmode = poll\nsnapshot = pending\n",
+	    "key 'snapshot': snapshot = pending works with [source] mode = logical only");
+	expect_error(KAFKA "[source]\nsnapshot = pending\n[delivery]\nexactly_once = on\n",
+	    "key 'snapshot': snapshot = pending does not work with [delivery] exactly_once = on");
+}
+
 int
 main(void)
 {
 	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_snapshot_keys),
 		cmocka_unit_test(test_exactly_once_keys),
 		cmocka_unit_test(test_defaults),
 		cmocka_unit_test(test_full_file),
