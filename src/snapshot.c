@@ -458,10 +458,14 @@ wait_reports(struct obx_snapshot *s, uint64_t limit, uint64_t limit_bytes, bool 
 		bool over = s->outstanding > limit || s->outstanding_bytes > limit_bytes;
 
 		obx_kafka_poll(s->kf, over ? 100 : 0);
+		/* the tick also runs between fetches that never wait: a stop signal ends the run soon */
+		if (tick != NULL && obx_mono_ms() - s->ticked_ms >= 100) {
+			s->ticked_ms = obx_mono_ms();
+			if (tick(arg))
+				return OBX_ESTATE;
+		}
 		if ((s->outstanding <= limit && s->outstanding_bytes <= limit_bytes) || s->end != 0)
 			break;
-		if (tick != NULL && tick(arg))
-			return OBX_ESTATE;
 		if (obx_mono_ms() >= *next_note) {
 			obx_log_info("snapshot of slot %s: %" PRIu64 " row(s) read, %" PRIu64 " acknowledged, "
 			    "%.0f s so far", s->cfg->slot, s->rows, s->acked,

@@ -46,6 +46,7 @@ struct obx_snapshot {
 	uint64_t dead_lettered;
 	int end;                    /* 0, or how the run failed: OBX_EIO (retry) or OBX_ECONFIG (stop) */
 	char reason[768];           /* why, when end != 0 */
+	int64_t ticked_ms;          /* when the caller's tick last ran */
 	long kill_after;            /* test builds: SIGKILL after that many acknowledgements (0: never) */
 };
 
