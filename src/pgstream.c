@@ -167,11 +167,26 @@ obx_pgstream_open(struct obx_pgstream *s, const struct obx_config *cfg, bool rec
 		r = OBX_EIO;
 		goto out;
 	}
+	if (cfg->snapshot) {
+		/* its transaction stays open while the broker acknowledges (or is down): a role's
+		 * idle-in-transaction or statement timeout must not end it half-way */
+		PGresult *res = PQexec(s->snap.conn, "SET idle_in_transaction_session_timeout = 0; "
+		    "SET statement_timeout = 0");
+
+		PQclear(res);
+	}
 	if ((r = obx_pgsetup_slot(s->conn, cfg, s->sysid, recreate_slot, s->in_recovery, ctx,
 	    &s->snap, &s->start_confirmed, &s->slot_created, errbuf, errlen)) != 0)
 		goto out;
-	if (s->snap.wanted)
+	if (s->snap.wanted) {
+		/* the replication connection waits in command mode meanwhile: no idle_session_timeout
+		 * (14+) may end it */
+		PGresult *res = PQexec(s->conn, "SELECT set_config('idle_session_timeout', '0', false) "
+		    "WHERE current_setting('server_version_num')::int >= 140000");
+
+		PQclear(res);
 		return OBX_FAIL_NONE; /* the caller publishes the pending rows, then obx_pgstream_start() */
+	}
 	PQfinish(s->snap.conn);
 	s->snap.conn = NULL;
 	r = start_replication(s, cfg, errbuf, errlen);

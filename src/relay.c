@@ -698,6 +698,9 @@ snapshot_then_start(struct relay *r)
 	r->snap.kill_after = r->test_kill_after;
 #endif
 	r->snapshotting = true;
+	snprintf(r->m.state_reason, sizeof(r->m.state_reason), "publishing the rows pending at the "
+	    "creation of slot %s before streaming", r->cfg->slot);
+	publish(r);
 	r->reports_at_us = obx_pg_now();
 	rc = obx_snapshot_run(&r->snap, r->st.snap.conn, r->st.snap.imported, r->st.snap.marker,
 	    r->st.start_confirmed, setup_tick, r, err, sizeof(err));

@@ -175,7 +175,13 @@ exec_ok(PGconn *c, const char *sql, char *err, size_t errlen, char state[6])
 	if (state != NULL)
 		snprintf(state, 6, "%s", code != NULL ? code : "");
 	if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK) {
-		obx_pg_result_error_line(res, err, errlen);
+		const char *primary = PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY);
+
+		/* the message alone: a filter's error would otherwise span lines with its caret */
+		if (primary != NULL)
+			snprintf(err, errlen, "%s", primary);
+		else
+			obx_pg_result_error_line(res, err, errlen);
 		if (err[0] == '\0')
 			obx_pg_error_line(c, err, errlen);
 		PQclear(res);
@@ -194,24 +200,19 @@ sql_class(PGconn *c, const char *state)
 	return strncmp(state, "42", 2) == 0 || strncmp(state, "22", 2) == 0 ? OBX_ECONFIG : OBX_EIO;
 }
 
-/*
- * The cursor's statement: the table's rows matching the filter, in table
- * order.  Returns 0 with *out (malloc'd) and the filter and order used (for
- * the log), or a negative code with errbuf.
- */
-static int
-cursor_sql(struct obx_snapshot *s, PGconn *c, char **out, char *filter, size_t flen, char *order,
-    size_t olen, char *errbuf, size_t errlen)
+int
+obx_snapshot_describe(PGconn *c, const struct obx_config *cfg, char *table, size_t tlen,
+    char *filter, size_t flen, char *order, size_t olen, char *errbuf, size_t errlen)
 {
-	const struct obx_config *cfg = s->cfg;
-	char table[600] = "", qpub[300] = "", qseq[300] = "", err[512];
+	char qpub[300] = "", qseq[300] = "", err[512];
 	const char *params[3];
 	bool has_pub = false, has_seq = false;
 	PGresult *res;
 
-	if (obx_poll_quote_ident(cfg->table_schema, table, sizeof(table)) != 0 ||
-	    strlcat(table, ".", sizeof(table)) >= sizeof(table) ||
-	    obx_poll_quote_ident(cfg->table_name, table, sizeof(table)) != 0 ||
+	table[0] = '\0';
+	if (obx_poll_quote_ident(cfg->table_schema, table, tlen) != 0 ||
+	    strlcat(table, ".", tlen) >= tlen ||
+	    obx_poll_quote_ident(cfg->table_name, table, tlen) != 0 ||
 	    obx_poll_quote_ident(cfg->col_published_at, qpub, sizeof(qpub)) != 0 ||
 	    obx_poll_quote_ident(cfg->col_seq, qseq, sizeof(qseq)) != 0) {
 		snprintf(errbuf, errlen, "snapshot of slot %s: a table or column name is too long", cfg->slot);
@@ -244,12 +245,6 @@ cursor_sql(struct obx_snapshot *s, PGconn *c, char **out, char *filter, size_t f
 	else
 		snprintf(filter, flen, "true");
 	snprintf(order, olen, "%s", has_seq ? qseq : "ctid");
-	if (asprintf(out, "DECLARE outboxd_snapshot NO SCROLL CURSOR FOR SELECT ctid AS " CTID_COL ", * "
-	    "FROM %s WHERE (%s) ORDER BY %s", table, filter, order) < 0) {
-		*out = NULL;
-		snprintf(errbuf, errlen, "out of memory");
-		return OBX_ENOMEM;
-	}
 	return 0;
 }
 
@@ -463,10 +458,14 @@ wait_reports(struct obx_snapshot *s, uint64_t limit, uint64_t limit_bytes, bool 
 		bool over = s->outstanding > limit || s->outstanding_bytes > limit_bytes;
 
 		obx_kafka_poll(s->kf, over ? 100 : 0);
+		/* the tick also runs between fetches that never wait: a stop signal ends the run soon */
+		if (tick != NULL && obx_mono_ms() - s->ticked_ms >= 100) {
+			s->ticked_ms = obx_mono_ms();
+			if (tick(arg))
+				return OBX_ESTATE;
+		}
 		if ((s->outstanding <= limit && s->outstanding_bytes <= limit_bytes) || s->end != 0)
 			break;
-		if (tick != NULL && tick(arg))
-			return OBX_ESTATE;
 		if (obx_mono_ms() >= *next_note) {
 			obx_log_info("snapshot of slot %s: %" PRIu64 " row(s) read, %" PRIu64 " acknowledged, "
 			    "%.0f s so far", s->cfg->slot, s->rows, s->acked,
@@ -482,7 +481,7 @@ obx_snapshot_run(struct obx_snapshot *s, PGconn *conn, bool imported, const char
     obx_lsn start, bool (*tick)(void *), void *arg, char *errbuf, size_t errlen)
 {
 	const struct obx_config *cfg = s->cfg;
-	char err[512], state[6], filter[1024], order[300];
+	char err[512], state[6], filter[1024], order[300], table[600];
 	char *declare = NULL;
 	/* [delivery] max_inflight and max_inflight_bytes bound what waits for the broker, as in
 	 * the stream (docs/design.md, invariant 7) */
@@ -503,9 +502,14 @@ obx_snapshot_run(struct obx_snapshot *s, PGconn *conn, bool imported, const char
 	 * read (the marker goes before that instance's lock does) */
 	if (!imported && (r = marker_gone(s, conn, marker, errbuf, errlen)) != 0)
 		return r;
-	if ((r = cursor_sql(s, conn, &declare, filter, sizeof(filter), order, sizeof(order), errbuf,
-	    errlen)) != 0)
+	if ((r = obx_snapshot_describe(conn, cfg, table, sizeof(table), filter, sizeof(filter), order,
+	    sizeof(order), errbuf, errlen)) != 0)
 		return r;
+	if (asprintf(&declare, "DECLARE outboxd_snapshot NO SCROLL CURSOR FOR SELECT ctid AS " CTID_COL
+	    ", * FROM %s WHERE (%s) ORDER BY %s", table, filter, order) < 0) {
+		snprintf(errbuf, errlen, "out of memory");
+		return OBX_ENOMEM;
+	}
 	r = exec_ok(conn, declare, err, sizeof(err), state);
 	free(declare);
 	if (r != 0) {

@@ -46,8 +46,19 @@ struct obx_snapshot {
 	uint64_t dead_lettered;
 	int end;                    /* 0, or how the run failed: OBX_EIO (retry) or OBX_ECONFIG (stop) */
 	char reason[768];           /* why, when end != 0 */
+	int64_t ticked_ms;          /* when the caller's tick last ran */
 	long kill_after;            /* test builds: SIGKILL after that many acknowledgements (0: never) */
 };
+
+/*
+ * What a snapshot of cfg's table reads: table (quoted, schema-qualified),
+ * filter ([source] snapshot_filter, else the published_at column IS NULL
+ * when the table has it, else true) and order (the seq column when the
+ * table has it, else ctid).  Returns 0, OBX_ECONFIG (no such table, a name
+ * too long) or OBX_EIO, with errbuf.
+ */
+int obx_snapshot_describe(PGconn *c, const struct obx_config *cfg, char *table, size_t tlen,
+    char *filter, size_t flen, char *order, size_t olen, char *errbuf, size_t errlen);
 
 /* Prepares s for one run.  Returns 0 or OBX_ENOMEM. */
 int obx_snapshot_init(struct obx_snapshot *s, const struct obx_config *cfg, struct obx_kafka *kf,

@@ -744,9 +744,9 @@ test_snapshot_keys(void **state)
 	assert_string_equal(cfg.snapshot_filter, "");
 	obx_config_reset(&cfg);
 	assert_int_equal(load(&cfg, KAFKA "[source]\nsnapshot = pending\n"
-	    "snapshot_filter = published_at IS NULL AND created_at > now() - interval '1 day'\n", NULL, NULL, 0), 0);
+	    "snapshot_filter = created_at > now() - interval '7 days'\n", NULL, NULL, 0), 0);
 	assert_true(cfg.snapshot);
-	assert_string_equal(cfg.snapshot_filter, "published_at IS NULL AND created_at > now() - interval '1 day'");
+	assert_string_equal(cfg.snapshot_filter, "created_at > now() - interval '7 days'");
 	obx_config_reset(&cfg);
 	assert_int_equal(load(&cfg, KAFKA "[source]\nsnapshot = none\n", NULL, NULL, 0), 0);
 	assert_false(cfg.snapshot);
@@ -755,6 +755,8 @@ test_snapshot_keys(void **state)
 	assert_true(cfg.snapshot);
 	obx_config_reset(&cfg);
 	expect_error(KAFKA "[source]\nsnapshot = on\n", "key 'snapshot': expected pending or none, got 'on'");
+	expect_error(KAFKA "[source]\nsnapshot = initial\n",
+	    "key 'snapshot': expected pending or none, got 'initial'");
 	expect_error(KAFKA "[source]\nmode = poll\nsnapshot = pending\n",
 	    "key 'snapshot': snapshot = pending works with [source] mode = logical only");
 	expect_error(KAFKA "[source]\nsnapshot = pending\n[delivery]\nexactly_once = on\n",
@@ -781,6 +783,7 @@ int
 main(void)
 {
 	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_snapshot_keys),
 		cmocka_unit_test(test_exactly_once_keys),
 		cmocka_unit_test(test_defaults),
 		cmocka_unit_test(test_full_file),
@@ -797,7 +800,6 @@ main(void)
 		cmocka_unit_test(test_mapped_columns),
 		cmocka_unit_test(test_io_checks_come_from_the_loader),
 		cmocka_unit_test(test_dedupe_diff),
-		cmocka_unit_test(test_snapshot_keys),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
