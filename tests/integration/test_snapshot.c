@@ -899,6 +899,88 @@ test_plain_table(void **state)
 	t_msgs_free(m, n);
 }
 
+/*
+ * 4. SIGTERM in the middle of the snapshot (a slow broker, each fetch of
+ * rows waiting for it): outboxd stops soon with status 0, leaving the slot and the
+ * marker; the next start publishes the pending rows again and streams.
+ * Every row is in Kafka; only the rows published before the stop twice.
+ */
+static void
+test_sigterm_during_snapshot(void **state)
+{
+	char marker[128];
+	struct t_msg *m;
+	size_t n, first;
+	uint64_t snap_lsn;
+	long logged;
+	int64_t t0;
+	int st;
+
+	(void)state;
+	t_relay_setup(&R, "snapterm", 0);
+	t_exec_file(R.pg, "sql/008_polling.sql");
+	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
+	    "SELECT 'term', 'k' || (g %% 20), 'T', jsonb_build_object('i', g) FROM generate_series(1, 4000) g");
+	snprintf(marker, sizeof(marker), "%s_snapshot", R.slot);
+	for (int b = 1; b <= 3; b++)
+		assert_int_equal(t_broker_cmd(&R.b, "rtt %d 500", b), 0);
+	t_relay_config(&R, "[source]\nsnapshot = pending\n[delivery]\nmax_inflight = 50\n");
+	t_relay_start(&R, NULL, 0);
+	/* the snapshot is under way, far from its end: each fetch of 500 rows waits for the broker
+	 * until at most max_inflight are outstanding, at least one round trip of 500 ms */
+	t0 = t_now_ms() + 20000;
+	while (t_log_count(&R, ": publishing the rows of public.outbox") == 0) {
+		if (t_now_ms() > t0) {
+			t_log_dump(&R);
+			fail_msg("outboxd did not begin its snapshot");
+		}
+		usleep(20000);
+	}
+	usleep(2000000);
+	t0 = t_now_ms();
+	st = t_relay_signal(&R, SIGTERM, 15000);
+	if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+		t_log_dump(&R);
+		fail_msg("outboxd did not stop with status 0 on SIGTERM during the snapshot (wait status %d)", st);
+	}
+	print_message("stopped %lld ms after SIGTERM\n", (long long)(t_now_ms() - t0));
+	assert_int_equal(snapshot_line(&R, &snap_lsn, &logged), 0);
+	assert_int_equal(t_log_count(&R, "streaming from slot"), 0);
+	assert_slot(R.slot, "logical");
+	assert_slot(marker, "physical");
+	for (int b = 1; b <= 3; b++)
+		assert_int_equal(t_broker_cmd(&R.b, "rtt %d 0", b), 0);
+	first = t_consume_all(R.b.bootstrap, "outbox.event.term", 5000, &m);
+	t_msgs_free(m, first);
+	assert_true(first < 4000);
+	t_relay_start(&R, NULL, 0);
+	wait_streaming(&R, 30000);
+	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
+	    "VALUES ('term', 'k1', 'S', '{\"i\": 4001}')");
+	assert_true(t_wait_confirmed_current(&R, 20000));
+	assert_int_equal(t_relay_signal(&R, SIGTERM, 20000), 0);
+	assert_int_equal(snapshot_line(&R, &snap_lsn, &logged), 1);
+	assert_int_equal(logged, 4000);
+	assert_slot(marker, "");
+	n = t_consume_all(R.b.bootstrap, "outbox.event.term", 15000, &m);
+	print_message("%zu record(s) before the stop, %zu in all for 4,001 rows\n", first, n);
+	assert_int_equal(n, first + 4001);
+	{
+		PGresult *res = PQexec(R.pg, "SELECT id::text FROM outbox");
+
+		for (int r = 0; r < PQntuples(res); r++) {
+			size_t c = 0;
+
+			for (size_t i = 0; i < n; i++)
+				c += strcmp(t_msg_header(&m[i], "id"), PQgetvalue(res, r, 0)) == 0;
+			if (c == 0)
+				fail_msg("row %s was never published", PQgetvalue(res, r, 0));
+		}
+		PQclear(res);
+	}
+	t_msgs_free(m, n);
+}
+
 /* Runs outboxd cmd -c conf, its output to out; returns the exit status. */
 static int
 run_capture(const char *cmd, const char *conf, char *out, size_t len)
@@ -918,7 +1000,7 @@ run_capture(const char *cmd, const char *conf, char *out, size_t len)
 }
 
 /*
- * 4. snapshot = pending where it cannot work: with polling mode and with
+ * 5. snapshot = pending where it cannot work: with polling mode and with
  * exactly-once delivery, check and run stop at the configuration with one
  * line naming the key and what it conflicts with, exit status 2, and
  * create no slot.  In logical mode alone the key is accepted (check gets
@@ -972,6 +1054,7 @@ main(void)
 		cmocka_unit_test_teardown(test_handover_once, teardown),
 		cmocka_unit_test_teardown(test_handover_kill9, teardown),
 		cmocka_unit_test_teardown(test_plain_table, teardown),
+		cmocka_unit_test_teardown(test_sigterm_during_snapshot, teardown),
 	};
 
 	return T_RUN_TESTS(tests);
