@@ -7,7 +7,9 @@
  * snapshot before it streams.  Without a crash every committed row reaches
  * Kafka exactly once and each aggregate's versions arrive in order; with a
  * kill -9 in the middle of the snapshot the next start takes it again and
- * nothing is lost.  And the combinations the setting refuses.
+ * nothing is lost.  Also a table without the polling columns, a restart
+ * that finds no marker, SIGTERM during a snapshot, and the combinations
+ * the setting refuses.
  *
  * The writers record, for every row, the server's WAL insert position
  * before and after their COMMIT: a row whose transaction ended below the
