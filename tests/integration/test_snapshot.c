@@ -7,9 +7,10 @@
  * snapshot before it streams.  Without a crash every committed row reaches
  * Kafka exactly once and each aggregate's versions arrive in order; with a
  * kill -9 in the middle of the snapshot the next start takes it again and
- * nothing is lost.  Also a table without the polling columns, a restart
- * that finds no marker, SIGTERM during a snapshot, and the combinations
- * the setting refuses.
+ * nothing is lost, also when a hot standby is the one that takes over.
+ * Also a table without the polling columns, a restart that finds no
+ * marker, SIGTERM during a snapshot, and the combinations the setting
+ * refuses.
  *
  * The writers record, for every row, the server's WAL insert position
  * before and after their COMMIT: a row whose transaction ended below the
@@ -826,7 +827,102 @@ test_handover_kill9(void **state)
 }
 
 /*
- * 3. A table without the polling columns (sql/001_outbox.sql alone): the
+ * 3. Two instances, as a Deployment runs them (one active, one hot
+ * standby), with the writers going on: the second starts while the first
+ * publishes the snapshot (a slower broker), finds the marker, cannot take
+ * the snapshot's lock and waits; the first kills itself (SIGKILL) in the
+ * middle of the snapshot; the standby takes over, publishes the pending
+ * rows and streams.  Nothing is missing, each aggregate's last deliveries
+ * are in order, the marker is gone, and only the standby finished a
+ * snapshot.
+ */
+static void
+test_standby_takes_over(void **state)
+{
+	char marker[128], kill_after[16], *v;
+	uint64_t snap_lsn, streaming_at;
+	int64_t deadline;
+	size_t before, after;
+	long n, polled;
+	int st;
+
+	(void)state;
+	polled = scene("snapstby");
+	snprintf(marker, sizeof(marker), "%s_snapshot", R.slot);
+	/* each fetch of 500 rows waits until at most 100 are outstanding: at least 300 ms */
+	t_relay_config(&R, "[source]\nsnapshot = pending\n[delivery]\nmax_inflight = 100\n");
+	for (int b = 1; b <= 3; b++)
+		assert_int_equal(t_broker_cmd(&R.b, "rtt %d 300", b), 0);
+	snprintf(kill_after, sizeof(kill_after), "%d", KILL_AFTER);
+	setenv("OBX_TEST_KILL_AFTER_ACKS", kill_after, 1);
+	t_relay_start(&R, NULL, 0);
+	unsetenv("OBX_TEST_KILL_AFTER_ACKS");
+	deadline = t_now_ms() + 20000;
+	while (t_log_count(&R, ": publishing the rows of public.outbox") == 0) {
+		if (t_now_ms() > deadline || waitpid(R.pid, NULL, WNOHANG) == R.pid) {
+			t_log_dump(&R);
+			fail_msg("the first instance did not begin its snapshot");
+		}
+		usleep(20000);
+	}
+	t_relay_twin(&R, &L2, "standby");
+	t_relay_start(&L2, NULL, 0);
+	deadline = t_now_ms() + 20000;
+	while (t_log_count(&L2, "another instance is publishing the pending rows of slot") == 0) {
+		if (t_now_ms() > deadline || waitpid(L2.pid, NULL, WNOHANG) == L2.pid) {
+			t_log_dump(&L2);
+			fail_msg("the second instance did not wait for the first one's snapshot");
+		}
+		usleep(20000);
+	}
+	if (waitpid(R.pid, &st, WNOHANG) == R.pid)
+		fail_msg("the first instance ended before the second one waited for it (wait status %d)", st);
+	st = t_wait(R.pid, 40000);
+	if (st == -1 || !WIFSIGNALED(st) || WTERMSIG(st) != SIGKILL) {
+		t_log_dump(&R);
+		fail_msg("the first instance did not kill itself after %d acknowledgements (wait status %d)",
+		    KILL_AFTER, st);
+	}
+	R.pid = 0;
+	for (int b = 1; b <= 3; b++)
+		assert_int_equal(t_broker_cmd(&R.b, "rtt %d 0", b), 0);
+	wait_streaming(&L2, 40000);
+	v = t_query1(R.pg, "SELECT pg_current_wal_insert_lsn()");
+	streaming_at = t_lsn(v);
+	free(v);
+	sleep(2);
+	stop_writers();
+	if (!t_wait_confirmed_current(&L2, 30000)) {
+		t_log_dump(&L2);
+		fail_msg("the slot did not confirm the writers' last transactions");
+	}
+	assert_int_equal(t_relay_signal(&L2, SIGTERM, 30000), 0);
+	assert_int_equal(snapshot_line(&R, &snap_lsn, &n), 0);
+	assert_int_equal(snapshot_line(&L2, &snap_lsn, &n), 1);
+	print_message("the standby's snapshot at %X/%X published %ld row(s); %ld by the poller\n",
+	    (unsigned)(snap_lsn >> 32), (unsigned)snap_lsn, n, polled);
+	assert_slot(marker, "");
+
+	load_rows();
+	consume_topics();
+	check_records(snap_lsn, NULL);
+	for (size_t i = 0; i < nrows; i++) {
+		const struct row *r = &rows[i];
+		int c = r->polled + r->snap + r->streamed;
+
+		if (r->marked && c != 1)
+			fail_msg("row %s, published by the poller, was delivered %d times", r->id, c);
+		if (r->pre >= streaming_at && c != 1)
+			fail_msg("row %s committed after the standby streamed was delivered %d times", r->id, c);
+	}
+	check_boundary(snap_lsn, &before, &after);
+	assert_true(before > 0);
+	assert_true(after > 0);
+	free_all();
+}
+
+/*
+ * 4. A table without the polling columns (sql/001_outbox.sql alone): the
  * default filter takes every row, in physical order.  The snapshot
  * publishes each row once, numbered in ctid order, then the stream
  * follows; a restart finds the slot without its marker and publishes
@@ -902,7 +998,7 @@ test_plain_table(void **state)
 }
 
 /*
- * 4. SIGTERM in the middle of the snapshot (a slow broker, each fetch of
+ * 5. SIGTERM in the middle of the snapshot (a slow broker, each fetch of
  * rows waiting for it): outboxd stops soon with status 0, leaving the slot and the
  * marker; the next start publishes the pending rows again and streams.
  * Every row is in Kafka; only the rows published before the stop twice.
@@ -1002,7 +1098,7 @@ run_capture(const char *cmd, const char *conf, char *out, size_t len)
 }
 
 /*
- * 5. snapshot = pending where it cannot work: with polling mode and with
+ * 6. snapshot = pending where it cannot work: with polling mode and with
  * exactly-once delivery, check and run stop at the configuration with one
  * line naming the key and what it conflicts with, exit status 2, and
  * create no slot.  In logical mode alone the key is accepted (check gets
@@ -1055,6 +1151,7 @@ main(void)
 		cmocka_unit_test_teardown(test_snapshot_refused, teardown),
 		cmocka_unit_test_teardown(test_handover_once, teardown),
 		cmocka_unit_test_teardown(test_handover_kill9, teardown),
+		cmocka_unit_test_teardown(test_standby_takes_over, teardown),
 		cmocka_unit_test_teardown(test_plain_table, teardown),
 		cmocka_unit_test_teardown(test_sigterm_during_snapshot, teardown),
 	};
