@@ -186,6 +186,7 @@ stop_writers(void)
 
 struct row {
 	char id[40];
+	char payload[48];   /* payload::text, the record's value */
 	int agg;
 	int version;
 	long long seq;      /* the table's ordering column */
@@ -222,7 +223,7 @@ static void
 load_rows(void)
 {
 	PGresult *res = PQexec(R.pg, "SELECT id::text, aggregateid::int, (payload->>'version')::int, seq, "
-	    "published_at IS NOT NULL FROM outbox");
+	    "published_at IS NOT NULL, payload::text FROM outbox");
 
 	if (PQresultStatus(res) != PGRES_TUPLES_OK)
 		fail_msg("could not read the outbox: %s", PQerrorMessage(R.pg));
@@ -234,6 +235,7 @@ load_rows(void)
 		rows[i].version = atoi(PQgetvalue(res, (int)i, 2));
 		rows[i].seq = atoll(PQgetvalue(res, (int)i, 3));
 		rows[i].marked = PQgetvalue(res, (int)i, 4)[0] == 't';
+		snprintf(rows[i].payload, sizeof(rows[i].payload), "%s", PQgetvalue(res, (int)i, 5));
 		rows[i].ordinal = -1;
 		rows[i].last_offset = -1;
 	}
@@ -481,11 +483,12 @@ scene(const char *prefix)
 
 /*
  * What holds for every run: each committed row is in Kafka (none
- * missing); a record's topic, key and id are its row's; each record is of
- * one kind, by its headers: the poller's (no lsn), a snapshot's (snapshot,
- * lsn 0/0, seq, no xid or commit_ts, of a row the poller had not marked)
- * or the stream's (an lsn at or above snap_lsn, of a row not marked); per
- * aggregate, the last deliveries of its rows carry versions 1, 2, 3, ... in
+ * missing); a record's topic, key, value, id and type are its row's; each
+ * record is of one kind, by its headers: the poller's (no lsn), a
+ * snapshot's (snapshot, lsn 0/0, seq, no xid or commit_ts, of a row the
+ * poller had not marked) or the stream's (an lsn at or above snap_lsn, of
+ * a row not marked), and in each partition the poller's records come
+ * first, then the snapshots', then the stream's; per aggregate, the last deliveries of its rows carry versions 1, 2, 3, ... in
  * partition order, up to the aggregate's final version.  Fills the
  * rows' delivery counts.  Records of partition offset >= from[topic][p]
  * (when from is not NULL) count as the second run's snapshot records
@@ -497,12 +500,16 @@ check_records(uint64_t snap_lsn, int64_t from[TOPICS][4])
 	size_t n;
 	PGresult *res;
 
+	static const char *const kinds[] = { "the poller's", "a snapshot's", "the stream's" };
+	int kind_seen = 0;
+
 	last = calloc(AGGS + 1, sizeof(int));
 	all_records(&n);
 	for (size_t i = 0; i < n; i++) {
 		const struct t_msg *m = all[i];
 		struct row *r = row_find(t_msg_header(m, "id"));
 		const char *snap = t_msg_header(m, "snapshot"), *lsn = t_msg_header(m, "lsn");
+		int kind = snap != NULL ? 1 : lsn != NULL ? 2 : 0;
 		char topic[64];
 
 		if (r == NULL)
@@ -511,6 +518,15 @@ check_records(uint64_t snap_lsn, int64_t from[TOPICS][4])
 		snprintf(topic, sizeof(topic), "outbox.event.snap%d", r->agg % TOPICS);
 		assert_string_equal(m->topic, topic);
 		assert_int_equal(atoi(m->key), r->agg);
+		if (m->value == NULL || strcmp(m->value, r->payload) != 0)
+			fail_msg("row %s: value %s, payload %s", r->id, m->value ? m->value : "(null)", r->payload);
+		assert_string_equal(t_msg_header(m, "type"), "V");
+		if (i == 0 || m->partition != all[i - 1]->partition || strcmp(m->topic, all[i - 1]->topic) != 0)
+			kind_seen = 0;
+		if (kind < kind_seen)
+			fail_msg("%s [%d] @%lld: %s record after %s", m->topic, m->partition, (long long)m->offset,
+			    kinds[kind], kinds[kind_seen]);
+		kind_seen = kind;
 		if (snap != NULL) {
 			const char *seq = t_msg_header(m, "seq");
 
