@@ -414,6 +414,24 @@ pending_rows(void)
 	return n;
 }
 
+/* Runs outboxd cmd -c conf, its output to out; returns the exit status. */
+static int
+run_capture(const char *cmd, const char *conf, char *out, size_t len)
+{
+	char line[1024];
+	FILE *fp;
+	size_t n;
+	int st;
+
+	snprintf(line, sizeof(line), "%s %s -c %s 2>&1", getenv("OBX_OUTBOXD"), cmd, conf);
+	fp = popen(line, "r");
+	assert_non_null(fp);
+	n = fread(out, 1, len - 1, fp);
+	out[n] = '\0';
+	st = pclose(fp);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
 /* ---- the scene ---- */
 
 /*
@@ -726,8 +744,8 @@ test_handover_once(void **state)
 /*
  * 2. The same hand-over with outboxd killed (SIGKILL, from the test
  * hook) after KILL_AFTER acknowledgements, in the middle of the snapshot:
- * the logical slot and the marker stay; the next start takes a snapshot
- * again, publishes it and streams from the slot's start.  Nothing is
+ * the logical slot and the marker stay (check says the snapshot did not
+ * finish); the next start takes a snapshot again, publishes it and streams from the slot's start.  Nothing is
  * missing; duplicates only of rows pending when the second run took its
  * snapshot; each aggregate's last deliveries in version order; the marker
  * is gone and the second run logged its snapshot.
@@ -735,7 +753,7 @@ test_handover_once(void **state)
 static void
 test_handover_kill9(void **state)
 {
-	char marker[128], kill_after[16], *v;
+	char marker[128], kill_after[16], *v, out[8192], want[256];
 	uint64_t snap_lsn, slot_start, streaming_at;
 	int64_t from[TOPICS][4];
 	long n2, polled;
@@ -763,6 +781,11 @@ test_handover_kill9(void **state)
 	}
 	assert_slot(R.slot, "logical");
 	assert_slot(marker, "physical");
+	run_capture("check", R.conf, out, sizeof(out));
+	snprintf(want, sizeof(want), "snapshot: the snapshot of slot %s did not finish (slot %s exists)", R.slot,
+	    marker);
+	if (strstr(out, want) == NULL)
+		fail_msg("check does not say \"%s\":\n%s", want, out);
 	v = t_query1(R.pg, "SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = '%s'", R.slot);
 	slot_start = t_lsn(v);
 	free(v);
@@ -943,10 +966,10 @@ test_standby_takes_over(void **state)
 
 /*
  * 4. A table without the polling columns (sql/001_outbox.sql alone): the
- * default filter takes every row, in physical order.  The snapshot
- * publishes each row once, numbered in ctid order, then the stream
- * follows; a restart finds the slot without its marker and publishes
- * nothing again.
+ * default filter takes every row, in physical order, as check says
+ * beforehand.  The snapshot publishes each row once, numbered in ctid
+ * order, then the stream follows; a restart finds the slot without its
+ * marker and publishes nothing again (check says so too).
  */
 static void
 test_plain_table(void **state)
@@ -956,6 +979,7 @@ test_plain_table(void **state)
 	uint64_t snap_lsn;
 	long logged;
 	PGresult *res;
+	char out[8192];
 	int lines;
 
 	(void)state;
@@ -966,6 +990,9 @@ test_plain_table(void **state)
 	t_exec(R.pg, "DELETE FROM outbox WHERE (payload->>'i')::int %% 10 = 0");
 	t_exec(R.pg, "UPDATE outbox SET type = 'U' WHERE (payload->>'i')::int %% 7 = 0");
 	t_relay_config(&R, "[source]\nsnapshot = pending\n");
+	run_capture("check", R.conf, out, sizeof(out));
+	if (strstr(out, "will publish the 270 row(s) WHERE true first, ORDER BY ctid") == NULL)
+		fail_msg("check does not say what the snapshot will publish:\n%s", out);
 	t_relay_start(&R, NULL, 0);
 	wait_streaming(&R, 30000);
 	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
@@ -1007,7 +1034,11 @@ test_plain_table(void **state)
 	PQclear(res);
 	t_msgs_free(m, n);
 
-	/* the slot exists without its marker: no snapshot again */
+	/* the slot exists without its marker: no snapshot again, as check says */
+	run_capture("check", R.conf, out, sizeof(out));
+	if (strstr(out, "snapshot: pending, but slot ") == NULL ||
+	    strstr(out, " exists: nothing is published before the stream") == NULL)
+		fail_msg("check does not say that nothing precedes the stream:\n%s", out);
 	lines = t_log_count(&R, "snapshot of slot");
 	t_relay_start(&R, NULL, 1);
 	assert_int_equal(t_relay_signal(&R, SIGTERM, 20000), 0);
@@ -1097,24 +1128,6 @@ test_sigterm_during_snapshot(void **state)
 		PQclear(res);
 	}
 	t_msgs_free(m, n);
-}
-
-/* Runs outboxd cmd -c conf, its output to out; returns the exit status. */
-static int
-run_capture(const char *cmd, const char *conf, char *out, size_t len)
-{
-	char line[1024];
-	FILE *fp;
-	size_t n;
-	int st;
-
-	snprintf(line, sizeof(line), "%s %s -c %s 2>&1", getenv("OBX_OUTBOXD"), cmd, conf);
-	fp = popen(line, "r");
-	assert_non_null(fp);
-	n = fread(out, 1, len - 1, fp);
-	out[n] = '\0';
-	st = pclose(fp);
-	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
 /*
