@@ -829,7 +829,7 @@ marker_name(const char *slot, char *out, size_t len)
  * OBX_ECONFIG when a slot of that name is not a marker (not physical).
  */
 static int
-read_marker(PGconn *c, const char *slot, const char *marker, bool *exists, char *errbuf,
+read_snapmark(PGconn *c, const char *slot, const char *marker, bool *exists, char *errbuf,
     size_t errlen)
 {
 	char sql[512], err[1024], *lit;
@@ -855,7 +855,7 @@ read_marker(PGconn *c, const char *slot, const char *marker, bool *exists, char 
 
 /* Creates the marker slot (no WAL reserved: it pins nothing).  Returns 0 or OBX_EIO/OBX_ECONFIG. */
 static int
-create_marker(PGconn *c, const char *slot, const char *marker, char *errbuf, size_t errlen)
+create_snapmark(PGconn *c, const char *slot, const char *marker, char *errbuf, size_t errlen)
 {
 	char sql[256], err[1024], state[6] = "";
 	PGresult *res;
@@ -874,6 +874,102 @@ create_marker(PGconn *c, const char *slot, const char *marker, char *errbuf, siz
 	return failf(errbuf, errlen, PQstatus(c) != CONNECTION_OK || strcmp(state, "53400") != 0 ?
 	    OBX_EIO : OBX_ECONFIG, "could not create slot %s, which marks the snapshot of slot %s as "
 	    "unfinished: %s", marker, slot, err);
+}
+
+/* the advisory lock class of a snapshot ("obxs"), keyed by hashtext(slot) */
+#define SNAPSHOT_LOCK_CLASS "1868724339"
+
+/*
+ * Opens snap->conn: an ordinary connection to the server c is connected to
+ * (not to another host of a multi-host conninfo), without the timeouts a
+ * role may set that would end a long snapshot half-way, holding the
+ * session-level advisory lock of the slot's snapshot.  Returns 0, OBX_EBUSY
+ * (another instance holds the lock: it is publishing the pending rows),
+ * OBX_EIO or OBX_ENOMEM.
+ */
+static int
+snapshot_open(PGconn *c, const struct obx_config *cfg, struct obx_pgsetup_snapshot *snap,
+    char *errbuf, size_t errlen)
+{
+	const char *kw[4], *val[4], *params[2] = { SNAPSHOT_LOCK_CLASS, cfg->slot };
+	const char *host = PQhost(c), *addr = PQhostaddr(c), *port = PQport(c);
+	char err[1024];
+	PGresult *res;
+	int n = 0, r;
+
+	if (snap->conn != NULL)
+		return 0;
+	if (host != NULL && host[0] != '\0') {
+		kw[n] = "host";
+		val[n++] = host;
+	}
+	if (addr != NULL && addr[0] != '\0') {
+		kw[n] = "hostaddr";
+		val[n++] = addr;
+	}
+	if (port != NULL && port[0] != '\0') {
+		kw[n] = "port";
+		val[n++] = port;
+	}
+	kw[n] = val[n] = NULL;
+	if (obx_pg_connect(cfg->conninfo, kw, val, "outboxd snapshot", &snap->conn, err,
+	    sizeof(err)) != 0) {
+		snap->conn = NULL;
+		return failf(errbuf, errlen, OBX_EIO, "could not open the connection that reads the rows "
+		    "pending at slot %s's creation: %s", cfg->slot, err);
+	}
+	/* its transaction stays open while the broker acknowledges (or is down) */
+	res = PQexec(snap->conn, "SELECT set_config('idle_in_transaction_session_timeout', '0', false), "
+	    "set_config('statement_timeout', '0', false); "
+	    "SELECT set_config('idle_session_timeout', '0', false) "
+	    "WHERE current_setting('server_version_num')::int >= 140000; "
+	    "SELECT set_config('transaction_timeout', '0', false) "
+	    "WHERE current_setting('server_version_num')::int >= 170000");
+	PQclear(res);
+	res = PQexecParams(snap->conn, "SELECT pg_try_advisory_lock($1::int, hashtext($2))", 2, NULL,
+	    params, NULL, NULL, 0);
+	if (PQresultStatus(res) != PGRES_TUPLES_OK)
+		r = failf(errbuf, errlen, OBX_EIO, "could not take the lock of slot %s's snapshot: %s",
+		    cfg->slot, obx_pg_result_error_line(res, err, sizeof(err)));
+	else if (strcmp(PQgetvalue(res, 0, 0), "t") != 0)
+		r = failf(errbuf, errlen, OBX_EBUSY, "another instance is publishing the rows pending at "
+		    "the creation of slot %s", cfg->slot);
+	else
+		r = 0;
+	PQclear(res);
+	if (r != 0) {
+		PQfinish(snap->conn);
+		snap->conn = NULL;
+	}
+	return r;
+}
+
+/*
+ * With [source] snapshot = none, a marker says another instance may be
+ * publishing the pending rows right now: streaming meanwhile would put
+ * newer events before them.  Returns 0 (nobody holds the lock), OBX_EBUSY
+ * or OBX_EIO.
+ */
+static int
+snapshot_lock_free(PGconn *c, const struct obx_config *cfg, char *errbuf, size_t errlen)
+{
+	char sql[512], err[1024], *lit = PQescapeLiteral(c, cfg->slot, strlen(cfg->slot));
+	PGresult *res;
+	int r;
+
+	if (lit == NULL)
+		return failf(errbuf, errlen, OBX_ENOMEM, "out of memory");
+	/* taken and released within the statement: it only tells whether another session holds it */
+	snprintf(sql, sizeof(sql), "SELECT pg_try_advisory_xact_lock(" SNAPSHOT_LOCK_CLASS
+	    ", hashtext(%s))", lit);
+	PQfreemem(lit);
+	if (query(c, sql, &res, NULL, err, sizeof(err)) != 0)
+		return failf(errbuf, errlen, OBX_EIO, "could not read the lock of slot %s's snapshot: %s",
+		    cfg->slot, err);
+	r = strcmp(PQgetvalue(res, 0, 0), "t") == 0 ? 0 : failf(errbuf, errlen, OBX_EBUSY,
+	    "another instance is publishing the rows pending at the creation of slot %s", cfg->slot);
+	PQclear(res);
+	return r;
 }
 
 int
@@ -943,14 +1039,14 @@ import_snapshot(PGconn *importer, const struct obx_config *cfg, const char *name
 static int
 create_slot(PGconn *c, const struct obx_config *cfg, const struct sqlnames *nm, bool in_recovery,
     struct obx_pgsetup_ctx *ctx, PGconn *importer, obx_lsn *confirmed, char *point, size_t pointlen,
-    bool *raced, char *errbuf, size_t errlen)
+    bool *raced, bool *made, char *errbuf, size_t errlen)
 {
 	struct obx_pgfacts f = obx_pg_facts(c);
 	char sql[1024], err[1024], state[6] = "";
 	PGresult *res;
 	int r = 0;
 
-	*raced = false;
+	*raced = *made = false;
 	if (f.slot_options)
 		snprintf(sql, sizeof(sql), "CREATE_REPLICATION_SLOT %s LOGICAL pgoutput (SNAPSHOT '%s'%s)",
 		    nm->slot_ident, importer != NULL ? "export" : "nothing",
@@ -988,6 +1084,7 @@ create_slot(PGconn *c, const struct obx_config *cfg, const struct sqlnames *nm, 
 		*raced = true;
 		return 0;
 	}
+	*made = true;
 	if (PQntuples(res) < 1 || PQnfields(res) < 3 ||
 	    obx_lsn_parse(PQgetvalue(res, 0, 1), confirmed) != 0)
 		r = failf(errbuf, errlen, OBX_EPROTO, "slot %s: unexpected consistent point", cfg->slot);
@@ -1188,28 +1285,66 @@ note_synced(const struct obx_config *cfg, obx_lsn confirmed, struct obx_pgsetup_
 
 /*
  * The slot exists: its pending rows are still wanted when its marker is
- * there.  Without [source] snapshot = pending a leftover marker is only
- * logged (once).
+ * there (checked again under the snapshot's lock: the instance that held it
+ * drops the marker first).  A slot synchronized from a former primary (17+)
+ * comes without the marker, which is not synchronized: when it still sits
+ * at the creation point the guard recorded, the snapshot may not have
+ * finished there, so the rows are published again (duplicates, never a
+ * loss).  Without [source] snapshot = pending a leftover marker is logged
+ * (once), and waited on while another instance holds its lock.
  */
 static int
-snapshot_wanted(PGconn *c, const struct obx_config *cfg, bool in_recovery,
-    struct obx_pgsetup_snapshot *snap, struct obx_pgsetup_ctx *ctx, char *errbuf, size_t errlen)
+snapshot_wanted(PGconn *c, const struct obx_config *cfg, const struct sqlnames *nm,
+    const struct slotrow *row, bool in_recovery, struct obx_pgsetup_snapshot *snap,
+    struct obx_pgsetup_ctx *ctx, char *errbuf, size_t errlen)
 {
-	bool exists = false;
+	char msysid[32], mlsn[32], *comment = NULL;
+	bool exists = false, marked = false;
+	obx_lsn point;
 	int r;
 
 	if (in_recovery) /* a standby's slots are its own: no marker was made there */
 		return 0;
-	if ((r = read_marker(c, cfg->slot, snap->marker, &exists, errbuf, errlen)) != 0)
+	if ((r = read_snapmark(c, cfg->slot, snap->marker, &exists, errbuf, errlen)) != 0)
 		return r;
-	if (exists && snap->conn == NULL && !ctx->said_marker) {
-		ctx->said_marker = true;
-		obx_log_warn("slot %s exists, so does %s: the rows pending when slot %s was created were not "
-		    "all published; with [source] snapshot = pending they are published before streaming, "
-		    "with none they are not (drop slot %s to stop this warning)", snap->marker, snap->marker,
-		    cfg->slot, snap->marker);
+	if (!snap->enabled) {
+		if (!exists)
+			return 0;
+		if ((r = snapshot_lock_free(c, cfg, errbuf, errlen)) != 0)
+			return r;
+		if (!ctx->said_marker) {
+			ctx->said_marker = true;
+			obx_log_warn("slot %s exists, so does %s: the rows pending when slot %s was created were "
+			    "not all published; with [source] snapshot = pending they are published before "
+			    "streaming, with none they are not (drop slot %s to stop this warning)",
+			    snap->marker, snap->marker, cfg->slot, snap->marker);
+		}
+		return 0;
 	}
-	snap->wanted = exists && snap->conn != NULL;
+	if (!exists && row->synced) {
+		r = read_guard(c, cfg, nm, &comment, &marked, msysid, sizeof(msysid), mlsn, sizeof(mlsn),
+		    errbuf, errlen);
+		free(comment);
+		if (r != 0)
+			return r;
+		if (!marked || obx_lsn_parse(mlsn, &point) != 0 || point != row->confirmed)
+			return 0;
+		obx_log_warn("slot %s was synchronized from the former primary and is still at its creation "
+		    "point %s: its snapshot may not have finished there (its marker is not synchronized); "
+		    "publishing the pending rows again (rows already published there are sent twice)",
+		    cfg->slot, mlsn);
+		if ((r = snapshot_open(c, cfg, snap, errbuf, errlen)) != 0 ||
+		    (r = create_snapmark(c, cfg->slot, snap->marker, errbuf, errlen)) != 0)
+			return r;
+		snap->wanted = true;
+		return 0;
+	}
+	if (!exists)
+		return 0;
+	if ((r = snapshot_open(c, cfg, snap, errbuf, errlen)) != 0 ||
+	    (r = read_snapmark(c, cfg->slot, snap->marker, &exists, errbuf, errlen)) != 0)
+		return r;
+	snap->wanted = exists;
 	return 0;
 }
 
@@ -1223,7 +1358,7 @@ obx_pgsetup_slot(PGconn *c, const struct obx_config *cfg, const char *sysid, boo
 	char *comment = NULL;
 	struct sqlnames nm;
 	struct slotrow row;
-	bool marked = false, raced = false;
+	bool marked = false, raced = false, made_mark = false, slot_made = false;
 	int r;
 
 	*created = false;
@@ -1247,7 +1382,7 @@ obx_pgsetup_slot(PGconn *c, const struct obx_config *cfg, const char *sysid, boo
 			if (f.failover_slots)
 				r = match_failover(c, cfg, &nm, &row, in_recovery, ctx, errbuf, errlen);
 			if (r == 0)
-				r = snapshot_wanted(c, cfg, in_recovery, snap, ctx, errbuf, errlen);
+				r = snapshot_wanted(c, cfg, &nm, &row, in_recovery, snap, ctx, errbuf, errlen);
 		}
 		if (r != OBX_ENOENT)
 			goto out;
@@ -1257,21 +1392,28 @@ obx_pgsetup_slot(PGconn *c, const struct obx_config *cfg, const char *sysid, boo
 		    sizeof(mlsn), errbuf, errlen);
 		if (r == 0)
 			r = may_create_slot(cfg, marked, recreate, msysid, mlsn, errbuf, errlen);
-		if (r == 0 && snap->conn != NULL && in_recovery)
+		if (r == 0 && snap->enabled && in_recovery)
 			r = failf(errbuf, errlen, OBX_ECONFIG, "[source] snapshot = pending: slot %s would be "
 			    "created on a hot standby, which cannot export the snapshot of the pending rows; "
 			    "start outboxd against the primary once, or set snapshot = none", cfg->slot);
-		/* the marker first: a crash after the slot's creation must find it */
-		if (r == 0 && snap->conn != NULL)
-			r = create_marker(c, cfg->slot, snap->marker, errbuf, errlen);
+		/* the lock, then the marker: a crash after the slot's creation must find the marker */
+		if (r == 0 && snap->enabled && (r = snapshot_open(c, cfg, snap, errbuf, errlen)) == 0 &&
+		    (r = create_snapmark(c, cfg->slot, snap->marker, errbuf, errlen)) == 0)
+			made_mark = true;
 		if (r == 0)
 			r = create_slot(c, cfg, &nm, in_recovery, ctx, snap->conn, confirmed, point,
-			    sizeof(point), &raced, errbuf, errlen);
+			    sizeof(point), &raced, &slot_made, errbuf, errlen);
+		if (r != 0 && made_mark && !slot_made && PQstatus(c) == CONNECTION_OK) {
+			/* the server refused the slot (none free, say): the marker must not stay behind */
+			char e2[256];
+
+			(void)obx_pgsetup_snapshot_done(c, snap, e2, sizeof(e2));
+		}
 		if (r != 0)
 			goto out;
 		if (!raced) {
 			*created = true;
-			snap->wanted = snap->imported = snap->conn != NULL;
+			snap->wanted = snap->imported = snap->enabled;
 			snprintf(how, sizeof(how), "%s%s", f.failover_slots && cfg->failover && !in_recovery ?
 			    " with failover" : in_recovery ? " on a hot standby" : "",
 			    snap->wanted ? ", exporting its snapshot" : "");
@@ -1292,6 +1434,13 @@ obx_pgsetup_slot(PGconn *c, const struct obx_config *cfg, const char *sysid, boo
 	r = failf(errbuf, errlen, OBX_EIO, "slot %s was dropped each time another instance created it",
 	    cfg->slot);
 out:
+	if (!snap->wanted || r != 0) {
+		/* nothing to publish first: the lock goes with the connection */
+		PQfinish(snap->conn);
+		snap->conn = NULL;
+		if (r != 0)
+			snap->wanted = false;
+	}
 	free(comment);
 	sqlnames_free(&nm);
 	return r;

@@ -159,22 +159,7 @@ obx_pgstream_open(struct obx_pgstream *s, const struct obx_config *cfg, bool rec
 	/* publication first: a slot created before its publication breaks decoding */
 	if ((r = obx_pgsetup_publication(s->conn, cfg, s->in_recovery, errbuf, errlen)) != 0)
 		goto out;
-	/* [source] snapshot = pending: the connection that reads the rows pending at a new slot's
-	 * creation in its exported snapshot (used only when the slot is created, or its marker says
-	 * an earlier run did not finish) */
-	if (cfg->snapshot && (r = obx_pg_connect(cfg->conninfo, NULL, NULL, "outboxd snapshot",
-	    &s->snap.conn, errbuf, errlen)) != 0) {
-		r = OBX_EIO;
-		goto out;
-	}
-	if (cfg->snapshot) {
-		/* its transaction stays open while the broker acknowledges (or is down): a role's
-		 * idle-in-transaction or statement timeout must not end it half-way */
-		PGresult *res = PQexec(s->snap.conn, "SET idle_in_transaction_session_timeout = 0; "
-		    "SET statement_timeout = 0");
-
-		PQclear(res);
-	}
+	s->snap.enabled = cfg->snapshot;
 	if ((r = obx_pgsetup_slot(s->conn, cfg, s->sysid, recreate_slot, s->in_recovery, ctx,
 	    &s->snap, &s->start_confirmed, &s->slot_created, errbuf, errlen)) != 0)
 		goto out;
@@ -187,8 +172,6 @@ obx_pgstream_open(struct obx_pgstream *s, const struct obx_config *cfg, bool rec
 		PQclear(res);
 		return OBX_FAIL_NONE; /* the caller publishes the pending rows, then obx_pgstream_start() */
 	}
-	PQfinish(s->snap.conn);
-	s->snap.conn = NULL;
 	r = start_replication(s, cfg, errbuf, errlen);
 out:
 	return fail_class(r);

@@ -702,14 +702,13 @@ snapshot_then_start(struct relay *r)
 	    "creation of slot %s before streaming", r->cfg->slot);
 	publish(r);
 	r->reports_at_us = obx_pg_now();
-	rc = obx_snapshot_run(&r->snap, r->st.snap.conn, r->st.snap.imported, r->st.snap.marker,
-	    r->st.start_confirmed, setup_tick, r, err, sizeof(err));
+	rc = obx_snapshot_run(&r->snap, r->st.snap.conn, r->st.snap.imported, r->st.start_confirmed,
+	    setup_tick, r, err, sizeof(err));
 	r->core.published += r->snap.acked - r->snap.dead_lettered;
-	if (rc != 0 && rc != OBX_ENOENT) {
+	if (rc != 0) {
 		/* the producer still holds records: closing it serves their reports to snap */
-		r->end = rc == OBX_ESTATE ? OBX_CORE_END_STOP : rc == OBX_EBUSY ? OBX_CORE_END_RETRY :
-		    rc == OBX_EIO ? OBX_CORE_END_RETRY : OBX_CORE_END_FATAL;
-		r->standby = rc == OBX_EBUSY;
+		r->end = rc == OBX_ESTATE ? OBX_CORE_END_STOP : rc == OBX_EIO ? OBX_CORE_END_RETRY :
+		    OBX_CORE_END_FATAL;
 		r->end_kafka = rc == OBX_EIO && r->snap.end == OBX_EIO;
 		snprintf(r->reason, sizeof(r->reason), "%s", err);
 		return false;

@@ -10,7 +10,9 @@
  * report is waited for.  Only then may the caller drop the marker and
  * stream, so the stream's first event follows the last snapshot record.
  */
+#include <errno.h>
 #include <inttypes.h>
+#include <poll.h>
 #include <stdarg.h>
 #include <signal.h>
 #include <stdio.h>
@@ -28,9 +30,8 @@
 #define PROGRESS_MS 10000
 #define OP_SNAPSHOT (1ULL << 62)
 #define OP_DEAD_LETTER (1ULL << 61)
+#define OP_BARE (1ULL << 60) /* a dead-letter copy of headers only */
 #define CTID_COL "outboxd_snapshot_ctid"
-/* the advisory lock class of a snapshot ("obxs"): one instance publishes a slot's pending rows */
-#define LOCK_CLASS "1868724339"
 
 int
 obx_snapshot_init(struct obx_snapshot *s, const struct obx_config *cfg, struct obx_kafka *kf,
@@ -74,7 +75,10 @@ fail(struct obx_snapshot *s, int end, const char *fmt, ...)
 	va_end(ap);
 }
 
-/* Produces, waiting while the producer's queue is full.  Returns librdkafka's result. */
+/*
+ * Produces, waiting while the producer's queue is full (the tick runs
+ * meanwhile: a stop signal ends the wait).  Returns librdkafka's result.
+ */
 static rd_kafka_resp_err_t
 produce(struct obx_snapshot *s, const char *topic, const void *key, size_t keylen, const void *value,
     size_t len, int64_t ts, const struct obx_header *h, size_t nh, uint64_t opaque)
@@ -82,8 +86,13 @@ produce(struct obx_snapshot *s, const char *topic, const void *key, size_t keyle
 	rd_kafka_resp_err_t err;
 
 	while ((err = obx_kafka_produce(s->kf, topic, RD_KAFKA_PARTITION_UA, key, keylen, value, len, ts, h,
-	    nh, NULL, NULL, opaque)) == RD_KAFKA_RESP_ERR__QUEUE_FULL)
+	    nh, NULL, NULL, opaque)) == RD_KAFKA_RESP_ERR__QUEUE_FULL) {
 		obx_kafka_poll(s->kf, 100);
+		if (s->tick != NULL && s->tick(s->tick_arg)) {
+			s->stopped = true;
+			return RD_KAFKA_RESP_ERR__QUEUE_FULL;
+		}
+	}
 	if (err == RD_KAFKA_RESP_ERR_NO_ERROR) {
 		s->outstanding++;
 		s->outstanding_bytes += len + keylen;
@@ -91,34 +100,74 @@ produce(struct obx_snapshot *s, const char *topic, const void *key, size_t keyle
 	return err;
 }
 
+static bool
+refused_for_good(rd_kafka_resp_err_t err)
+{
+	return (obx_kafka_err_is_permanent(err) || err == RD_KAFKA_RESP_ERR__INVALID_ARG ||
+	    err == RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE) && !obx_kafka_err_is_missing_topic(err);
+}
+
 /*
- * The dead-letter copy of a record the broker refused for good: the record
- * with its headers plus original_topic and error ([delivery] on_error =
- * dead_letter, as for streamed events).
+ * The dead-letter copy of a record refused for good ([delivery] on_error =
+ * dead_letter, as for streamed events): the record with its headers plus
+ * original_topic and error; when that copy is refused too (the record is
+ * too large, say), its headers alone (bare).  A bare copy refused ends the
+ * run: nothing more can be done with the row.
  */
 static void
-dead_letter(struct obx_snapshot *s, const rd_kafka_message_t *m)
+dead_letter(struct obx_snapshot *s, const char *topic, const void *key, size_t keylen,
+    const void *value, size_t len, int64_t ts, const struct obx_header *hdrs, size_t nh,
+    const char *why, bool bare)
 {
 	struct obx_header hs[66];
-	rd_kafka_headers_t *h = NULL;
-	const char *name, *topic = rd_kafka_topic_name(m->rkt), *why = rd_kafka_err2str(m->err);
-	const void *v;
-	size_t sz, n = 0;
+	size_t n = 0;
 	rd_kafka_resp_err_t err;
 
-	if (rd_kafka_message_headers(m, &h) == 0)
-		for (size_t i = 0; n < 64 && rd_kafka_header_get_all(h, i, &name, &v, &sz) == 0; i++)
-			hs[n++] = (struct obx_header){ name, v, sz };
+	for (size_t i = 0; i < nh && n < 64; i++)
+		if (strcmp(hdrs[i].name, "original_topic") != 0 && strcmp(hdrs[i].name, "error") != 0)
+			hs[n++] = hdrs[i];
 	hs[n++] = (struct obx_header){ "original_topic", topic, strlen(topic) };
 	hs[n++] = (struct obx_header){ "error", why, strlen(why) };
-	err = produce(s, s->cfg->dead_letter_topic, m->key, m->key_len, m->payload, m->len,
-	    rd_kafka_message_timestamp(m, NULL), hs, n, OP_SNAPSHOT | OP_DEAD_LETTER);
-	if (err == RD_KAFKA_RESP_ERR_NO_ERROR)
-		obx_log_warn("snapshot of slot %s: the broker refused a record for %s (%s): dead-lettered "
-		    "to %s", s->cfg->slot, topic, why, s->cfg->dead_letter_topic);
-	else
-		fail(s, OBX_EIO, "snapshot of slot %s: could not dead-letter a record the broker refused "
-		    "for %s (%s): %s", s->cfg->slot, topic, why, rd_kafka_err2str(err));
+	for (;; bare = true) {
+		err = produce(s, s->cfg->dead_letter_topic, bare ? NULL : key, bare ? 0 : keylen,
+		    bare ? NULL : value, bare ? 0 : len, ts, hs, n,
+		    OP_SNAPSHOT | OP_DEAD_LETTER | (bare ? OP_BARE : 0));
+		if (err == RD_KAFKA_RESP_ERR_NO_ERROR) {
+			obx_log_warn("snapshot of slot %s: a record for %s was refused (%s): dead-lettered to %s%s",
+			    s->cfg->slot, topic, why, s->cfg->dead_letter_topic, bare ? " (headers only)" : "");
+			return;
+		}
+		if (bare || s->stopped || !refused_for_good(err))
+			break;
+	}
+	if (!s->stopped)
+		fail(s, refused_for_good(err) ? OBX_ECONFIG : OBX_EIO, "snapshot of slot %s: could not "
+		    "dead-letter a record for %s that was refused (%s): %s", s->cfg->slot, topic, why,
+		    rd_kafka_err2str(err));
+}
+
+/* Dead-letters the record of a delivery report that failed for good. */
+static void
+dead_letter_report(struct obx_snapshot *s, const rd_kafka_message_t *m, bool bare)
+{
+	struct obx_header hs[64];
+	rd_kafka_headers_t *h = NULL;
+	const char *name;
+	const void *v;
+	size_t sz, n = 0;
+
+	char topic[256];
+
+	snprintf(topic, sizeof(topic), "%s", rd_kafka_topic_name(m->rkt));
+	if (rd_kafka_message_headers(m, &h) == 0)
+		for (size_t i = 0; n < 64 && rd_kafka_header_get_all(h, i, &name, &v, &sz) == 0; i++) {
+			hs[n++] = (struct obx_header){ name, v, sz };
+			/* a dead-letter copy names the record's own topic */
+			if (bare && strcmp(name, "original_topic") == 0 && v != NULL)
+				snprintf(topic, sizeof(topic), "%.*s", (int)sz, (const char *)v);
+		}
+	dead_letter(s, topic, m->key, m->key_len, m->payload, m->len,
+	    rd_kafka_message_timestamp(m, NULL), hs, n, rd_kafka_err2str(m->err), bare);
 }
 
 void
@@ -148,9 +197,10 @@ obx_snapshot_report(struct obx_snapshot *s, uint64_t opaque, const rd_kafka_mess
 		return;
 	}
 	obx_metrics_kafka_error(s->m, rd_kafka_err2name(m->err));
-	if (!dl && obx_kafka_err_is_permanent(m->err) && !obx_kafka_err_is_missing_topic(m->err)) {
+	if (refused_for_good(m->err) && (opaque & OP_BARE) == 0) {
 		if (s->cfg->on_error == OBX_ON_ERROR_DEAD_LETTER)
-			dead_letter(s, m);
+			/* a refused dead-letter copy goes again as its headers alone */
+			dead_letter_report(s, m, dl);
 		else
 			fail(s, OBX_ECONFIG, "snapshot of slot %s: the broker refused a record for %s: %s "
 			    "([delivery] on_error = stop)", s->cfg->slot, rd_kafka_topic_name(m->rkt),
@@ -158,9 +208,10 @@ obx_snapshot_report(struct obx_snapshot *s, uint64_t opaque, const rd_kafka_mess
 		return;
 	}
 	/* the broker down past message.timeout.ms, a missing topic, a purge: the next session
-	 * publishes the pending rows again */
-	fail(s, OBX_EIO, "snapshot of slot %s: could not publish a record to %s%s: %s", s->cfg->slot,
-	    rd_kafka_topic_name(m->rkt), dl ? " (dead-letter copy)" : "", rd_kafka_err2str(m->err));
+	 * publishes the pending rows again; a bare dead-letter copy refused: nothing more to do */
+	fail(s, refused_for_good(m->err) ? OBX_ECONFIG : OBX_EIO, "snapshot of slot %s: could not "
+	    "publish a record to %s%s: %s", s->cfg->slot, rd_kafka_topic_name(m->rkt),
+	    dl ? " (dead-letter copy)" : "", rd_kafka_err2str(m->err));
 }
 
 /* ---- reading the rows ---- */
@@ -197,16 +248,18 @@ sql_class(PGconn *c, const char *state)
 {
 	if (PQstatus(c) != CONNECTION_OK)
 		return OBX_EIO;
-	return strncmp(state, "42", 2) == 0 || strncmp(state, "22", 2) == 0 ? OBX_ECONFIG : OBX_EIO;
+	/* 72000: snapshot too old (old_snapshot_threshold, 13-16): a retry meets it again */
+	return strncmp(state, "42", 2) == 0 || strncmp(state, "22", 2) == 0 ||
+	    strcmp(state, "72000") == 0 ? OBX_ECONFIG : OBX_EIO;
 }
 
 int
 obx_snapshot_describe(PGconn *c, const struct obx_config *cfg, char *table, size_t tlen,
     char *filter, size_t flen, char *order, size_t olen, char *errbuf, size_t errlen)
 {
-	char qpub[300] = "", qseq[300] = "", err[512];
-	const char *params[3];
-	bool has_pub = false, has_seq = false;
+	char qpub[300] = "", qseq[300] = "", qcreated[300] = "", err[512];
+	const char *params[4];
+	bool has_pub = false, has_seq = false, has_created = false;
 	PGresult *res;
 
 	table[0] = '\0';
@@ -214,15 +267,17 @@ obx_snapshot_describe(PGconn *c, const struct obx_config *cfg, char *table, size
 	    strlcat(table, ".", tlen) >= tlen ||
 	    obx_poll_quote_ident(cfg->table_name, table, tlen) != 0 ||
 	    obx_poll_quote_ident(cfg->col_published_at, qpub, sizeof(qpub)) != 0 ||
-	    obx_poll_quote_ident(cfg->col_seq, qseq, sizeof(qseq)) != 0) {
+	    obx_poll_quote_ident(cfg->col_seq, qseq, sizeof(qseq)) != 0 ||
+	    obx_poll_quote_ident(cfg->col_created_at, qcreated, sizeof(qcreated)) != 0) {
 		snprintf(errbuf, errlen, "snapshot of slot %s: a table or column name is too long", cfg->slot);
 		return OBX_ECONFIG;
 	}
 	params[0] = table;
 	params[1] = cfg->col_published_at;
 	params[2] = cfg->col_seq;
+	params[3] = cfg->col_created_at;
 	res = PQexecParams(c, "SELECT attname FROM pg_attribute WHERE attrelid = $1::regclass AND "
-	    "attnum > 0 AND NOT attisdropped AND attname IN ($2, $3)", 3, NULL, params, NULL, NULL, 0);
+	    "attnum > 0 AND NOT attisdropped AND attname IN ($2, $3, $4)", 4, NULL, params, NULL, NULL, 0);
 	if (PQresultStatus(res) != PGRES_TUPLES_OK) {
 		const char *code = PQresultErrorField(res, PG_DIAG_SQLSTATE);
 		char state[6];
@@ -236,6 +291,8 @@ obx_snapshot_describe(PGconn *c, const struct obx_config *cfg, char *table, size
 	for (int i = 0; i < PQntuples(res); i++) {
 		has_pub = has_pub || strcmp(PQgetvalue(res, i, 0), cfg->col_published_at) == 0;
 		has_seq = has_seq || strcmp(PQgetvalue(res, i, 0), cfg->col_seq) == 0;
+		has_created = has_created || (cfg->col_created_at[0] != '\0' &&
+		    strcmp(PQgetvalue(res, i, 0), cfg->col_created_at) == 0);
 	}
 	PQclear(res);
 	if (cfg->snapshot_filter[0] != '\0')
@@ -244,7 +301,15 @@ obx_snapshot_describe(PGconn *c, const struct obx_config *cfg, char *table, size
 		snprintf(filter, flen, "%s IS NULL", qpub);
 	else
 		snprintf(filter, flen, "true");
-	snprintf(order, olen, "%s", has_seq ? qseq : "ctid");
+	/* insertion order: the ordering column; else the creation time (a transaction's start,
+	 * sql/001_outbox.sql's default), ties by position; else the position alone, which
+	 * cleanup and VACUUM can make differ from insertion order */
+	if (has_seq)
+		snprintf(order, olen, "%s", qseq);
+	else if (has_created)
+		snprintf(order, olen, "%s, ctid", qcreated);
+	else
+		snprintf(order, olen, "ctid");
 	return 0;
 }
 
@@ -349,6 +414,67 @@ bad_row(struct obx_snapshot *s, PGconn *c, const char *table_ctid, const char *w
 	return 0;
 }
 
+/*
+ * Serves delivery reports until at most limit records (limit_bytes bytes)
+ * are outstanding; the tick runs about every 100 ms, also when nothing has
+ * to wait.  Returns 0, the run's end code, or OBX_ESTATE when the tick
+ * asks to stop.
+ */
+static int
+wait_reports(struct obx_snapshot *s, uint64_t limit, uint64_t limit_bytes)
+{
+	while (s->end == 0) {
+		bool over = s->outstanding > limit || s->outstanding_bytes > limit_bytes;
+
+		obx_kafka_poll(s->kf, over ? 100 : 0);
+		if (s->tick != NULL && obx_mono_ms() - s->ticked_ms >= 100) {
+			s->ticked_ms = obx_mono_ms();
+			if (s->tick(s->tick_arg)) {
+				s->stopped = true;
+				return OBX_ESTATE;
+			}
+		}
+		if ((s->outstanding <= limit && s->outstanding_bytes <= limit_bytes) || s->end != 0)
+			break;
+		if (obx_mono_ms() >= s->next_note_ms) {
+			obx_log_info("snapshot of slot %s: %" PRIu64 " row(s) read, %" PRIu64 " acknowledged, "
+			    "%.0f s so far", s->cfg->slot, s->rows, s->acked,
+			    (double)(obx_mono_ms() - s->started_ms) / 1000);
+			s->next_note_ms = obx_mono_ms() + PROGRESS_MS;
+		}
+	}
+	return s->end;
+}
+
+/*
+ * One FETCH, sent without blocking: delivery reports are served and the
+ * tick runs while the server works (the first FETCH may sort every
+ * matching row).  Returns the result (the caller clears it), or NULL with
+ * *stopped set when the tick asked to stop or the query could not be sent.
+ */
+static PGresult *
+fetch(struct obx_snapshot *s, PGconn *c)
+{
+	PGresult *res, *extra;
+
+	if (PQsendQuery(c, FETCH_SQL) == 0)
+		return PQmakeEmptyPGresult(c, PGRES_FATAL_ERROR);
+	while (PQisBusy(c)) {
+		struct pollfd p = { PQsocket(c), POLLIN, 0 };
+
+		if (wait_reports(s, UINT64_MAX, UINT64_MAX) == OBX_ESTATE)
+			return NULL;
+		if (poll(&p, 1, 100) < 0 && errno != EINTR)
+			break;
+		if (PQconsumeInput(c) == 0)
+			break;
+	}
+	res = PQgetResult(c);
+	while ((extra = PQgetResult(c)) != NULL)
+		PQclear(extra);
+	return res != NULL ? res : PQmakeEmptyPGresult(c, PGRES_FATAL_ERROR);
+}
+
 /* Produces the rows of one FETCH.  Returns 0 or the run's end code. */
 static int
 produce_rows(struct obx_snapshot *s, PGconn *c, const PGresult *res)
@@ -385,123 +511,52 @@ produce_rows(struct obx_snapshot *s, PGconn *c, const PGresult *res)
 			fail(s, OBX_ENOMEM, "out of memory");
 			break;
 		}
+		/* what waits for the broker is bounded per record, as in the stream */
+		if ((r = wait_reports(s, s->window - 1, s->window_bytes - (ev.len + ev.keylen < s->window_bytes ?
+		    ev.len + ev.keylen : s->window_bytes))) != 0)
+			return r;
 		err = produce(s, ev.topic, ev.key, ev.keylen, ev.value, ev.len, ev.timestamp_ms, s->hdrs, nh,
 		    OP_SNAPSHOT);
-		if (err != RD_KAFKA_RESP_ERR_NO_ERROR)
-			fail(s, obx_kafka_err_is_permanent(err) && !obx_kafka_err_is_missing_topic(err) ?
-			    OBX_ECONFIG : OBX_EIO, "snapshot of slot %s: could not publish the event of row %s "
-			    "(id %s) to %s: %s", s->cfg->slot, PQgetvalue(res, i, 0), ev.id, ev.topic,
-			    rd_kafka_err2str(err));
+		if (s->stopped)
+			return OBX_ESTATE;
+		if (err == RD_KAFKA_RESP_ERR_NO_ERROR)
+			continue;
+		obx_metrics_kafka_error(s->m, rd_kafka_err2name(err));
+		if (refused_for_good(err) && s->cfg->on_error == OBX_ON_ERROR_DEAD_LETTER)
+			dead_letter(s, ev.topic, ev.key, ev.keylen, ev.value, ev.len, ev.timestamp_ms, s->hdrs,
+			    nh, rd_kafka_err2str(err), false);
+		else
+			fail(s, refused_for_good(err) ? OBX_ECONFIG : OBX_EIO, "snapshot of slot %s: could not "
+			    "publish the event of row %s (id %s) to %s: %s%s", s->cfg->slot,
+			    PQgetvalue(res, i, 0), ev.id, ev.topic, rd_kafka_err2str(err),
+			    refused_for_good(err) ? " ([delivery] on_error = stop)" : "");
 	}
-	return s->end;
-}
-
-/*
- * Two instances that find the same unfinished snapshot: one publishes, the
- * other waits as a standby.  The lock lasts as long as the transaction.
- */
-static int
-take_lock(struct obx_snapshot *s, PGconn *c, char *errbuf, size_t errlen)
-{
-	const char *params[2] = { LOCK_CLASS, s->cfg->slot };
-	char err[512];
-	PGresult *res = PQexecParams(c, "SELECT pg_try_advisory_xact_lock($1::int, hashtext($2))", 2,
-	    NULL, params, NULL, NULL, 0);
-	int r;
-
-	if (PQresultStatus(res) != PGRES_TUPLES_OK) {
-		snprintf(errbuf, errlen, "snapshot of slot %s: could not take its lock: %s", s->cfg->slot,
-		    obx_pg_result_error_line(res, err, sizeof(err)));
-		PQclear(res);
-		return OBX_EIO;
-	}
-	r = strcmp(PQgetvalue(res, 0, 0), "t") == 0 ? 0 : OBX_EBUSY;
-	PQclear(res);
-	if (r != 0)
-		snprintf(errbuf, errlen, "another instance is publishing the pending rows of slot %s",
-		    s->cfg->slot);
-	return r;
-}
-
-/* Returns 0 while the marker slot exists, OBX_ENOENT once it is gone, or OBX_EIO. */
-static int
-marker_gone(struct obx_snapshot *s, PGconn *c, const char *marker, char *errbuf, size_t errlen)
-{
-	const char *params[1] = { marker };
-	char err[512];
-	PGresult *res = PQexecParams(c, "SELECT 1 FROM pg_replication_slots WHERE slot_name = $1", 1,
-	    NULL, params, NULL, NULL, 0);
-	int r;
-
-	if (PQresultStatus(res) != PGRES_TUPLES_OK) {
-		snprintf(errbuf, errlen, "snapshot of slot %s: could not read slot %s: %s", s->cfg->slot,
-		    marker, obx_pg_result_error_line(res, err, sizeof(err)));
-		PQclear(res);
-		return OBX_EIO;
-	}
-	r = PQntuples(res) == 1 ? 0 : OBX_ENOENT;
-	PQclear(res);
-	if (r != 0)
-		obx_log_info("snapshot of slot %s: another instance finished it meanwhile", s->cfg->slot);
-	return r;
-}
-
-/*
- * Serves delivery reports until at most limit records are outstanding.
- * Returns 0, the run's end code, or OBX_ESTATE when tick asks to stop.
- */
-static int
-wait_reports(struct obx_snapshot *s, uint64_t limit, uint64_t limit_bytes, bool (*tick)(void *),
-    void *arg, int64_t started, int64_t *next_note)
-{
-	while (s->end == 0) {
-		bool over = s->outstanding > limit || s->outstanding_bytes > limit_bytes;
-
-		obx_kafka_poll(s->kf, over ? 100 : 0);
-		/* the tick also runs between fetches that never wait: a stop signal ends the run soon */
-		if (tick != NULL && obx_mono_ms() - s->ticked_ms >= 100) {
-			s->ticked_ms = obx_mono_ms();
-			if (tick(arg))
-				return OBX_ESTATE;
-		}
-		if ((s->outstanding <= limit && s->outstanding_bytes <= limit_bytes) || s->end != 0)
-			break;
-		if (obx_mono_ms() >= *next_note) {
-			obx_log_info("snapshot of slot %s: %" PRIu64 " row(s) read, %" PRIu64 " acknowledged, "
-			    "%.0f s so far", s->cfg->slot, s->rows, s->acked,
-			    (double)(obx_mono_ms() - started) / 1000);
-			*next_note = obx_mono_ms() + PROGRESS_MS;
-		}
-	}
-	return s->end;
+	return s->stopped ? OBX_ESTATE : s->end;
 }
 
 int
-obx_snapshot_run(struct obx_snapshot *s, PGconn *conn, bool imported, const char *marker,
-    obx_lsn start, bool (*tick)(void *), void *arg, char *errbuf, size_t errlen)
+obx_snapshot_run(struct obx_snapshot *s, PGconn *conn, bool imported, obx_lsn start,
+    bool (*tick)(void *), void *arg, char *errbuf, size_t errlen)
 {
 	const struct obx_config *cfg = s->cfg;
 	char err[512], state[6], filter[1024], order[300], table[600];
 	char *declare = NULL;
-	/* [delivery] max_inflight and max_inflight_bytes bound what waits for the broker, as in
-	 * the stream (docs/design.md, invariant 7) */
-	uint64_t window = cfg->max_inflight > 0 ? (uint64_t)cfg->max_inflight : 4000;
-	uint64_t window_bytes = cfg->max_inflight_bytes > 0 ? (uint64_t)cfg->max_inflight_bytes : 8 << 20;
-	int64_t started = obx_mono_ms(), next_note = started + PROGRESS_MS;
 	int r;
 
+	/* [delivery] max_inflight and max_inflight_bytes bound what waits for the broker, as in
+	 * the stream (docs/design.md, invariant 7) */
+	s->window = cfg->max_inflight > 0 ? (uint64_t)cfg->max_inflight : 4000;
+	s->window_bytes = cfg->max_inflight_bytes > 0 ? (uint64_t)cfg->max_inflight_bytes : 8 << 20;
+	s->tick = tick;
+	s->tick_arg = arg;
+	s->started_ms = obx_mono_ms();
+	s->next_note_ms = s->started_ms + PROGRESS_MS;
 	obx_lsn_format(start, s->point, sizeof(s->point));
 	if (!imported && exec_ok(conn, "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY", err,
 	    sizeof(err), NULL) != 0) {
 		snprintf(errbuf, errlen, "snapshot of slot %s: could not begin: %s", cfg->slot, err);
 		return OBX_EIO;
 	}
-	if ((r = take_lock(s, conn, errbuf, errlen)) != 0)
-		return r;
-	/* an earlier run's snapshot: another instance may have finished it since the marker was
-	 * read (the marker goes before that instance's lock does) */
-	if (!imported && (r = marker_gone(s, conn, marker, errbuf, errlen)) != 0)
-		return r;
 	if ((r = obx_snapshot_describe(conn, cfg, table, sizeof(table), filter, sizeof(filter), order,
 	    sizeof(order), errbuf, errlen)) != 0)
 		return r;
@@ -524,20 +579,25 @@ obx_snapshot_run(struct obx_snapshot *s, PGconn *conn, bool imported, const char
 		    order);
 	else
 		obx_log_warn("snapshot of slot %s at %s did not finish: publishing the rows of %s.%s WHERE "
-		    "%s, ORDER BY %s, as they are now, before streaming from %s; rows published before "
-		    "the crash, and rows committed since %s that match, are published again", cfg->slot,
-		    s->point, cfg->table_schema,
-		    cfg->table_name, filter, order, s->point, s->point);
+		    "%s, ORDER BY %s, as they are now, before streaming from %s; rows published before it "
+		    "ended, and rows committed since %s that match, are published again", cfg->slot,
+		    s->point, cfg->table_schema, cfg->table_name, filter, order, s->point, s->point);
 	for (bool built = false;;) {
-		PGresult *res = PQexec(conn, FETCH_SQL);
+		PGresult *res = fetch(s, conn);
 		int n;
 
+		if (res == NULL) {
+			r = OBX_ESTATE;
+			break;
+		}
 		if (PQresultStatus(res) != PGRES_TUPLES_OK) {
 			const char *code = PQresultErrorField(res, PG_DIAG_SQLSTATE);
+			const char *primary = PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY);
 
 			snprintf(state, sizeof(state), "%s", code != NULL ? code : "");
 			snprintf(errbuf, errlen, "snapshot of slot %s: could not read the pending rows of %s.%s: "
-			    "%s", cfg->slot, cfg->table_schema, cfg->table_name,
+			    "%s", cfg->slot, cfg->table_schema, cfg->table_name, primary != NULL ? primary :
+			    PQstatus(conn) != CONNECTION_OK ? obx_pg_error_line(conn, err, sizeof(err)) :
 			    obx_pg_result_error_line(res, err, sizeof(err)));
 			PQclear(res);
 			return sql_class(conn, state);
@@ -553,13 +613,11 @@ obx_snapshot_run(struct obx_snapshot *s, PGconn *conn, bool imported, const char
 		}
 		r = n > 0 ? produce_rows(s, conn, res) : 0;
 		PQclear(res);
-		if (r == 0)
-			r = wait_reports(s, window, window_bytes, tick, arg, started, &next_note);
 		if (r != 0 || n == 0)
 			break;
 	}
 	if (r == 0)
-		r = wait_reports(s, 0, 0, tick, arg, started, &next_note);
+		r = wait_reports(s, 0, 0);
 	if (r == OBX_ESTATE) {
 		snprintf(errbuf, errlen, "stopped during the snapshot of slot %s: %" PRIu64 " of its rows "
 		    "acknowledged; the next start publishes its pending rows again", cfg->slot, s->acked);
@@ -569,11 +627,11 @@ obx_snapshot_run(struct obx_snapshot *s, PGconn *conn, bool imported, const char
 		snprintf(errbuf, errlen, "%s", s->reason);
 		return r;
 	}
-	/* the transaction (and its lock) stays open until the caller has dropped the marker: an
-	 * instance that then finds the marker still finds the lock taken */
+	/* the connection (and the lock pgsetup.c took on it) stays until the caller has dropped
+	 * the marker: an instance that then finds the marker still finds the lock taken */
 	obx_log_info("snapshot of slot %s at %s: %" PRIu64 " row(s) published in %.1f s; streaming "
 	    "follows", cfg->slot, s->point, s->acked - s->dead_lettered,
-	    (double)(obx_mono_ms() - started) / 1000);
+	    (double)(obx_mono_ms() - s->started_ms) / 1000);
 	if (s->dead_lettered > 0)
 		obx_log_warn("snapshot of slot %s: %" PRIu64 " row(s) dead-lettered to %s", cfg->slot,
 		    s->dead_lettered, cfg->dead_letter_topic);

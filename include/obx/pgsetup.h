@@ -124,10 +124,11 @@ int obx_pgsetup_publication(PGconn *c, const struct obx_config *cfg, bool in_rec
  * pending rows again before it streams.
  */
 struct obx_pgsetup_snapshot {
-	PGconn *conn;    /* in: an ordinary connection to the same database that imports the
-	                  * slot's exported snapshot; NULL when no snapshot is asked for */
-	bool wanted;     /* out: the pending rows are to be published before streaming */
+	bool enabled;    /* in: [source] snapshot = pending */
+	bool wanted;     /* out: the pending rows are to be published before streaming, on conn */
 	bool imported;   /* out: conn is in a transaction in the slot's exported snapshot */
+	PGconn *conn;    /* out while wanted: an ordinary connection to the same server that holds
+	                  * the snapshot's advisory lock (the caller closes it with PQfinish) */
 	char marker[64]; /* out: the marker slot's name */
 };
 
@@ -142,11 +143,12 @@ struct obx_pgsetup_snapshot {
  * be used there until the server is promoted, which is waited for.  Sets
  * *confirmed to the slot's confirmed_flush (its consistent point when
  * created) and *created.  An instance racing to create the same slot makes
- * this one use it.  With snap->conn, a slot created here exports its
+ * this one use it.  With snap->enabled, a slot created here exports its
  * snapshot, imported on snap->conn at once (nothing else runs on c
  * before), and an existing slot whose marker is still there wants its
- * pending rows published again; without, a leftover marker is only
- * logged.  ctx is the caller's (see struct obx_pgsetup_ctx).
+ * pending rows published again; either way only under the snapshot's
+ * lock, and OBX_EBUSY while another instance holds it.  Without, a
+ * leftover marker is logged, and OBX_EBUSY while its lock is held.  ctx is the caller's (see struct obx_pgsetup_ctx).
  * Returns 0, OBX_EIO (also: a synchronized slot on a standby in recovery,
  * a wait given up on a stop signal), OBX_EBUSY (another instance is
  * creating or holding it), OBX_ECONFIG (not a pgoutput slot, invalidated,

@@ -46,7 +46,14 @@ struct obx_snapshot {
 	uint64_t dead_lettered;
 	int end;                    /* 0, or how the run failed: OBX_EIO (retry) or OBX_ECONFIG (stop) */
 	char reason[768];           /* why, when end != 0 */
-	int64_t ticked_ms;          /* when the caller's tick last ran */
+	uint64_t window;            /* [delivery] max_inflight */
+	uint64_t window_bytes;      /* [delivery] max_inflight_bytes */
+	bool (*tick)(void *);       /* the caller's, while records or the server are waited for */
+	void *tick_arg;
+	bool stopped;               /* the tick asked to stop */
+	int64_t ticked_ms;          /* when the tick last ran */
+	int64_t started_ms;
+	int64_t next_note_ms;       /* the next progress line */
 	long kill_after;            /* test builds: SIGKILL after that many acknowledgements (0: never) */
 };
 
@@ -54,7 +61,7 @@ struct obx_snapshot {
  * What a snapshot of cfg's table reads: table (quoted, schema-qualified),
  * filter ([source] snapshot_filter, else the published_at column IS NULL
  * when the table has it, else true) and order (the seq column when the
- * table has it, else ctid).  Returns 0, OBX_ECONFIG (no such table, a name
+ * table has it, else the created_at column and ctid, else ctid).  Returns 0, OBX_ECONFIG (no such table, a name
  * too long) or OBX_EIO, with errbuf.
  */
 int obx_snapshot_describe(PGconn *c, const struct obx_config *cfg, char *table, size_t tlen,
@@ -67,26 +74,21 @@ int obx_snapshot_init(struct obx_snapshot *s, const struct obx_config *cfg, stru
 /*
  * Publishes every row of cfg's outbox table that matches [source]
  * snapshot_filter (by default: the published_at column IS NULL when the
- * table has it, else every row), in the order of the [outbox] seq column
- * when the table has it (else the physical order), and waits until each is
+ * table has it, else every row), in insertion order (obx_snapshot_describe()),
+ * and waits until each is
  * acknowledged.  conn is an ordinary connection; imported: it is already in
  * a transaction in the slot's exported snapshot, else a repeatable-read
- * transaction starts now (and when marker, the marker slot's name, is
- * gone once the lock is taken, another instance finished the rows:
- * OBX_ENOENT, nothing published).  start is the slot's creation point.  tick runs
+ * transaction starts now.  start is the slot's creation point.  tick runs
  * about every 100 ms while records wait (health, signals) and returns true
  * to stop.  Returns 0 (every row acknowledged or, with on_error =
- * dead_letter, dead-lettered), OBX_EBUSY (another instance is publishing
- * the same snapshot), OBX_EIO (a transient failure: the marker stays and
+ * dead_letter, dead-lettered), OBX_EIO (a transient failure: the marker stays and
  * the next session publishes them again), OBX_ESTATE (tick asked to stop)
  * or OBX_ECONFIG (the filter, the table or a rejected record with
  * on_error = stop); errbuf says why in one line.  On success the
- * transaction stays open, holding the lock that keeps another instance
- * from publishing the same rows, until the caller closes conn (after
- * dropping the marker).
+ * transaction stays open until the caller closes conn (after dropping the
+ * marker).
  */
-int obx_snapshot_run(struct obx_snapshot *s, PGconn *conn, bool imported, const char *marker,
-    obx_lsn start, bool (*tick)(void *), void *arg, char *errbuf, size_t errlen);
+int obx_snapshot_run(struct obx_snapshot *s, PGconn *conn, bool imported, obx_lsn start, bool (*tick)(void *), void *arg, char *errbuf, size_t errlen);
 
 /* The delivery report of a record produced by obx_snapshot_run(). */
 void obx_snapshot_report(struct obx_snapshot *s, uint64_t opaque, const rd_kafka_message_t *m);
