@@ -15,6 +15,7 @@
 #include "obx/kafka.h"
 #include "obx/pgutil.h"
 #include "obx/poll.h"
+#include "obx/snapshot.h"
 #include "obx/template.h"
 
 struct check_ctx {
@@ -213,6 +214,58 @@ check_slot(struct check_ctx *cx, PGconn *conn, const struct obx_config *cfg)
 	else
 		report(cx, "ok", "max_slot_wal_keep_size = %s", v ? v : "?");
 	free(v);
+}
+
+/*
+ * [source] snapshot = pending: which rows a new slot publishes first (the
+ * filter is run, so a bad one fails here), or that an earlier snapshot did
+ * not finish, or that the slot exists and nothing precedes the stream.
+ */
+static void
+check_snapshot(struct check_ctx *cx, PGconn *conn, const struct obx_config *cfg)
+{
+	char table[600], filter[1024], order[300], err[1024], marker[80], *sql = NULL, *v = NULL;
+	const char *p[2] = { cfg->slot, marker };
+	bool slot = false, marked = false;
+	PGresult *r;
+
+	if (!cfg->snapshot)
+		return;
+	/* the marker's name as pgsetup.c makes it */
+	snprintf(marker, sizeof(marker), "%.*s_snapshot", 63 - (int)strlen("_snapshot"), cfg->slot);
+	r = PQexecParams(conn, "SELECT slot_name = $1 FROM pg_replication_slots WHERE slot_name IN ($1, $2)",
+	    2, NULL, p, NULL, NULL, 0);
+	for (int i = 0; PQresultStatus(r) == PGRES_TUPLES_OK && i < PQntuples(r); i++) {
+		slot = slot || strcmp(PQgetvalue(r, i, 0), "t") == 0;
+		marked = marked || strcmp(PQgetvalue(r, i, 0), "f") == 0;
+	}
+	PQclear(r);
+	if (slot && !marked) {
+		report(cx, "ok", "snapshot: pending, but slot %s exists: nothing is published before the "
+		    "stream (only a slot outboxd creates starts with its pending rows)", cfg->slot);
+		return;
+	}
+	if (obx_snapshot_describe(conn, cfg, table, sizeof(table), filter, sizeof(filter), order,
+	    sizeof(order), err, sizeof(err)) != 0) {
+		report(cx, "FAIL", "snapshot: %s", err);
+		return;
+	}
+	if (asprintf(&sql, "SELECT count(*)::text FROM (SELECT 1 FROM %s WHERE (%s) LIMIT 1000001) x",
+	    table, filter) < 0)
+		sql = NULL;
+	if (sql == NULL || query_value(conn, sql, 0, NULL, &v, err, sizeof(err)) != 0)
+		report(cx, "FAIL", "snapshot: [source] snapshot_filter does not work on %s.%s (WHERE %s): %s",
+		    cfg->table_schema, cfg->table_name, filter, sql == NULL ? "out of memory" : err);
+	else if (slot)
+		report(cx, "WARN", "snapshot: the snapshot of slot %s did not finish (slot %s exists): the "
+		    "next start publishes the %s row(s) WHERE %s again, ORDER BY %s, then streams",
+		    cfg->slot, marker, strcmp(v, "1000001") == 0 ? "over 1,000,000" : v, filter, order);
+	else
+		report(cx, "ok", "snapshot: pending: creating slot %s will publish the %s row(s) WHERE %s "
+		    "first, ORDER BY %s (one more free replication slot, %s, is used meanwhile)", cfg->slot,
+		    strcmp(v, "1000001") == 0 ? "over 1,000,000" : v, filter, order, marker);
+	free(v);
+	free(sql);
 }
 
 /*
@@ -668,6 +721,7 @@ obx_cmd_check(const struct obx_config *cfg)
 	check_publication(&cx, conn, cfg, has_table, in_recovery);
 
 	check_slot(&cx, conn, cfg);
+	check_snapshot(&cx, conn, cfg);
 	check_failover(&cx, conn, cfg, &facts, in_recovery);
 	check_kafka(&cx, conn, cfg, has_table);
 done:

@@ -363,6 +363,7 @@ set_source(struct obx_config *cfg, const char *key, const char *value, const cha
 {
 	static const struct str_key strs[] = {
 		SK(slot, true), SK(publication, true), SK(message_prefix, true),
+		SK(snapshot_filter, false),
 	};
 	long long ms;
 	int r;
@@ -404,6 +405,14 @@ set_source(struct obx_config *cfg, const char *key, const char *value, const cha
 			return 0;
 		}
 		obx_config_fail(errbuf, errlen, origin, key, "expected on or off, got '%s'", value);
+		return OBX_ECONFIG;
+	}
+	if (strcmp(key, "snapshot") == 0) {
+		if (strcmp(value, "pending") == 0 || strcmp(value, "none") == 0) {
+			cfg->snapshot = value[0] == 'p';
+			return 0;
+		}
+		obx_config_fail(errbuf, errlen, origin, key, "expected pending or none, got '%s'", value);
 		return OBX_ECONFIG;
 	}
 	if (strcmp(key, "failover") == 0) {
@@ -905,6 +914,7 @@ obx_config_init(struct obx_config *cfg)
 	cfg->log_level = OBX_LOG_INFO;
 	cfg->log_format = OBX_LOG_FORMAT_JSON;
 	cfg->progress_interval_ms = 60000;
+	cfg->snapshot_filter = strdup("");
 	/* polling mode (docs/design.md, "Polling mode") */
 	cfg->mode = OBX_SOURCE_LOGICAL;
 	cfg->col_seq = strdup("seq");
@@ -941,7 +951,7 @@ obx_config_reset(struct obx_config *cfg)
 		&cfg->table_name, &cfg->col_id, &cfg->col_key, &cfg->col_aggregate_type,
 		&cfg->col_type, &cfg->col_payload, &cfg->topic, &cfg->col_headers,
 		&cfg->col_timestamp, &cfg->dead_letter_topic, &cfg->metrics_host, &cfg->message_prefix,
-		&cfg->transactional_id, &cfg->progress_topic,
+		&cfg->transactional_id, &cfg->progress_topic, &cfg->snapshot_filter,
 		/* polling mode */
 		&cfg->col_seq, &cfg->col_published_at, &cfg->col_attempts, &cfg->col_last_error,
 		&cfg->col_next_attempt_at, &cfg->col_created_at, &cfg->poll_notify_channel,
@@ -1225,6 +1235,18 @@ obx_config_finish(struct obx_config *cfg, const char *path, char *errbuf, size_t
 		    "works with [source] mode = logical only (polling mode marks rows published instead)");
 		return OBX_ECONFIG;
 	}
+	if (cfg->snapshot && cfg->mode == OBX_SOURCE_POLL) {
+		obx_config_fail(errbuf, errlen, path, "snapshot",
+		    "snapshot = pending works with [source] mode = logical only (polling mode publishes "
+		    "every pending row anyway)");
+		return OBX_ECONFIG;
+	}
+	if (cfg->snapshot && cfg->exactly_once) {
+		obx_config_fail(errbuf, errlen, path, "snapshot",
+		    "snapshot = pending does not work with [delivery] exactly_once = on yet: start once "
+		    "without exactly-once until the snapshot is done (the log says so), then turn it on");
+		return OBX_ECONFIG;
+	}
 	if (cfg->on_error == OBX_ON_ERROR_DEAD_LETTER && cfg->dead_letter_topic[0] == '\0') {
 		obx_config_fail(errbuf, errlen, path, "dead_letter_topic",
 		    "required when on_error = dead_letter");
@@ -1273,6 +1295,8 @@ obx_config_diff(const struct obx_config *a, const struct obx_config *b, const ch
 		{ "[source] messages", a->messages != b->messages },
 		{ "[source] message_prefix", str_differs(a->message_prefix, b->message_prefix) },
 		{ "[source] failover", a->failover != b->failover },
+		{ "[source] snapshot", a->snapshot != b->snapshot ||
+		    str_differs(a->snapshot_filter, b->snapshot_filter) },
 		{ "[outbox] columns", str_differs(a->col_id, b->col_id) || str_differs(a->col_key, b->col_key) ||
 		    str_differs(a->col_aggregate_type, b->col_aggregate_type) ||
 		    str_differs(a->col_type, b->col_type) || str_differs(a->col_payload, b->col_payload) ||

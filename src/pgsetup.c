@@ -815,8 +815,220 @@ read_slot(PGconn *c, const struct obx_config *cfg, const struct sqlnames *nm, bo
 	return r;
 }
 
+/* ---- the marker of an unfinished snapshot ([source] snapshot = pending) ---- */
+
+static void
+marker_name(const char *slot, char *out, size_t len)
+{
+	/* a slot name has at most 63 characters: the marker keeps as much of it as fits */
+	snprintf(out, len, "%.*s_snapshot", 63 - (int)strlen("_snapshot"), slot);
+}
+
 /*
- * Creates the slot without a snapshot, with failover when [source] failover
+ * Whether the marker slot exists.  Returns 0 with *exists set, OBX_EIO, or
+ * OBX_ECONFIG when a slot of that name is not a marker (not physical).
+ */
+static int
+read_snapmark(PGconn *c, const char *slot, const char *marker, bool *exists, char *errbuf,
+    size_t errlen)
+{
+	char sql[512], err[1024], *lit;
+	PGresult *res;
+	int r = 0;
+
+	*exists = false;
+	if ((lit = PQescapeLiteral(c, marker, strlen(marker))) == NULL)
+		return failf(errbuf, errlen, OBX_ENOMEM, "out of memory");
+	snprintf(sql, sizeof(sql), "SELECT slot_type FROM pg_replication_slots WHERE slot_name = %s", lit);
+	PQfreemem(lit);
+	if (query(c, sql, &res, NULL, err, sizeof(err)) != 0)
+		return failf(errbuf, errlen, OBX_EIO, "could not read slot %s: %s", marker, err);
+	if (PQntuples(res) == 1 && strcmp(PQgetvalue(res, 0, 0), "physical") != 0)
+		r = failf(errbuf, errlen, OBX_ECONFIG, "slot %s exists and is %s: outboxd keeps a physical "
+		    "slot of that name while the rows pending at slot %s's creation are published; drop "
+		    "it or rename [source] slot", marker, PQgetvalue(res, 0, 0), slot);
+	else
+		*exists = PQntuples(res) == 1;
+	PQclear(res);
+	return r;
+}
+
+/* Creates the marker slot (no WAL reserved: it pins nothing).  Returns 0 or OBX_EIO/OBX_ECONFIG. */
+static int
+create_snapmark(PGconn *c, const char *slot, const char *marker, char *errbuf, size_t errlen)
+{
+	char sql[256], err[1024], state[6] = "";
+	PGresult *res;
+	char *ident = PQescapeIdentifier(c, marker, strlen(marker));
+
+	if (ident == NULL)
+		return failf(errbuf, errlen, OBX_ENOMEM, "out of memory");
+	snprintf(sql, sizeof(sql), "CREATE_REPLICATION_SLOT %s PHYSICAL", ident);
+	PQfreemem(ident);
+	if (query(c, sql, &res, state, err, sizeof(err)) == 0) {
+		PQclear(res);
+		return 0;
+	}
+	if (strcmp(state, "42710") == 0) /* left by a run that died before creating the slot */
+		return 0;
+	return failf(errbuf, errlen, PQstatus(c) != CONNECTION_OK || strcmp(state, "53400") != 0 ?
+	    OBX_EIO : OBX_ECONFIG, "could not create slot %s, which marks the snapshot of slot %s as "
+	    "unfinished: %s", marker, slot, err);
+}
+
+/* the advisory lock class of a snapshot ("obxs"), keyed by hashtext(slot) */
+#define SNAPSHOT_LOCK_CLASS "1868724339"
+
+/*
+ * Opens snap->conn: an ordinary connection to the server c is connected to
+ * (not to another host of a multi-host conninfo), without the timeouts a
+ * role may set that would end a long snapshot half-way, holding the
+ * session-level advisory lock of the slot's snapshot.  Returns 0, OBX_EBUSY
+ * (another instance holds the lock: it is publishing the pending rows),
+ * OBX_EIO or OBX_ENOMEM.
+ */
+static int
+snapshot_open(PGconn *c, const struct obx_config *cfg, struct obx_pgsetup_snapshot *snap,
+    char *errbuf, size_t errlen)
+{
+	const char *kw[4], *val[4], *params[2] = { SNAPSHOT_LOCK_CLASS, cfg->slot };
+	const char *host = PQhost(c), *addr = PQhostaddr(c), *port = PQport(c);
+	char err[1024];
+	PGresult *res;
+	int n = 0, r;
+
+	if (snap->conn != NULL)
+		return 0;
+	if (host != NULL && host[0] != '\0') {
+		kw[n] = "host";
+		val[n++] = host;
+	}
+	if (addr != NULL && addr[0] != '\0') {
+		kw[n] = "hostaddr";
+		val[n++] = addr;
+	}
+	if (port != NULL && port[0] != '\0') {
+		kw[n] = "port";
+		val[n++] = port;
+	}
+	kw[n] = val[n] = NULL;
+	if (obx_pg_connect(cfg->conninfo, kw, val, "outboxd snapshot", &snap->conn, err,
+	    sizeof(err)) != 0) {
+		snap->conn = NULL;
+		return failf(errbuf, errlen, OBX_EIO, "could not open the connection that reads the rows "
+		    "pending at slot %s's creation: %s", cfg->slot, err);
+	}
+	/* its transaction stays open while the broker acknowledges (or is down) */
+	res = PQexec(snap->conn, "SELECT set_config('idle_in_transaction_session_timeout', '0', false), "
+	    "set_config('statement_timeout', '0', false); "
+	    "SELECT set_config('idle_session_timeout', '0', false) "
+	    "WHERE current_setting('server_version_num')::int >= 140000; "
+	    "SELECT set_config('transaction_timeout', '0', false) "
+	    "WHERE current_setting('server_version_num')::int >= 170000");
+	PQclear(res);
+	res = PQexecParams(snap->conn, "SELECT pg_try_advisory_lock($1::int, hashtext($2))", 2, NULL,
+	    params, NULL, NULL, 0);
+	if (PQresultStatus(res) != PGRES_TUPLES_OK)
+		r = failf(errbuf, errlen, OBX_EIO, "could not take the lock of slot %s's snapshot: %s",
+		    cfg->slot, obx_pg_result_error_line(res, err, sizeof(err)));
+	else if (strcmp(PQgetvalue(res, 0, 0), "t") != 0)
+		r = failf(errbuf, errlen, OBX_EBUSY, "another instance is publishing the rows pending at "
+		    "the creation of slot %s", cfg->slot);
+	else
+		r = 0;
+	PQclear(res);
+	if (r != 0) {
+		PQfinish(snap->conn);
+		snap->conn = NULL;
+	}
+	return r;
+}
+
+/*
+ * With [source] snapshot = none, a marker says another instance may be
+ * publishing the pending rows right now: streaming meanwhile would put
+ * newer events before them.  Returns 0 (nobody holds the lock), OBX_EBUSY
+ * or OBX_EIO.
+ */
+static int
+snapshot_lock_free(PGconn *c, const struct obx_config *cfg, char *errbuf, size_t errlen)
+{
+	char sql[512], err[1024], *lit = PQescapeLiteral(c, cfg->slot, strlen(cfg->slot));
+	PGresult *res;
+	int r;
+
+	if (lit == NULL)
+		return failf(errbuf, errlen, OBX_ENOMEM, "out of memory");
+	/* taken and released within the statement: it only tells whether another session holds it */
+	snprintf(sql, sizeof(sql), "SELECT pg_try_advisory_xact_lock(" SNAPSHOT_LOCK_CLASS
+	    ", hashtext(%s))", lit);
+	PQfreemem(lit);
+	if (query(c, sql, &res, NULL, err, sizeof(err)) != 0)
+		return failf(errbuf, errlen, OBX_EIO, "could not read the lock of slot %s's snapshot: %s",
+		    cfg->slot, err);
+	r = strcmp(PQgetvalue(res, 0, 0), "t") == 0 ? 0 : failf(errbuf, errlen, OBX_EBUSY,
+	    "another instance is publishing the rows pending at the creation of slot %s", cfg->slot);
+	PQclear(res);
+	return r;
+}
+
+int
+obx_pgsetup_snapshot_done(PGconn *c, const struct obx_pgsetup_snapshot *snap, char *errbuf,
+    size_t errlen)
+{
+	char sql[256], err[1024], state[6] = "";
+	PGresult *res;
+	char *ident = PQescapeIdentifier(c, snap->marker, strlen(snap->marker));
+
+	if (ident == NULL)
+		return failf(errbuf, errlen, OBX_ENOMEM, "out of memory");
+	snprintf(sql, sizeof(sql), "DROP_REPLICATION_SLOT %s", ident);
+	PQfreemem(ident);
+	if (query(c, sql, &res, state, err, sizeof(err)) == 0) {
+		PQclear(res);
+		return 0;
+	}
+	if (strcmp(state, "42704") == 0)
+		return 0;
+	return failf(errbuf, errlen, OBX_EIO, "could not drop slot %s after the snapshot: %s",
+	    snap->marker, err);
+}
+
+/*
+ * Opens a read-only repeatable-read transaction on importer in the snapshot
+ * the slot's creation exported.  Returns 0 or OBX_EIO (the marker makes the
+ * next session publish the pending rows from a fresh snapshot).
+ */
+static int
+import_snapshot(PGconn *importer, const struct obx_config *cfg, const char *name, char *errbuf,
+    size_t errlen)
+{
+	char sql[256], err[1024];
+	PGresult *res;
+	char *lit;
+
+	if (name[0] == '\0')
+		return failf(errbuf, errlen, OBX_EPROTO, "slot %s was created without the snapshot asked for",
+		    cfg->slot);
+	if (query(importer, "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY", &res, NULL, err,
+	    sizeof(err)) != 0)
+		return failf(errbuf, errlen, OBX_EIO, "could not begin the snapshot of slot %s: %s",
+		    cfg->slot, err);
+	PQclear(res);
+	if ((lit = PQescapeLiteral(importer, name, strlen(name))) == NULL)
+		return failf(errbuf, errlen, OBX_ENOMEM, "out of memory");
+	snprintf(sql, sizeof(sql), "SET TRANSACTION SNAPSHOT %s", lit);
+	PQfreemem(lit);
+	if (query(importer, sql, &res, NULL, err, sizeof(err)) != 0)
+		return failf(errbuf, errlen, OBX_EIO, "could not use the snapshot slot %s exported: %s",
+		    cfg->slot, err);
+	PQclear(res);
+	return 0;
+}
+
+/*
+ * Creates the slot (without a snapshot, or exporting one that importer
+ * takes over at once), with failover when [source] failover
  * asks for it and the server can (17, not on a standby).  On a hot standby
  * the server waits for the primary's next running-transactions record; the
  * wait ticks ctx.  Returns 0 with *confirmed and point (its consistent point
@@ -826,21 +1038,22 @@ read_slot(PGconn *c, const struct obx_config *cfg, const struct sqlnames *nm, bo
  */
 static int
 create_slot(PGconn *c, const struct obx_config *cfg, const struct sqlnames *nm, bool in_recovery,
-    struct obx_pgsetup_ctx *ctx, obx_lsn *confirmed, char *point, size_t pointlen, bool *raced,
-    char *errbuf, size_t errlen)
+    struct obx_pgsetup_ctx *ctx, PGconn *importer, obx_lsn *confirmed, char *point, size_t pointlen,
+    bool *raced, bool *made, char *errbuf, size_t errlen)
 {
 	struct obx_pgfacts f = obx_pg_facts(c);
 	char sql[1024], err[1024], state[6] = "";
 	PGresult *res;
 	int r = 0;
 
-	*raced = false;
+	*raced = *made = false;
 	if (f.slot_options)
-		snprintf(sql, sizeof(sql), "CREATE_REPLICATION_SLOT %s LOGICAL pgoutput (SNAPSHOT 'nothing'%s)",
-		    nm->slot_ident, f.failover_slots && cfg->failover && !in_recovery ? ", FAILOVER" : "");
+		snprintf(sql, sizeof(sql), "CREATE_REPLICATION_SLOT %s LOGICAL pgoutput (SNAPSHOT '%s'%s)",
+		    nm->slot_ident, importer != NULL ? "export" : "nothing",
+		    f.failover_slots && cfg->failover && !in_recovery ? ", FAILOVER" : "");
 	else
-		snprintf(sql, sizeof(sql), "CREATE_REPLICATION_SLOT %s LOGICAL pgoutput NOEXPORT_SNAPSHOT",
-		    nm->slot_ident);
+		snprintf(sql, sizeof(sql), "CREATE_REPLICATION_SLOT %s LOGICAL pgoutput %s",
+		    nm->slot_ident, importer != NULL ? "EXPORT_SNAPSHOT" : "NOEXPORT_SNAPSHOT");
 	if (in_recovery) {
 		obx_log(ctx->said_standby_create ? OBX_LOG_DEBUG : OBX_LOG_INFO,
 		    "creating slot %s on a hot standby: waiting for the primary's next running-transactions "
@@ -871,11 +1084,16 @@ create_slot(PGconn *c, const struct obx_config *cfg, const struct sqlnames *nm, 
 		*raced = true;
 		return 0;
 	}
-	if (PQntuples(res) < 1 || PQnfields(res) < 2 ||
+	*made = true;
+	if (PQntuples(res) < 1 || PQnfields(res) < 3 ||
 	    obx_lsn_parse(PQgetvalue(res, 0, 1), confirmed) != 0)
 		r = failf(errbuf, errlen, OBX_EPROTO, "slot %s: unexpected consistent point", cfg->slot);
 	else
 		strlcpy(point, PQgetvalue(res, 0, 1), pointlen);
+	/* the export lasts until c runs its next command: imported before anything else */
+	if (r == 0 && importer != NULL)
+		r = import_snapshot(importer, cfg, PQgetisnull(res, 0, 2) ? "" : PQgetvalue(res, 0, 2),
+		    errbuf, errlen);
 	PQclear(res);
 	return r;
 }
@@ -956,8 +1174,8 @@ warn_unpublished_rows(PGconn *c, const struct obx_config *cfg, const struct sqln
 		return;
 	if (strcmp(PQgetvalue(res, 0, 0), "0") != 0)
 		obx_log_warn("%s row(s) already in %s.%s will not be published: a new slot starts "
-		    "at its creation point (no snapshot)", PQgetvalue(res, 0, 0), cfg->table_schema,
-		    cfg->table_name);
+		    "at its creation point ([source] snapshot = none; with pending, a new slot publishes "
+		    "them first)", PQgetvalue(res, 0, 0), cfg->table_schema, cfg->table_name);
 	PQclear(res);
 }
 
@@ -1065,20 +1283,87 @@ note_synced(const struct obx_config *cfg, obx_lsn confirmed, struct obx_pgsetup_
 	    "published again", cfg->slot, obx_lsn_format(confirmed, at, sizeof(at)));
 }
 
+/*
+ * The slot exists: its pending rows are still wanted when its marker is
+ * there (checked again under the snapshot's lock: the instance that held it
+ * drops the marker first).  A slot synchronized from a former primary (17+)
+ * comes without the marker, which is not synchronized: when it still sits
+ * at the creation point the guard recorded, the snapshot may not have
+ * finished there, so the rows are published again (duplicates, never a
+ * loss).  Without [source] snapshot = pending a leftover marker is logged
+ * (once), and waited on while another instance holds its lock.
+ */
+static int
+snapshot_wanted(PGconn *c, const struct obx_config *cfg, const struct sqlnames *nm,
+    const struct slotrow *row, bool in_recovery, struct obx_pgsetup_snapshot *snap,
+    struct obx_pgsetup_ctx *ctx, char *errbuf, size_t errlen)
+{
+	char msysid[32], mlsn[32], *comment = NULL;
+	bool exists = false, marked = false;
+	obx_lsn point;
+	int r;
+
+	if (in_recovery) /* a standby's slots are its own: no marker was made there */
+		return 0;
+	if ((r = read_snapmark(c, cfg->slot, snap->marker, &exists, errbuf, errlen)) != 0)
+		return r;
+	if (!snap->enabled) {
+		if (!exists)
+			return 0;
+		if ((r = snapshot_lock_free(c, cfg, errbuf, errlen)) != 0)
+			return r;
+		if (!ctx->said_marker) {
+			ctx->said_marker = true;
+			obx_log_warn("slot %s exists, so does %s: the rows pending when slot %s was created were "
+			    "not all published; with [source] snapshot = pending they are published before "
+			    "streaming, with none they are not (drop slot %s to stop this warning)",
+			    snap->marker, snap->marker, cfg->slot, snap->marker);
+		}
+		return 0;
+	}
+	if (!exists && row->synced) {
+		r = read_guard(c, cfg, nm, &comment, &marked, msysid, sizeof(msysid), mlsn, sizeof(mlsn),
+		    errbuf, errlen);
+		free(comment);
+		if (r != 0)
+			return r;
+		if (!marked || obx_lsn_parse(mlsn, &point) != 0 || point != row->confirmed)
+			return 0;
+		obx_log_warn("slot %s was synchronized from the former primary and is still at its creation "
+		    "point %s: its snapshot may not have finished there (its marker is not synchronized); "
+		    "publishing the pending rows again (rows already published there are sent twice)",
+		    cfg->slot, mlsn);
+		if ((r = snapshot_open(c, cfg, snap, errbuf, errlen)) != 0 ||
+		    (r = create_snapmark(c, cfg->slot, snap->marker, errbuf, errlen)) != 0)
+			return r;
+		snap->wanted = true;
+		return 0;
+	}
+	if (!exists)
+		return 0;
+	if ((r = snapshot_open(c, cfg, snap, errbuf, errlen)) != 0 ||
+	    (r = read_snapmark(c, cfg->slot, snap->marker, &exists, errbuf, errlen)) != 0)
+		return r;
+	snap->wanted = exists;
+	return 0;
+}
+
 int
 obx_pgsetup_slot(PGconn *c, const struct obx_config *cfg, const char *sysid, bool recreate,
-    bool in_recovery, struct obx_pgsetup_ctx *ctx, obx_lsn *confirmed, bool *created,
-    char *errbuf, size_t errlen)
+    bool in_recovery, struct obx_pgsetup_ctx *ctx, struct obx_pgsetup_snapshot *snap,
+    obx_lsn *confirmed, bool *created, char *errbuf, size_t errlen)
 {
 	struct obx_pgfacts f = obx_pg_facts(c);
-	char msysid[32], mlsn[32], point[32], ver[32];
+	char msysid[32], mlsn[32], point[32], ver[32], how[64];
 	char *comment = NULL;
 	struct sqlnames nm;
 	struct slotrow row;
-	bool marked = false, raced = false;
+	bool marked = false, raced = false, made_mark = false, slot_made = false;
 	int r;
 
 	*created = false;
+	snap->wanted = snap->imported = false;
+	marker_name(cfg->slot, snap->marker, sizeof(snap->marker));
 	if (cfg->failover && cfg->failover_set && !f.failover_slots && !ctx->said_failover_ignored) {
 		obx_log_info("[source] failover = on is ignored: PostgreSQL %s cannot synchronize slots to "
 		    "standbys (17 and later can); after a failover the slot guard refuses to go on without "
@@ -1096,6 +1381,8 @@ obx_pgsetup_slot(PGconn *c, const struct obx_config *cfg, const char *sysid, boo
 				note_synced(cfg, row.confirmed, ctx);
 			if (f.failover_slots)
 				r = match_failover(c, cfg, &nm, &row, in_recovery, ctx, errbuf, errlen);
+			if (r == 0)
+				r = snapshot_wanted(c, cfg, &nm, &row, in_recovery, snap, ctx, errbuf, errlen);
 		}
 		if (r != OBX_ENOENT)
 			goto out;
@@ -1105,22 +1392,40 @@ obx_pgsetup_slot(PGconn *c, const struct obx_config *cfg, const char *sysid, boo
 		    sizeof(mlsn), errbuf, errlen);
 		if (r == 0)
 			r = may_create_slot(cfg, marked, recreate, msysid, mlsn, errbuf, errlen);
+		if (r == 0 && snap->enabled && in_recovery)
+			r = failf(errbuf, errlen, OBX_ECONFIG, "[source] snapshot = pending: slot %s would be "
+			    "created on a hot standby, which cannot export the snapshot of the pending rows; "
+			    "start outboxd against the primary once, or set snapshot = none", cfg->slot);
+		/* the lock, then the marker: a crash after the slot's creation must find the marker */
+		if (r == 0 && snap->enabled && (r = snapshot_open(c, cfg, snap, errbuf, errlen)) == 0 &&
+		    (r = create_snapmark(c, cfg->slot, snap->marker, errbuf, errlen)) == 0)
+			made_mark = true;
 		if (r == 0)
-			r = create_slot(c, cfg, &nm, in_recovery, ctx, confirmed, point, sizeof(point), &raced,
-			    errbuf, errlen);
+			r = create_slot(c, cfg, &nm, in_recovery, ctx, snap->conn, confirmed, point,
+			    sizeof(point), &raced, &slot_made, errbuf, errlen);
+		if (r != 0 && made_mark && !slot_made && PQstatus(c) == CONNECTION_OK) {
+			/* the server refused the slot (none free, say): the marker must not stay behind */
+			char e2[256];
+
+			(void)obx_pgsetup_snapshot_done(c, snap, e2, sizeof(e2));
+		}
 		if (r != 0)
 			goto out;
 		if (!raced) {
 			*created = true;
-			log_created(cfg, marked, mlsn, point, in_recovery ? " on a hot standby" :
-			    f.failover_slots && cfg->failover ? " with failover" : "");
+			snap->wanted = snap->imported = snap->enabled;
+			snprintf(how, sizeof(how), "%s%s", f.failover_slots && cfg->failover && !in_recovery ?
+			    " with failover" : in_recovery ? " on a hot standby" : "",
+			    snap->wanted ? ", exporting its snapshot" : "");
+			log_created(cfg, marked, mlsn, point, how);
 			if (in_recovery && f.failover_slots && cfg->failover)
 				note_standby_failover(cfg, ctx);
 			if (in_recovery)
 				note_standby_guard(cfg, sysid, point, ctx);
 			else
 				record_marker(c, cfg, &nm, comment, sysid, point, false);
-			warn_unpublished_rows(c, cfg, &nm);
+			if (!snap->wanted)
+				warn_unpublished_rows(c, cfg, &nm);
 			goto out;
 		}
 		/* another instance created it a moment ago: use it */
@@ -1129,6 +1434,13 @@ obx_pgsetup_slot(PGconn *c, const struct obx_config *cfg, const char *sysid, boo
 	r = failf(errbuf, errlen, OBX_EIO, "slot %s was dropped each time another instance created it",
 	    cfg->slot);
 out:
+	if (!snap->wanted || r != 0) {
+		/* nothing to publish first: the lock goes with the connection */
+		PQfinish(snap->conn);
+		snap->conn = NULL;
+		if (r != 0)
+			snap->wanted = false;
+	}
 	free(comment);
 	sqlnames_free(&nm);
 	return r;

@@ -159,12 +159,39 @@ obx_pgstream_open(struct obx_pgstream *s, const struct obx_config *cfg, bool rec
 	/* publication first: a slot created before its publication breaks decoding */
 	if ((r = obx_pgsetup_publication(s->conn, cfg, s->in_recovery, errbuf, errlen)) != 0)
 		goto out;
+	s->snap.enabled = cfg->snapshot;
 	if ((r = obx_pgsetup_slot(s->conn, cfg, s->sysid, recreate_slot, s->in_recovery, ctx,
-	    &s->start_confirmed, &s->slot_created, errbuf, errlen)) != 0)
+	    &s->snap, &s->start_confirmed, &s->slot_created, errbuf, errlen)) != 0)
 		goto out;
+	if (s->snap.wanted) {
+		/* the replication connection waits in command mode meanwhile: no idle_session_timeout
+		 * (14+) may end it */
+		PGresult *res = PQexec(s->conn, "SELECT set_config('idle_session_timeout', '0', false) "
+		    "WHERE current_setting('server_version_num')::int >= 140000");
+
+		PQclear(res);
+		return OBX_FAIL_NONE; /* the caller publishes the pending rows, then obx_pgstream_start() */
+	}
 	r = start_replication(s, cfg, errbuf, errlen);
 out:
 	return fail_class(r);
+}
+
+enum obx_fail
+obx_pgstream_start(struct obx_pgstream *s, const struct obx_config *cfg, char *errbuf,
+    size_t errlen)
+{
+	int r;
+
+	/* the marker goes before the snapshot's transaction ends: whoever finds the marker then
+	 * also finds the transaction's lock taken (snapshot.c) */
+	r = s->snap.wanted ? obx_pgsetup_snapshot_done(s->conn, &s->snap, errbuf, errlen) : 0;
+	PQfinish(s->snap.conn);
+	s->snap.conn = NULL;
+	if (r != 0)
+		return fail_class(r);
+	s->snap.wanted = false;
+	return fail_class(start_replication(s, cfg, errbuf, errlen));
 }
 
 int
@@ -252,6 +279,8 @@ obx_pgstream_flush(struct obx_pgstream *s)
 void
 obx_pgstream_close(struct obx_pgstream *s)
 {
+	PQfinish(s->snap.conn);
+	s->snap.conn = NULL;
 	if (s->copybuf != NULL)
 		PQfreemem(s->copybuf);
 	s->copybuf = NULL;

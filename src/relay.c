@@ -32,6 +32,7 @@
 #include "obx/progress.h"
 #include "obx/relay.h"
 #include "obx/relaycore.h"
+#include "obx/snapshot.h"
 #include "obx/walmsg.h"
 
 #define READ_BATCH 2000
@@ -79,6 +80,8 @@ struct relay {
 	bool committing;        /* exactly-once: a commit is under way (obx_kafka_txn_commit again) */
 	int32_t progress_partition; /* exactly-once: where the progress records go */
 	int64_t eos_status_ms;  /* exactly-once: the last status update while a session starts */
+	struct obx_snapshot snap; /* [source] snapshot = pending: the run under way */
+	bool snapshotting;      /* delivery reports go to snap */
 #ifdef OBX_TEST_HOOKS
 	long test_fatal_after;
 	long test_produced;
@@ -157,6 +160,10 @@ on_delivery(void *ctx, uint64_t opaque, const rd_kafka_message_t *m)
 	const void *v;
 	size_t sz, n = 0;
 
+	if (r->snapshotting) {
+		obx_snapshot_report(&r->snap, opaque, m);
+		return;
+	}
 	if (opaque == OBX_KAFKA_OPAQUE_PROGRESS) {
 		/* a progress record: its transaction's commit says how it went */
 		if (m->err != RD_KAFKA_RESP_ERR_NO_ERROR)
@@ -670,6 +677,54 @@ eos_open(struct relay *r, bool *have, struct obx_progress *floor)
 	return true;
 }
 
+/*
+ * [source] snapshot = pending: publishes the rows pending at the slot's
+ * creation (snapshot.c), then drops the marker and starts streaming.
+ * Returns false with r->end and r->reason set when the session cannot go on.
+ */
+static bool
+snapshot_then_start(struct relay *r)
+{
+	char err[1024];
+	enum obx_fail f;
+	int rc;
+
+	if (obx_snapshot_init(&r->snap, r->cfg, &r->kf, &r->m) != 0) {
+		r->end = OBX_CORE_END_FATAL;
+		snprintf(r->reason, sizeof(r->reason), "out of memory");
+		return false;
+	}
+#ifdef OBX_TEST_HOOKS
+	r->snap.kill_after = r->test_kill_after;
+#endif
+	r->snapshotting = true;
+	snprintf(r->m.state_reason, sizeof(r->m.state_reason), "publishing the rows pending at the "
+	    "creation of slot %s before streaming", r->cfg->slot);
+	publish(r);
+	r->reports_at_us = obx_pg_now();
+	rc = obx_snapshot_run(&r->snap, r->st.snap.conn, r->st.snap.imported, r->st.start_confirmed,
+	    setup_tick, r, err, sizeof(err));
+	r->core.published += r->snap.acked - r->snap.dead_lettered;
+	if (rc != 0) {
+		/* the producer still holds records: closing it serves their reports to snap */
+		r->end = rc == OBX_ESTATE ? OBX_CORE_END_STOP : rc == OBX_EIO ? OBX_CORE_END_RETRY :
+		    OBX_CORE_END_FATAL;
+		r->end_kafka = rc == OBX_EIO && r->snap.end == OBX_EIO;
+		snprintf(r->reason, sizeof(r->reason), "%s", err);
+		return false;
+	}
+	r->snapshotting = false;
+	obx_snapshot_reset(&r->snap);
+	f = obx_pgstream_start(&r->st, r->cfg, err, sizeof(err));
+	if (f != OBX_FAIL_NONE) {
+		r->standby = f == OBX_FAIL_SLOT_IN_USE;
+		r->end = f == OBX_FAIL_FATAL ? OBX_CORE_END_FATAL : OBX_CORE_END_RETRY;
+		snprintf(r->reason, sizeof(r->reason), "%s", err);
+		return false;
+	}
+	return true;
+}
+
 /* Connects and starts the producer.  Returns true when streaming may begin. */
 static bool
 session_open(struct relay *r)
@@ -711,6 +766,15 @@ session_open(struct relay *r)
 		obx_pgstream_close(&r->st);
 		r->end = OBX_CORE_END_FATAL;
 		snprintf(r->reason, sizeof(r->reason), "%s", err);
+		return false;
+	}
+	if (r->st.snap.wanted && !snapshot_then_start(r)) {
+		obx_lookup_close(&r->lk);
+		r->reports_at_us = obx_pg_now();
+		obx_kafka_close(&r->kf, 0);
+		r->snapshotting = false;
+		obx_snapshot_reset(&r->snap);
+		obx_pgstream_close(&r->st);
 		return false;
 	}
 	if (r->cfg->exactly_once && !eos_open(r, &have_floor, &floor)) {

@@ -76,6 +76,8 @@ struct obx_config {
 	char *message_prefix;
 	bool failover;              /* the slot is synchronized to standbys (PostgreSQL 17+) */
 	bool failover_set;          /* failover was given (file, environment or --set) */
+	bool snapshot;              /* a slot created by outboxd first publishes the pending rows */
+	char *snapshot_filter;      /* SQL condition of those rows; "" for the default (snapshot.c) */
 
 	/* [outbox]: column names and the topic template */
 	char *col_id;

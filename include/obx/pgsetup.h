@@ -63,6 +63,7 @@ struct obx_pgsetup_ctx {
 	bool said_standby_failover; /* failover cannot be enabled on a hot standby */
 	bool said_standby_create;   /* creating a slot on a hot standby waits for the primary */
 	bool said_synced;           /* the slot was synchronized before this server's promotion */
+	bool said_marker;           /* an unfinished snapshot's marker, with snapshot = none */
 };
 
 /*
@@ -115,6 +116,23 @@ int obx_pgsetup_publication(PGconn *c, const struct obx_config *cfg, bool in_rec
     char *errbuf, size_t errlen);
 
 /*
+ * [source] snapshot = pending (docs/design.md, "Rows pending at the slot's
+ * creation").  While those rows are not all published, a physical slot
+ * without WAL, the marker (SLOT_snapshot), exists beside the slot; it is
+ * created before the slot and dropped only once every row is acknowledged,
+ * so a crash in between leaves both and the next start publishes the
+ * pending rows again before it streams.
+ */
+struct obx_pgsetup_snapshot {
+	bool enabled;    /* in: [source] snapshot = pending */
+	bool wanted;     /* out: the pending rows are to be published before streaming, on conn */
+	bool imported;   /* out: conn is in a transaction in the slot's exported snapshot */
+	PGconn *conn;    /* out while wanted: an ordinary connection to the same server that holds
+	                  * the snapshot's advisory lock (the caller closes it with PQfinish) */
+	char marker[64]; /* out: the marker slot's name */
+};
+
+/*
  * Makes sure cfg's logical pgoutput slot exists, creating it when cfg
  * allows and the slot guard agrees (recreate: --recreate-slot).  sysid
  * goes into the guard's record.  On PostgreSQL 17+ the slot's failover
@@ -125,14 +143,26 @@ int obx_pgsetup_publication(PGconn *c, const struct obx_config *cfg, bool in_rec
  * be used there until the server is promoted, which is waited for.  Sets
  * *confirmed to the slot's confirmed_flush (its consistent point when
  * created) and *created.  An instance racing to create the same slot makes
- * this one use it.  ctx is the caller's (see struct obx_pgsetup_ctx).
+ * this one use it.  With snap->enabled, a slot created here exports its
+ * snapshot, imported on snap->conn at once (nothing else runs on c
+ * before), and an existing slot whose marker is still there wants its
+ * pending rows published again; either way only under the snapshot's
+ * lock, and OBX_EBUSY while another instance holds it.  Without, a
+ * leftover marker is logged, and OBX_EBUSY while its lock is held.  ctx is the caller's (see struct obx_pgsetup_ctx).
  * Returns 0, OBX_EIO (also: a synchronized slot on a standby in recovery,
  * a wait given up on a stop signal), OBX_EBUSY (another instance is
  * creating or holding it), OBX_ECONFIG (not a pgoutput slot, invalidated,
  * lost, or missing with create_slot = false), OBX_EPROTO or OBX_ENOMEM.
  */
 int obx_pgsetup_slot(PGconn *c, const struct obx_config *cfg, const char *sysid, bool recreate,
-    bool in_recovery, struct obx_pgsetup_ctx *ctx, obx_lsn *confirmed, bool *created,
-    char *errbuf, size_t errlen);
+    bool in_recovery, struct obx_pgsetup_ctx *ctx, struct obx_pgsetup_snapshot *snap,
+    obx_lsn *confirmed, bool *created, char *errbuf, size_t errlen);
+
+/*
+ * Drops snap's marker slot: the rows pending at the slot's creation are all
+ * acknowledged.  A marker already gone is fine.  Returns 0 or OBX_EIO.
+ */
+int obx_pgsetup_snapshot_done(PGconn *c, const struct obx_pgsetup_snapshot *snap, char *errbuf,
+    size_t errlen);
 
 #endif

@@ -39,6 +39,7 @@ struct obx_pgstream {
 	bool streaming;    /* the server streams large in-progress transactions */
 	bool slot_created; /* this run created the slot */
 	bool in_recovery;  /* the server is a hot standby (PostgreSQL 16+) */
+	struct obx_pgsetup_snapshot snap; /* [source] snapshot = pending: snap.wanted until published */
 	uint8_t *copybuf; /* the last CopyData message, owned (PQfreemem) */
 	PQnoticeReceiver prev_notice; /* libpq's receiver, for the notices pgstream.c does not read */
 	char pub_skipped[512]; /* "" or why the server decoded without the publication (pgstream.c) */
@@ -46,7 +47,8 @@ struct obx_pgstream {
 
 /*
  * Connects and starts streaming with the highest pgoutput protocol version
- * the server speaks (s->proto_version).  recreate_slot allows creating a
+ * the server speaks (s->proto_version); with s->snap.wanted set on return
+ * it has not started yet (obx_pgstream_start()).  recreate_slot allows creating a
  * slot that this database records as having existed (the slot guard, see
  * pgsetup.h).  streaming asks for in-progress transactions (cfg->streaming
  * may be overridden by the caller after a buffer overflow); s->streaming
@@ -59,6 +61,16 @@ struct obx_pgstream {
  */
 enum obx_fail obx_pgstream_open(struct obx_pgstream *s, const struct obx_config *cfg,
     bool recreate_slot, bool streaming, struct obx_pgsetup_ctx *ctx, char *errbuf, size_t errlen);
+
+/*
+ * After obx_pgstream_open() left s->snap.wanted set (the rows pending at
+ * the slot's creation are to be published first, on s->snap.conn): once
+ * every one is acknowledged, closes that connection, drops the marker and
+ * starts streaming from the slot's creation point.  Returns as
+ * obx_pgstream_open().
+ */
+enum obx_fail obx_pgstream_start(struct obx_pgstream *s, const struct obx_config *cfg,
+    char *errbuf, size_t errlen);
 
 /* The socket to poll for reading (and writing while obx_pgstream_flush() returns 1). */
 int obx_pgstream_fd(const struct obx_pgstream *s);

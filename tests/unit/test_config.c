@@ -725,10 +725,65 @@ test_exactly_once_keys(void **state)
 	    "key 'exactly_once': works with [source] mode = logical only");
 }
 
+/*
+ * [source] snapshot and snapshot_filter: off and the default filter unless
+ * given; pending or none only; refused with polling mode and with
+ * exactly-once, naming the key and what it conflicts with; a reload that
+ * changes either is named.
+ */
+static void
+test_snapshot_keys(void **state)
+{
+	struct obx_config cfg, other;
+	const char *names[8];
+	char *env[] = { "OUTBOXD_SOURCE_SNAPSHOT=pending", NULL };
+
+	(void)state;
+	assert_int_equal(load(&cfg, KAFKA, NULL, NULL, 0), 0);
+	assert_false(cfg.snapshot);
+	assert_string_equal(cfg.snapshot_filter, "");
+	obx_config_reset(&cfg);
+	assert_int_equal(load(&cfg, KAFKA "[source]\nsnapshot = pending\n"
+	    "snapshot_filter = created_at > now() - interval '7 days'\n", NULL, NULL, 0), 0);
+	assert_true(cfg.snapshot);
+	assert_string_equal(cfg.snapshot_filter, "created_at > now() - interval '7 days'");
+	obx_config_reset(&cfg);
+	assert_int_equal(load(&cfg, KAFKA "[source]\nsnapshot = none\n", NULL, NULL, 0), 0);
+	assert_false(cfg.snapshot);
+	obx_config_reset(&cfg);
+	assert_int_equal(load(&cfg, KAFKA, env, NULL, 0), 0);
+	assert_true(cfg.snapshot);
+	obx_config_reset(&cfg);
+	expect_error(KAFKA "[source]\nsnapshot = on\n", "key 'snapshot': expected pending or none, got 'on'");
+	expect_error(KAFKA "[source]\nsnapshot = initial\n",
+	    "key 'snapshot': expected pending or none, got 'initial'");
+	expect_error(KAFKA "[source]\nmode = poll\nsnapshot = pending\n",
+	    "key 'snapshot': snapshot = pending works with [source] mode = logical only");
+	expect_error(KAFKA "[source]\nsnapshot = pending\n[delivery]\nexactly_once = on\n",
+	    "key 'snapshot': snapshot = pending does not work with [delivery] exactly_once = on");
+	/* snapshot = none says nothing against either */
+	assert_int_equal(load(&cfg, KAFKA "[source]\nmode = poll\nsnapshot = none\n", NULL, NULL, 0), 0);
+	obx_config_reset(&cfg);
+	assert_int_equal(load(&cfg, KAFKA "[source]\nsnapshot = none\n[delivery]\nexactly_once = on\n", NULL,
+	    NULL, 0), 0);
+	obx_config_reset(&cfg);
+	assert_int_equal(load(&cfg, KAFKA, NULL, NULL, 0), 0);
+	assert_int_equal(load(&other, KAFKA "[source]\nsnapshot_filter = true\n", NULL, NULL, 0), 0);
+	assert_int_equal(obx_config_diff(&cfg, &other, names, 8), 1);
+	assert_string_equal(names[0], "[source] snapshot");
+	obx_config_reset(&other);
+	assert_int_equal(load(&other, KAFKA "[source]\nsnapshot = pending\n", NULL, NULL, 0), 0);
+	assert_int_equal(obx_config_diff(&cfg, &other, names, 8), 1);
+	assert_string_equal(names[0], "[source] snapshot");
+	obx_config_reset(&other);
+	obx_config_reset(&cfg);
+}
+
 int
 main(void)
 {
 	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_snapshot_keys),
 		cmocka_unit_test(test_exactly_once_keys),
 		cmocka_unit_test(test_defaults),
 		cmocka_unit_test(test_full_file),
