@@ -82,6 +82,8 @@ struct relay {
 	int64_t eos_status_ms;  /* exactly-once: the last status update while a session starts */
 	struct obx_snapshot snap; /* [source] snapshot = pending: the run under way */
 	bool snapshotting;      /* delivery reports go to snap */
+	bool fenced_before;     /* exactly-once: the last session was fenced while its connection looked alive */
+	char fenced_id[256];    /* its transactional.id */
 #ifdef OBX_TEST_HOOKS
 	long test_fatal_after;
 	long test_produced;
@@ -750,8 +752,19 @@ session_open(struct relay *r)
 		r->standby = f == OBX_FAIL_SLOT_IN_USE;
 		r->end = f == OBX_FAIL_FATAL ? OBX_CORE_END_FATAL : OBX_CORE_END_RETRY;
 		snprintf(r->reason, sizeof(r->reason), "%s", err);
+		if (r->standby && r->fenced_before) {
+			/* fenced, and now another instance holds the slot: it took over (README,
+			 * "Exactly-once"); stop instead of waiting as a standby */
+			r->standby = false;
+			r->end = OBX_CORE_END_FATAL;
+			snprintf(r->reason, sizeof(r->reason), "fenced: another instance took over "
+			    "transactional.id %s (the broker refuses this producer's epoch and slot %s is in "
+			    "use by another instance); stopping without publishing anything more", r->fenced_id,
+			    r->cfg->slot);
+		}
 		return false;
 	}
+	r->fenced_before = false;
 	/* the read-backs of restart de-duplication get their consumer connected meanwhile; should
 	 * that fail, the first read-back tries again, and a topic it cannot read is published */
 	obx_lookup_init(&r->lk, r->cfg);
@@ -880,6 +893,11 @@ session_close(struct relay *r)
 			if (fenced_verdict(r, why, sizeof(why)) == OBX_CORE_END_FATAL) {
 				r->end = OBX_CORE_END_FATAL;
 				snprintf(r->reason, sizeof(r->reason), "%s", why);
+			} else {
+				/* the connection looked alive: if the next session finds the slot taken,
+				 * the fence was a takeover after all */
+				r->fenced_before = true;
+				snprintf(r->fenced_id, sizeof(r->fenced_id), "%s", r->kf.txn_id);
 			}
 		}
 		r->committing = false;
