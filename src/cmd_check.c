@@ -13,6 +13,7 @@
 #include "obx/cli.h"
 #include "obx/err.h"
 #include "obx/kafka.h"
+#include "obx/pgsetup.h"
 #include "obx/pgutil.h"
 #include "obx/poll.h"
 #include "obx/snapshot.h"
@@ -231,8 +232,7 @@ check_snapshot(struct check_ctx *cx, PGconn *conn, const struct obx_config *cfg)
 
 	if (!cfg->snapshot)
 		return;
-	/* the marker's name as pgsetup.c makes it */
-	snprintf(marker, sizeof(marker), "%.*s_snapshot", 63 - (int)strlen("_snapshot"), cfg->slot);
+	obx_pgsetup_marker_name(cfg->slot, marker, sizeof(marker));
 	r = PQexecParams(conn, "SELECT slot_name = $1 FROM pg_replication_slots WHERE slot_name IN ($1, $2)",
 	    2, NULL, p, NULL, NULL, 0);
 	for (int i = 0; PQresultStatus(r) == PGRES_TUPLES_OK && i < PQntuples(r); i++) {

@@ -817,8 +817,8 @@ read_slot(PGconn *c, const struct obx_config *cfg, const struct sqlnames *nm, bo
 
 /* ---- the marker of an unfinished snapshot ([source] snapshot = pending) ---- */
 
-static void
-marker_name(const char *slot, char *out, size_t len)
+void
+obx_pgsetup_marker_name(const char *slot, char *out, size_t len)
 {
 	/* a slot name has at most 63 characters: the marker keeps as much of it as fits */
 	snprintf(out, len, "%.*s_snapshot", 63 - (int)strlen("_snapshot"), slot);
@@ -1363,7 +1363,7 @@ obx_pgsetup_slot(PGconn *c, const struct obx_config *cfg, const char *sysid, boo
 
 	*created = false;
 	snap->wanted = snap->imported = false;
-	marker_name(cfg->slot, snap->marker, sizeof(snap->marker));
+	obx_pgsetup_marker_name(cfg->slot, snap->marker, sizeof(snap->marker));
 	if (cfg->failover && cfg->failover_set && !f.failover_slots && !ctx->said_failover_ignored) {
 		obx_log_info("[source] failover = on is ignored: PostgreSQL %s cannot synchronize slots to "
 		    "standbys (17 and later can); after a failover the slot guard refuses to go on without "

@@ -155,7 +155,6 @@ dead_letter_report(struct obx_snapshot *s, const rd_kafka_message_t *m, bool bar
 	const char *name;
 	const void *v;
 	size_t sz, n = 0;
-
 	char topic[256];
 
 	snprintf(topic, sizeof(topic), "%s", rd_kafka_topic_name(m->rkt));
@@ -375,7 +374,7 @@ static int
 bad_row(struct obx_snapshot *s, PGconn *c, const char *table_ctid, const char *why)
 {
 	const char *params[1] = { table_ctid };
-	char sql[800], err[512], table[600] = "";
+	char sql[800], err[512];
 	struct obx_header hs[2] = {
 		{ "error", why, strlen(why) },
 		{ "snapshot", s->point, strlen(s->point) },
@@ -389,10 +388,7 @@ bad_row(struct obx_snapshot *s, PGconn *c, const char *table_ctid, const char *w
 		    s->cfg->table_name, why);
 		return s->end;
 	}
-	(void)obx_poll_quote_ident(s->cfg->table_schema, table, sizeof(table));
-	(void)strlcat(table, ".", sizeof(table));
-	(void)obx_poll_quote_ident(s->cfg->table_name, table, sizeof(table));
-	snprintf(sql, sizeof(sql), "SELECT row_to_json(t)::text FROM %s t WHERE ctid = $1::tid", table);
+	snprintf(sql, sizeof(sql), "SELECT row_to_json(t)::text FROM %s t WHERE ctid = $1::tid", s->table);
 	res = PQexecParams(c, sql, 1, NULL, params, NULL, NULL, 0);
 	if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1) {
 		fail(s, OBX_EIO, "snapshot of slot %s: could not read row %s as JSON to dead-letter it: %s",
@@ -539,7 +535,7 @@ obx_snapshot_run(struct obx_snapshot *s, PGconn *conn, bool imported, obx_lsn st
     bool (*tick)(void *), void *arg, char *errbuf, size_t errlen)
 {
 	const struct obx_config *cfg = s->cfg;
-	char err[512], state[6], filter[1024], order[300], table[600];
+	char err[512], state[6], filter[1024], order[300];
 	char *declare = NULL;
 	int r;
 
@@ -557,11 +553,11 @@ obx_snapshot_run(struct obx_snapshot *s, PGconn *conn, bool imported, obx_lsn st
 		snprintf(errbuf, errlen, "snapshot of slot %s: could not begin: %s", cfg->slot, err);
 		return OBX_EIO;
 	}
-	if ((r = obx_snapshot_describe(conn, cfg, table, sizeof(table), filter, sizeof(filter), order,
-	    sizeof(order), errbuf, errlen)) != 0)
+	if ((r = obx_snapshot_describe(conn, cfg, s->table, sizeof(s->table), filter, sizeof(filter),
+	    order, sizeof(order), errbuf, errlen)) != 0)
 		return r;
 	if (asprintf(&declare, "DECLARE outboxd_snapshot NO SCROLL CURSOR FOR SELECT ctid AS " CTID_COL
-	    ", * FROM %s WHERE (%s) ORDER BY %s", table, filter, order) < 0) {
+	    ", * FROM %s WHERE (%s) ORDER BY %s", s->table, filter, order) < 0) {
 		snprintf(errbuf, errlen, "out of memory");
 		return OBX_ENOMEM;
 	}

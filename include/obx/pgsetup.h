@@ -148,7 +148,8 @@ struct obx_pgsetup_snapshot {
  * before), and an existing slot whose marker is still there wants its
  * pending rows published again; either way only under the snapshot's
  * lock, and OBX_EBUSY while another instance holds it.  Without, a
- * leftover marker is logged, and OBX_EBUSY while its lock is held.  ctx is the caller's (see struct obx_pgsetup_ctx).
+ * leftover marker is logged, and OBX_EBUSY while its lock is held.  ctx
+ * is the caller's (see struct obx_pgsetup_ctx).
  * Returns 0, OBX_EIO (also: a synchronized slot on a standby in recovery,
  * a wait given up on a stop signal), OBX_EBUSY (another instance is
  * creating or holding it), OBX_ECONFIG (not a pgoutput slot, invalidated,
@@ -157,6 +158,9 @@ struct obx_pgsetup_snapshot {
 int obx_pgsetup_slot(PGconn *c, const struct obx_config *cfg, const char *sysid, bool recreate,
     bool in_recovery, struct obx_pgsetup_ctx *ctx, struct obx_pgsetup_snapshot *snap,
     obx_lsn *confirmed, bool *created, char *errbuf, size_t errlen);
+
+/* The marker slot's name for slot: SLOT_snapshot, the slot cut to fit 63 characters. */
+void obx_pgsetup_marker_name(const char *slot, char *out, size_t len);
 
 /*
  * Drops snap's marker slot: the rows pending at the slot's creation are all

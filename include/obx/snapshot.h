@@ -39,6 +39,7 @@ struct obx_snapshot {
 	struct obx_header *hdrs;
 	size_t hdr_cap;
 	char point[32];             /* the slot's creation point: the snapshot header */
+	char table[600];            /* the outbox table, quoted and schema-qualified */
 	uint64_t rows;              /* rows read */
 	uint64_t outstanding;       /* records not yet reported */
 	uint64_t outstanding_bytes; /* their keys and values */
@@ -61,8 +62,8 @@ struct obx_snapshot {
  * What a snapshot of cfg's table reads: table (quoted, schema-qualified),
  * filter ([source] snapshot_filter, else the published_at column IS NULL
  * when the table has it, else true) and order (the seq column when the
- * table has it, else the created_at column and ctid, else ctid).  Returns 0, OBX_ECONFIG (no such table, a name
- * too long) or OBX_EIO, with errbuf.
+ * table has it, else the created_at column and ctid, else ctid).  Returns
+ * 0, OBX_ECONFIG (no such table, a name too long) or OBX_EIO, with errbuf.
  */
 int obx_snapshot_describe(PGconn *c, const struct obx_config *cfg, char *table, size_t tlen,
     char *filter, size_t flen, char *order, size_t olen, char *errbuf, size_t errlen);
@@ -74,9 +75,8 @@ int obx_snapshot_init(struct obx_snapshot *s, const struct obx_config *cfg, stru
 /*
  * Publishes every row of cfg's outbox table that matches [source]
  * snapshot_filter (by default: the published_at column IS NULL when the
- * table has it, else every row), in insertion order (obx_snapshot_describe()),
- * and waits until each is
- * acknowledged.  conn is an ordinary connection; imported: it is already in
+ * table has it, else every row), in insertion order
+ * (obx_snapshot_describe()), and waits until each is acknowledged.  conn is an ordinary connection; imported: it is already in
  * a transaction in the slot's exported snapshot, else a repeatable-read
  * transaction starts now.  start is the slot's creation point.  tick runs
  * about every 100 ms while records wait (health, signals) and returns true
@@ -88,7 +88,8 @@ int obx_snapshot_init(struct obx_snapshot *s, const struct obx_config *cfg, stru
  * transaction stays open until the caller closes conn (after dropping the
  * marker).
  */
-int obx_snapshot_run(struct obx_snapshot *s, PGconn *conn, bool imported, obx_lsn start, bool (*tick)(void *), void *arg, char *errbuf, size_t errlen);
+int obx_snapshot_run(struct obx_snapshot *s, PGconn *conn, bool imported, obx_lsn start,
+    bool (*tick)(void *), void *arg, char *errbuf, size_t errlen);
 
 /* The delivery report of a record produced by obx_snapshot_run(). */
 void obx_snapshot_report(struct obx_snapshot *s, uint64_t opaque, const rd_kafka_message_t *m);
