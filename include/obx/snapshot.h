@@ -76,9 +76,10 @@ int obx_snapshot_init(struct obx_snapshot *s, const struct obx_config *cfg, stru
  * Publishes every row of cfg's outbox table that matches [source]
  * snapshot_filter (by default: the published_at column IS NULL when the
  * table has it, else every row), in insertion order
- * (obx_snapshot_describe()), and waits until each is acknowledged.  conn is an ordinary connection; imported: it is already in
- * a transaction in the slot's exported snapshot, else a repeatable-read
- * transaction starts now.  start is the slot's creation point.  tick runs
+ * (obx_snapshot_describe()), and waits until each is acknowledged.  conn
+ * is an ordinary connection; imported: it is already in a transaction in
+ * the slot's exported snapshot, else a repeatable-read transaction starts
+ * now.  start is the slot's creation point.  tick runs
  * about every 100 ms while records wait (health, signals) and returns true
  * to stop.  Returns 0 (every row acknowledged or, with on_error =
  * dead_letter, dead-lettered), OBX_EIO (a transient failure: the marker stays and
