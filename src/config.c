@@ -898,7 +898,7 @@ obx_config_init(struct obx_config *cfg)
 	cfg->col_headers = strdup("");
 	cfg->col_timestamp = strdup("");
 	cfg->max_inflight = 4000;
-	cfg->max_inflight_bytes = 8LL << 20;
+	cfg->max_inflight_bytes = 4LL << 20;
 	cfg->missing_topic_timeout_ms = 5LL * 60 * 1000;
 	cfg->on_error = OBX_ON_ERROR_STOP;
 	cfg->dedupe = true;

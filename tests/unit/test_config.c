@@ -90,7 +90,7 @@ test_defaults(void **state)
 	assert_string_equal(cfg.col_headers, "");
 	assert_string_equal(cfg.col_timestamp, "");
 	assert_int_equal(cfg.max_inflight, 4000);
-	assert_int_equal(cfg.max_inflight_bytes, 8 << 20);
+	assert_int_equal(cfg.max_inflight_bytes, 4 << 20);
 	assert_int_equal(cfg.on_error, OBX_ON_ERROR_STOP);
 	assert_true(cfg.dedupe);
 	assert_string_equal(cfg.dead_letter_topic, "outbox.dead_letter");

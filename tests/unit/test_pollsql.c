@@ -208,7 +208,7 @@ test_statements(void **state)
 	    "WHERE p.\"aggregateid\" = c.\"aggregateid\" AND p.\"seq\" < c.obx_seq AND p.\"published_at\" IS NULL "
 	    "AND NOT EXISTS (SELECT 1 FROM c c2 WHERE c2.obx_seq = p.\"seq\")))"));
 	/* no more payload than max_inflight_bytes, but always the first row */
-	assert_non_null(strstr(s.claim, "SELECT * FROM k WHERE coalesce(obx_bytes - obx_size, 0) < 8388608 "
+	assert_non_null(strstr(s.claim, "SELECT * FROM k WHERE coalesce(obx_bytes - obx_size, 0) < 4194304 "
 	    "ORDER BY obx_seq"));
 	assert_string_equal(s.mark_head, "UPDATE \"public\".\"outbox\" SET \"published_at\" = now() "
 	    "WHERE \"published_at\" IS NULL AND \"seq\" = ANY ('{");
