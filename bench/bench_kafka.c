@@ -18,13 +18,15 @@
  *       time from HEADER ("sent_us", or "commit_ts" as outboxd writes it) to
  *       receipt: "count=... p50_ms=... p90_ms=... p99_ms=... max_ms=...".
  *       Prints "ready" once it is assigned and positioned at the end; with
- *       OBX_BENCH_TRACE set, one line per record on stderr.  With
+ *       OBX_BENCH_TRACE set, one line per record on stderr; with
+ *       OBX_BENCH_SAMPLES=FILE, every latency (microseconds) into FILE.  With
  *       PROGRESS_TOPIC (outboxd's exactly-once mode) a record counts when the
  *       progress record of its Kafka transaction (the same txn header)
  *       arrives, when a read_committed consumer could first see it on a broker
  *       with transactions (the test broker has none: it hands the records out
  *       at once).
  */
+#include <errno.h>
 #include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
@@ -378,6 +380,17 @@ cmd_latency(const char *bootstrap, const char *topic, double seconds, const char
 		return 1;
 	}
 	qsort(lat, n, sizeof(*lat), cmp_i64);
+	if (getenv("OBX_BENCH_SAMPLES") != NULL) {
+		/* every latency in microseconds, one per line: bench/run.py combines distributions */
+		FILE *f = fopen(getenv("OBX_BENCH_SAMPLES"), "w");
+
+		if (f == NULL)
+			die("samples file", strerror(errno));
+		for (size_t i = 0; i < n; i++)
+			fprintf(f, "%" PRId64 "\n", lat[i]);
+		if (fclose(f) != 0)
+			die("samples file", strerror(errno));
+	}
 	printf("count=%zu rate=%.1f p50_ms=%.3f p90_ms=%.3f p99_ms=%.3f max_ms=%.3f\n", n,
 	    last > first ? (double)n / (last - first) : 0.0, lat[n / 2] / 1e3, lat[n * 9 / 10] / 1e3,
 	    lat[n * 99 / 100] / 1e3, lat[n - 1] / 1e3);
