@@ -603,8 +603,10 @@ def latency_run(stack, rate, args, workdir):
         floor_stats.append(measure_latency(stack, dtopic, "sent_us", args.latency_seconds, lambda: run(
             [os.path.join(BUILD, "bench_kafka"), "rate", stack.bootstrap, dtopic, str(rate),
              str(args.latency_seconds), "300"]), samples=os.path.join(workdir, "%s.samples" % dtopic)))
-        # A relay that added nothing would show the floor plus the server's own share: the sum of
-        # independent draws from the two distributions measured here.
+        # An estimate of what a relay adding no time of its own would show: the floor plus the
+        # server's own share, summed from independent draws of the two distributions measured
+        # here. Both were taken without the other's load, and real stalls hit both at once, so
+        # the estimate is low: it is beside the target, not the target.
         both = combined(floor_stats[-1].pop("samples"), server_stats[-1].pop("samples"), r)
         floor_stats[-1]["plus_server_p50_ms"], floor_stats[-1]["plus_server_p99_ms"] = both
         log("latency %d/s run %d: outboxd p50 %.2f p99 %.2f ms (%.0f/s), direct p50 %.2f p99 %.2f ms (%.0f/s), "
@@ -676,7 +678,9 @@ def combined(a, b, seed, n=200000):
 
 def measure_latency(stack, topic, header, seconds, generate, progress=None, samples=None):
     trace = os.environ.get("OBX_BENCH_TRACE")
-    env = dict(os.environ, OBX_BENCH_SAMPLES=samples) if samples else None
+    env = {k: v for k, v in os.environ.items() if k != "OBX_BENCH_SAMPLES"}
+    if samples:
+        env["OBX_BENCH_SAMPLES"] = samples
     c = subprocess.Popen([os.path.join(BUILD, "bench_kafka"), "latency", stack.bootstrap, topic,
                           str(seconds + 5), header] + ([progress] if progress else []), stdout=subprocess.PIPE, text=True,
                          stderr=open("%s.%s" % (trace, topic), "w") if trace else None, env=env)
@@ -689,9 +693,11 @@ def measure_latency(stack, topic, header, seconds, generate, progress=None, samp
     if stats.get("count", 0) == 0:
         raise SystemExit("bench: no record reached the latency consumer on %s" % topic)
     if samples:
-        with open(samples) as f:
-            stats["samples"] = [int(x) / 1000.0 for x in f]
-        os.unlink(samples)
+        try:
+            with open(samples) as f:
+                stats["samples"] = [int(x) / 1000.0 for x in f]
+        finally:
+            os.unlink(samples)
     return stats
 
 
@@ -740,8 +746,8 @@ def verdicts(res):
                         % (rate, l["direct_p50_ms"]["median"])))
             continue
         out.append((d <= l["target_p99_difference_ms"], "%s/s: p99 %.2f ms above the bare producer's (<= %.0f; "
-                    "server alone p99 %.2f ms; %.2f ms above the bare producer plus the server's own share, "
-                    "p99 %.2f ms)" % (rate, d, l["target_p99_difference_ms"], l["server_p99_ms"]["median"],
+                    "server alone p99 %.2f ms; %.2f ms above the estimate of the bare producer plus the server's "
+                    "own share, p99 %.2f ms)" % (rate, d, l["target_p99_difference_ms"], l["server_p99_ms"]["median"],
                                       l["p99_above_floor_plus_server_ms"]["median"],
                                       l["floor_plus_server_p99_ms"]["median"])))
     return [("N/A" if ok is None else "PASS" if ok else "MISS", what) for ok, what in out]
@@ -790,7 +796,7 @@ def markdown(res):
             d = l["p99_difference_ms"]["median"]
             sane = l["direct_p50_ms"]["median"] <= FLOOR_SANE_P50_MS
             lines.append("| %s/s | %.0f / %.0f | %.2f / %.2f | %.2f / %.2f | %.2f / %.2f | %.2f / %.2f | %s "
-                         "| %.2f / %.2f | %.2f / %.2f | %.2f |" % (
+                         "| %.2f / %.2f | %s | %s |" % (
                 rate, l["outboxd_rate"]["median"], l["direct_rate"]["median"], l["outboxd_p50_ms"]["median"],
                 l["direct_p50_ms"]["median"], l["outboxd_p90_ms"]["median"], l["direct_p90_ms"]["median"],
                 l["outboxd_p99_ms"]["median"], l["direct_p99_ms"]["median"], l["outboxd_max_ms"]["median"],
@@ -799,13 +805,15 @@ def markdown(res):
                                        "PASS" if d <= l["target_p99_difference_ms"] else "MISS")
                 if sane else "N/A (the bare producer queued)",
                 l["server_p50_ms"]["median"], l["server_p99_ms"]["median"],
-                l["floor_plus_server_p50_ms"]["median"], l["floor_plus_server_p99_ms"]["median"],
-                l["p99_above_floor_plus_server_ms"]["median"]))
+                "%.2f / %.2f" % (l["floor_plus_server_p50_ms"]["median"], l["floor_plus_server_p99_ms"]["median"])
+                if sane else "N/A",
+                "%.2f" % l["p99_above_floor_plus_server_ms"]["median"] if sane else "N/A"))
         lines += ["", "Server alone: commit to receipt of the COMMIT by pg_recvlogical (test_decoding with "
                   "timestamps), same generator, no outboxd and no broker: the part of outboxd's latency "
-                  "that is PostgreSQL's (WAL flush, walsender wake-up, decoding). Bare + server: the sum of "
+                  "that is PostgreSQL's (WAL flush, walsender wake-up, decoding). Bare + server: sums of "
                   "independent draws from the bare producer's and the server's distributions of the same run, "
-                  "what a relay that added no time of its own would show."]
+                  "an estimate of what a relay adding no time of its own would show; each was measured "
+                  "without the other's load and stalls that hit both are not summed, so it is low."]
     if res.get("dedupe"):
         d = res["dedupe"]
         lines += ["", "Restart de-duplication's read-backs: %d events over %d topics (%d partitions, each "

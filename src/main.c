@@ -93,24 +93,29 @@ on_signal(int sig)
 /*
  * Large records (a 1 MiB payload) are allocated twice per event: libpq's copy of
  * the CopyData message and the producer's copy of the value.  glibc's default
- * returns such blocks to the kernel as soon as two are free at the top of the
- * heap, so every event paid for fresh zeroed pages: half of outboxd's CPU on
- * bench/ shape d.  The heap keeps up to the in-flight byte bound, which the relay
- * may hold resident anyway, so peak RSS does not move; larger blocks are still
- * mapped and unmapped on their own.
+ * gives such blocks back to the kernel as soon as two are free at the top of
+ * the heap, so every event paid for fresh zeroed pages: half of outboxd's CPU on
+ * bench/ shape d.  Each arena now keeps up to the in-flight byte bound of freed
+ * memory at its top, which the relay may hold resident anyway, so peak RSS does
+ * not move; blocks larger than that are still mapped and unmapped on their own.
+ * An operator's own malloc settings (the environment) are left alone.
  */
 static void
 tune_malloc(const struct obx_config *cfg)
 {
 #ifdef __GLIBC__
+	const char *t = getenv("GLIBC_TUNABLES");
 	long long keep = cfg->max_inflight_bytes;
 
+	if (getenv("MALLOC_MMAP_THRESHOLD_") != NULL || getenv("MALLOC_TRIM_THRESHOLD_") != NULL ||
+	    (t != NULL && strstr(t, "glibc.malloc.") != NULL))
+		return;
 	if (keep < 1LL << 20)
 		keep = 1LL << 20;
 	if (keep > 32LL << 20)
 		keep = 32LL << 20;
-	mallopt(M_MMAP_THRESHOLD, (int)keep);
-	mallopt(M_TRIM_THRESHOLD, (int)keep);
+	if (mallopt(M_MMAP_THRESHOLD, (int)keep) != 1 || mallopt(M_TRIM_THRESHOLD, (int)keep) != 1)
+		obx_log_debug("malloc keeps its default thresholds (mallopt refused %lld bytes)", keep);
 #else
 	(void)cfg;
 #endif

@@ -541,8 +541,8 @@ obx_snapshot_run(struct obx_snapshot *s, PGconn *conn, bool imported, obx_lsn st
 
 	/* [delivery] max_inflight and max_inflight_bytes bound what waits for the broker, as in
 	 * the stream (docs/design.md, invariant 7) */
-	s->window = cfg->max_inflight > 0 ? (uint64_t)cfg->max_inflight : 4000;
-	s->window_bytes = cfg->max_inflight_bytes > 0 ? (uint64_t)cfg->max_inflight_bytes : 8 << 20;
+	s->window = (uint64_t)cfg->max_inflight;
+	s->window_bytes = (uint64_t)cfg->max_inflight_bytes; /* at least 1024 (config.c) */
 	s->tick = tick;
 	s->tick_arg = arg;
 	s->started_ms = obx_mono_ms();
