@@ -85,7 +85,7 @@ RSS_SHAPES = "abc"
 STARTUP_TARGET_MS = 50.0   # process start to the first event
 POLL_TARGET = 0.5          # polling mode / the log-based source, same rows, same run
 P99_TARGETS_MS = {1000: 1.0, 5000: 3.0}  # p99 above the bare producer's, by rate
-FLOOR_SANE_P50_MS = 50.0   # a bare producer slower than this at its median is no floor
+FLOOR_SANE_P50_MS = 50.0   # a bare producer slower than this at its median (beside the load: also p99) is no floor
 
 PG_TUNING = """
 shared_buffers = 512MB
@@ -766,16 +766,20 @@ def verdicts(res):
             # the open-loop bare producer queued: it is no floor, the comparison says nothing
             out.append((None, "%s/s: not measurable here (the bare producer's p50 %.0f ms: it queued)"
                         % (rate, l["direct_p50_ms"]["median"])))
-            continue
-        out.append((d <= l["target_p99_difference_ms"], "%s/s: p99 %.2f ms above the bare producer's (<= %.0f; "
-                    "server alone p99 %.2f ms; %.2f ms above the estimate of the bare producer plus the server's "
-                    "own share, p99 %.2f ms)" % (rate, d, l["target_p99_difference_ms"], l["server_p99_ms"]["median"],
-                                      l["p99_above_floor_plus_server_ms"]["median"],
-                                      l["floor_plus_server_p99_ms"]["median"])))
-        if l["loaded_p50_ms"]["median"] <= FLOOR_SANE_P50_MS:
+        else:
+            out.append((d <= l["target_p99_difference_ms"], "%s/s: p99 %.2f ms above the bare producer's (<= %.0f; "
+                        "server alone p99 %.2f ms; %.2f ms above the estimate of the bare producer plus the "
+                        "server's own share, p99 %.2f ms)" % (rate, d, l["target_p99_difference_ms"],
+                                                             l["server_p99_ms"]["median"],
+                                                             l["p99_above_floor_plus_server_ms"]["median"],
+                                                             l["floor_plus_server_p99_ms"]["median"])))
+        if l["loaded_p50_ms"]["median"] <= FLOOR_SANE_P50_MS and l["loaded_p99_ms"]["median"] <= FLOOR_SANE_P50_MS:
             dl = l["p99_above_loaded_ms"]["median"]
             out.append((dl <= l["target_p99_difference_ms"], "%s/s: p99 %.2f ms above the bare producer's beside "
                         "the same database load (<= %.0f)" % (rate, dl, l["target_p99_difference_ms"])))
+        else:
+            out.append((None, "%s/s beside the database load: not measurable here (the bare producer's p50 / p99 "
+                        "%.0f / %.0f ms: it queued)" % (rate, l["loaded_p50_ms"]["median"], l["loaded_p99_ms"]["median"])))
     return [("N/A" if ok is None else "PASS" if ok else "MISS", what) for ok, what in out]
 
 
@@ -837,7 +841,7 @@ def markdown(res):
                 "%.2f" % l["p99_above_floor_plus_server_ms"]["median"] if sane else "N/A",
                 "%.2f / %.2f" % (l["loaded_p50_ms"]["median"], l["loaded_p99_ms"]["median"]),
                 "%.2f" % l["p99_above_loaded_ms"]["median"]
-                if l["loaded_p50_ms"]["median"] <= FLOOR_SANE_P50_MS else "N/A"))
+                if max(l["loaded_p50_ms"]["median"], l["loaded_p99_ms"]["median"]) <= FLOOR_SANE_P50_MS else "N/A"))
         lines += ["", "Server alone: commit to receipt of the COMMIT by pg_recvlogical (test_decoding with "
                   "timestamps), same generator, no outboxd and no broker: the part of outboxd's latency "
                   "that is PostgreSQL's (WAL flush, walsender wake-up, decoding). Bare + server: sums of "
