@@ -30,7 +30,9 @@ obx_kafka_conf(const struct obx_config *cfg, char *errbuf, size_t errlen)
 {
 	rd_kafka_conf_t *conf = rd_kafka_conf_new();
 	char num[32];
-	long long msgs, kb;
+	size_t numlen = sizeof(num);
+	long long msgs, kb, mmb;
+	bool own_kb = false;
 
 	if (conf == NULL) {
 		snprintf(errbuf, errlen, "out of memory");
@@ -40,9 +42,6 @@ obx_kafka_conf(const struct obx_config *cfg, char *errbuf, size_t errlen)
 	msgs = cfg->max_inflight * 2 + 1000;
 	if (msgs > 10000000)
 		msgs = 10000000;
-	kb = cfg->max_inflight_bytes / 1024 * 2 + 65536;
-	if (kb > 2147483647LL)
-		kb = 2147483647LL;
 	/*
 	 * linger.ms 0: an outbox event leaves at once.  The relay hands records
 	 * over in bursts as the stream delivers them, and librdkafka batches
@@ -55,13 +54,32 @@ obx_kafka_conf(const struct obx_config *cfg, char *errbuf, size_t errlen)
 	    conf_set(conf, "partitioner", "murmur2_random", errbuf, errlen) != 0 ||
 	    (snprintf(num, sizeof(num), "%lld", msgs),
 	     conf_set(conf, "queue.buffering.max.messages", num, errbuf, errlen)) != 0 ||
-	    (snprintf(num, sizeof(num), "%lld", kb),
-	     conf_set(conf, "queue.buffering.max.kbytes", num, errbuf, errlen)) != 0 ||
 	    conf_set(conf, "client.id", "outboxd", errbuf, errlen) != 0)
 		goto fail;
-	for (size_t i = 0; i < cfg->n_kafka; i++)
+	for (size_t i = 0; i < cfg->n_kafka; i++) {
 		if (conf_set(conf, cfg->kafka[i].key, cfg->kafka[i].value, errbuf, errlen) != 0)
 			goto fail;
+		if (strcmp(cfg->kafka[i].key, "queue.buffering.max.kbytes") == 0)
+			own_kb = true;
+	}
+	/*
+	 * The byte bound lets one record of any size through when nothing else is in
+	 * flight, and a record the producer accepts may be as large as
+	 * message.max.bytes: the queue holds what is in flight plus two such records
+	 * (the record and its dead-letter copy).  Smaller, a record between the two
+	 * would be refused as "queue full" with nothing to wait for, for ever.
+	 */
+	if (!own_kb) {
+		mmb = 1000000;
+		if (rd_kafka_conf_get(conf, "message.max.bytes", num, &numlen) == RD_KAFKA_CONF_OK)
+			mmb = atoll(num);
+		kb = cfg->max_inflight_bytes / 1024 * 2 + (mmb / 1024 * 2 > 65536 ? mmb / 1024 * 2 : 65536);
+		if (kb > 2147483647LL)
+			kb = 2147483647LL;
+		snprintf(num, sizeof(num), "%lld", kb);
+		if (conf_set(conf, "queue.buffering.max.kbytes", num, errbuf, errlen) != 0)
+			goto fail;
+	}
 	if (conf_set(conf, "enable.idempotence", "true", errbuf, errlen) != 0 ||
 	    conf_set(conf, "acks", "all", errbuf, errlen) != 0)
 		goto fail;

@@ -41,6 +41,21 @@ test_defaults_and_guarantees(void **state)
 	expect_prop(conf, "linger.ms", "0"); /* an event leaves at once */
 	expect_prop(conf, "partitioner", "murmur2_random");
 	expect_prop(conf, "queue.buffering.max.messages", "9000"); /* 2 x max_inflight + 1000 */
+	/* 2 x max_inflight_bytes + 64 MiB: two records of the default message.max.bytes fit */
+	expect_prop(conf, "queue.buffering.max.kbytes", "73728");
+	rd_kafka_conf_destroy(conf);
+
+	/* a larger message.max.bytes: two such records fit beside what is in flight */
+	assert_int_equal(obx_config_set(&cfg, "kafka", "message.max.bytes", "200000000", "t", false, err,
+	    sizeof(err)), 0);
+	conf = obx_kafka_conf(&cfg, err, sizeof(err));
+	expect_prop(conf, "queue.buffering.max.kbytes", "398816"); /* 8192 + 2 x 195312 */
+	rd_kafka_conf_destroy(conf);
+	/* the user's own queue size is kept */
+	assert_int_equal(obx_config_set(&cfg, "kafka", "queue.buffering.max.kbytes", "1000000", "t", false,
+	    err, sizeof(err)), 0);
+	conf = obx_kafka_conf(&cfg, err, sizeof(err));
+	expect_prop(conf, "queue.buffering.max.kbytes", "1000000");
 	rd_kafka_conf_destroy(conf);
 
 	/* user tuning wins where it does not weaken anything */
