@@ -63,11 +63,12 @@ obx_kafka_conf(const struct obx_config *cfg, char *errbuf, size_t errlen)
 			own_kb = true;
 	}
 	/*
-	 * The byte bound lets one record of any size through when nothing else is in
-	 * flight, and a record the producer accepts may be as large as
-	 * message.max.bytes: the queue holds what is in flight plus two such records
-	 * (the record and its dead-letter copy).  Smaller, a record between the two
-	 * would be refused as "queue full" with nothing to wait for, for ever.
+	 * The byte bound lets one more record of any size through while it is not
+	 * reached, and a record the producer accepts may be as large as
+	 * message.max.bytes: the queue holds twice the bound plus two such records
+	 * (one and a margin for its headers and a dead-letter copy).  Smaller, a
+	 * record larger than the queue would be refused as "queue full" with
+	 * nothing to wait for, for ever.
 	 */
 	if (!own_kb) {
 		mmb = 1000000;
