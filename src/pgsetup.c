@@ -277,11 +277,13 @@ obx_pgsetup_protocol(int server_version, const struct obx_config *cfg, bool want
 }
 
 int
-obx_pgsetup_identify(PGconn *c, char *sysid, size_t sysidlen, int *timeline, char *errbuf,
-    size_t errlen)
+obx_pgsetup_identify(PGconn *c, char *sysid, size_t sysidlen, int *timeline, obx_lsn *xlogpos,
+    char *errbuf, size_t errlen)
 {
 	char err[1024];
+	const char *bad = NULL;
 	PGresult *res;
+	long long tli = 0;
 	int r;
 
 	if (query(c, "IDENTIFY_SYSTEM", &res, NULL, err, sizeof(err)) != 0)
@@ -289,9 +291,13 @@ obx_pgsetup_identify(PGconn *c, char *sysid, size_t sysidlen, int *timeline, cha
 	if (PQntuples(res) != 1 || PQnfields(res) < 4 || PQgetisnull(res, 0, 3)) {
 		r = failf(errbuf, errlen, OBX_EPROTO, "IDENTIFY_SYSTEM did not name a database: "
 		    "the connection is not a logical replication connection");
+	} else if ((tli = strtonum(PQgetvalue(res, 0, 1), 1, INT32_MAX, &bad)) == 0 || bad != NULL ||
+	    obx_lsn_parse(PQgetvalue(res, 0, 2), xlogpos) != 0) {
+		r = failf(errbuf, errlen, OBX_EPROTO, "IDENTIFY_SYSTEM answered timeline '%s' and xlogpos "
+		    "'%s', out of form", PQgetvalue(res, 0, 1), PQgetvalue(res, 0, 2));
 	} else {
 		strlcpy(sysid, PQgetvalue(res, 0, 0), sysidlen);
-		*timeline = atoi(PQgetvalue(res, 0, 1));
+		*timeline = (int)tli;
 		r = 0;
 	}
 	PQclear(res);
@@ -1210,23 +1216,29 @@ note_standby_guard(const struct obx_config *cfg, const char *sysid, const char *
  */
 static void
 adopt_slot(PGconn *c, const struct obx_config *cfg, const struct sqlnames *nm, const char *sysid,
-    obx_lsn confirmed, bool in_recovery, struct obx_pgsetup_ctx *ctx)
+    obx_lsn confirmed, bool in_recovery, struct obx_pgsetup_ctx *ctx, obx_lsn *born)
 {
 	char sql[1024], err[1024], msysid[32], mlsn[32], at[OBX_LSN_STRLEN];
 	PGresult *res;
 
+	*born = 0;
 	snprintf(sql, sizeof(sql), "SELECT coalesce(obj_description(oid, 'pg_publication'), '') "
 	    "FROM pg_publication WHERE pubname = %s", nm->pub_lit);
 	if (query(c, sql, &res, NULL, err, sizeof(err)) != 0)
 		return;
-	if (PQntuples(res) == 1 && !find_marker(PQgetvalue(res, 0, 0), cfg->slot, msysid, sizeof(msysid),
+	if (PQntuples(res) == 1 && find_marker(PQgetvalue(res, 0, 0), cfg->slot, msysid, sizeof(msysid),
 	    mlsn, sizeof(mlsn))) {
+		if (obx_lsn_parse(mlsn, born) != 0)
+			*born = 0;
+	} else if (PQntuples(res) == 1) {
 		obx_lsn_format(confirmed, at, sizeof(at));
 		if (in_recovery)
 			note_standby_guard(cfg, sysid, at, ctx);
-		else if (record_marker(c, cfg, nm, PQgetvalue(res, 0, 0), sysid, at, true))
+		else if (record_marker(c, cfg, nm, PQgetvalue(res, 0, 0), sysid, at, true)) {
 			obx_log_info("slot %s has no record on publication %s (made outside outboxd?): "
 			    "recorded it at %s", cfg->slot, cfg->publication, at);
+			*born = confirmed;
+		}
 	}
 	PQclear(res);
 }
@@ -1351,7 +1363,7 @@ snapshot_wanted(PGconn *c, const struct obx_config *cfg, const struct sqlnames *
 int
 obx_pgsetup_slot(PGconn *c, const struct obx_config *cfg, const char *sysid, bool recreate,
     bool in_recovery, struct obx_pgsetup_ctx *ctx, struct obx_pgsetup_snapshot *snap,
-    obx_lsn *confirmed, bool *created, char *errbuf, size_t errlen)
+    obx_lsn *confirmed, bool *created, obx_lsn *born, char *errbuf, size_t errlen)
 {
 	struct obx_pgfacts f = obx_pg_facts(c);
 	char msysid[32], mlsn[32], point[32], ver[32], how[64];
@@ -1362,6 +1374,7 @@ obx_pgsetup_slot(PGconn *c, const struct obx_config *cfg, const char *sysid, boo
 	int r;
 
 	*created = false;
+	*born = 0;
 	snap->wanted = snap->imported = false;
 	obx_pgsetup_marker_name(cfg->slot, snap->marker, sizeof(snap->marker));
 	if (cfg->failover && cfg->failover_set && !f.failover_slots && !ctx->said_failover_ignored) {
@@ -1376,7 +1389,7 @@ obx_pgsetup_slot(PGconn *c, const struct obx_config *cfg, const char *sysid, boo
 		r = read_slot(c, cfg, &nm, in_recovery, &row, errbuf, errlen);
 		if (r == 0) {
 			*confirmed = row.confirmed;
-			adopt_slot(c, cfg, &nm, sysid, row.confirmed, in_recovery, ctx);
+			adopt_slot(c, cfg, &nm, sysid, row.confirmed, in_recovery, ctx, born);
 			if (row.synced && !in_recovery)
 				note_synced(cfg, row.confirmed, ctx);
 			if (f.failover_slots)
@@ -1413,6 +1426,8 @@ obx_pgsetup_slot(PGconn *c, const struct obx_config *cfg, const char *sysid, boo
 			goto out;
 		if (!raced) {
 			*created = true;
+			if (obx_lsn_parse(point, born) != 0)
+				*born = 0;
 			snap->wanted = snap->imported = snap->enabled;
 			snprintf(how, sizeof(how), "%s%s", f.failover_slots && cfg->failover && !in_recovery ?
 			    " with failover" : in_recovery ? " on a hot standby" : "",

@@ -150,8 +150,8 @@ obx_pgstream_open(struct obx_pgstream *s, const struct obx_config *cfg, bool rec
 	if ((r = obx_pgsetup_protocol(s->server_version, cfg, streaming, &s->proto_version,
 	    &s->streaming, errbuf, errlen)) != 0)
 		goto out;
-	if ((r = obx_pgsetup_identify(s->conn, s->sysid, sizeof(s->sysid), &s->timeline, errbuf,
-	    errlen)) != 0)
+	if ((r = obx_pgsetup_identify(s->conn, s->sysid, sizeof(s->sysid), &s->timeline,
+	    &s->server_lsn, errbuf, errlen)) != 0)
 		goto out;
 	if ((r = obx_pgsetup_check_server(s->conn, cfg, &s->wal_sender_timeout_ms, &s->in_recovery,
 	    errbuf, errlen)) != 0)
@@ -161,7 +161,7 @@ obx_pgstream_open(struct obx_pgstream *s, const struct obx_config *cfg, bool rec
 		goto out;
 	s->snap.enabled = cfg->snapshot;
 	if ((r = obx_pgsetup_slot(s->conn, cfg, s->sysid, recreate_slot, s->in_recovery, ctx,
-	    &s->snap, &s->start_confirmed, &s->slot_created, errbuf, errlen)) != 0)
+	    &s->snap, &s->start_confirmed, &s->slot_made, &s->slot_created, errbuf, errlen)) != 0)
 		goto out;
 	if (s->snap.wanted) {
 		/* the replication connection waits in command mode meanwhile: no idle_session_timeout

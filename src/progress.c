@@ -13,25 +13,58 @@
 #include "obx/event.h"
 #include "obx/progress.h"
 
+void
+obx_progress_events(struct obx_progress_source *src, const char *schema, const char *table,
+    bool messages, const char *prefix)
+{
+	snprintf(src->events, sizeof(src->events), "%s.%s%s%s", schema, table, messages ? "+messages:" : "",
+	    messages ? prefix : "");
+}
+
 char *
 obx_progress_encode(const struct obx_progress *p, const char *slot, const char *txn_id)
 {
-	char lsn[OBX_LSN_STRLEN], end[OBX_LSN_STRLEN], ts[40] = "";
+	char lsn[OBX_LSN_STRLEN], end[OBX_LSN_STRLEN], born[OBX_LSN_STRLEN], ts[40] = "";
 	json_t *o;
 	char *s;
 
 	if (p->commit_time != 0)
 		obx_format_pg_time(p->commit_time, ts, sizeof(ts));
-	o = json_pack("{s:s, s:s, s:I, s:s, s:I, s:s, s:s?, s:I}", "slot", slot, "transactional_id", txn_id,
-	    "timeline", (json_int_t)p->timeline,
+	o = json_pack("{s:s, s:s, s:I, s:s, s:I, s:I, s:s, s:s?, s:I}", "slot", slot, "transactional_id", txn_id,
+	    "timeline", (json_int_t)p->src.timeline,
 	    "lsn", obx_lsn_format(p->mark.lsn, lsn, sizeof(lsn)), "seq", (json_int_t)p->mark.seq,
+	    "lsn_commit_time", (json_int_t)p->mark_commit_time,
 	    "end_lsn", obx_lsn_format(p->end_lsn, end, sizeof(end)), "commit_time",
 	    ts[0] != '\0' ? ts : NULL, "records", (json_int_t)p->records);
+	if (o != NULL && p->has_source &&
+	    (json_object_set_new(o, "system_id", json_string(p->src.system_id)) != 0 ||
+	    json_object_set_new(o, "database", json_string(p->src.database)) != 0 ||
+	    json_object_set_new(o, "slot_created", json_string(obx_lsn_format(p->src.slot_created, born,
+	    sizeof(born)))) != 0 ||
+	    json_object_set_new(o, "events", json_string(p->src.events)) != 0)) {
+		json_decref(o);
+		return NULL;
+	}
 	if (o == NULL)
 		return NULL;
-	s = json_dumps(o, JSON_COMPACT);
+	s = json_dumps(o, JSON_COMPACT | JSON_SORT_KEYS);
 	json_decref(o);
 	return s;
+}
+
+/* The source fields of a record, all of them or none. */
+static bool
+parse_source(json_t *o, struct obx_progress_source *src)
+{
+	const char *sys = NULL, *db = NULL, *born = NULL, *events = NULL;
+
+	if (json_unpack(o, "{s:s, s:s, s:s, s:s}", "system_id", &sys, "database", &db, "slot_created", &born,
+	    "events", &events) != 0 || obx_lsn_parse(born, &src->slot_created) != 0)
+		return false;
+	strlcpy(src->system_id, sys, sizeof(src->system_id));
+	strlcpy(src->database, db, sizeof(src->database));
+	strlcpy(src->events, events, sizeof(src->events));
+	return true;
 }
 
 int
@@ -39,7 +72,7 @@ obx_progress_parse(const void *value, size_t len, const char *slot, struct obx_p
     char *why, size_t whylen)
 {
 	const char *s = NULL, *lsn = NULL, *end = NULL;
-	json_int_t seq = -1, records = 0, timeline = 0;
+	json_int_t seq = -1, records = 0, timeline = 0, mark_time = 0;
 	json_error_t jerr;
 	json_t *o;
 	int rc = 0;
@@ -50,8 +83,8 @@ obx_progress_parse(const void *value, size_t len, const char *slot, struct obx_p
 		snprintf(why, whylen, "not JSON");
 		return OBX_EINVAL;
 	}
-	if (json_unpack(o, "{s:s, s:s, s:I, s?s, s?I, s?I}", "slot", &s, "lsn", &lsn, "seq", &seq,
-	    "end_lsn", &end, "records", &records, "timeline", &timeline) != 0) {
+	if (json_unpack(o, "{s:s, s:s, s:I, s?s, s?I, s?I, s?I}", "slot", &s, "lsn", &lsn, "seq", &seq,
+	    "end_lsn", &end, "records", &records, "timeline", &timeline, "lsn_commit_time", &mark_time) != 0) {
 		snprintf(why, whylen, "no slot, lsn or seq");
 		rc = OBX_EINVAL;
 	} else if (strcmp(s, slot) != 0) {
@@ -62,9 +95,48 @@ obx_progress_parse(const void *value, size_t len, const char *slot, struct obx_p
 		rc = OBX_EINVAL;
 	} else {
 		out->mark.seq = (uint32_t)seq;
+		out->mark_commit_time = mark_time;
 		out->records = (uint64_t)records;
-		out->timeline = timeline > 0 && timeline <= UINT32_MAX ? (uint32_t)timeline : 0;
+		out->src.timeline = timeline > 0 && timeline <= UINT32_MAX ? (uint32_t)timeline : 0;
+		out->has_source = parse_source(o, &out->src);
 	}
 	json_decref(o);
 	return rc;
+}
+
+bool
+obx_progress_trusted(const struct obx_progress *rec, const struct obx_progress_source *now,
+    obx_lsn server_lsn, char *why, size_t whylen)
+{
+	char a[OBX_LSN_STRLEN], b[OBX_LSN_STRLEN];
+	const struct obx_progress_source *was = &rec->src;
+
+	if (!rec->has_source)
+		snprintf(why, whylen, "names no source (written by an earlier version)");
+	else if (strcmp(was->system_id, now->system_id) != 0)
+		snprintf(why, whylen, "was written for system %s, the server is system %s", was->system_id,
+		    now->system_id);
+	else if (strcmp(was->database, now->database) != 0)
+		snprintf(why, whylen, "was written for database %s, this session decodes %s (a transactional.id "
+		    "shared by two sources)", was->database, now->database);
+	else if (was->timeline != now->timeline)
+		/* LSNs of another timeline are not comparable (a point-in-time recovery, a failover) */
+		snprintf(why, whylen, "was written on timeline %" PRIu32 ", the server is on timeline %" PRIu32,
+		    was->timeline, now->timeline);
+	else if (was->slot_created != now->slot_created)
+		snprintf(why, whylen, "was written for a slot created at %s, the slot was created at %s (dropped "
+		    "and created again)", obx_lsn_format(was->slot_created, a, sizeof(a)),
+		    obx_lsn_format(now->slot_created, b, sizeof(b)));
+	else if (strcmp(was->events, now->events) != 0)
+		snprintf(why, whylen, "numbers the events of %s, this session those of %s", was->events,
+		    now->events);
+	else if (rec->mark.lsn > server_lsn || rec->end_lsn > server_lsn)
+		snprintf(why, whylen, "marks lsn %s, beyond the server's WAL position %s (the server went back: "
+		    "a data directory restored from a copy?)", obx_lsn_format(rec->mark.lsn, a, sizeof(a)),
+		    obx_lsn_format(server_lsn, b, sizeof(b)));
+	else if (rec->mark_commit_time == 0)
+		snprintf(why, whylen, "has no commit time to check its mark with");
+	else
+		return true;
+	return false;
 }

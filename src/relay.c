@@ -79,6 +79,7 @@ struct relay {
 	enum obx_state title_state;
 	bool committing;        /* exactly-once: a commit is under way (obx_kafka_txn_commit again) */
 	int32_t progress_partition; /* exactly-once: where the progress records go */
+	struct obx_progress_source eos_source; /* exactly-once: the history this session's records name */
 	int64_t eos_status_ms;  /* exactly-once: the last status update while a session starts */
 	struct obx_snapshot snap; /* [source] snapshot = pending: the run under way */
 	bool snapshotting;      /* delivery reports go to snap */
@@ -386,7 +387,9 @@ drive_commit(struct relay *r, bool idle)
 	if (!r->committing) {
 		if (!obx_core_commit_due(&r->core, obx_mono_ms(), idle, &p))
 			return;
-		pr = (struct obx_progress){ p.mark, (uint32_t)r->st.timeline, p.end_lsn, p.commit_time, p.records };
+		pr = (struct obx_progress){ .mark = p.mark, .mark_commit_time = p.mark_commit_time,
+			.has_source = true, .src = r->eos_source, .end_lsn = p.end_lsn,
+			.commit_time = p.commit_time, .records = p.records };
 		value = obx_progress_encode(&pr, r->cfg->slot, r->kf.txn_id);
 		if (value == NULL) {
 			obx_core_commit_done(&r->core, OBX_CORE_COMMIT_FATAL, "out of memory", obx_pg_now());
@@ -644,7 +647,13 @@ eos_open(struct relay *r, bool *have, struct obx_progress *floor)
 		snprintf(r->reason, sizeof(r->reason), "%s", why);
 		return false;
 	}
-	if (r->st.slot_created) {
+	r->eos_source = (struct obx_progress_source){ .timeline = (uint32_t)r->st.timeline,
+		.slot_created = r->st.slot_created };
+	strlcpy(r->eos_source.system_id, r->st.sysid, sizeof(r->eos_source.system_id));
+	strlcpy(r->eos_source.database, PQdb(r->st.conn), sizeof(r->eos_source.database));
+	obx_progress_events(&r->eos_source, r->cfg->table_schema, r->cfg->table_name, r->cfg->messages,
+	    r->cfg->message_prefix);
+	if (r->st.slot_made) {
 		/* a slot made now streams only what commits from now on: no progress can apply */
 		*have = false;
 		obx_log_info("exactly-once: transactional.id %s; a new slot, nothing to skip", r->kf.txn_id);
@@ -663,16 +672,15 @@ eos_open(struct relay *r, bool *have, struct obx_progress *floor)
 	r->progress_partition = nparts > 0 ? obx_dd_partition(r->kf.txn_id, strlen(r->kf.txn_id), nparts) :
 	    RD_KAFKA_PARTITION_UA;
 	*have = rc == 1;
-	if (*have && floor->timeline != (uint32_t)r->st.timeline) {
-		/* LSNs of another timeline are not comparable (a point-in-time recovery, a failover) */
-		obx_log_warn("exactly-once: the last progress record of transactional.id %s was written on "
-		    "timeline %" PRIu32 ", the server is on timeline %d: not skipping anything this session "
-		    "(events may be published again)", r->kf.txn_id, floor->timeline, r->st.timeline);
+	if (*have && !obx_progress_trusted(floor, &r->eos_source, r->st.server_lsn, why, sizeof(why))) {
+		obx_log_warn("exactly-once: the last progress record of transactional.id %s %s: not "
+		    "skipping anything this session (events may be published again)", r->kf.txn_id, why);
 		*have = false;
 	} else if (*have)
 		obx_log_info("exactly-once: transactional.id %s; the last committed Kafka transaction ends "
-		    "at event lsn %s seq %" PRIu32 ": replayed events up to it are not sent again",
-		    r->kf.txn_id, obx_lsn_format(floor->mark.lsn, a, sizeof(a)), floor->mark.seq);
+		    "at event lsn %s seq %" PRIu32 ": replayed events up to it are not sent again once the "
+		    "replay meets that transaction", r->kf.txn_id, obx_lsn_format(floor->mark.lsn, a,
+		    sizeof(a)), floor->mark.seq);
 	else
 		obx_log_info("exactly-once: transactional.id %s; no progress record of it in %s yet",
 		    r->kf.txn_id, r->cfg->progress_topic);
@@ -735,7 +743,7 @@ session_open(struct relay *r)
 	const char *partitioner;
 	enum obx_fail f;
 	int interval;
-	struct obx_progress floor;
+	struct obx_progress floor = { 0 };
 	bool have_floor = false;
 	char txn_id[256];
 
@@ -745,7 +753,7 @@ session_open(struct relay *r)
 	 * created the slot (also as a standby), one lost later is refused as usual */
 	f = obx_pgstream_open(&r->st, r->cfg, r->opts->recreate_slot && !r->slot_seen,
 	    obx_core_streaming_allowed(&r->core), &r->setup, err, sizeof(err));
-	if (f == OBX_FAIL_NONE || f == OBX_FAIL_SLOT_IN_USE || r->st.slot_created)
+	if (f == OBX_FAIL_NONE || f == OBX_FAIL_SLOT_IN_USE || r->st.slot_made)
 		r->slot_seen = true;
 	if (f != OBX_FAIL_NONE) {
 		obx_pgstream_close(&r->st);
@@ -818,7 +826,7 @@ session_open(struct relay *r)
 		return false;
 	}
 	if (r->cfg->exactly_once)
-		obx_core_exactly_once(&r->core, have_floor ? &floor.mark : NULL);
+		obx_core_exactly_once(&r->core, have_floor ? &floor.mark : NULL, floor.mark_commit_time);
 	r->committing = false;
 	snprintf(r->m.info_database, sizeof(r->m.info_database), "%s", PQdb(r->st.conn));
 	r->streamed = true;

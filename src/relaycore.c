@@ -453,8 +453,10 @@ batch_add(struct obx_core *c, const struct obx_record *rec, uint64_t ticket, boo
 		c->batch_since_ms = c->now_ms;
 	c->batch_bytes += rec->len + rec->keylen;
 	if (obx_dd_mark_parse(rec->headers, rec->nheaders, &m) == 0 &&
-	    obx_dd_mark_cmp(&m, &c->batch.mark) > 0)
+	    obx_dd_mark_cmp(&m, &c->batch.mark) > 0) {
 		c->batch.mark = m;
+		c->batch.mark_commit_time = m.lsn == c->txn.commit_lsn ? c->txn.commit_time : 0;
+	}
 }
 
 static void
@@ -627,7 +629,7 @@ publish_event(struct obx_core *c, const struct obx_rel *rel, const struct obx_pg
 			c->eos_skipped++;
 			return;
 		}
-		c->eos_floor_set = false; /* marks only grow: nothing after this one is skipped */
+		c->eos_floor_set = c->eos_checking = false; /* marks only grow: nothing after it is skipped */
 		note(c, OBX_LOG_INFO, "exactly-once: %" PRIu64 " replayed event(s) were in committed Kafka "
 		    "transactions already and were not sent again", c->eos_skipped);
 	}
@@ -767,6 +769,7 @@ buffer_result(struct obx_core *c, int rc)
 }
 
 static bool backpressured(const struct obx_core *c);
+static void check_floor(struct obx_core *c, obx_lsn commit_lsn, int64_t commit_time);
 
 /*
  * A PostgreSQL transaction ended at end_lsn: when every event of it is in
@@ -816,6 +819,59 @@ replay(struct obx_core *c)
 }
 
 /*
+ * Exactly-once: the replay contradicts the floor (no transaction of its
+ * commit time at its lsn).  Events skipped before are published again by a
+ * new session; none was confirmed (eos_holding).
+ */
+static void
+floor_refused(struct obx_core *c, const char *how)
+{
+	char a[OBX_LSN_STRLEN];
+
+	c->eos_refused = c->eos_floor;
+	c->eos_refused_time = c->eos_floor_time;
+	c->eos_refused_set = true;
+	c->eos_floor_set = c->eos_checking = false;
+	obx_lsn_format(c->eos_floor.lsn, a, sizeof(a));
+	if (!c->eos_holding) {
+		note(c, OBX_LOG_WARN, "exactly-once: %s: the last progress record (lsn %s) is of another "
+		    "history (a data directory restored from a copy?); nothing was skipped, nothing is", how, a);
+		return;
+	}
+	/* eos_holding stays: the session's last status update confirms nothing of what it skipped */
+	fail(c, OBX_CORE_END_RETRY, "exactly-once: %s: the last progress record (lsn %s) is of another "
+	    "history (a data directory restored from a copy?); %" PRIu64 " replayed event(s) were taken for "
+	    "ones in Kafka, none confirmed: starting again to publish them", how, a, c->eos_skipped);
+}
+
+/*
+ * Exactly-once: a transaction at commit_lsn, commit_time begins while the
+ * floor is not met yet (obx_core_exactly_once()).
+ */
+static void
+check_floor(struct obx_core *c, obx_lsn commit_lsn, int64_t commit_time)
+{
+	if (commit_lsn < c->eos_floor.lsn) {
+		c->eos_holding = true; /* skipped, not confirmed, until the floor is met */
+		return;
+	}
+	if (commit_lsn == c->eos_floor.lsn && commit_time == c->eos_floor_time) {
+		c->eos_checking = c->eos_holding = false;
+		return;
+	}
+	if (commit_lsn == c->eos_floor.lsn) {
+		floor_refused(c, "the transaction at the record's lsn committed at another time");
+		return;
+	}
+	if (c->eos_holding) {
+		floor_refused(c, "the replay passed the record's lsn without its transaction");
+		return;
+	}
+	/* the first replayed transaction is past the floor: nothing to skip */
+	c->eos_floor_set = c->eos_checking = false;
+}
+
+/*
  * A transaction's events begin (Begin, or a Stream Commit about to publish
  * its rows).  Returns false, with the session ended, when one is open already.
  */
@@ -832,7 +888,9 @@ open_txn(struct obx_core *c, const char *what, obx_lsn commit_lsn, uint32_t xid,
 	c->in_txn = true;
 	c->txn = (struct obx_txninfo){ commit_lsn, xid, commit_time };
 	c->txn_events = 0;
-	return true;
+	if (c->eos_checking)
+		check_floor(c, commit_lsn, commit_time);
+	return !ending(c);
 }
 
 /* Stream Commit: the buffered rows become events of one transaction, in insertion order. */
@@ -1013,6 +1071,10 @@ obx_core_pgmsg(struct obx_core *c, const struct obx_pgmsg *m, obx_lsn data_start
 void
 obx_core_keepalive(struct obx_core *c, obx_lsn wal_end, bool reply_requested)
 {
+	/* between transactions, a walsender that sent past the floor's lsn sent its transaction
+	 * before, if this history has it (the commit record is decoded where it lies) */
+	if (c->eos_checking && c->eos_holding && !c->in_txn && !c->in_stream && wal_end > c->eos_floor.lsn)
+		floor_refused(c, "the server sent past the record's lsn without its transaction");
 	if (wal_end > c->server_wal_end)
 		c->server_wal_end = wal_end;
 	obx_ack_keepalive(&c->ack, wal_end);
@@ -1269,13 +1331,23 @@ obx_core_signal(struct obx_core *c, int64_t now_ms)
 		    OBX_CORE_DRAIN_TIMEOUT_MS / 1000, c->ack.outstanding);
 }
 
+/* What may be confirmed: the ack tracker's flush position, held while a floor is checked. */
+static obx_lsn
+flushable(const struct obx_core *c)
+{
+	obx_lsn f = obx_ack_flushable(&c->ack);
+
+	/* events were skipped on a floor the replay has not met yet (obx_core_exactly_once()) */
+	return c->eos_holding && f > c->eos_hold_flush ? c->eos_hold_flush : f;
+}
+
 bool
 obx_core_status_due(const struct obx_core *c, int64_t now_ms, obx_lsn *write, obx_lsn *flush,
     bool *reply)
 {
 	int64_t since = now_ms - c->last_status_ms;
 
-	*flush = obx_ack_flushable(&c->ack);
+	*flush = flushable(c);
 	*write = c->received > *flush ? c->received : *flush;
 	/* idle: ask for a keepalive so the confirmed position can follow the WAL end */
 	*reply = since >= c->status_interval_ms && obx_ack_idle(&c->ack);
@@ -1300,7 +1372,7 @@ obx_core_wait_ms(const struct obx_core *c, int64_t now_ms)
 
 	if (c->status_now)
 		w = 0;
-	if (obx_ack_flushable(&c->ack) > c->sent_flush && c->last_status_ms + OBX_CORE_STATUS_MIN_GAP_MS - now_ms < w)
+	if (flushable(c) > c->sent_flush && c->last_status_ms + OBX_CORE_STATUS_MIN_GAP_MS - now_ms < w)
 		w = c->last_status_ms + OBX_CORE_STATUS_MIN_GAP_MS - now_ms;
 	if (c->draining && w > DRAIN_CHECK_MS)
 		w = DRAIN_CHECK_MS;
@@ -1421,7 +1493,7 @@ obx_core_session_end(struct obx_core *c)
 	if (c->eos && (c->batch_records > 0 || c->committing))
 		c->eos_aborts++; /* ended without its commit: the next init_transactions aborts it */
 	batch_clear(c);
-	c->eos = c->eos_floor_set = false;
+	c->eos = c->eos_floor_set = c->eos_checking = c->eos_holding = false;
 	obx_dedupe_reset(&c->dd);
 	obx_ack_reset(&c->ack);
 	obx_relcache_reset(&c->rels);
@@ -1435,17 +1507,29 @@ obx_core_session_end(struct obx_core *c)
 /* ---- exactly-once ---- */
 
 void
-obx_core_exactly_once(struct obx_core *c, const struct obx_dd_mark *floor)
+obx_core_exactly_once(struct obx_core *c, const struct obx_dd_mark *floor, int64_t floor_time)
 {
+	char a[OBX_LSN_STRLEN];
+
 	c->eos = true;
 	batch_clear(c);
 	/* the progress record does what the read-back would: de-duplication is off */
 	obx_dedupe_reset(&c->dd);
 	obx_dedupe_init(&c->dd, false, dd_note, c);
-	c->eos_floor_set = floor != NULL;
 	c->eos_skipped = 0;
-	if (floor != NULL)
+	c->eos_holding = false;
+	c->eos_hold_flush = c->sent_flush;
+	if (floor != NULL && c->eos_refused_set && obx_dd_mark_cmp(floor, &c->eos_refused) == 0 &&
+	    floor_time == c->eos_refused_time) {
+		note(c, OBX_LOG_INFO, "exactly-once: the last progress record (lsn %s) is the one the replay "
+		    "contradicted: not skipping anything", obx_lsn_format(floor->lsn, a, sizeof(a)));
+		floor = NULL;
+	}
+	c->eos_floor_set = c->eos_checking = floor != NULL;
+	if (floor != NULL) {
 		c->eos_floor = *floor;
+		c->eos_floor_time = floor_time;
+	}
 }
 
 bool

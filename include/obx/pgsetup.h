@@ -86,11 +86,13 @@ int obx_pgsetup_protocol(int server_version, const struct obx_config *cfg, bool 
 
 /*
  * Runs IDENTIFY_SYSTEM: copies the system identifier into sysid and sets
- * *timeline.  Returns 0, OBX_EIO, or OBX_EPROTO when the reply names no
- * database (not a logical replication connection).
+ * *timeline and *xlogpos (the server's current WAL position: its flush
+ * position, on a standby its replay position).  Returns 0, OBX_EIO, or
+ * OBX_EPROTO when the reply names no database (not a logical replication
+ * connection) or is out of form.
  */
-int obx_pgsetup_identify(PGconn *c, char *sysid, size_t sysidlen, int *timeline, char *errbuf,
-    size_t errlen);
+int obx_pgsetup_identify(PGconn *c, char *sysid, size_t sysidlen, int *timeline, obx_lsn *xlogpos,
+    char *errbuf, size_t errlen);
 
 /*
  * Checks wal_level = logical, reads the server's wal_sender_timeout into
@@ -157,7 +159,7 @@ struct obx_pgsetup_snapshot {
  */
 int obx_pgsetup_slot(PGconn *c, const struct obx_config *cfg, const char *sysid, bool recreate,
     bool in_recovery, struct obx_pgsetup_ctx *ctx, struct obx_pgsetup_snapshot *snap,
-    obx_lsn *confirmed, bool *created, char *errbuf, size_t errlen);
+    obx_lsn *confirmed, bool *created, obx_lsn *born, char *errbuf, size_t errlen);
 
 /* The marker slot's name for slot: SLOT_snapshot, the slot cut to fit 63 characters. */
 void obx_pgsetup_marker_name(const char *slot, char *out, size_t len);

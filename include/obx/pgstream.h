@@ -32,12 +32,14 @@ struct obx_pgstream {
 	PGconn *conn;
 	char sysid[32];
 	int timeline;
+	obx_lsn server_lsn;      /* IDENTIFY_SYSTEM's xlogpos at the session's start */
+	obx_lsn slot_created;    /* the slot's creation point from the slot guard; 0: unknown */
 	obx_lsn start_confirmed; /* the slot's confirmed_flush before START_REPLICATION */
 	int wal_sender_timeout_ms; /* 0: disabled */
 	int server_version;
 	int proto_version; /* the pgoutput protocol version asked for */
 	bool streaming;    /* the server streams large in-progress transactions */
-	bool slot_created; /* this run created the slot */
+	bool slot_made;    /* this run created the slot */
 	bool in_recovery;  /* the server is a hot standby (PostgreSQL 16+) */
 	struct obx_pgsetup_snapshot snap; /* [source] snapshot = pending: snap.wanted until published */
 	uint8_t *copybuf; /* the last CopyData message, owned (PQfreemem) */

@@ -1,38 +1,64 @@
 /*
  * progress.h - the progress record of exactly-once mode (pure): what a
  * Kafka transaction of outboxd writes to the progress topic beside its
- * events, and how a new session reads it back (docs/design.md,
- * "Exactly-once").
+ * events, how a new session reads it back, and whether the session may
+ * trust it (docs/design.md, "Exactly-once").
  *
- * Key: the slot name.  Value: a JSON object
- *   {"slot": S, "transactional_id": T, "timeline": N, "lsn": "X/X", "seq": N,
+ * Key: the transactional.id.  Value: a JSON object
+ *   {"slot": S, "transactional_id": T, "system_id": "N", "database": D,
+ *    "timeline": N, "slot_created": "X/X", "events": E,
+ *    "lsn": "X/X", "seq": N, "lsn_commit_time": N,
  *    "end_lsn": "X/X", "commit_time": "ISO 8601", "records": N}
  * where (lsn, seq) is the mark of the last event the transaction holds
- * (dedupe.h), timeline the server's timeline (LSNs of another timeline are
- * not comparable: a point-in-time recovery or a failover may go back),
- * end_lsn the end of the last PostgreSQL transaction that ended in it (0/0
- * when none) and records how many records it holds.
+ * (dedupe.h) and lsn_commit_time the commit time (PostgreSQL-epoch
+ * microseconds) of the PostgreSQL transaction that committed at lsn; end_lsn
+ * the end of the last PostgreSQL transaction that ended in it (0/0 when
+ * none) and records how many records it holds.  The source fields name the
+ * history the mark belongs to: the server's system identifier, the
+ * database, the timeline (LSNs of another timeline are not comparable), the
+ * slot's creation point from the slot guard (a slot dropped and created
+ * again starts another history) and what the seq ordinals count (events).
  */
 #ifndef OBX_PROGRESS_H
 #define OBX_PROGRESS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "obx/dedupe.h"
 #include "obx/lsn.h"
 
+/* The history a progress record belongs to. */
+struct obx_progress_source {
+	char system_id[32];  /* IDENTIFY_SYSTEM's systemid */
+	char database[128];
+	uint32_t timeline;
+	obx_lsn slot_created; /* the slot's creation point as the slot guard recorded it; 0: unknown */
+	char events[400];    /* what seq counts: "schema.table", "+messages:prefix" with [source] messages */
+};
+
 struct obx_progress {
 	struct obx_dd_mark mark; /* id_hash unused (0) */
-	uint32_t timeline;       /* the server's timeline when it was written (0: unknown) */
+	int64_t mark_commit_time; /* commit time of the transaction at mark.lsn; 0: unknown */
+	bool has_source;         /* src was in the record (records of earlier versions lack it) */
+	struct obx_progress_source src;
 	obx_lsn end_lsn;
 	int64_t commit_time;     /* PostgreSQL epoch microseconds; 0 when unknown */
 	uint64_t records;
 };
 
 /*
- * The record's value for slot and transactional_id; a string the caller
- * frees, or NULL when out of memory.
+ * Fills *src->events for the table and the [source] messages settings:
+ * what the seq ordinals of a transaction count, so that a record is never
+ * read against another numbering.
+ */
+void obx_progress_events(struct obx_progress_source *src, const char *schema, const char *table,
+    bool messages, const char *prefix);
+
+/*
+ * The record's value for slot and transactional_id (p->src is written when
+ * p->has_source); a string the caller frees, or NULL when out of memory.
  */
 char *obx_progress_encode(const struct obx_progress *p, const char *slot, const char *txn_id);
 
@@ -42,5 +68,20 @@ char *obx_progress_encode(const struct obx_progress *p, const char *slot, const 
  */
 int obx_progress_parse(const void *value, size_t len, const char *slot, struct obx_progress *out,
     char *why, size_t whylen);
+
+/*
+ * Whether a session on source now, whose server's WAL position is
+ * server_lsn (IDENTIFY_SYSTEM's xlogpos), may skip replayed events up to
+ * the record's mark.  Returns true, or false with why saying what tells
+ * the record apart from this session's history: no source named (an
+ * earlier version's record), another system, database, timeline, slot
+ * creation or event numbering, a mark beyond the server's WAL position
+ * (the server went back: a restore from a copy), or no commit time to
+ * verify the mark with.  A trusted record is still only a candidate: the
+ * core checks that the replay meets the mark's transaction (relaycore.h,
+ * obx_core_exactly_once()).
+ */
+bool obx_progress_trusted(const struct obx_progress *rec, const struct obx_progress_source *now,
+    obx_lsn server_lsn, char *why, size_t whylen);
 
 #endif

@@ -118,6 +118,7 @@ struct obx_core_ops {
  */
 struct obx_core_progress {
 	struct obx_dd_mark mark; /* the last event it holds (lsn, seq); id_hash unused */
+	int64_t mark_commit_time; /* commit time of the transaction at mark.lsn (0: unknown) */
 	obx_lsn end_lsn;         /* the end of the last PostgreSQL transaction it completes (0/0: none) */
 	int64_t commit_time;     /* that transaction's commit time, PostgreSQL epoch microseconds */
 	uint64_t records;        /* records produced in it */
@@ -231,6 +232,13 @@ struct obx_core {
 	bool eos;                     /* this session publishes in Kafka transactions */
 	struct obx_dd_mark eos_floor; /* the last event of the last committed transaction: at or below, skip */
 	bool eos_floor_set;
+	int64_t eos_floor_time;       /* commit time of the floor's transaction */
+	bool eos_checking;            /* the replay has not met the floor's transaction yet */
+	bool eos_holding;             /* events skipped before that: the flush position stays */
+	obx_lsn eos_hold_flush;       /* where it stays: the session's start */
+	struct obx_dd_mark eos_refused; /* a floor the replay contradicted (kept across sessions) */
+	int64_t eos_refused_time;
+	bool eos_refused_set;
 	uint64_t eos_skipped;         /* replayed events at or below the floor this session */
 	bool commit_wanted;           /* the open transaction takes nothing more; its commit waits for its reports */
 	bool committing;              /* a commit was asked for and has not ended */
@@ -274,11 +282,19 @@ int obx_core_session_start(struct obx_core *c, obx_lsn start, int proto, int sta
 
 /*
  * Exactly-once: this session publishes in Kafka transactions.  floor (NULL:
- * no progress record was found) is the last event of the last committed
- * transaction; every replayed event at or below it is skipped, acknowledged
- * as found.  Call after obx_core_session_start(), before the first message.
+ * no progress record was found or it was not trusted, progress.h) is the
+ * last event of the last committed transaction and floor_time the commit
+ * time of its PostgreSQL transaction; every replayed event at or below it
+ * is skipped, acknowledged as found, once the replay shows that the floor
+ * is of this history: a transaction committed at the floor's lsn at
+ * floor_time.  Until the replay meets it, events below it are skipped but
+ * the flush position stays at the session's start; a replay that passes
+ * the floor's lsn without it (a transaction or a keepalive beyond) or meets
+ * another commit time there ends the session to publish everything again,
+ * and the floor is refused from then on.  Call after
+ * obx_core_session_start(), before the first message.
  */
-void obx_core_exactly_once(struct obx_core *c, const struct obx_dd_mark *floor);
+void obx_core_exactly_once(struct obx_core *c, const struct obx_dd_mark *floor, int64_t floor_time);
 
 /*
  * Exactly-once: true when the open Kafka transaction should commit now

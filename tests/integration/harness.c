@@ -1,4 +1,5 @@
 #include <errno.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <fcntl.h>
 #include <fnmatch.h>
@@ -156,6 +157,41 @@ t_pg_ctl(const struct t_stack *st, const char *args)
 	    getuid() == 0 ? "runuser -u postgres --" : "", st->pgbin, st->pgdata, st->root, args);
 	rc = system(cmd);
 	return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+static void
+sh_or_fail(const char *what, const char *fmt, ...)
+{
+	char cmd[4096];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(cmd, sizeof(cmd), fmt, ap);
+	va_end(ap);
+	if (system(cmd) != 0)
+		fail_msg("could not %s: %s", what, cmd);
+}
+
+void
+t_pg_save_data(const struct t_stack *st)
+{
+	if (t_pg_ctl(st, "stop -m fast") != 0)
+		fail_msg("could not stop the server to copy its data directory");
+	sh_or_fail("copy the data directory", "rm -rf '%s.saved' && cp -a '%s' '%s.saved' && "
+	    "rm -f '%s.saved/postmaster.pid'", st->pgdata, st->pgdata, st->pgdata, st->pgdata);
+	if (t_pg_ctl(st, "start") != 0)
+		fail_msg("could not start the server after copying its data directory");
+}
+
+void
+t_pg_restore_data(const struct t_stack *st)
+{
+	if (t_pg_ctl(st, "stop -m immediate") != 0)
+		fail_msg("could not stop the server to restore its data directory");
+	sh_or_fail("restore the data directory", "test -d '%s.saved' && rm -rf '%s' && "
+	    "mv '%s.saved' '%s'", st->pgdata, st->pgdata, st->pgdata, st->pgdata);
+	if (t_pg_ctl(st, "start") != 0)
+		fail_msg("could not start the server on its restored data directory");
 }
 
 /* Loads statedir/env into st, leaving OBX_STACK_ENV as it was. */

@@ -60,6 +60,16 @@ int t_run_tests(const struct CMUnitTest *tests, size_t n);
 /* Runs pg_ctl ARGS against the stack's cluster (as postgres when root); returns its exit status. */
 int t_pg_ctl(const struct t_stack *st, const char *args);
 
+/*
+ * A volume snapshot and its restore in place: t_pg_save_data() stops the
+ * stack's server cleanly, copies its data directory aside and starts it
+ * again; t_pg_restore_data() stops it with -m immediate, puts the copy back
+ * and starts it (the same system identifier and timeline, the WAL written
+ * since the copy gone).  Fail the test on error.
+ */
+void t_pg_save_data(const struct t_stack *st);
+void t_pg_restore_data(const struct t_stack *st);
+
 /* Starts a second throwaway cluster in statedir with extra postgresql.conf lines. */
 void t_stack_start_extra(struct t_stack *st, const char *statedir, const char *extra_conf_path);
 void t_stack_stop_extra(const char *statedir);

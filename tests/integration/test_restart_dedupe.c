@@ -632,6 +632,146 @@ test_fenced_while_holding_the_slot(void **state)
 }
 
 /*
+ * Every outbox row of aggregate type agg is in the committed records of its
+ * topic exactly once (at least once unless exact), and nothing else is.
+ */
+static void
+expect_agg_committed(const char *agg, size_t want, bool exact)
+{
+	char topic[128];
+	struct t_msg *m;
+	size_t n, total = 0;
+	PGresult *res;
+
+	snprintf(topic, sizeof(topic), "outbox.event.%s", agg);
+	n = t_consume_all(R.b.bootstrap, topic, 20000, &m);
+	committed_only(m, &n);
+	res = PQexecParams(R.pg, "SELECT id::text FROM outbox WHERE aggregatetype = $1", 1, NULL, &agg, NULL,
+	    NULL, 0);
+	assert_int_equal((size_t)PQntuples(res), want);
+	for (int i = 0; i < PQntuples(res); i++) {
+		size_t c = count_id(m, n, PQgetvalue(res, i, 0));
+
+		if (c == 0 || (exact && c != 1)) {
+			t_log_dump(&R);
+			fail_msg("event %s of %s is in committed Kafka transactions %zu time(s)",
+			    PQgetvalue(res, i, 0), agg, c);
+		}
+		total += c;
+	}
+	assert_int_equal(n, total);
+	PQclear(res);
+	t_msgs_free(m, n);
+}
+
+/*
+ * The data directory restored in place from an earlier copy (a volume
+ * snapshot: the same system identifier, timeline and slot) while outboxd
+ * was stopped, then 150 transactions committed: their commit LSNs run over
+ * positions that the last progress record of the lost history already
+ * covers.  None of them may be taken for a replay: every one is in
+ * committed Kafka transactions, once.
+ */
+static void
+test_restored_data_directory_publishes(void **state)
+{
+	uint64_t lost_end, first;
+	char *v;
+
+	(void)state;
+	t_relay_setup(&R, "eosrestore", 0);
+	t_relay_config(&R, "[delivery]\nexactly_once = on\n");
+	t_relay_start(&R, NULL, 1);
+	insert_txn("rsa", 50, 5);
+	assert_true(t_wait_confirmed_current(&R, 30000));
+	assert_int_equal(t_relay_signal(&R, SIGTERM, 30000), 0);
+	R.pid = 0;
+
+	/* the copy; then a history that the restore will take away, published and marked */
+	t_pg_save_data(&R.st);
+	PQreset(R.pg);
+	t_relay_start(&R, NULL, 1);
+	for (int i = 0; i < 40; i++)
+		insert_txn("rsb", 20, 5);
+	assert_true(t_wait_confirmed_current(&R, 30000));
+	assert_int_equal(t_relay_signal(&R, SIGTERM, 30000), 0);
+	R.pid = 0;
+	v = t_query1(R.pg, "SELECT pg_current_wal_lsn()::text");
+	lost_end = t_lsn(v);
+	free(v);
+
+	/* the restore, and new transactions over the same positions */
+	t_pg_restore_data(&R.st);
+	PQreset(R.pg);
+	assert_int_equal(PQstatus(R.pg), CONNECTION_OK);
+	v = t_query1(R.pg, "SELECT pg_current_wal_lsn()::text");
+	first = t_lsn(v);
+	free(v);
+	assert_true(first < lost_end); /* the restore went back */
+	for (int i = 0; i < 150; i++)
+		insert_txn("rsc", 1, 150);
+	while (t_lsn(v = t_query1(R.pg, "SELECT pg_current_wal_lsn()::text")) <= lost_end) {
+		free(v);
+		insert_txn("rsd", 1, 1); /* the server's WAL goes past the lost history's end */
+	}
+	free(v);
+
+	t_relay_start(&R, NULL, 1);
+	if (!t_wait_confirmed_current(&R, 30000)) {
+		t_log_dump(&R);
+		fail_msg("the relay did not catch up after the restore");
+	}
+	expect_agg_committed("rsc", 150, true);
+	/* the record was refused: what the replay holds of the common history may come again */
+	expect_agg_committed("rsa", 50, false);
+	assert_int_equal(t_log_count(&R, "is of another history"), 1);
+}
+
+/*
+ * [source] messages toggled between two sessions changes what the seq
+ * ordinals of a transaction count.  A transaction of a row, a message and
+ * 1,000 rows, split over Kafka transactions (the in-flight cap of 50 makes
+ * each commit early): outboxd dies right after the first commit (the hook),
+ * then starts with messages off.  The progress record's mark must not be
+ * read against the new numbering, where every row after the message has
+ * one less: each row reaches committed transactions.
+ */
+static void
+test_messages_toggled_keeps_every_row(void **state)
+{
+	int st;
+
+	(void)state;
+	t_relay_setup(&R, "eosmsgs", 0);
+	t_relay_config(&R, "[source]\nmessages = on\n[delivery]\nexactly_once = on\nmax_inflight = 50\n");
+	setenv("OBX_TEST_KILL_AFTER_ACKS", "1", 1);
+	t_relay_start(&R, NULL, 1);
+	unsetenv("OBX_TEST_KILL_AFTER_ACKS");
+	t_exec(R.pg, "BEGIN");
+	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
+	    "VALUES ('msgt', 'k1', 'row', '{\"n\": 0}')");
+	t_exec(R.pg, "SELECT pg_logical_emit_message(true, 'outboxd', '{\"id\": \"6f1c1f7e-0000-4000-8000-0000000000a1\", \"aggregatetype\": \"msgm\", "
+	    "\"aggregateid\": \"k1\", \"type\": \"msg\", \"payload\": {\"n\": 1}}')");
+	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
+	    "SELECT 'msgt', 'k' || (g %% 7), 'row', jsonb_build_object('n', g) FROM generate_series(2, 1001) g");
+	t_exec(R.pg, "COMMIT");
+	st = t_wait(R.pid, 60000);
+	if (st == -1 || !WIFSIGNALED(st) || WTERMSIG(st) != SIGKILL) {
+		t_log_dump(&R);
+		fail_msg("outboxd did not kill itself after its first Kafka transaction");
+	}
+	R.pid = 0;
+	t_slot_wait_inactive(&R, 15000);
+
+	t_relay_config(&R, "[delivery]\nexactly_once = on\nmax_inflight = 50\n");
+	t_relay_start(&R, NULL, 1);
+	assert_true(t_wait_confirmed_current(&R, 30000));
+	expect_agg_committed("msgt", 1001, false);
+	assert_int_equal(t_log_count(&R, "numbers the events of public.outbox+messages:outboxd, this "
+	    "session those of public.outbox"), 1);
+}
+
+/*
  * Every event of one transaction acknowledged, none confirmed (the hook),
  * then a restart: all of them are found and skipped, and the skip counts as
  * the acknowledgement that lets the slot move on.
@@ -815,6 +955,8 @@ main(void)
 		cmocka_unit_test_teardown(test_crash_loop_dedupe_no_duplicates, teardown),
 		cmocka_unit_test_teardown(test_crash_loop_transactions, teardown),
 		cmocka_unit_test_teardown(test_zombie_is_fenced, teardown),
+		cmocka_unit_test_teardown(test_restored_data_directory_publishes, teardown),
+		cmocka_unit_test_teardown(test_messages_toggled_keeps_every_row, teardown),
 		cmocka_unit_test_teardown(test_abortable_transaction_rewinds, teardown),
 		cmocka_unit_test_teardown(test_fenced_while_holding_the_slot, teardown),
 		cmocka_unit_test_teardown(test_crash_loop_dedupe_off_duplicates, teardown),

@@ -632,11 +632,24 @@ test_topic_fallbacks(void **state)
 	obx_dedupe_reset(&d); /* a second reset is harmless */
 }
 
+/* A source as a session on system 7, database db, timeline 3 would name it. */
+static struct obx_progress_source
+source(void)
+{
+	struct obx_progress_source src = { .system_id = "7", .database = "db", .timeline = 3,
+		.slot_created = 0x1000 };
+
+	obx_progress_events(&src, "public", "outbox", false, "outboxd");
+	return src;
+}
+
 /* The progress record of exactly-once mode: written, read back, and what is refused. */
 static void
 test_progress_record(void **state)
 {
-	struct obx_progress p = { { 0x16B3A28, 7, 0 }, 3, 0x16B3B00, 12345678, 42 }, q;
+	struct obx_progress p = { .mark = { 0x16B3A28, 7, 0 }, .mark_commit_time = 12000000,
+		.has_source = true, .src = source(), .end_lsn = 0x16B3B00, .commit_time = 12345678,
+		.records = 42 }, q;
 	char why[128];
 	char *v;
 
@@ -645,11 +658,20 @@ test_progress_record(void **state)
 	assert_non_null(v);
 	assert_non_null(strstr(v, "\"lsn\":\"0/16B3A28\""));
 	assert_non_null(strstr(v, "\"timeline\":3"));
+	assert_non_null(strstr(v, "\"system_id\":\"7\""));
+	assert_non_null(strstr(v, "\"slot_created\":\"0/1000\""));
+	assert_non_null(strstr(v, "\"events\":\"public.outbox\""));
 	assert_non_null(strstr(v, "\"commit_time\":\"2000-01-01T00:00:12.345678Z\""));
 	assert_int_equal(obx_progress_parse(v, strlen(v), "s1", &q, why, sizeof(why)), 0);
 	assert_int_equal(q.mark.lsn, 0x16B3A28);
 	assert_int_equal(q.mark.seq, 7);
-	assert_int_equal(q.timeline, 3);
+	assert_int_equal(q.mark_commit_time, 12000000);
+	assert_true(q.has_source);
+	assert_int_equal(q.src.timeline, 3);
+	assert_string_equal(q.src.system_id, "7");
+	assert_string_equal(q.src.database, "db");
+	assert_int_equal(q.src.slot_created, 0x1000);
+	assert_string_equal(q.src.events, "public.outbox");
 	assert_int_equal(q.end_lsn, 0x16B3B00);
 	assert_int_equal(q.records, 42);
 	assert_int_equal(obx_progress_parse(v, strlen(v), "s2", &q, why, sizeof(why)), OBX_ENOENT);
@@ -659,11 +681,57 @@ test_progress_record(void **state)
 	    sizeof(why)), OBX_EINVAL);
 	assert_int_equal(obx_progress_parse("{\"slot\":\"s1\",\"seq\":1}", 21, "s1", &q, why, sizeof(why)),
 	    OBX_EINVAL);
-	/* without a timeline: 0, which matches no server's */
+	/* an earlier version's record: no timeline, no source */
 	assert_int_equal(obx_progress_parse("{\"slot\":\"s1\",\"lsn\":\"0/10\",\"seq\":1}", 34, "s1", &q, why,
 	    sizeof(why)), 0);
-	assert_int_equal(q.timeline, 0);
+	assert_int_equal(q.src.timeline, 0);
+	assert_false(q.has_source);
 	assert_int_equal(q.mark.lsn, 0x10);
+}
+
+/* A record is trusted only for its own history, and never beyond the server's WAL. */
+static void
+test_progress_trusted(void **state)
+{
+	struct obx_progress rec = { .mark = { 0x5000, 2, 0 }, .mark_commit_time = 99, .has_source = true,
+		.src = source(), .end_lsn = 0x4F00 };
+	struct obx_progress_source now = source(), other;
+	struct obx_progress r2;
+	char why[256];
+
+	(void)state;
+	assert_true(obx_progress_trusted(&rec, &now, 0x6000, why, sizeof(why)));
+	assert_true(obx_progress_trusted(&rec, &now, 0x5000, why, sizeof(why)));
+	/* the server went back (a restore from a copy): its WAL ends before the mark */
+	assert_false(obx_progress_trusted(&rec, &now, 0x4FFF, why, sizeof(why)));
+	assert_non_null(strstr(why, "beyond the server's WAL position 0/4FFF"));
+	r2 = rec;
+	r2.has_source = false;
+	assert_false(obx_progress_trusted(&r2, &now, 0x6000, why, sizeof(why)));
+	assert_non_null(strstr(why, "earlier version"));
+	r2 = rec;
+	r2.mark_commit_time = 0;
+	assert_false(obx_progress_trusted(&r2, &now, 0x6000, why, sizeof(why)));
+	other = now;
+	strcpy(other.system_id, "8");
+	assert_false(obx_progress_trusted(&rec, &other, 0x6000, why, sizeof(why)));
+	assert_non_null(strstr(why, "system 7, the server is system 8"));
+	other = now;
+	strcpy(other.database, "db2"); /* two databases sharing a transactional.id */
+	assert_false(obx_progress_trusted(&rec, &other, 0x6000, why, sizeof(why)));
+	assert_non_null(strstr(why, "database db"));
+	other = now;
+	other.timeline = 4;
+	assert_false(obx_progress_trusted(&rec, &other, 0x6000, why, sizeof(why)));
+	other = now;
+	other.slot_created = 0x5800; /* the slot was dropped and created again after the record */
+	assert_false(obx_progress_trusted(&rec, &other, 0x6000, why, sizeof(why)));
+	assert_non_null(strstr(why, "dropped and created again"));
+	other = now;
+	obx_progress_events(&other, "public", "outbox", true, "outboxd"); /* [source] messages toggled */
+	assert_string_equal(other.events, "public.outbox+messages:outboxd");
+	assert_false(obx_progress_trusted(&rec, &other, 0x6000, why, sizeof(why)));
+	assert_non_null(strstr(why, "numbers the events of public.outbox,"));
 }
 
 int
@@ -671,6 +739,7 @@ main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_marks),
+		cmocka_unit_test(test_progress_trusted),
 		cmocka_unit_test(test_murmur2_matches_java),
 		cmocka_unit_test(test_partitioner_supported),
 		cmocka_unit_test(test_window_protocol),

@@ -186,14 +186,20 @@ relation(void)
 }
 
 static void
-begin(obx_lsn final, uint32_t xid)
+begin_at(obx_lsn final, uint32_t xid, int64_t commit_time)
 {
 	struct obx_pgmsg m = { .type = 'B' };
 
 	m.u.begin.final_lsn = final;
 	m.u.begin.xid = xid;
-	m.u.begin.commit_time = 1000;
+	m.u.begin.commit_time = commit_time;
 	obx_core_pgmsg(&core, &m, final);
+}
+
+static void
+begin(obx_lsn final, uint32_t xid)
+{
+	begin_at(final, xid, 1000);
 }
 
 static void
@@ -1273,7 +1279,7 @@ static void
 start_eos(obx_lsn at, const struct obx_dd_mark *floor)
 {
 	start(at);
-	obx_core_exactly_once(&core, floor);
+	obx_core_exactly_once(&core, floor, 1000); /* the commit time begin() gives */
 }
 
 /* A delivery report for produced record i with its own lsn and seq headers. */
@@ -1442,6 +1448,102 @@ test_eos_floor_skips_replayed(void **state)
 }
 
 /*
+ * A floor of another history (a data directory restored from a copy: the
+ * same slot, new transactions over the old positions): events below it are
+ * skipped only tentatively, nothing is confirmed, and once the replay
+ * passes the floor's lsn without its transaction the session ends; the next
+ * one refuses that floor and publishes everything.
+ */
+static void
+test_eos_floor_of_another_history(void **state)
+{
+	struct obx_dd_mark floor = { 0x200, 1, 0 };
+
+	(void)state;
+	start_eos(0x100, &floor);
+	relation();
+	begin(0x180, 6);
+	insert("n1", "k1");
+	commit(0x180, 0x190);
+	obx_core_pump(&core, 1);
+	assert_int_equal(fk.n, 0); /* taken for a replay, for now */
+	assert_int_equal(flush_now(), 0x100); /* but never confirmed */
+	begin(0x260, 7); /* past the floor, without a transaction at 0x200 */
+	assert_int_equal(ended(), OBX_CORE_END_RETRY);
+	assert_non_null(strstr(core.reason, "passed the record's lsn without its transaction"));
+	assert_int_equal(flush_now(), 0x100);
+	obx_core_session_end(&core);
+
+	/* the same record again: refused, everything published */
+	assert_int_equal(obx_core_session_start(&core, 0x100, 2, 10000, 2), 0);
+	obx_core_exactly_once(&core, &floor, 1000);
+	assert_non_null(strstr(fk.notes, "is the one the replay contradicted"));
+	relation();
+	begin(0x180, 6);
+	insert("n1", "k1");
+	commit(0x180, 0x190);
+	begin(0x260, 7);
+	insert("n2", "k1");
+	commit(0x260, 0x270);
+	assert_int_equal(fk.n, 2);
+	assert_string_equal(fk.recs[0].id, "n1");
+	assert_int_equal(ended(), OBX_CORE_RUNNING);
+}
+
+/* The same, told by a keepalive past the floor between transactions, and by a commit time. */
+static void
+test_eos_floor_refused_by_keepalive_and_time(void **state)
+{
+	struct obx_dd_mark floor = { 0x200, 0, 0 };
+	struct obx_core_progress p;
+
+	(void)state;
+	start_eos(0x100, &floor);
+	relation();
+	begin(0x180, 6);
+	insert("n1", "k1");
+	obx_core_keepalive(&core, 0x300, false); /* inside a transaction: says nothing */
+	assert_int_equal(ended(), OBX_CORE_RUNNING);
+	commit(0x180, 0x190);
+	obx_core_keepalive(&core, 0x200, false); /* not past the floor's lsn */
+	assert_int_equal(ended(), OBX_CORE_RUNNING);
+	obx_core_keepalive(&core, 0x201, false);
+	assert_int_equal(ended(), OBX_CORE_END_RETRY);
+	assert_non_null(strstr(core.reason, "sent past the record's lsn"));
+	obx_core_session_end(&core);
+
+	/* a transaction at the floor's lsn, committed at another time */
+	floor.lsn = 0x300;
+	assert_int_equal(obx_core_session_start(&core, 0x100, 2, 10000, 2), 0);
+	obx_core_exactly_once(&core, &floor, 1000);
+	relation();
+	begin(0x180, 6);
+	insert("n1", "k1");
+	commit(0x180, 0x190);
+	begin_at(0x300, 8, 999);
+	assert_int_equal(ended(), OBX_CORE_END_RETRY);
+	assert_non_null(strstr(core.reason, "committed at another time"));
+	obx_core_session_end(&core);
+
+	/* the first replayed transaction at the floor, of another time: nothing was held, nothing ends */
+	floor.lsn = 0x180;
+	assert_int_equal(obx_core_session_start(&core, 0x100, 2, 10000, 2), 0);
+	obx_core_exactly_once(&core, &floor, 1000);
+	relation();
+	begin_at(0x180, 6, 5);
+	insert("n1", "k1");
+	commit(0x180, 0x190);
+	assert_int_equal(ended(), OBX_CORE_RUNNING);
+	assert_int_equal(fk.n, 1);
+	assert_string_equal(fk.recs[0].id, "n1");
+	report(0, OBX_REPORT_OK);
+	assert_true(obx_core_commit_due(&core, 3, true, &p));
+	assert_int_equal(p.mark_commit_time, 5);
+	obx_core_commit_done(&core, OBX_CORE_COMMIT_OK, NULL, 3000);
+	assert_int_equal(flush_now(), 0x190);
+}
+
+/*
  * A record the broker rejects inside a transaction: the transaction cannot
  * commit, so the session rewinds and on_error applies when it comes again.
  */
@@ -1468,7 +1570,7 @@ test_eos_rejected_record(void **state)
 
 	/* the replay: e1 again, e2 straight to the dead-letter topic */
 	assert_int_equal(obx_core_session_start(&core, 0x100, 2, 10000, 0), 0);
-	obx_core_exactly_once(&core, NULL);
+	obx_core_exactly_once(&core, NULL, 0);
 	relation();
 	begin(0x200, 7);
 	insert("e1", "k1");
@@ -1575,6 +1677,7 @@ static struct {
 	int committed[EOS_TXNS][4]; /* copies of each event in committed Kafka transactions */
 	int last[3];              /* per key: the last (t * 4 + e) committed */
 	struct obx_dd_mark progress;
+	int64_t progress_time;
 	bool have_progress;
 	obx_lsn confirmed;
 } ex;
@@ -1630,7 +1733,7 @@ static void
 ex_session(int64_t now)
 {
 	assert_int_equal(obx_core_session_start(&core, ex.confirmed, 2, 10000, now), 0);
-	obx_core_exactly_once(&core, ex.have_progress ? &ex.progress : NULL);
+	obx_core_exactly_once(&core, ex.have_progress ? &ex.progress : NULL, ex.progress_time);
 	ex.nopen = 0;
 	relation();
 }
@@ -1666,7 +1769,7 @@ test_eos_random(void **state)
 		set("delivery", "transaction_max_events", EX_RND() % 2 ? "3" : "50");
 		assert_int_equal(obx_core_init(&core, &cfg, &ex_ops, &fk, &met), 0);
 		ex_session(now);
-		for (int step = 0; step < 4000; step++) {
+		for (int step = 0; step < 40000; step++) {
 			struct obx_core_progress p;
 			uint64_t r = EX_RND() % 100;
 			bool done = next_txn == EOS_TXNS && !in_txn;
@@ -1726,6 +1829,8 @@ test_eos_random(void **state)
 						assert_int_equal(p.records, ex.nopen);
 						if (ex.nopen > 0) {
 							ex.progress = p.mark;
+							ex.progress_time = p.mark_commit_time;
+							assert_int_equal(p.mark_commit_time, 1000);
 							ex.have_progress = true;
 						}
 						ex.nopen = 0;
@@ -1794,6 +1899,8 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_eos_commit_waits_for_reports, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_eos_bounds, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_eos_floor_skips_replayed, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_eos_floor_of_another_history, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_eos_floor_refused_by_keepalive_and_time, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_eos_rejected_record, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_eos_commit_failures, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_eos_drain, setup, teardown),
