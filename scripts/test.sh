@@ -37,7 +37,7 @@ if [ "${#others[@]}" -gt 0 ]; then
 fi
 
 build=${OBX_BUILD_DIR:-build-asan}
-cmake -S . -B "$build" -DOBX_SANITIZE=ON -DOBX_TEST_HOOKS=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake -S . -B "$build" -DOBX_SANITIZE=ON -DOBX_TEST_HOOKS=ON -DOBX_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build "$build" -j "$(nproc)"
 
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
