@@ -251,6 +251,33 @@ test_long_lines(void **state)
 	free(text);
 }
 
+/* libpq's service= (a service file, PGSERVICEFILE or ~/.pg_service.conf) is a conninfo like
+ * any other: accepted as given, judged by libpq only at connection time, never rewritten */
+static void
+test_service_conninfo(void **state)
+{
+	struct obx_config cfg;
+	char *env[] = { "OUTBOXD_SOURCE_CONNINFO=service=outboxd_env", NULL };
+	char out[256];
+
+	(void)state;
+	assert_int_equal(load(&cfg, KAFKA "[source]\nconninfo = service=outboxd\n", NULL, NULL, 0), 0);
+	assert_string_equal(cfg.conninfo, "service=outboxd");
+	obx_config_reset(&cfg);
+	assert_int_equal(load(&cfg, KAFKA "[source]\nconninfo = service=outboxd sslmode=require application_name=x\n",
+	    NULL, NULL, 0), 0);
+	assert_string_equal(cfg.conninfo, "service=outboxd sslmode=require application_name=x");
+	obx_config_reset(&cfg);
+	assert_int_equal(load(&cfg, KAFKA "[source]\nconninfo = service=outboxd\n", env, NULL, 0), 0);
+	assert_string_equal(cfg.conninfo, "service=outboxd_env");
+	obx_config_reset(&cfg);
+	assert_int_equal(load(&cfg, KAFKA "[source]\nconninfo = postgresql:///?service=outboxd\n", NULL, NULL,
+	    0), 0);
+	obx_config_reset(&cfg);
+	assert_int_equal(obx_conninfo_redact("service=outboxd password=hunter2", out, sizeof(out)), 0);
+	assert_string_equal(out, "service=outboxd password=********");
+}
+
 /* [source] failover: on by default; whether it was given is kept (an info line below 17) */
 static void
 test_failover_setting(void **state)
@@ -848,6 +875,7 @@ main(void)
 		cmocka_unit_test(test_full_file),
 		cmocka_unit_test(test_structure_errors),
 		cmocka_unit_test(test_long_lines),
+		cmocka_unit_test(test_service_conninfo),
 		cmocka_unit_test(test_value_errors),
 		cmocka_unit_test(test_failover_setting),
 		cmocka_unit_test(test_kafka_properties),
