@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 seconds=${1:-60}
 build=${OBX_FUZZ_DIR:-build-fuzz}
 
-CC=clang-14 cmake -S . -B "$build" -DOBX_FUZZ=ON -DOBX_TESTS=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+CC=clang-14 cmake -S . -B "$build" -DOBX_FUZZ=ON -DBUILD_TESTING=OFF -DOBX_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build "$build" -j "$(nproc)" --target fuzz_pgoutput >/dev/null
 rm -rf "$build/seeds"
 python3 tests/fuzz/make_seeds.py "$build/seeds"

@@ -37,7 +37,7 @@ if [ "${#others[@]}" -gt 0 ]; then
 fi
 
 build=${OBX_BUILD_DIR:-build-asan}
-cmake -S . -B "$build" -DOBX_SANITIZE=ON -DOBX_TEST_HOOKS=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake -S . -B "$build" -DOBX_SANITIZE=ON -DOBX_TEST_HOOKS=ON -DOBX_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build "$build" -j "$(nproc)"
 
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
@@ -68,6 +68,19 @@ for m in "${majors[@]}"; do
 	fi
 	summary+=("test.sh: PostgreSQL $m ($what): $result, $(($(date +%s) - t0)) s")
 done
+
+# the build a user installs: Release (-O3, whose warnings differ; they fail it
+# here), without the tests and so without cmocka, then cmake --install and the
+# installed files used (tests/install/test_install.sh)
+release=${OBX_RELEASE_BUILD_DIR:-build-release}
+echo "test.sh: Release build without the tests, installed"
+if cmake -S . -B "$release" -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF -DOBX_WERROR=ON >/dev/null &&
+	cmake --build "$release" -j "$(nproc)" >/dev/null; then
+	bash tests/install/test_install.sh "$release" || rc=1
+else
+	echo "test.sh: the Release build failed" >&2
+	rc=1
+fi
 
 # the micro-benchmarks must keep building and running (figures from a
 # sanitized build mean nothing; bench/ is run on a plain build)

@@ -16,8 +16,6 @@
 #include "obx/config_load.h"
 #include "obx/err.h"
 
-#define MAX_LINE 200 /* libinih's INI_MAX_LINE in Debian's build */
-
 /* ---- the checks only libpq and librdkafka can make -------------------- */
 
 static int
@@ -149,14 +147,21 @@ struct file_state {
 	const char *path;
 	FILE *fp;
 	int lineno;
+	size_t line_len;    /* characters of line lineno read so far, newline not counted */
+	bool in_line;       /* the last character read was not a newline */
 	bool line_indented;
-	bool line_too_long;
 	int rc;
 	char *errbuf;
 	size_t errlen;
 };
 
-/* libinih reader: one physical line per call, so lineno matches libinih's. */
+/*
+ * libinih reader, as fgets(): at most num - 1 characters, up to and including
+ * a newline.  libinih calls it again, with its buffer grown, for the rest of a
+ * long line, so lineno counts physical lines and matches libinih's.  A line
+ * longer than OBX_CONFIG_MAX_LINE ends the parse with an error naming it
+ * (libinih would cut it and read the rest as a line of its own).
+ */
 static char *
 file_reader(char *str, int num, void *stream)
 {
@@ -164,31 +169,35 @@ file_reader(char *str, int num, void *stream)
 	int c;
 	int n = 0;
 
-	if (feof(st->fp))
+	if (st->rc != 0)
 		return NULL;
-	st->line_too_long = false;
-	while ((c = fgetc(st->fp)) != EOF) {
-		if (n < num - 1)
+	while (n < num - 1 && (c = fgetc(st->fp)) != EOF) {
+		if (!st->in_line) {
+			st->lineno++;
+			st->line_len = 0;
+			st->line_indented = c == ' ' || c == '\t';
+			st->in_line = true;
+		}
+		if (c == '\n') {
 			str[n++] = (char)c;
-		else if (c != '\n')
-			st->line_too_long = true;
-		if (c == '\n')
+			st->in_line = false;
 			break;
+		}
+		if (st->line_len == OBX_CONFIG_MAX_LINE) {
+			char origin[PATH_MAX + 16];
+
+			snprintf(origin, sizeof(origin), "%s:%d", st->path, st->lineno);
+			obx_config_fail(st->errbuf, st->errlen, origin, NULL,
+			    "line longer than %d characters", OBX_CONFIG_MAX_LINE);
+			st->rc = OBX_ECONFIG;
+			return NULL;
+		}
+		str[n++] = (char)c;
+		st->line_len++;
 	}
-	if (c == EOF && n == 0)
+	if (n == 0)
 		return NULL;
 	str[n] = '\0';
-	st->lineno++;
-	st->line_indented = n > 0 && (str[0] == ' ' || str[0] == '\t');
-	if (st->line_too_long && st->rc == 0) {
-		char origin[PATH_MAX + 16];
-
-		snprintf(origin, sizeof(origin), "%s:%d", st->path, st->lineno);
-		obx_config_fail(st->errbuf, st->errlen, origin, NULL,
-		    "line longer than %d characters; set long values through the environment (OUTBOXD_<SECTION>_<KEY>)",
-		    MAX_LINE - 2);
-		st->rc = OBX_ECONFIG;
-	}
 	return str;
 }
 
@@ -215,7 +224,7 @@ file_handler(void *user, const char *section, const char *name, const char *valu
 static int
 load_file(struct obx_config *cfg, const char *path, char *errbuf, size_t errlen)
 {
-	struct file_state st = { cfg, path, NULL, 0, false, false, 0, errbuf, errlen };
+	struct file_state st = { cfg, path, NULL, 0, 0, false, false, 0, errbuf, errlen };
 	char origin[PATH_MAX + 16];
 	int line;
 
@@ -224,10 +233,22 @@ load_file(struct obx_config *cfg, const char *path, char *errbuf, size_t errlen)
 		obx_config_fail(errbuf, errlen, path, NULL, "could not open: %s", strerror(errno));
 		return OBX_ECONFIG;
 	}
+	/*
+	 * libinih's line buffer: on the heap, grown as a line needs, up to the
+	 * longest line plus CR, LF and NUL.  Debian's libinih takes these at run
+	 * time (upstream only at its own compile time; CMakeLists.txt checks).
+	 */
+	ini_use_stack = false;
+	ini_allow_realloc = true;
+	ini_max_line = OBX_CONFIG_MAX_LINE + 3;
 	line = ini_parse_stream(file_reader, &st, file_handler, &st);
 	fclose(st.fp);
 	if (st.rc != 0)
 		return st.rc;
+	if (line == -2) {
+		obx_config_fail(errbuf, errlen, path, NULL, "out of memory");
+		return OBX_ENOMEM;
+	}
 	if (line != 0) {
 		snprintf(origin, sizeof(origin), "%s:%d", path, line);
 		obx_config_fail(errbuf, errlen, origin, NULL,

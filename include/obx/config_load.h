@@ -11,6 +11,9 @@
 
 #include "obx/config.h"
 
+/* The longest line the file may hold, in bytes, its newline not counted. */
+#define OBX_CONFIG_MAX_LINE 65536
+
 /*
  * The libpq and librdkafka checks, for obx_config_set() through cfg->checks.
  * Static data; never freed.

@@ -17,6 +17,7 @@ run "cmake --install" cmake --install "$build" --prefix "$prefix"
 libdir=$(dirname "$(find "$prefix" -name liboutbox.pc | head -1)")/..
 run "liboutbox.pc installed" test -f "$libdir/pkgconfig/liboutbox.pc"
 run "header installed" test -f "$prefix/include/outbox.h"
+run "liboutbox installed, shared and static" test -f "$libdir/liboutbox.so.0" -a -f "$libdir/liboutbox.a"
 run "daemon installed" test -x "$prefix/bin/outboxd"
 run "sql installed" test -f "$prefix/share/outboxd/sql/007_inbox.sql"
 cat >"$prefix/hello.c" <<'C'

@@ -15,6 +15,7 @@
 #include "harness.h"
 
 static struct t_relay R;
+static char service_file[64]; /* test_service_file's, removed at teardown */
 
 static int
 teardown(void **state)
@@ -23,6 +24,11 @@ teardown(void **state)
 	if (R.pid > 0)
 		t_log_dump(&R);
 	t_relay_teardown(&R);
+	if (service_file[0] != '\0') {
+		unlink(service_file);
+		service_file[0] = '\0';
+		unsetenv("PGSERVICEFILE");
+	}
 	return 0;
 }
 
@@ -86,6 +92,57 @@ test_one_insert(void **state)
 	free(stored);
 	free(xid);
 	free(lsn_before);
+}
+
+/*
+ * A libpq service file (PGSERVICEFILE) holds the connection: two hosts, the
+ * first refusing, target_session_attrs=read-write, and the database, which the
+ * config's conninfo does not name.  That conninfo, one line of over 1,000
+ * characters, adds TLS (preferred; the test server has none) with a CA path.
+ * outboxd connects through the service and relays an event.
+ */
+static void
+test_service_file(void **state)
+{
+	char svc[512], conf[4096], ca[1100];
+	struct t_msg *m;
+	size_t n, o;
+	char *id;
+
+	(void)state;
+	t_relay_setup(&R, "svc", 0);
+	snprintf(svc, sizeof(svc), "# outboxd's database\n[obx_relay]\nhost=127.0.0.1,%s\nport=1,%s\n"
+	    "target_session_attrs=read-write\nuser=%s\ndbname=%s\n", R.st.host, R.st.port, R.st.user, R.db);
+	t_write_file(service_file, sizeof(service_file), svc);
+	setenv("PGSERVICEFILE", service_file, 1);
+	o = (size_t)snprintf(ca, sizeof(ca), "/etc/outboxd/tls");
+	for (; o < 1000; o += 10)
+		memcpy(ca + o, "/subdir.d/", 11);
+	snprintf(ca + o, sizeof(ca) - o, "ca.pem");
+	t_relay_config(&R, NULL);
+	snprintf(conf, sizeof(conf), "[source]\nconninfo = service=obx_relay sslmode=prefer sslrootcert=%s "
+	    "connect_timeout=5\nslot = %s\nstatus_interval = 1s\n[kafka]\nbootstrap.servers = %s\n"
+	    "[metrics]\nlisten = 127.0.0.1:0\n[log]\nformat = text\nlevel = debug\n", ca, R.slot, R.b.bootstrap);
+	assert_true(strchr(strstr(conf, "conninfo"), '\n') - strstr(conf, "conninfo") > 1000);
+	{
+		FILE *fp = fopen(R.conf, "w");
+
+		assert_non_null(fp);
+		fputs(conf, fp);
+		fclose(fp);
+	}
+	t_relay_start(&R, NULL, 1);
+	id = t_query1(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
+	    "VALUES ('svc', 'svc-1', 'Created', '{}') RETURNING id");
+	n = t_consume(R.b.bootstrap, "outbox.event.svc", 1, 15000, &m);
+	if (n != 1)
+		t_log_dump(&R);
+	assert_int_equal(n, 1);
+	assert_string_equal(t_msg_header(&m[0], "id"), id);
+	assert_string_equal(m[0].key, "svc-1");
+	t_msgs_free(m, n);
+	assert_true(t_wait_confirmed_current(&R, 10000));
+	free(id);
 }
 
 /*
@@ -499,6 +556,7 @@ main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_teardown(test_one_insert, teardown),
+		cmocka_unit_test_teardown(test_service_file, teardown),
 		cmocka_unit_test_teardown(test_default_status_interval_short_sender_timeout, teardown),
 		cmocka_unit_test_teardown(test_deleted_published_rolled_back_not, teardown),
 		cmocka_unit_test_teardown(test_other_column_names, teardown),

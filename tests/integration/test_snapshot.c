@@ -211,10 +211,12 @@ static struct row *
 row_find(const char *id)
 {
 	struct row key;
+	size_t n;
 
-	if (id == NULL)
+	/* an id longer than the field is no row's (and must not match one cut short) */
+	if (id == NULL || (n = strlen(id)) >= sizeof(key.id))
 		return NULL;
-	snprintf(key.id, sizeof(key.id), "%s", id);
+	memcpy(key.id, id, n + 1);
 	return bsearch(&key, rows, nrows, sizeof(*rows), cmp_row);
 }
 

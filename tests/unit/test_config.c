@@ -184,12 +184,98 @@ test_structure_errors(void **state)
 	expect_error(KAFKA "[source]\nthis line has no equals sign\n", ":4: syntax error");
 	expect_error(KAFKA "[source\n", ":3: syntax error");
 	expect_error(KAFKA "[source]\n  slot = x\n", ":4: key 'slot': indented line");
-	{
-		char text[600];
+}
 
-		snprintf(text, sizeof(text), KAFKA "[source]\nslot = %0300d\n", 1);
-		expect_error(text, ":4: line longer than 198 characters");
+/* A conninfo line of the given length (newline not counted): a long sslrootcert path. */
+static char *
+conninfo_line(size_t len)
+{
+	static const char head[] = "conninfo = host=db1.example.com,db2.example.com port=5432,5432 "
+	    "dbname=shop user=outboxd sslmode=verify-full target_session_attrs=read-write "
+	    "sslrootcert=/etc/outboxd/tls";
+	static const char tail[] = "/ca.pem";
+	char *line = malloc(len + 2);
+	size_t o = sizeof(head) - 1;
+
+	assert_non_null(line);
+	assert_true(len >= sizeof(head) + sizeof(tail));
+	memcpy(line, head, o);
+	for (; o < len - (sizeof(tail) - 1); o++)
+		line[o] = o % 8 == 0 ? '/' : 'd';
+	memcpy(line + o, tail, sizeof(tail) - 1);
+	line[len] = '\n';
+	line[len + 1] = '\0';
+	return line;
+}
+
+/* Lines of any practical length: libinih's buffer grows to OBX_CONFIG_MAX_LINE, and past it
+ * the line is an error naming file and line (never cut, the rest read as a line of its own) */
+static void
+test_long_lines(void **state)
+{
+	struct obx_config cfg;
+	size_t lens[] = { 1000, 199, 200, 201, 400, 4096, OBX_CONFIG_MAX_LINE };
+	char *text;
+
+	(void)state;
+	text = malloc(OBX_CONFIG_MAX_LINE + 256);
+	assert_non_null(text);
+	for (size_t i = 0; i < sizeof(lens) / sizeof(lens[0]); i++) {
+		char *line = conninfo_line(lens[i]);
+
+		snprintf(text, OBX_CONFIG_MAX_LINE + 256, KAFKA "[source]\n%sslot = s1\n", line);
+		assert_int_equal(load(&cfg, text, NULL, NULL, 0), 0);
+		line[lens[i]] = '\0';
+		assert_int_equal(strlen(cfg.conninfo), lens[i] - strlen("conninfo = "));
+		assert_string_equal(cfg.conninfo, line + strlen("conninfo = "));
+		assert_string_equal(cfg.slot, "s1");
+		obx_config_reset(&cfg);
+		/* the lines after a long one keep their numbers */
+		snprintf(text, OBX_CONFIG_MAX_LINE + 256, KAFKA "[source]\n%s\nslott = x\n", line);
+		expect_error(text, ":5: key 'slott': unknown key in [source]");
+		free(line);
 	}
+	{
+		char *line = conninfo_line(OBX_CONFIG_MAX_LINE + 1);
+		char want[64];
+
+		snprintf(text, OBX_CONFIG_MAX_LINE + 256, KAFKA "[source]\n%sslot = s1\n", line);
+		snprintf(want, sizeof(want), ":4: line longer than %d characters", OBX_CONFIG_MAX_LINE);
+		expect_error(text, want);
+		/* also as the last line, without its newline */
+		line[OBX_CONFIG_MAX_LINE + 1] = '\0';
+		snprintf(text, OBX_CONFIG_MAX_LINE + 256, KAFKA "[source]\n%s", line);
+		expect_error(text, want);
+		free(line);
+	}
+	free(text);
+}
+
+/* libpq's service= (a service file, PGSERVICEFILE or ~/.pg_service.conf) is a conninfo like
+ * any other: accepted as given, judged by libpq only at connection time, never rewritten */
+static void
+test_service_conninfo(void **state)
+{
+	struct obx_config cfg;
+	char *env[] = { "OUTBOXD_SOURCE_CONNINFO=service=outboxd_env", NULL };
+	char out[256];
+
+	(void)state;
+	assert_int_equal(load(&cfg, KAFKA "[source]\nconninfo = service=outboxd\n", NULL, NULL, 0), 0);
+	assert_string_equal(cfg.conninfo, "service=outboxd");
+	obx_config_reset(&cfg);
+	assert_int_equal(load(&cfg, KAFKA "[source]\nconninfo = service=outboxd sslmode=require application_name=x\n",
+	    NULL, NULL, 0), 0);
+	assert_string_equal(cfg.conninfo, "service=outboxd sslmode=require application_name=x");
+	obx_config_reset(&cfg);
+	assert_int_equal(load(&cfg, KAFKA "[source]\nconninfo = service=outboxd\n", env, NULL, 0), 0);
+	assert_string_equal(cfg.conninfo, "service=outboxd_env");
+	obx_config_reset(&cfg);
+	assert_int_equal(load(&cfg, KAFKA "[source]\nconninfo = postgresql:///?service=outboxd\n", NULL, NULL,
+	    0), 0);
+	obx_config_reset(&cfg);
+	assert_int_equal(obx_conninfo_redact("service=outboxd password=hunter2", out, sizeof(out)), 0);
+	assert_string_equal(out, "service=outboxd password=********");
 }
 
 /* [source] failover: on by default; whether it was given is kept (an info line below 17) */
@@ -788,6 +874,8 @@ main(void)
 		cmocka_unit_test(test_defaults),
 		cmocka_unit_test(test_full_file),
 		cmocka_unit_test(test_structure_errors),
+		cmocka_unit_test(test_long_lines),
+		cmocka_unit_test(test_service_conninfo),
 		cmocka_unit_test(test_value_errors),
 		cmocka_unit_test(test_failover_setting),
 		cmocka_unit_test(test_kafka_properties),
