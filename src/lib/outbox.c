@@ -318,6 +318,29 @@ simple(PGconn *conn, const char *sql, char *errbuf, size_t errlen)
 	return rc;
 }
 
+/*
+ * COMMIT, which PostgreSQL answers with the tag ROLLBACK (and the same
+ * status) when the transaction was aborted: a statement of the handler
+ * failed and the handler went on.  Then nothing was kept, the effect nor
+ * the inbox mark.  Returns OUTBOX_OK only when the transaction committed.
+ */
+static int
+commit(PGconn *conn, const char *id, char *errbuf, size_t errlen)
+{
+	PGresult *r = PQexec(conn, "COMMIT");
+	int rc = OUTBOX_OK;
+
+	if (PQresultStatus(r) != PGRES_COMMAND_OK)
+		rc = fail(errbuf, errlen, OUTBOX_ERR_DB, "COMMIT failed for message %s: %s", id,
+		    PQresultErrorMessage(r));
+	else if (strcmp(PQcmdStatus(r), "COMMIT") != 0)
+		rc = fail(errbuf, errlen, OUTBOX_ERR_DB, "the transaction of message %s was aborted: COMMIT "
+		    "answered %s (a statement inside the handler failed although the handler returned 0); "
+		    "nothing was kept, it will be delivered again", id, PQcmdStatus(r));
+	PQclear(r);
+	return rc;
+}
+
 static int
 run_once(outbox_consumer *c, const char *id, const rd_kafka_message_t *msg, outbox_handler handler,
     void *arg, char *errbuf, size_t errlen)
@@ -350,7 +373,7 @@ run_once(outbox_consumer *c, const char *id, const rd_kafka_message_t *msg, outb
 		return fail(errbuf, errlen, OUTBOX_ERR_HANDLER,
 		    "handler failed for message %s: rolled back, it will be delivered again", id);
 	}
-	return simple(c->conn, "COMMIT", errbuf, errlen);
+	return commit(c->conn, id, errbuf, errlen);
 }
 
 int
