@@ -128,8 +128,13 @@ outbox_writer_new(PGconn *conn, const struct outbox_writer_config *cfg, char *er
 	else if (ok)
 		ok = asprintf(&w->insert_sql, "INSERT INTO %s.%s (%s, %s, %s, %s) VALUES ($1, $2, $3, $4) "
 		    "RETURNING %s::text", sc, tb, at, key, ty, pl, id) > 0;
+	/*
+	 * $1 compared with the bare column takes the column's own type at
+	 * PREPARE (uuid, bigint, ...), so the primary key's index finds the
+	 * row; a cast of the column (id::text) would scan the whole table.
+	 */
 	if (ok)
-		ok = asprintf(&w->delete_sql, "DELETE FROM %s.%s WHERE %s::text = $1", sc, tb, id) > 0;
+		ok = asprintf(&w->delete_sql, "DELETE FROM %s.%s WHERE %s = $1", sc, tb, id) > 0;
 	PQfreemem(sc);
 	PQfreemem(tb);
 	PQfreemem(id);

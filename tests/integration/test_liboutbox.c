@@ -9,6 +9,7 @@
  *   4 a handler that swallows an SQL error and returns success: COMMIT
  *     rolls back, so the call fails, nothing is marked and the offset is
  *     not stored (the event comes again).
+ * And delete_after deletes through the outbox's primary key index.
  */
 #include <signal.h>
 #include <stdio.h>
@@ -376,6 +377,43 @@ test_scenario3_duplicates_and_failures(void **state)
 }
 
 /*
+ * delete_after deletes by the primary key: the library's own prepared
+ * DELETE (found in pg_prepared_statements of its session) plans an Index
+ * Scan on the uuid key, even with sequential scans priced out, where a
+ * comparison of id::text could only scan the table.
+ */
+static void
+test_delete_after_uses_the_primary_key(void **state)
+{
+	struct outbox_event ev = { "lib", "k1", "Created", "{\"a\": 1}", NULL, 1 };
+	char id[64], err[512], sql[256], *name;
+	PGresult *r;
+	int index_scan = 0, seq_scan = 0;
+
+	(void)state;
+	t_exec(R.pg, "BEGIN");
+	assert_int_equal(outbox_write(W, &ev, id, sizeof(id), err, sizeof(err)), OUTBOX_OK);
+	name = t_query1(R.pg, "SELECT name FROM pg_prepared_statements WHERE statement LIKE 'DELETE %%'");
+	assert_true(name[0] != '\0');
+	t_exec(R.pg, "SET LOCAL enable_seqscan = off");
+	snprintf(sql, sizeof(sql), "EXPLAIN (COSTS OFF) EXECUTE \"%s\"('%s')", name, id);
+	r = PQexec(R.pg, sql);
+	assert_int_equal(PQresultStatus(r), PGRES_TUPLES_OK);
+	for (int i = 0; i < PQntuples(r); i++) {
+		const char *line = PQgetvalue(r, i, 0);
+
+		index_scan += strstr(line, "Index Scan using outbox_pkey on outbox") != NULL;
+		seq_scan += strstr(line, "Seq Scan") != NULL;
+		printf("# %s\n", line);
+	}
+	PQclear(r);
+	free(name);
+	t_exec(R.pg, "ROLLBACK");
+	assert_int_equal(index_scan, 1);
+	assert_int_equal(seq_scan, 0);
+}
+
+/*
  * A handler that does the effect, then runs a statement that fails,
  * swallows the error and reports success: the transaction is aborted.
  */
@@ -458,6 +496,7 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_scenario2_broker_down, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_scenario3_duplicates_and_failures, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_scenario4_swallowed_sql_error, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_delete_after_uses_the_primary_key, setup, teardown),
 	};
 
 	return T_RUN_TESTS(tests);
