@@ -151,8 +151,10 @@ int outbox_consume_id(outbox_consumer *c, const char *message_id, outbox_handler
     void *arg, char *errbuf, size_t errlen);
 
 /*
- * Copies the last value of header name ("id", "type", "lsn", "seq", ...)
- * into buf as a NUL-terminated string.  Returns buf, or NULL when the
+ * Copies the first value of header name ("id", "type", "lsn", "seq", ...)
+ * into buf as a NUL-terminated string.  outboxd writes its own headers
+ * first and refuses user headers of those names, so this is outboxd's, as
+ * its restart de-duplication reads it.  Returns buf, or NULL when the
  * header is missing, null or does not fit.
  */
 char *outbox_header(const rd_kafka_message_t *msg, const char *name, char *buf, size_t len);

@@ -433,6 +433,7 @@ outbox_consume(outbox_consumer *c, const rd_kafka_message_t *msg, outbox_handler
 	return rc;
 }
 
+/* The first occurrence: outboxd writes its own headers before any user header. */
 char *
 outbox_header(const rd_kafka_message_t *msg, const char *name, char *buf, size_t len)
 {
@@ -442,7 +443,7 @@ outbox_header(const rd_kafka_message_t *msg, const char *name, char *buf, size_t
 
 	if (msg == NULL || name == NULL || buf == NULL || len == 0 ||
 	    rd_kafka_message_headers(msg, &h) != RD_KAFKA_RESP_ERR_NO_ERROR ||
-	    rd_kafka_header_get_last(h, name, &v, &sz) != RD_KAFKA_RESP_ERR_NO_ERROR || v == NULL ||
+	    rd_kafka_header_get(h, 0, name, &v, &sz) != RD_KAFKA_RESP_ERR_NO_ERROR || v == NULL ||
 	    sz >= len)
 		return NULL;
 	memcpy(buf, v, sz);
