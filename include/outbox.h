@@ -45,7 +45,7 @@ enum outbox_result {
 	OUTBOX_DUPLICATE = 1,             /* the consumer already processed this message */
 	OUTBOX_ERR_INVALID = -1,          /* an argument is missing or malformed (e.g. payload not JSON) */
 	OUTBOX_ERR_NOT_IN_TRANSACTION = -2, /* outbox_write() outside BEGIN ... COMMIT: nothing written */
-	OUTBOX_ERR_DB = -3,               /* PostgreSQL reported an error (detail in errbuf) */
+	OUTBOX_ERR_DB = -3,               /* PostgreSQL reported an error, or COMMIT rolled back (detail in errbuf) */
 	OUTBOX_ERR_HANDLER = -4,          /* the handler failed: rolled back, the message will come again */
 	OUTBOX_ERR_NO_ID = -5,            /* the Kafka message has no "id" header */
 	OUTBOX_ERR_NOMEM = -6,
@@ -135,6 +135,9 @@ void outbox_consumer_free(outbox_consumer *c);
  * Processes one delivered message exactly once in effect: BEGIN; insert
  * (name, id header) into the inbox ON CONFLICT DO NOTHING; if it was there,
  * ROLLBACK and return OUTBOX_DUPLICATE; else run the handler and COMMIT.
+ * A handler that returns 0 after a statement of its own failed (error
+ * swallowed) leaves an aborted transaction, which COMMIT rolls back: that
+ * returns OUTBOX_ERR_DB, with neither the effect nor the inbox mark kept.
  * Only after the commit (or a duplicate) is the message's offset stored; on
  * OUTBOX_ERR_HANDLER or OUTBOX_ERR_DB the partition is sought back to the
  * message, so it is delivered again.  The connection must not be inside a
@@ -148,8 +151,10 @@ int outbox_consume_id(outbox_consumer *c, const char *message_id, outbox_handler
     void *arg, char *errbuf, size_t errlen);
 
 /*
- * Copies the last value of header name ("id", "type", "lsn", "seq", ...)
- * into buf as a NUL-terminated string.  Returns buf, or NULL when the
+ * Copies the first value of header name ("id", "type", "lsn", "seq", ...)
+ * into buf as a NUL-terminated string.  outboxd writes its own headers
+ * first and refuses user headers of those names, so this is outboxd's, as
+ * its restart de-duplication reads it.  Returns buf, or NULL when the
  * header is missing, null or does not fit.
  */
 char *outbox_header(const rd_kafka_message_t *msg, const char *name, char *buf, size_t len);

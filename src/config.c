@@ -14,6 +14,7 @@
 
 #include "obx/config.h"
 #include "obx/err.h"
+#include "obx/event.h"
 #include "obx/template.h"
 
 #define NAMEDATALEN_MAX 64 /* PostgreSQL identifiers: at most 63 bytes */
@@ -508,6 +509,11 @@ set_outbox(struct obx_config *cfg, const char *key, const char *value, const cha
 		if (key[7] == '\0' || value[0] == '\0') {
 			obx_config_fail(errbuf, errlen, origin, key,
 			    "expected header.<name> = <column>, e.g. header.eventType = type");
+			return OBX_ECONFIG;
+		}
+		if (obx_header_is_reserved(key + 7)) {
+			obx_config_fail(errbuf, errlen, origin, key, "header '%s' is reserved: outboxd writes it "
+			    "itself (reserved: " OBX_RESERVED_HEADERS "); choose another name", key + 7);
 			return OBX_ECONFIG;
 		}
 		return kv_put(&cfg->extra_headers, &cfg->n_extra_headers, key + 7, value, origin);

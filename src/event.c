@@ -14,6 +14,19 @@
 #define TIMESTAMP_OID 1114
 #define TIMESTAMPTZ_OID 1184
 
+const char *const obx_reserved_headers[] = {
+	"id", "type", "lsn", "seq", "xid", "commit_ts", "txn", "snapshot", NULL
+};
+
+bool
+obx_header_is_reserved(const char *name)
+{
+	for (size_t i = 0; obx_reserved_headers[i] != NULL; i++)
+		if (strcmp(name, obx_reserved_headers[i]) == 0)
+			return true;
+	return false;
+}
+
 static int
 dbuf_reserve(struct obx_dbuf *d, size_t need)
 {
@@ -236,6 +249,11 @@ add_json_headers(struct obx_event_builder *b, size_t *n, const struct obx_pg_dat
 		return OBX_EINVAL;
 	}
 	json_object_foreach(b->hdr_json, k, v) {
+		if (obx_header_is_reserved(k)) {
+			snprintf(why, whylen, "headers column '%s' holds header '%.64s', a name outboxd writes "
+			    "itself (reserved: " OBX_RESERVED_HEADERS ")", b->cfg->col_headers, k);
+			return OBX_EINVAL;
+		}
 		if (json_is_string(v)) {
 			if (add_header(b, n, k, json_string_value(v), json_string_length(v)) == NULL)
 				return OBX_ENOMEM;

@@ -95,12 +95,28 @@ bool obx_event_is_outbox(const struct obx_event_builder *b, const struct obx_rel
 /*
  * Builds the record for an inserted outbox row; seq is the event's ordinal
  * inside its transaction.  Returns 0; OBX_EINVAL when the row cannot become
- * an event (a mapped column missing or NULL, a bad topic): why then names the
- * column or the reason, for the on_error policy; OBX_ENOMEM.
+ * an event (a mapped column missing or NULL, a bad topic, a reserved header
+ * name in the headers column): why then names the column or the reason, for
+ * the on_error policy; OBX_ENOMEM.
  */
 int obx_event_build(struct obx_event_builder *b, const struct obx_rel *rel,
     const struct obx_pg_tuple *tuple, const struct obx_txninfo *txn, uint32_t seq,
     struct obx_event *out, char *why, size_t whylen);
+
+/*
+ * The header names outboxd writes itself: id, type, lsn, seq, xid and
+ * commit_ts on every event (here), txn in exactly-once mode (kafka.c) and
+ * snapshot on the records of a slot's snapshot (snapshot.c).  A user
+ * header of one of these names would shadow outboxd's own (consumers and
+ * restart de-duplication read them), so [outbox] header.<name> refuses
+ * them and a headers column that holds one makes the row unbuildable.
+ * OBX_RESERVED_HEADERS is the same list as text, for messages.
+ */
+#define OBX_RESERVED_HEADERS "id, type, lsn, seq, xid, commit_ts, txn, snapshot"
+extern const char *const obx_reserved_headers[]; /* NULL-terminated */
+
+/* True when name is one of obx_reserved_headers (compared exactly, as Kafka does). */
+bool obx_header_is_reserved(const char *name);
 
 /* Formats a PostgreSQL-epoch microsecond time as ISO-8601 UTC ("...T...Z"). */
 void obx_format_pg_time(int64_t pg_us, char *buf, size_t len);

@@ -128,8 +128,13 @@ outbox_writer_new(PGconn *conn, const struct outbox_writer_config *cfg, char *er
 	else if (ok)
 		ok = asprintf(&w->insert_sql, "INSERT INTO %s.%s (%s, %s, %s, %s) VALUES ($1, $2, $3, $4) "
 		    "RETURNING %s::text", sc, tb, at, key, ty, pl, id) > 0;
+	/*
+	 * $1 compared with the bare column takes the column's own type at
+	 * PREPARE (uuid, bigint, ...), so the primary key's index finds the
+	 * row; a cast of the column (id::text) would scan the whole table.
+	 */
 	if (ok)
-		ok = asprintf(&w->delete_sql, "DELETE FROM %s.%s WHERE %s::text = $1", sc, tb, id) > 0;
+		ok = asprintf(&w->delete_sql, "DELETE FROM %s.%s WHERE %s = $1", sc, tb, id) > 0;
 	PQfreemem(sc);
 	PQfreemem(tb);
 	PQfreemem(id);
@@ -318,6 +323,29 @@ simple(PGconn *conn, const char *sql, char *errbuf, size_t errlen)
 	return rc;
 }
 
+/*
+ * COMMIT, which PostgreSQL answers with the tag ROLLBACK (and the same
+ * status) when the transaction was aborted: a statement of the handler
+ * failed and the handler went on.  Then nothing was kept, the effect nor
+ * the inbox mark.  Returns OUTBOX_OK only when the transaction committed.
+ */
+static int
+commit(PGconn *conn, const char *id, char *errbuf, size_t errlen)
+{
+	PGresult *r = PQexec(conn, "COMMIT");
+	int rc = OUTBOX_OK;
+
+	if (PQresultStatus(r) != PGRES_COMMAND_OK)
+		rc = fail(errbuf, errlen, OUTBOX_ERR_DB, "COMMIT failed for message %s: %s", id,
+		    PQresultErrorMessage(r));
+	else if (strcmp(PQcmdStatus(r), "COMMIT") != 0)
+		rc = fail(errbuf, errlen, OUTBOX_ERR_DB, "the transaction of message %s was aborted: COMMIT "
+		    "answered %s (a statement inside the handler failed although the handler returned 0); "
+		    "nothing was kept, it will be delivered again", id, PQcmdStatus(r));
+	PQclear(r);
+	return rc;
+}
+
 static int
 run_once(outbox_consumer *c, const char *id, const rd_kafka_message_t *msg, outbox_handler handler,
     void *arg, char *errbuf, size_t errlen)
@@ -350,7 +378,7 @@ run_once(outbox_consumer *c, const char *id, const rd_kafka_message_t *msg, outb
 		return fail(errbuf, errlen, OUTBOX_ERR_HANDLER,
 		    "handler failed for message %s: rolled back, it will be delivered again", id);
 	}
-	return simple(c->conn, "COMMIT", errbuf, errlen);
+	return commit(c->conn, id, errbuf, errlen);
 }
 
 int
@@ -405,6 +433,7 @@ outbox_consume(outbox_consumer *c, const rd_kafka_message_t *msg, outbox_handler
 	return rc;
 }
 
+/* The first occurrence: outboxd writes its own headers before any user header. */
 char *
 outbox_header(const rd_kafka_message_t *msg, const char *name, char *buf, size_t len)
 {
@@ -414,7 +443,7 @@ outbox_header(const rd_kafka_message_t *msg, const char *name, char *buf, size_t
 
 	if (msg == NULL || name == NULL || buf == NULL || len == 0 ||
 	    rd_kafka_message_headers(msg, &h) != RD_KAFKA_RESP_ERR_NO_ERROR ||
-	    rd_kafka_header_get_last(h, name, &v, &sz) != RD_KAFKA_RESP_ERR_NO_ERROR || v == NULL ||
+	    rd_kafka_header_get(h, 0, name, &v, &sz) != RD_KAFKA_RESP_ERR_NO_ERROR || v == NULL ||
 	    sz >= len)
 		return NULL;
 	memcpy(buf, v, sz);

@@ -5,7 +5,11 @@
  *   2 broker down: the event is kept, published when it returns, and never
  *     again after more commits and a clean restart; the effect happens once;
  *   3 a message delivered twice has its effect once; a failing handler
- *     leaves no mark and the redelivery succeeds.
+ *     leaves no mark and the redelivery succeeds;
+ *   4 a handler that swallows an SQL error and returns success: COMMIT
+ *     rolls back, so the call fails, nothing is marked and the offset is
+ *     not stored (the event comes again).
+ * And delete_after deletes through the outbox's primary key index.
  */
 #include <signal.h>
 #include <stdio.h>
@@ -372,6 +376,117 @@ test_scenario3_duplicates_and_failures(void **state)
 	outbox_consumer_free(c);
 }
 
+/*
+ * delete_after deletes by the primary key: the library's own prepared
+ * DELETE (found in pg_prepared_statements of its session) plans an Index
+ * Scan on the uuid key, even with sequential scans priced out, where a
+ * comparison of id::text could only scan the table.
+ */
+static void
+test_delete_after_uses_the_primary_key(void **state)
+{
+	struct outbox_event ev = { "lib", "k1", "Created", "{\"a\": 1}", NULL, 1 };
+	char id[64], err[512], sql[256], *name;
+	PGresult *r;
+	int index_scan = 0, seq_scan = 0;
+
+	(void)state;
+	t_exec(R.pg, "BEGIN");
+	assert_int_equal(outbox_write(W, &ev, id, sizeof(id), err, sizeof(err)), OUTBOX_OK);
+	name = t_query1(R.pg, "SELECT name FROM pg_prepared_statements WHERE statement LIKE 'DELETE %%'");
+	assert_true(name[0] != '\0');
+	t_exec(R.pg, "SET LOCAL enable_seqscan = off");
+	snprintf(sql, sizeof(sql), "EXPLAIN (COSTS OFF) EXECUTE \"%s\"('%s')", name, id);
+	r = PQexec(R.pg, sql);
+	assert_int_equal(PQresultStatus(r), PGRES_TUPLES_OK);
+	for (int i = 0; i < PQntuples(r); i++) {
+		const char *line = PQgetvalue(r, i, 0);
+
+		index_scan += strstr(line, "Index Scan using outbox_pkey on outbox") != NULL;
+		seq_scan += strstr(line, "Seq Scan") != NULL;
+		printf("# %s\n", line);
+	}
+	PQclear(r);
+	free(name);
+	t_exec(R.pg, "ROLLBACK");
+	assert_int_equal(index_scan, 1);
+	assert_int_equal(seq_scan, 0);
+}
+
+/*
+ * A handler that does the effect, then runs a statement that fails,
+ * swallows the error and reports success: the transaction is aborted.
+ */
+static int
+invoice_and_swallow_sql_error(PGconn *conn, const rd_kafka_message_t *msg, void *arg)
+{
+	PGresult *r;
+
+	if (issue_invoice(conn, msg, arg) != 0)
+		return -1;
+	r = PQexec(conn, "INSERT INTO no_such_table VALUES (1)");
+	PQclear(r); /* the error is ignored */
+	return 0;
+}
+
+static void
+test_scenario4_swallowed_sql_error(void **state)
+{
+	long order = new_order();
+	char id[64], err[512], got[64], *n;
+	rd_kafka_t *rk;
+	rd_kafka_message_t *msg;
+	outbox_consumer *c;
+	int64_t offset;
+	int rc;
+
+	(void)state;
+	assert_int_equal(confirm_order(order, id, sizeof(id)), 1);
+	rk = group_consumer("billing-4", "outbox.event.order");
+	c = outbox_consumer_new(R.pg, rk, "billing", NULL, err, sizeof(err));
+	assert_non_null(c);
+	msg = next_message(rk, 15000);
+	assert_non_null(msg);
+	assert_string_equal(outbox_header(msg, "id", got, sizeof(got)), id);
+	offset = msg->offset;
+
+	/* COMMIT answered ROLLBACK: an error, not done */
+	err[0] = '\0';
+	rc = outbox_consume(c, msg, invoice_and_swallow_sql_error, NULL, err, sizeof(err));
+	rd_kafka_message_destroy(msg);
+	printf("# %s\n", err);
+	assert_int_equal(rc, OUTBOX_ERR_DB);
+	assert_non_null(strstr(err, "COMMIT answered ROLLBACK"));
+	assert_int_equal(PQtransactionStatus(R.pg), PQTRANS_IDLE);
+	n = t_query1(R.pg, "SELECT count(*) FROM inbox WHERE message_id = '%s'", id);
+	assert_string_equal(n, "0");
+	free(n);
+	n = t_query1(R.pg, "SELECT count(*) FROM invoices WHERE order_id = %ld", order);
+	assert_string_equal(n, "0");
+	free(n);
+
+	/* the offset was not stored: the group's next member gets the event again */
+	close_consumer(rk);
+	rk = group_consumer("billing-4", "outbox.event.order");
+	outbox_consumer_free(c);
+	c = outbox_consumer_new(R.pg, rk, "billing", NULL, err, sizeof(err));
+	assert_non_null(c);
+	msg = next_message(rk, 30000);
+	assert_non_null(msg);
+	assert_int_equal(msg->offset, offset);
+	assert_string_equal(outbox_header(msg, "id", got, sizeof(got)), id);
+	assert_int_equal(outbox_consume(c, msg, issue_invoice, NULL, err, sizeof(err)), OUTBOX_OK);
+	rd_kafka_message_destroy(msg);
+	n = t_query1(R.pg, "SELECT count(*) FROM invoices WHERE order_id = %ld", order);
+	assert_string_equal(n, "1");
+	free(n);
+	n = t_query1(R.pg, "SELECT count(*) FROM inbox WHERE message_id = '%s'", id);
+	assert_string_equal(n, "1");
+	free(n);
+	outbox_consumer_free(c);
+	close_consumer(rk);
+}
+
 int
 main(void)
 {
@@ -380,6 +495,8 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_scenario1_already_confirmed_writes_nothing, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_scenario2_broker_down, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_scenario3_duplicates_and_failures, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_scenario4_swallowed_sql_error, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_delete_after_uses_the_primary_key, setup, teardown),
 	};
 
 	return T_RUN_TESTS(tests);

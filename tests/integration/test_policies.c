@@ -1,6 +1,7 @@
 /*
  * Start-up checks and policies: publication and slot guards, poison events
- * under on_error = stop | dead_letter, backpressure, partitioned outboxes.
+ * under on_error = stop | dead_letter (a reserved header name in the row among
+ * them), backpressure, partitioned outboxes.
  */
 #include <signal.h>
 #include <stdio.h>
@@ -361,6 +362,46 @@ test_null_key_row(void **state)
 }
 
 /*
+ * A row whose headers column holds "id", a header outboxd writes itself:
+ * it cannot become an event (its id would shadow outboxd's, and two events
+ * share one inbox key), so with on_error = dead_letter the row goes to the
+ * dead-letter topic and the next event flows, with outboxd's own id.
+ */
+static void
+test_reserved_header_row_dead_lettered(void **state)
+{
+	struct t_msg *m;
+	char *id;
+	size_t n;
+
+	(void)state;
+	t_relay_setup(&R, "reservedhdr", 1);
+	t_exec(R.pg, "CREATE TABLE outbox (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), aggregatetype text, "
+	    "aggregateid text, type text, payload jsonb, headers jsonb)");
+	t_relay_config(&R, "[outbox]\nheaders = headers\n[delivery]\non_error = dead_letter\n");
+	t_relay_start(&R, NULL, 1);
+	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload, headers) VALUES "
+	    "('rh', 'k1', 'T', '{\"x\": 1}', '{\"id\": \"not-outboxd\", \"tenant\": \"t1\"}')");
+	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload, headers) VALUES "
+	    "('rh', 'k1', 'T', '{\"x\": 2}', '{\"tenant\": \"t1\"}')");
+	id = t_query1(R.pg, "SELECT id FROM outbox WHERE payload = '{\"x\": 2}'");
+	n = t_consume(R.b.bootstrap, "outbox.dead_letter", 1, 15000, &m);
+	assert_int_equal(n, 1);
+	assert_string_equal(t_msg_header(&m[0], "error"), "headers column 'headers' holds header 'id', a name "
+	    "outboxd writes itself (reserved: id, type, lsn, seq, xid, commit_ts, txn, snapshot)");
+	assert_non_null(strstr(m[0].value, "not-outboxd"));
+	t_msgs_free(m, n);
+	n = t_consume(R.b.bootstrap, "outbox.event.rh", 1, 15000, &m);
+	assert_int_equal(n, 1);
+	assert_non_null(strstr(m[0].value, "\"x\": 2"));
+	assert_string_equal(t_msg_header(&m[0], "id"), id);
+	t_msgs_free(m, n);
+	free(id);
+	assert_true(t_wait_confirmed_current(&R, 10000));
+	assert_int_equal(t_log_count(&R, "holds header 'id'"), 1);
+}
+
+/*
  * A topic the cluster does not have yet (here hidden from metadata, as a
  * broker without auto-creation answers): waited for, not dead-lettered or
  * fatal, nothing confirmed past its event, said in the log and a metric;
@@ -437,6 +478,7 @@ main(void)
 		cmocka_unit_test_teardown(test_topic_error_dead_letter, teardown),
 		cmocka_unit_test_teardown(test_backpressure, teardown),
 		cmocka_unit_test_teardown(test_null_key_row, teardown),
+		cmocka_unit_test_teardown(test_reserved_header_row_dead_lettered, teardown),
 		cmocka_unit_test_teardown(test_missing_topic_waited_for, teardown),
 		cmocka_unit_test_teardown(test_publication_recreated_behind_slot, teardown),
 	};

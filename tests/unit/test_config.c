@@ -728,6 +728,39 @@ test_mapped_columns(void **state)
 	obx_config_reset(&cfg);
 }
 
+/*
+ * [outbox] header.<name> may not take a name outboxd writes itself (it
+ * would shadow outboxd's header): refused with the key named, in one line.
+ */
+static void
+test_reserved_header_mapping_refused(void **state)
+{
+	static const char *const reserved[] = { "id", "type", "lsn", "seq", "xid", "commit_ts", "txn",
+		"snapshot" };
+	struct obx_config cfg;
+	char text[256], want[256];
+
+	(void)state;
+	for (size_t i = 0; i < sizeof(reserved) / sizeof(reserved[0]); i++) {
+		snprintf(text, sizeof(text), KAFKA "[outbox]\nheader.%s = type\n", reserved[i]);
+		snprintf(want, sizeof(want), ":4: key 'header.%s': header '%s' is reserved: outboxd writes it "
+		    "itself (reserved: id, type, lsn, seq, xid, commit_ts, txn, snapshot); choose another name",
+		    reserved[i], reserved[i]);
+		expect_error(text, want);
+		assert_null(strchr(errbuf, '\n'));
+	}
+	/* the same through --set, and any other name is the user's */
+	obx_config_init(&cfg);
+	assert_int_equal(obx_config_set(&cfg, "outbox", "header.id", "type", "--set", false, errbuf,
+	    sizeof(errbuf)), OBX_ECONFIG);
+	assert_non_null(strstr(errbuf, "config --set: key 'header.id': header 'id' is reserved"));
+	assert_int_equal(cfg.n_extra_headers, 0);
+	set_ok(&cfg, "outbox", "header.ID", "type");
+	set_ok(&cfg, "outbox", "header.eventId", "id");
+	assert_int_equal(cfg.n_extra_headers, 2);
+	obx_config_reset(&cfg);
+}
+
 /* The pure core judges syntax only; libpq and librdkafka judge through the loader's checks. */
 static void
 test_io_checks_come_from_the_loader(void **state)
@@ -886,6 +919,7 @@ main(void)
 		cmocka_unit_test(test_kubernetes_service_links_ignored),
 		cmocka_unit_test(test_values_from_files),
 		cmocka_unit_test(test_mapped_columns),
+		cmocka_unit_test(test_reserved_header_mapping_refused),
 		cmocka_unit_test(test_io_checks_come_from_the_loader),
 		cmocka_unit_test(test_dedupe_diff),
 	};

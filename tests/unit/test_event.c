@@ -236,6 +236,59 @@ test_rows_that_cannot_become_events(void **state)
 	assert_false(obx_event_is_outbox(&f->eb, f->rel));
 }
 
+/*
+ * A headers column member with the name of a header outboxd writes would
+ * shadow it (two events could share one id): the row cannot become an
+ * event, for on_error, whichever reserved name it is.
+ */
+static void
+test_reserved_header_names(void **state)
+{
+	struct fixture *f = *state;
+	struct obx_event e;
+	char why[256], hdrs[128], want[256], list[256] = "";
+	struct col cols[6];
+	size_t n = 0;
+
+	for (size_t i = 0; obx_reserved_headers[i] != NULL; i++, n++) {
+		assert_true(obx_header_is_reserved(obx_reserved_headers[i]));
+		snprintf(list + strlen(list), sizeof(list) - strlen(list), "%s%s", i ? ", " : "",
+		    obx_reserved_headers[i]);
+	}
+	assert_int_equal(n, 8);
+	assert_string_equal(list, OBX_RESERVED_HEADERS);
+	assert_false(obx_header_is_reserved("ID")); /* Kafka header names are case-sensitive */
+	assert_false(obx_header_is_reserved("tenant"));
+	assert_false(obx_header_is_reserved("original_topic"));
+
+	set(&f->cfg, "outbox", "headers", "headers");
+	assert_int_equal(obx_event_builder_init(&f->eb, &f->cfg), 0);
+	memcpy(cols, debezium_cols, sizeof(debezium_cols));
+	cols[5] = (struct col){ "headers", 3802, hdrs };
+	for (size_t i = 0; obx_reserved_headers[i] != NULL; i++) {
+		snprintf(hdrs, sizeof(hdrs), "{\"tenant\": \"t1\", \"%s\": \"x\"}", obx_reserved_headers[i]);
+		row(f, "public", "outbox", cols, 6);
+		assert_int_equal(obx_event_build(&f->eb, f->rel, &f->ins.u.insert.tuple, &txn, 0, &e, why,
+		    sizeof(why)), OBX_EINVAL);
+		snprintf(want, sizeof(want), "headers column 'headers' holds header '%s', a name outboxd "
+		    "writes itself (reserved: %s)", obx_reserved_headers[i], OBX_RESERVED_HEADERS);
+		assert_string_equal(why, want);
+	}
+
+	/* other names, and the same letters in another case, are the user's */
+	snprintf(hdrs, sizeof(hdrs), "{\"tenant\": \"t1\", \"ID\": \"x\"}");
+	row(f, "public", "outbox", cols, 6);
+	assert_int_equal(obx_event_build(&f->eb, f->rel, &f->ins.u.insert.tuple, &txn, 0, &e, why,
+	    sizeof(why)), 0);
+	expect_hdr(&e, "id", debezium_cols[0].value);
+	expect_hdr(&e, "ID", "x");
+	expect_hdr(&e, "tenant", "t1");
+	n = 0;
+	for (size_t i = 0; i < e.nheaders; i++)
+		n += strcmp(e.headers[i].name, "id") == 0;
+	assert_int_equal(n, 1);
+}
+
 static void
 test_time_formats(void **state)
 {
@@ -263,6 +316,7 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_debezium_defaults, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_other_names_template_and_extras, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_rows_that_cannot_become_events, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_reserved_header_names, setup, teardown),
 		cmocka_unit_test(test_time_formats),
 	};
 
