@@ -14,7 +14,6 @@
 #include "obx/pgutil.h"
 
 #define HEARTBEAT_STALE_MS 30000
-#define SLOT_POLL_SECONDS 15
 
 static enum MHD_Result
 reply(struct MHD_Connection *c, unsigned status, const char *ctype, char *body, size_t len, bool owned)
@@ -83,71 +82,6 @@ handle(void *cls, struct MHD_Connection *c, const char *url, const char *method,
 	return reply(c, 404, "text/plain", "not found\n", 10, false);
 }
 
-/* Returns true when the slot was found (otherwise the poller retries sooner). */
-static bool
-poll_slot(struct obx_http *h, PGconn **conn)
-{
-	const char *params[1] = { h->cfg->slot };
-	PGresult *r;
-	int64_t retained = 0, safe = -1, keep = -1;
-	int status = 0;
-	bool found = false;
-
-	if (*conn == NULL || PQstatus(*conn) != CONNECTION_OK) {
-		char err[512];
-
-		PQfinish(*conn);
-		if (obx_pg_connect(h->cfg->conninfo, NULL, NULL, "outboxd metrics", conn, err,
-		    sizeof(err)) != 0)
-			return false;
-	}
-	r = PQexecParams(*conn,
-	    "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint, safe_wal_size, wal_status, "
-	    "(SELECT CASE WHEN setting::bigint < 0 THEN -1 ELSE setting::bigint * 1048576 END "
-	    "FROM pg_settings WHERE name = 'max_slot_wal_keep_size') "
-	    "FROM pg_replication_slots WHERE slot_name = $1", 1, NULL, params, NULL, NULL, 0);
-	if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1) {
-		found = true;
-		retained = PQgetisnull(r, 0, 0) ? 0 : strtoll(PQgetvalue(r, 0, 0), NULL, 10);
-		safe = PQgetisnull(r, 0, 1) ? -1 : strtoll(PQgetvalue(r, 0, 1), NULL, 10);
-		status = PQgetisnull(r, 0, 2) ? 0 : obx_metrics_wal_status(PQgetvalue(r, 0, 2));
-		keep = PQgetisnull(r, 0, 3) ? -1 : strtoll(PQgetvalue(r, 0, 3), NULL, 10);
-	}
-	PQclear(r);
-	pthread_mutex_lock(&h->mu);
-	h->snap.has_slot = found;
-	h->snap.slot_retained_wal_bytes = retained;
-	h->snap.slot_safe_wal_size_bytes = safe;
-	h->snap.slot_wal_status = status;
-	h->snap.slot_max_wal_keep_size_bytes = keep;
-	pthread_mutex_unlock(&h->mu);
-	return found;
-}
-
-static void *
-poller_main(void *arg)
-{
-	struct obx_http *h = arg;
-	PGconn *conn = NULL;
-
-	pthread_mutex_lock(&h->mu);
-	while (!h->stopping) {
-		struct timespec until;
-		bool found;
-
-		pthread_mutex_unlock(&h->mu);
-		found = poll_slot(h, &conn);
-		pthread_mutex_lock(&h->mu);
-		clock_gettime(CLOCK_REALTIME, &until);
-		until.tv_sec += found ? SLOT_POLL_SECONDS : 2;
-		while (!h->stopping && pthread_cond_timedwait(&h->cv, &h->mu, &until) == 0)
-			;
-	}
-	pthread_mutex_unlock(&h->mu);
-	PQfinish(conn);
-	return NULL;
-}
-
 int
 obx_http_start(struct obx_http *h, const struct obx_config *cfg, char *errbuf, size_t errlen)
 {
@@ -160,7 +94,6 @@ obx_http_start(struct obx_http *h, const struct obx_config *cfg, char *errbuf, s
 	memset(h, 0, sizeof(*h));
 	h->cfg = cfg;
 	pthread_mutex_init(&h->mu, NULL);
-	pthread_cond_init(&h->cv, NULL);
 	h->snap.heartbeat_ms = obx_mono_ms();
 	memset(&a4, 0, sizeof(a4));
 	memset(&a6, 0, sizeof(a6));
@@ -189,25 +122,14 @@ obx_http_start(struct obx_http *h, const struct obx_config *cfg, char *errbuf, s
 	}
 	info = MHD_get_daemon_info(h->daemon, MHD_DAEMON_INFO_BIND_PORT);
 	h->port = info != NULL ? info->port : cfg->metrics_port;
-	/* polling mode has no slot to watch (docs/design.md, "Polling mode") */
-	if (cfg->mode != OBX_SOURCE_POLL && pthread_create(&h->poller, NULL, poller_main, h) == 0)
-		h->poller_running = true;
 	return 0;
 }
 
 void
 obx_http_publish(struct obx_http *h, const struct obx_metrics *m)
 {
-	struct obx_metrics keep;
-
 	pthread_mutex_lock(&h->mu);
-	keep = h->snap;
 	h->snap = *m;
-	h->snap.has_slot = keep.has_slot;
-	h->snap.slot_retained_wal_bytes = keep.slot_retained_wal_bytes;
-	h->snap.slot_safe_wal_size_bytes = keep.slot_safe_wal_size_bytes;
-	h->snap.slot_wal_status = keep.slot_wal_status;
-	h->snap.slot_max_wal_keep_size_bytes = keep.slot_max_wal_keep_size_bytes;
 	pthread_mutex_unlock(&h->mu);
 }
 
@@ -217,14 +139,5 @@ obx_http_stop(struct obx_http *h)
 	if (h->daemon != NULL)
 		MHD_stop_daemon(h->daemon);
 	h->daemon = NULL;
-	if (h->poller_running) {
-		pthread_mutex_lock(&h->mu);
-		h->stopping = true;
-		pthread_cond_signal(&h->cv);
-		pthread_mutex_unlock(&h->mu);
-		pthread_join(h->poller, NULL);
-		h->poller_running = false;
-	}
 	pthread_mutex_destroy(&h->mu);
-	pthread_cond_destroy(&h->cv);
 }

@@ -133,7 +133,6 @@ obx_metrics_render(const struct obx_metrics *m, size_t *len)
 	size_t sz = 0;
 	FILE *fp = open_memstream(&out, &sz);
 	uint64_t cum = 0;
-	uint64_t lag;
 
 	if (fp == NULL)
 		return NULL;
@@ -147,8 +146,9 @@ obx_metrics_render(const struct obx_metrics *m, size_t *len)
 		static const char *const na[][2] = {
 			{ "outboxd_received_lsn", "highest WAL position received from the server (NaN: polling mode)" },
 			{ "outboxd_confirmed_flush_lsn", "WAL position confirmed to the slot (NaN: polling mode)" },
-			{ "outboxd_server_wal_end_lsn", "the server's WAL end as last reported on the stream (NaN: polling mode)" },
-			{ "outboxd_lag_bytes", "server WAL end minus confirmed flush position (NaN: polling mode)" },
+			{ "outboxd_stream_sent_lsn", "how far the walsender says it has sent (NaN: polling mode)" },
+			{ "outboxd_server_wal_lsn", "the server's current WAL position (NaN: polling mode)" },
+			{ "outboxd_lag_bytes", "server WAL position minus the slot's confirmed position (NaN: polling mode)" },
 			{ "outboxd_oldest_unacked_age_seconds",
 			    "age (since commit) of the oldest event not yet acknowledged (NaN: polling mode, see outboxd_poll_oldest_pending_age_seconds)" },
 		};
@@ -162,10 +162,23 @@ obx_metrics_render(const struct obx_metrics *m, size_t *len)
 		gauge_u64(fp, "outboxd_received_lsn", "highest WAL position received from the server", m->received_lsn);
 		gauge_u64(fp, "outboxd_confirmed_flush_lsn", "WAL position confirmed to the slot (everything before it is acknowledged by the broker)",
 		    m->confirmed_flush_lsn);
-		gauge_u64(fp, "outboxd_server_wal_end_lsn", "the server's WAL end as last reported on the stream",
-		    m->server_wal_end_lsn);
-		lag = m->server_wal_end_lsn > m->confirmed_flush_lsn ? m->server_wal_end_lsn - m->confirmed_flush_lsn : 0;
-		gauge_u64(fp, "outboxd_lag_bytes", "server WAL end minus confirmed flush position", lag);
+		gauge_u64(fp, "outboxd_stream_sent_lsn", "how far the walsender says it has sent (decoding's position, "
+		    "not the server's WAL end: it stops while the stream is paused or down)", m->stream_wal_end_lsn);
+		family(fp, "outboxd_server_wal_lsn", "gauge",
+		    "the server's current WAL position (a standby's replay position), read every status interval; "
+		    "NaN when the last read failed");
+		family(fp, "outboxd_lag_bytes", "gauge",
+		    "the server's WAL position minus the slot's confirmed_flush_lsn, as the server computes it "
+		    "(what outboxd status prints); NaN when the last read failed");
+		if (m->server_ok) {
+			fprintf(fp, "outboxd_server_wal_lsn %" PRIu64 "\n", m->server_wal_lsn);
+			fprintf(fp, "outboxd_lag_bytes %" PRId64 "\n", m->lag_bytes);
+		} else {
+			fprintf(fp, "outboxd_server_wal_lsn NaN\n");
+			fprintf(fp, "outboxd_lag_bytes NaN\n");
+		}
+		counter_u64(fp, "outboxd_server_read_failures_total",
+		    "reads of the slot and the server's WAL position that failed", m->server_read_failures);
 		family(fp, "outboxd_oldest_unacked_age_seconds", "gauge",
 		    "age (since commit) of the oldest event not yet acknowledged by the broker, 0 when none");
 		fprintf(fp, "outboxd_oldest_unacked_age_seconds %.3f\n", m->oldest_unacked_age_seconds);

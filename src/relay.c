@@ -32,6 +32,7 @@
 #include "obx/progress.h"
 #include "obx/relay.h"
 #include "obx/relaycore.h"
+#include "obx/slotwatch.h"
 #include "obx/snapshot.h"
 #include "obx/walmsg.h"
 
@@ -46,6 +47,7 @@
 #define PROGRESS_READ_MS 30000
 
 struct relay {
+	struct obx_slotwatch watch;  /* the slot as the server sees it: lag, and a standby's wait */
 	const struct obx_config *cfg;
 	const struct obx_run_opts *opts;
 	struct obx_pgstream st;
@@ -515,10 +517,31 @@ set_title(struct relay *r)
 	r->title_state = r->m.state;
 }
 
+/* The server's own numbers (slotwatch.h) into the metrics. */
+static void
+watch_metrics(struct relay *r)
+{
+	struct obx_slotview v;
+
+	obx_slotwatch_read(&r->watch, &v);
+	r->m.server_ok = v.ok;
+	r->m.server_read_failures = v.failures;
+	if (v.read_ms == 0)
+		return;
+	r->m.server_wal_lsn = v.server_lsn;
+	r->m.lag_bytes = v.lag_bytes;
+	r->m.has_slot = v.has_slot;
+	r->m.slot_retained_wal_bytes = v.retained_wal_bytes;
+	r->m.slot_safe_wal_size_bytes = v.safe_wal_size_bytes;
+	r->m.slot_wal_status = v.wal_status;
+	r->m.slot_max_wal_keep_size_bytes = v.max_wal_keep_size_bytes;
+}
+
 static void
 publish(struct relay *r)
 {
 	r->m.heartbeat_ms = obx_mono_ms();
+	watch_metrics(r);
 	if (r->http_on)
 		obx_http_publish(&r->http, &r->m);
 	if (r->m.state != r->title_state)
@@ -530,12 +553,14 @@ log_progress(struct relay *r, int64_t now)
 {
 	double secs = (double)(now - r->last_progress_ms) / 1000.0;
 	char a[OBX_LSN_STRLEN], b[OBX_LSN_STRLEN];
-	uint64_t confirmed = r->m.confirmed_flush_lsn, end = r->m.server_wal_end_lsn;
+	char lag[32] = "unknown";
 
-	obx_log_info("progress: %s, received %s, confirmed %s, lag %" PRIu64 " bytes, "
+	if (r->m.server_ok)
+		snprintf(lag, sizeof(lag), "%" PRId64, r->m.lag_bytes);
+	obx_log_info("progress: %s, received %s, confirmed %s, lag %s bytes, "
 	    "%.1f events/s, %.1f transactions/s, %" PRIu64 " in flight", obx_state_name(r->m.state),
-	    obx_lsn_format(r->m.received_lsn, a, sizeof(a)), obx_lsn_format(confirmed, b, sizeof(b)),
-	    end - (confirmed < end ? confirmed : end),
+	    obx_lsn_format(r->m.received_lsn, a, sizeof(a)),
+	    obx_lsn_format(r->m.confirmed_flush_lsn, b, sizeof(b)), lag,
 	    (double)(r->m.events_published - r->progress_events) / secs,
 	    (double)(r->m.transactions - r->progress_txns) / secs, r->m.inflight_events);
 	r->last_progress_ms = now;
@@ -556,7 +581,7 @@ update_metrics(struct relay *r)
 	r->m.state_reason[0] = '\0';
 	r->m.received_lsn = c->received;
 	r->m.confirmed_flush_lsn = c->sent_flush;
-	r->m.server_wal_end_lsn = c->server_wal_end > c->received ? c->server_wal_end : c->received;
+	r->m.stream_wal_end_lsn = c->server_wal_end > c->received ? c->server_wal_end : c->received;
 	r->m.inflight_events = c->inflight;
 	r->m.inflight_bytes = c->inflight_bytes;
 	r->m.events_published = c->published;
@@ -953,6 +978,44 @@ session(struct relay *r)
 
 /* ---- the process: sessions with backoff ---- */
 
+/*
+ * A hot standby waits while another instance streams from the slot: the
+ * slot watch reads pg_replication_slots every second on its ordinary
+ * connection, so the server sees no replication session and logs no
+ * refused START_REPLICATION.  Returns (true on a signal) once a fresh read
+ * finds the slot free or gone; when the server cannot be read it waits a
+ * second and lets the session find out.
+ */
+static bool
+standby_wait(struct relay *r)
+{
+	int64_t since = obx_mono_ms();
+	bool said = false;
+
+	obx_slotwatch_fast(&r->watch, true);
+	for (;;) {
+		struct pollfd p = { r->opts->signal_fd, POLLIN, 0 };
+		struct obx_slotview v;
+
+		if (poll(&p, 1, 250) > 0)
+			break;
+		publish(r); /* the loop is turning: /healthz stays green */
+		obx_slotwatch_read(&r->watch, &v);
+		if (!v.ok && obx_mono_ms() - since >= 1000)
+			break;
+		if (v.ok && v.read_ms > since && !(v.has_slot && v.active))
+			break;
+		if (v.ok && v.read_ms > since && !said) {
+			obx_log_debug("slot %s is in use by pid %d: waiting, one query a second on an ordinary "
+			    "connection", r->cfg->slot, v.active_pid);
+			said = true;
+		}
+	}
+	obx_slotwatch_fast(&r->watch, false);
+	read_signals(r);
+	return r->core.signals > 0;
+}
+
 /* Sleeps until the backoff has passed or a signal arrives.  Returns true on a signal. */
 static bool
 backoff(struct relay *r, int attempt)
@@ -961,6 +1024,8 @@ backoff(struct relay *r, int attempt)
 	int64_t delay = cap > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : cap;
 	int64_t until;
 
+	if (r->standby && r->watch.running)
+		return standby_wait(r);
 	delay = delay / 2 + arc4random_uniform((uint32_t)(delay / 2 + 1));
 	until = obx_mono_ms() + delay;
 	while (obx_mono_ms() < until) {
@@ -1039,6 +1104,9 @@ obx_relay_run(const struct obx_config *cfg, const struct obx_run_opts *opts)
 	r.http_on = true;
 	obx_log_info("metrics and health on %s:%d (/metrics, /healthz, /readyz)", cfg->metrics_host,
 	    r.http.port);
+	if (obx_slotwatch_start(&r.watch, cfg, cfg->status_interval_ms) != 0)
+		obx_log_warn("could not start reading the slot's lag from the server: outboxd_lag_bytes "
+		    "stays NaN");
 	for (;;) {
 		session(&r);
 		if (r.end == OBX_CORE_END_STOP) {
@@ -1066,6 +1134,7 @@ obx_relay_run(const struct obx_config *cfg, const struct obx_run_opts *opts)
 		}
 	}
 out:
+	obx_slotwatch_stop(&r.watch);
 	if (r.http_on)
 		obx_http_stop(&r.http);
 	obx_core_reset(&r.core);

@@ -19,22 +19,18 @@ struct MHD_Daemon;
 struct obx_http {
 	struct MHD_Daemon *daemon;
 	pthread_mutex_t mu;
-	pthread_cond_t cv;
 	struct obx_metrics snap; /* guarded by mu */
-	pthread_t poller;
-	bool poller_running;
-	bool stopping; /* guarded by mu */
 	const struct obx_config *cfg;
 	int port; /* the bound port (useful with listen = host:0) */
 };
 
-/* Starts the server and the slot poller.  Returns 0, or OBX_ECONFIG / OBX_EIO with errbuf filled. */
+/* Starts the server.  Returns 0, or OBX_ECONFIG / OBX_EIO with errbuf filled. */
 int obx_http_start(struct obx_http *h, const struct obx_config *cfg, char *errbuf, size_t errlen);
 
-/* Publishes the relay's numbers (the slot fields stay the poller's). */
+/* Publishes the relay's numbers for the next scrape. */
 void obx_http_publish(struct obx_http *h, const struct obx_metrics *m);
 
-/* Stops both threads and frees everything. */
+/* Stops the server and frees everything. */
 void obx_http_stop(struct obx_http *h);
 
 #endif

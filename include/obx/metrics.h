@@ -27,7 +27,12 @@ struct obx_metrics {
 	char state_reason[160]; /* why not ready, for /readyz */
 	uint64_t received_lsn;
 	uint64_t confirmed_flush_lsn;
-	uint64_t server_wal_end_lsn;
+	uint64_t stream_wal_end_lsn;   /* how far the stream says the walsender has sent */
+	/* from the slot watch (slotwatch.h): the server's own numbers */
+	int server_ok;                 /* the last read of the server succeeded */
+	uint64_t server_wal_lsn;       /* pg_current_wal_lsn(), or the replay position on a standby */
+	int64_t lag_bytes;             /* server_wal_lsn minus the slot's confirmed_flush_lsn */
+	uint64_t server_read_failures; /* reads of the server that failed */
 	double oldest_unacked_age_seconds;
 	uint64_t events_published;
 	uint64_t events_dead_lettered;
@@ -50,7 +55,7 @@ struct obx_metrics {
 	/* kafka errors by code name */
 	char err_names[OBX_ERR_CODES][40];
 	uint64_t err_counts[OBX_ERR_CODES];
-	/* from the slot poller; has_slot = 0 until the first poll */
+	/* from the slot watch; has_slot = 0 until the first read that found the slot */
 	int has_slot;
 	int64_t slot_retained_wal_bytes;
 	int64_t slot_safe_wal_size_bytes; /* -1 when NULL (max_slot_wal_keep_size = -1) */

@@ -4,6 +4,8 @@
  * clients that must not stall the relay, and the process title.
  */
 #include <arpa/inet.h>
+#include <inttypes.h>
+#include <math.h>
 #include <regex.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -29,7 +31,8 @@ teardown(void **state)
 
 static const char *const families[] = {
 	"outboxd_up", "outboxd_state", "outboxd_received_lsn", "outboxd_confirmed_flush_lsn",
-	"outboxd_server_wal_end_lsn", "outboxd_lag_bytes", "outboxd_oldest_unacked_age_seconds",
+	"outboxd_stream_sent_lsn", "outboxd_server_wal_lsn", "outboxd_lag_bytes",
+	"outboxd_server_read_failures_total", "outboxd_oldest_unacked_age_seconds",
 	"outboxd_commit_to_ack_seconds", "outboxd_events_published_total",
 	"outboxd_events_dead_lettered_total", "outboxd_transactions_total", "outboxd_inflight_events",
 	"outboxd_inflight_bytes", "outboxd_reconnects_total", "outboxd_kafka_errors_total",
@@ -235,6 +238,151 @@ test_standby_is_ready(void **state)
 	t_relay_twin_stop(&S);
 }
 
+/* The slot's lag as the server computes it (what outboxd status prints). */
+static int64_t
+server_lag(void)
+{
+	char *v = t_query1(R.pg, "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint "
+	    "FROM pg_replication_slots WHERE slot_name = '%s'", R.slot);
+	int64_t lag = strtoll(v, NULL, 10);
+
+	free(v);
+	return lag;
+}
+
+/*
+ * outboxd_lag_bytes is the server's number: with every broker down and
+ * writes going on, the in-flight cap pauses the stream (the walsender's
+ * sent position stops), yet the metric follows the server's WAL position
+ * minus the slot's confirmed position within a status interval (1 s here).
+ * And when the server cannot be read it says so: NaN, and a counter.
+ */
+static void
+test_lag_is_the_servers(void **state)
+{
+	int port;
+	int64_t before, after;
+	double lag = 0;
+
+	(void)state;
+	t_relay_setup(&R, "opslag", 0);
+	t_relay_config(&R, "[metrics]\nlisten = 127.0.0.1:0\n[delivery]\nmax_inflight = 100\n");
+	t_relay_start(&R, NULL, 1);
+	port = t_metrics_port(&R);
+	for (int b = 1; b <= 3; b++)
+		assert_int_equal(t_broker_cmd(&R.b, "down %d", b), 0);
+	for (int i = 0; i < 20; i++)
+		t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) SELECT 'opslag', "
+		    "'k' || g, 'T', jsonb_build_object('pad', repeat('x', 200)) FROM generate_series(1, 500) g");
+	sleep(3);
+	before = server_lag();
+	assert_int_equal(t_http_get(port, "/metrics", body, sizeof(body)), 200);
+	lag = t_metric(body, "outboxd_lag_bytes");
+	after = server_lag();
+	if (before < (1 << 20) || lag < (double)before - 65536 || lag > (double)after + 65536)
+		fail_msg("outboxd_lag_bytes %.0f, the server says %" PRId64 " to %" PRId64 " (stream at %.0f)",
+		    lag, before, after, t_metric(body, "outboxd_stream_sent_lsn"));
+	assert_true(t_metric(body, "outboxd_server_read_failures_total") == 0);
+
+	/* the server goes away: NaN and a count, never a frozen number (immediate: a fast
+	 * shutdown would wait for the paused walsender) */
+	assert_int_equal(t_pg_ctl(&R.st, "stop -m immediate"), 0);
+	sleep(3);
+	assert_int_equal(t_http_get(port, "/metrics", body, sizeof(body)), 200);
+	lag = t_metric(body, "outboxd_lag_bytes");
+	assert_int_equal(t_pg_ctl(&R.st, "start"), 0);
+	PQreset(R.pg);
+	if (!isnan(lag) || !(t_metric(body, "outboxd_server_read_failures_total") >= 1))
+		fail_msg("with the server down: outboxd_lag_bytes %f, failures %f", lag,
+		    t_metric(body, "outboxd_server_read_failures_total"));
+	for (int b = 1; b <= 3; b++)
+		assert_int_equal(t_broker_cmd(&R.b, "up %d", b), 0);
+	if (!t_wait_confirmed_current(&R, 60000)) {
+		t_log_dump(&R);
+		fail_msg("the relay did not catch up after the outage");
+	}
+}
+
+/* Lines of the stack's server log from offset on that contain needle. */
+static int
+server_log_count(long offset, const char *needle)
+{
+	char path[600], line[4096];
+	FILE *fp;
+	int n = 0;
+
+	snprintf(path, sizeof(path), "%s/server.log", R.st.root);
+	fp = fopen(path, "r");
+	if (fp == NULL)
+		fail_msg("could not open %s", path);
+	fseek(fp, offset, SEEK_SET);
+	while (fgets(line, sizeof(line), fp) != NULL)
+		n += strstr(line, needle) != NULL;
+	fclose(fp);
+	return n;
+}
+
+static long
+server_log_size(void)
+{
+	char path[600];
+	FILE *fp;
+	long size;
+
+	snprintf(path, sizeof(path), "%s/server.log", R.st.root);
+	fp = fopen(path, "r");
+	if (fp == NULL)
+		fail_msg("could not open %s", path);
+	fseek(fp, 0, SEEK_END);
+	size = ftell(fp);
+	fclose(fp);
+	return size;
+}
+
+/*
+ * A hot standby is quiet: while the active instance streams, the standby
+ * asks the server once a second on an ordinary connection, so 40 s of
+ * waiting add at most a handful of ERROR lines to the server's log (a
+ * refused START_REPLICATION writes one each); it still takes over within
+ * seconds when the active instance dies.
+ */
+static void
+test_standby_is_quiet(void **state)
+{
+	struct t_relay S;
+	long offset;
+	int64_t t0;
+	int errors;
+
+	(void)state;
+	t_relay_setup(&R, "opsquiet", 0);
+	t_relay_config(&R, "[metrics]\nlisten = 127.0.0.1:0\n");
+	t_relay_start(&R, NULL, 1);
+	offset = server_log_size();
+	t_relay_twin(&R, &S, "standby");
+	t_relay_start(&S, NULL, 0);
+	sleep(40);
+	errors = server_log_count(offset, "ERROR:");
+	if (errors > 3 || t_log_count(&S, "standby:") != 1) {
+		t_log_dump(&S);
+		fail_msg("a standby waiting 40 s wrote %d ERROR line(s) to the server log", errors);
+	}
+	assert_int_equal(kill(R.pid, SIGKILL), 0);
+	assert_true(t_wait(R.pid, 10000) != -1);
+	R.pid = 0;
+	for (t0 = t_now_ms(); t_log_count(&S, "taking over slot") == 0 && t_now_ms() - t0 < 30000;)
+		usleep(100000);
+	if (t_log_count(&S, "taking over slot") != 1) {
+		t_log_dump(&S);
+		fail_msg("the standby did not take over within 30 s");
+	}
+	fprintf(stderr, "standby: took over %.1f s after the active instance died\n",
+	    (double)(t_now_ms() - t0) / 1000.0);
+	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('opsq', 'k', 'T', '{}')");
+	assert_true(t_wait_confirmed_current(&R, 20000));
+	t_relay_twin_stop(&S);
+}
+
 static void
 test_not_ready_while_failing(void **state)
 {
@@ -354,6 +502,8 @@ main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_teardown(test_metrics_health_and_slow_clients, teardown),
 		cmocka_unit_test_teardown(test_standby_is_ready, teardown),
+		cmocka_unit_test_teardown(test_lag_is_the_servers, teardown),
+		cmocka_unit_test_teardown(test_standby_is_quiet, teardown),
 		cmocka_unit_test_teardown(test_not_ready_while_failing, teardown),
 		cmocka_unit_test_teardown(test_least_privilege_role, teardown),
 		cmocka_unit_test_teardown(test_sighup_rereads, teardown),
