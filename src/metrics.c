@@ -174,8 +174,7 @@ obx_metrics_render(const struct obx_metrics *m, size_t *len)
 			fprintf(fp, "outboxd_server_wal_lsn %" PRIu64 "\n", m->server_wal_lsn);
 			fprintf(fp, "outboxd_lag_bytes %" PRId64 "\n", m->lag_bytes);
 		} else {
-			fprintf(fp, "outboxd_server_wal_lsn NaN\n");
-			fprintf(fp, "outboxd_lag_bytes NaN\n");
+			fprintf(fp, "%s NaN\n%s NaN\n", "outboxd_server_wal_lsn", "outboxd_lag_bytes");
 		}
 		counter_u64(fp, "outboxd_server_read_failures_total",
 		    "reads of the slot and the server's WAL position that failed", m->server_read_failures);
