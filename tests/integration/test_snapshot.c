@@ -1180,6 +1180,66 @@ test_snapshot_refused(void **state)
 		fail_msg("check refused snapshot = pending in logical mode: %s", out);
 }
 
+/*
+ * 7. A snapshot_filter that tries to end the snapshot's read-only
+ * transaction and run a statement of its own: the configuration refuses it
+ * (check and run, exit status 2, one line naming the key), and when it
+ * reaches the server anyway (a test hook puts it in place of the filter)
+ * the server runs nothing of it: the snapshot's statement is one statement.
+ * The table it drops is there after both.
+ */
+static void
+test_filter_one_condition(void **state)
+{
+	static const char attack[] = "true); COMMIT; DROP TABLE victim; SELECT 1 FROM public.outbox "
+	    "WHERE (true";
+	char conf[512], out[4096], *v;
+	int st;
+
+	(void)state;
+	t_relay_setup(&R, "snapfilter", 0);
+	t_exec(R.pg, "CREATE TABLE victim (i int)");
+	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
+	    "VALUES ('filter', 'k', 'T', '{}')");
+	snprintf(conf, sizeof(conf), "[source]\nsnapshot = pending\nsnapshot_filter = %s\n", attack);
+	t_relay_config(&R, conf);
+	t_relay_start(&R, NULL, 0);
+	st = t_wait(R.pid, 30000);
+	if (st == -1)
+		t_relay_signal(&R, SIGKILL, 5000);
+	R.pid = 0;
+	v = t_query1(R.pg, "SELECT count(*) FROM pg_class WHERE relname = 'victim'");
+	assert_string_equal(v, "1");
+	free(v);
+	if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 2 ||
+	    t_log_count(&R, "key 'snapshot_filter': must be one SQL condition") != 1) {
+		t_log_dump(&R);
+		fail_msg("run did not stop at the filter (wait status %d)", st);
+	}
+	st = run_capture("check", R.conf, out, sizeof(out));
+	if (st != 2 || strstr(out, "key 'snapshot_filter': must be one SQL condition, without ';'") == NULL)
+		fail_msg("check took the filter (status %d): %s", st, out);
+
+#ifdef OBX_TEST_HOOKS
+	t_relay_config(&R, "[source]\nsnapshot = pending\n");
+	setenv("OBX_TEST_SNAPSHOT_FILTER", attack, 1);
+	t_relay_start(&R, NULL, 0);
+	unsetenv("OBX_TEST_SNAPSHOT_FILTER");
+	st = t_wait(R.pid, 30000);
+	if (st == -1)
+		t_relay_signal(&R, SIGKILL, 5000);
+	R.pid = 0;
+	v = t_query1(R.pg, "SELECT count(*) FROM pg_class WHERE relname = 'victim'");
+	assert_string_equal(v, "1");
+	free(v);
+	if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) == 0 ||
+	    t_log_count(&R, "cannot insert multiple commands into a prepared statement") == 0) {
+		t_log_dump(&R);
+		fail_msg("the server was not asked for one statement (wait status %d)", st);
+	}
+#endif
+}
+
 int
 main(void)
 {
@@ -1190,6 +1250,7 @@ main(void)
 		cmocka_unit_test_teardown(test_standby_takes_over, teardown),
 		cmocka_unit_test_teardown(test_plain_table, teardown),
 		cmocka_unit_test_teardown(test_sigterm_during_snapshot, teardown),
+		cmocka_unit_test_teardown(test_filter_one_condition, teardown),
 	};
 
 	return T_RUN_TESTS(tests);
