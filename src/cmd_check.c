@@ -16,6 +16,7 @@
 #include "obx/pgsetup.h"
 #include "obx/pgutil.h"
 #include "obx/poll.h"
+#include "obx/snapmark.h"
 #include "obx/snapshot.h"
 #include "obx/template.h"
 
@@ -225,16 +226,20 @@ check_slot(struct check_ctx *cx, PGconn *conn, const struct obx_config *cfg)
 static void
 check_snapshot(struct check_ctx *cx, PGconn *conn, const struct obx_config *cfg)
 {
-	char table[600], filter[1024], order[300], err[1024], marker[80], *sql = NULL, *v = NULL;
-	const char *p[2] = { cfg->slot, marker };
+	char table[600], filter[1024], order[300], err[1024], marker[80], legacy[80];
+	char *sql = NULL, *v = NULL;
+	const char *p[3] = { cfg->slot, marker, legacy };
 	bool slot = false, marked = false;
 	PGresult *r;
 
 	if (!cfg->snapshot)
 		return;
-	obx_pgsetup_marker_name(cfg->slot, marker, sizeof(marker));
-	r = PQexecParams(conn, "SELECT slot_name = $1 FROM pg_replication_slots WHERE slot_name IN ($1, $2)",
-	    2, NULL, p, NULL, NULL, 0);
+	obx_snapmark_name(cfg->slot, marker, sizeof(marker));
+	/* or the marker an earlier version named with the slot's first 54 characters */
+	if (!obx_snapmark_legacy_name(cfg->slot, legacy, sizeof(legacy)))
+		snprintf(legacy, sizeof(legacy), "%s", marker);
+	r = PQexecParams(conn, "SELECT slot_name = $1 FROM pg_replication_slots WHERE slot_name IN ($1, $2, "
+	    "$3)", 3, NULL, p, NULL, NULL, 0);
 	for (int i = 0; PQresultStatus(r) == PGRES_TUPLES_OK && i < PQntuples(r); i++) {
 		slot = slot || strcmp(PQgetvalue(r, i, 0), "t") == 0;
 		marked = marked || strcmp(PQgetvalue(r, i, 0), "f") == 0;

@@ -369,6 +369,13 @@ set_source(struct obx_config *cfg, const char *key, const char *value, const cha
 	long long ms;
 	int r;
 
+	/* one condition inside the snapshot's read-only transaction: a ';' would end the statement
+	 * (snapshot.c also sends it as a single statement, which the server holds to) */
+	if (strcmp(key, "snapshot_filter") == 0 && strchr(value, ';') != NULL) {
+		obx_config_fail(errbuf, errlen, origin, key, "must be one SQL condition, without ';' "
+		    "(write chr(59) for the character)");
+		return OBX_ECONFIG;
+	}
 	for (size_t i = 0; i < sizeof(strs) / sizeof(strs[0]); i++)
 		if (strcmp(key, strs[i].name) == 0)
 			return set_str(cfg, &strs[i], key, value, origin, errbuf, errlen);

@@ -20,6 +20,7 @@
 #include "obx/pgsetup.h"
 #include "obx/pgversion.h"
 #include "obx/pgutil.h"
+#include "obx/snapmark.h"
 
 #define MARKER "outboxd-slot"
 
@@ -823,13 +824,6 @@ read_slot(PGconn *c, const struct obx_config *cfg, const struct sqlnames *nm, bo
 
 /* ---- the marker of an unfinished snapshot ([source] snapshot = pending) ---- */
 
-void
-obx_pgsetup_marker_name(const char *slot, char *out, size_t len)
-{
-	/* a slot name has at most 63 characters: the marker keeps as much of it as fits */
-	snprintf(out, len, "%.*s_snapshot", 63 - (int)strlen("_snapshot"), slot);
-}
-
 /*
  * Whether the marker slot exists.  Returns 0 with *exists set, OBX_EIO, or
  * OBX_ECONFIG when a slot of that name is not a marker (not physical).
@@ -884,6 +878,75 @@ create_snapmark(PGconn *c, const char *slot, const char *marker, char *errbuf, s
 
 /* the advisory lock class of a snapshot ("obxs"), keyed by hashtext(slot) */
 #define SNAPSHOT_LOCK_CLASS "1868724339"
+
+/*
+ * The marker an earlier version made for a slot named over 54 characters,
+ * named with the slot's first 54 (snap->legacy, obx_snapmark_legacy_name):
+ * sets *exists when a physical slot of that name is there, and *ours when it
+ * can be this slot's only: no other slot's name begins with those 54
+ * characters and no other slot's snapshot is under way (an earlier version
+ * takes that lock before it makes the marker, and makes the marker before
+ * its slot).  Both false for a shorter name.  Returns 0, OBX_EIO or
+ * OBX_ENOMEM.
+ */
+static int
+read_legacy_mark(PGconn *c, const char *slot, const char *legacy, bool *exists, bool *ours,
+    char *errbuf, size_t errlen)
+{
+	char sql[1024], err[1024], prefix[OBX_SNAPMARK_KEEP + 1];
+	char *lslot, *llegacy, *lprefix;
+	PGresult *res;
+	int r = 0;
+
+	*exists = *ours = false;
+	if (legacy[0] == '\0')
+		return 0;
+	snprintf(prefix, sizeof(prefix), "%s", slot);
+	lslot = PQescapeLiteral(c, slot, strlen(slot));
+	llegacy = PQescapeLiteral(c, legacy, strlen(legacy));
+	lprefix = PQescapeLiteral(c, prefix, strlen(prefix));
+	if (lslot != NULL && llegacy != NULL && lprefix != NULL)
+		snprintf(sql, sizeof(sql), "SELECT EXISTS (SELECT FROM pg_replication_slots WHERE slot_name = %s "
+		    "AND slot_type = 'physical'), NOT EXISTS (SELECT FROM pg_replication_slots WHERE "
+		    "slot_name NOT IN (%s, %s) AND left(slot_name::text, %d) = %s) AND NOT EXISTS (SELECT "
+		    "FROM pg_locks WHERE locktype = 'advisory' AND classid = " SNAPSHOT_LOCK_CLASS " AND "
+		    "objsubid = 2 AND objid::bigint <> (hashtext(%s)::bigint & 4294967295))", llegacy, lslot,
+		    llegacy, OBX_SNAPMARK_KEEP, lprefix, lslot);
+	else
+		r = failf(errbuf, errlen, OBX_ENOMEM, "out of memory");
+	PQfreemem(lslot);
+	PQfreemem(llegacy);
+	PQfreemem(lprefix);
+	if (r != 0)
+		return r;
+	if (query(c, sql, &res, NULL, err, sizeof(err)) != 0)
+		return failf(errbuf, errlen, OBX_EIO, "could not read slot %s: %s", legacy, err);
+	*exists = strcmp(PQgetvalue(res, 0, 0), "t") == 0;
+	*ours = *exists && strcmp(PQgetvalue(res, 0, 1), "t") == 0;
+	PQclear(res);
+	return 0;
+}
+
+/* Drops slot name, gone already or not.  Returns 0 or OBX_EIO. */
+static int
+drop_snapmark(PGconn *c, const char *name, char *errbuf, size_t errlen)
+{
+	char sql[256], err[1024], state[6] = "";
+	PGresult *res;
+	char *ident = PQescapeIdentifier(c, name, strlen(name));
+
+	if (ident == NULL)
+		return failf(errbuf, errlen, OBX_ENOMEM, "out of memory");
+	snprintf(sql, sizeof(sql), "DROP_REPLICATION_SLOT %s", ident);
+	PQfreemem(ident);
+	if (query(c, sql, &res, state, err, sizeof(err)) == 0) {
+		PQclear(res);
+		return 0;
+	}
+	if (strcmp(state, "42704") == 0)
+		return 0;
+	return failf(errbuf, errlen, OBX_EIO, "could not drop slot %s after the snapshot: %s", name, err);
+}
 
 /*
  * Opens snap->conn: an ordinary connection to the server c is connected to
@@ -982,22 +1045,16 @@ int
 obx_pgsetup_snapshot_done(PGconn *c, const struct obx_pgsetup_snapshot *snap, char *errbuf,
     size_t errlen)
 {
-	char sql[256], err[1024], state[6] = "";
-	PGresult *res;
-	char *ident = PQescapeIdentifier(c, snap->marker, strlen(snap->marker));
+	bool exists, ours;
+	int r;
 
-	if (ident == NULL)
-		return failf(errbuf, errlen, OBX_ENOMEM, "out of memory");
-	snprintf(sql, sizeof(sql), "DROP_REPLICATION_SLOT %s", ident);
-	PQfreemem(ident);
-	if (query(c, sql, &res, state, err, sizeof(err)) == 0) {
-		PQclear(res);
-		return 0;
-	}
-	if (strcmp(state, "42704") == 0)
-		return 0;
-	return failf(errbuf, errlen, OBX_EIO, "could not drop slot %s after the snapshot: %s",
-	    snap->marker, err);
+	if ((r = drop_snapmark(c, snap->marker, errbuf, errlen)) != 0 || snap->legacy[0] == '\0')
+		return r;
+	/* an earlier version's marker goes too, unless another slot may have come to need it since */
+	if ((r = read_legacy_mark(c, snap->slot, snap->legacy, &exists, &ours, errbuf, errlen)) != 0 ||
+	    !ours)
+		return r;
+	return drop_snapmark(c, snap->legacy, errbuf, errlen);
 }
 
 /*
@@ -1310,30 +1367,35 @@ snapshot_wanted(PGconn *c, const struct obx_config *cfg, const struct sqlnames *
     const struct slotrow *row, bool in_recovery, struct obx_pgsetup_snapshot *snap,
     struct obx_pgsetup_ctx *ctx, char *errbuf, size_t errlen)
 {
-	char msysid[32], mlsn[32], *comment = NULL;
-	bool exists = false, marked = false;
+	char msysid[32], mlsn[32], legacy[64], *comment = NULL;
+	bool exists = false, old = false, ours = false, marked = false;
 	obx_lsn point;
 	int r;
 
 	if (in_recovery) /* a standby's slots are its own: no marker was made there */
 		return 0;
-	if ((r = read_snapmark(c, cfg->slot, snap->marker, &exists, errbuf, errlen)) != 0)
+	(void)obx_snapmark_legacy_name(cfg->slot, legacy, sizeof(legacy));
+	if ((r = read_snapmark(c, cfg->slot, snap->marker, &exists, errbuf, errlen)) != 0 ||
+	    (!exists && (r = read_legacy_mark(c, cfg->slot, legacy, &old, &ours, errbuf, errlen)) != 0))
 		return r;
 	if (!snap->enabled) {
-		if (!exists)
+		/* an earlier version's marker that may be another slot's says nothing of this one */
+		if (!exists && !ours)
 			return 0;
 		if ((r = snapshot_lock_free(c, cfg, errbuf, errlen)) != 0)
 			return r;
 		if (!ctx->said_marker) {
+			const char *m = exists ? snap->marker : legacy;
+
 			ctx->said_marker = true;
 			obx_log_warn("slot %s exists, so does %s: the rows pending when slot %s was created were "
 			    "not all published; with [source] snapshot = pending they are published before "
 			    "streaming, with none they are not (drop slot %s to stop this warning)",
-			    snap->marker, snap->marker, cfg->slot, snap->marker);
+			    cfg->slot, m, cfg->slot, m);
 		}
 		return 0;
 	}
-	if (!exists && row->synced) {
+	if (!exists && !old && row->synced) {
 		r = read_guard(c, cfg, nm, &comment, &marked, msysid, sizeof(msysid), mlsn, sizeof(mlsn),
 		    errbuf, errlen);
 		free(comment);
@@ -1351,13 +1413,42 @@ snapshot_wanted(PGconn *c, const struct obx_config *cfg, const struct sqlnames *
 		snap->wanted = true;
 		return 0;
 	}
-	if (!exists)
+	if (!exists && !old)
 		return 0;
 	if ((r = snapshot_open(c, cfg, snap, errbuf, errlen)) != 0 ||
-	    (r = read_snapmark(c, cfg->slot, snap->marker, &exists, errbuf, errlen)) != 0)
+	    (r = read_snapmark(c, cfg->slot, snap->marker, &exists, errbuf, errlen)) != 0 ||
+	    (r = read_legacy_mark(c, cfg->slot, legacy, &old, &ours, errbuf, errlen)) != 0)
 		return r;
-	snap->wanted = exists;
+	snap->wanted = exists || old;
+	if (ours)
+		snprintf(snap->legacy, sizeof(snap->legacy), "%s", legacy);
+	else if (old)
+		/* it may be this slot's: its rows are published (again), and it stays */
+		obx_log_warn("slot %s, the marker an earlier version made for a slot whose name begins "
+		    "with %.*s, may be slot %s's or another's (another such slot exists, or another "
+		    "slot's snapshot is under way): publishing the rows pending at slot %s's creation "
+		    "again, and leaving it; drop it once no slot sharing that beginning has a snapshot "
+		    "left unfinished by an earlier version", legacy, OBX_SNAPMARK_KEEP, cfg->slot,
+		    cfg->slot, cfg->slot);
 	return 0;
+}
+
+/*
+ * A slot just created with its snapshot: a marker an earlier version left
+ * under the old name, when it can only have been this slot's (a slot of
+ * the same name dropped since), goes with the new one after the snapshot,
+ * else the next start would publish the pending rows again.  A failure to
+ * read it leaves it, to the same effect.
+ */
+static void
+adopt_legacy_mark(PGconn *c, const struct obx_config *cfg, struct obx_pgsetup_snapshot *snap)
+{
+	char legacy[64], err[256];
+	bool old, ours;
+
+	if (obx_snapmark_legacy_name(cfg->slot, legacy, sizeof(legacy)) &&
+	    read_legacy_mark(c, cfg->slot, legacy, &old, &ours, err, sizeof(err)) == 0 && ours)
+		snprintf(snap->legacy, sizeof(snap->legacy), "%s", legacy);
 }
 
 int
@@ -1376,7 +1467,9 @@ obx_pgsetup_slot(PGconn *c, const struct obx_config *cfg, const char *sysid, boo
 	*created = false;
 	*born = 0;
 	snap->wanted = snap->imported = false;
-	obx_pgsetup_marker_name(cfg->slot, snap->marker, sizeof(snap->marker));
+	obx_snapmark_name(cfg->slot, snap->marker, sizeof(snap->marker));
+	snprintf(snap->slot, sizeof(snap->slot), "%s", cfg->slot);
+	snap->legacy[0] = '\0';
 	if (cfg->failover && cfg->failover_set && !f.failover_slots && !ctx->said_failover_ignored) {
 		obx_log_info("[source] failover = on is ignored: PostgreSQL %s cannot synchronize slots to "
 		    "standbys (17 and later can); after a failover the slot guard refuses to go on without "
@@ -1441,6 +1534,8 @@ obx_pgsetup_slot(PGconn *c, const struct obx_config *cfg, const char *sysid, boo
 				record_marker(c, cfg, &nm, comment, sysid, point, false);
 			if (!snap->wanted)
 				warn_unpublished_rows(c, cfg, &nm);
+			else
+				adopt_legacy_mark(c, cfg, snap);
 			goto out;
 		}
 		/* another instance created it a moment ago: use it */

@@ -5,6 +5,37 @@
 #include "obx/err.h"
 #include "obx/pgutil.h"
 
+/*
+ * The settings the text of a value depends on, pinned whatever the
+ * database, the role or the conninfo says: the event builder decodes bytea
+ * from hex and parses timestamps in ISO form, and every value is passed on
+ * as UTF-8 bytes, exactly.  On a replication connection they are the
+ * walsender's, whose pgoutput renders the rows with them.  The field order
+ * of DateStyle (MDY, DMY) is left alone, as are TimeZone (a timestamptz's
+ * text carries its offset) and IntervalStyle (nothing read is an interval):
+ * a snapshot_filter or a header keeps the meaning the role gave them.
+ * SET after the connection rather than startup options, which a pooler
+ * may refuse.  Returns 0, or OBX_EIO with the server's message in errbuf.
+ */
+static int
+pin_session(PGconn *c, char *errbuf, size_t errlen)
+{
+	PGresult *res = PQexec(c, "SELECT pg_catalog.set_config('bytea_output', 'hex', false), "
+	    "pg_catalog.set_config('client_encoding', 'UTF8', false), "
+	    "pg_catalog.set_config('datestyle', 'ISO', false), "
+	    "pg_catalog.set_config('extra_float_digits', '1', false)");
+	char err[512];
+	int r = 0;
+
+	if (PQresultStatus(res) != PGRES_TUPLES_OK) {
+		snprintf(errbuf, errlen, "could not set the session's output settings: %s",
+		    obx_pg_result_error_line(res, err, sizeof(err)));
+		r = OBX_EIO;
+	}
+	PQclear(res);
+	return r;
+}
+
 int
 obx_pg_connect(const char *conninfo, const char *const *extra_kw, const char *const *extra_val,
     const char *application_name, PGconn **out, char *errbuf, size_t errlen)
@@ -54,6 +85,10 @@ obx_pg_connect(const char *conninfo, const char *const *extra_kw, const char *co
 	}
 	if (PQstatus(c) != CONNECTION_OK) {
 		obx_pg_error_line(c, errbuf, errlen);
+		PQfinish(c);
+		return OBX_EIO;
+	}
+	if (pin_session(c, errbuf, errlen) != 0) {
 		PQfinish(c);
 		return OBX_EIO;
 	}

@@ -120,7 +120,7 @@ int obx_pgsetup_publication(PGconn *c, const struct obx_config *cfg, bool in_rec
 /*
  * [source] snapshot = pending (docs/design.md, "Rows pending at the slot's
  * creation").  While those rows are not all published, a physical slot
- * without WAL, the marker (SLOT_snapshot), exists beside the slot; it is
+ * without WAL, the marker (SLOT_snapshot: obx_snapmark_name), exists beside the slot; it is
  * created before the slot and dropped only once every row is acknowledged,
  * so a crash in between leaves both and the next start publishes the
  * pending rows again before it streams.
@@ -131,7 +131,10 @@ struct obx_pgsetup_snapshot {
 	bool imported;   /* out: conn is in a transaction in the slot's exported snapshot */
 	PGconn *conn;    /* out while wanted: an ordinary connection to the same server that holds
 	                  * the snapshot's advisory lock (the caller closes it with PQfinish) */
-	char marker[64]; /* out: the marker slot's name */
+	char marker[64]; /* out: the marker slot's name (obx_snapmark_name) */
+	char legacy[64]; /* out: a marker an earlier version named with the slot's first 54
+	                  * characters, found to be this slot's and dropped with marker; "" if none */
+	char slot[64];   /* out: the slot's name */
 };
 
 /*
@@ -161,12 +164,10 @@ int obx_pgsetup_slot(PGconn *c, const struct obx_config *cfg, const char *sysid,
     bool in_recovery, struct obx_pgsetup_ctx *ctx, struct obx_pgsetup_snapshot *snap,
     obx_lsn *confirmed, bool *created, obx_lsn *born, char *errbuf, size_t errlen);
 
-/* The marker slot's name for slot: SLOT_snapshot, the slot cut to fit 63 characters. */
-void obx_pgsetup_marker_name(const char *slot, char *out, size_t len);
-
 /*
  * Drops snap's marker slot: the rows pending at the slot's creation are all
- * acknowledged.  A marker already gone is fine.  Returns 0 or OBX_EIO.
+ * acknowledged; also snap->legacy, unless another slot may need it by now.
+ * A marker already gone is fine.  Returns 0, OBX_EIO or OBX_ENOMEM.
  */
 int obx_pgsetup_snapshot_done(PGconn *c, const struct obx_pgsetup_snapshot *snap, char *errbuf,
     size_t errlen);

@@ -19,10 +19,13 @@
  * (NULL-terminated; may be NULL), e.g. replication=database.  conninfo may
  * be a key/value string or a URI; unless it says otherwise, connect_timeout
  * is 10 s and TCP keepalives are on (idle 30 s, every 10 s, 3 probes).
+ * Every connection's session then has the output settings outboxd reads
+ * values with, whatever the database or role sets: bytea_output = hex,
+ * client_encoding = UTF8, DateStyle ISO, extra_float_digits = 1.
  * Returns 0 with *out set (the caller
  * closes it with PQfinish()); otherwise *out is NULL and the code is
- * OBX_EIO (could not connect: libpq's message is in errbuf, one line) or
- * OBX_ENOMEM.
+ * OBX_EIO (could not connect or set those: the message is in errbuf, one
+ * line) or OBX_ENOMEM.
  */
 int obx_pg_connect(const char *conninfo, const char *const *extra_kw,
     const char *const *extra_val, const char *application_name, PGconn **out, char *errbuf,

@@ -968,6 +968,153 @@ test_values(void **state)
 	t_msgs_free(m, n);
 }
 
+/* Waits up to timeout_ms for needle in the outboxd log; fails when it exits first. */
+static void
+wait_log(struct t_relay *r, const char *needle, int timeout_ms)
+{
+	int64_t deadline = t_now_ms() + timeout_ms;
+
+	while (t_log_count(r, needle) == 0) {
+		if (t_now_ms() > deadline || waitpid(r->pid, NULL, WNOHANG) == r->pid) {
+			t_log_dump(r);
+			fail_msg("no \"%s\" in the outboxd log", needle);
+		}
+		usleep(20000);
+	}
+}
+
+/* Stops R's outboxd with SIGTERM; it must exit 0. */
+static void
+stop_relay(void)
+{
+	int st = t_relay_signal(&R, SIGTERM, 20000);
+
+	R.pid = 0;
+	if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+		t_log_dump(&R);
+		fail_msg("outboxd did not stop with status 0 (wait status %d)", st);
+	}
+}
+
+/*
+ * Inserts one row of aggregate type at whose payload columns hold the same
+ * JSON document (with characters outside LATIN1 and backslashes): text t,
+ * json j, jsonb payload, and bytea b (NUL, 0xff, a backslash and a quote
+ * around the document's UTF-8 bytes); and float8 f = 0.1 + 0.2.
+ */
+static void
+insert_typed_row(const char *at)
+{
+	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload, t, j, b, f, "
+	    "created_at) SELECT '%s', 'k', 'e', v::jsonb, v, v::json, "
+	    "'\\x00ff5c27'::bytea || convert_to(v, 'UTF8') || '\\x5c3030'::bytea, "
+	    "0.1::float8 + 0.2::float8, '2026-03-04 05:06:07.089+00' "
+	    "FROM (SELECT '{\"s\": \"caf' || chr(233) || ' ' || chr(8364) || ' ' || chr(128512) || "
+	    "' \\\\ q\", \"n\": 1.5}' AS v) x", at);
+}
+
+/* The record of aggregate type at must carry column col's value, byte for byte, and created_at. */
+static void
+check_typed_record(const char *at, const char *col)
+{
+	char topic[64], *want, *hex;
+	struct t_msg *m;
+	size_t n, len;
+	unsigned char bytes[512];
+
+	snprintf(topic, sizeof(topic), "outbox.event.%s", at);
+	n = t_consume(R.b.bootstrap, topic, 1, 20000, &m);
+	if (n != 1)
+		t_log_dump(&R);
+	assert_int_equal(n, 1);
+	if (strcmp(col, "b") == 0) {
+		hex = t_query1(R.pg, "SELECT encode(b, 'hex') FROM outbox WHERE aggregatetype = '%s'", at);
+		len = strlen(hex) / 2;
+		assert_true(len <= sizeof(bytes));
+		for (size_t i = 0; i < len; i++)
+			bytes[i] = (unsigned char)strtol((char[3]){ hex[2 * i], hex[2 * i + 1], '\0' }, NULL, 16);
+		free(hex);
+		want = malloc(len + 1);
+		assert_non_null(want);
+		memcpy(want, bytes, len);
+	} else {
+		want = t_query1(R.pg, "SELECT %s::text FROM outbox WHERE aggregatetype = '%s'", col, at);
+		len = strlen(want);
+	}
+	assert_non_null(m[0].value);
+	if (m[0].len != len || memcmp(m[0].value, want, len) != 0)
+		fail_msg("%s (column %s): the record's %zu bytes differ from the server's %zu", topic, col,
+		    m[0].len, len);
+	/* [outbox] timestamp = created_at, read in ISO form whatever DateStyle says */
+	assert_int_equal(m[0].timestamp, 1772600767089LL);
+	/* header.f = f: a float8 with every digit, whatever extra_float_digits says */
+	assert_non_null(t_msg_header(&m[0], "f"));
+	assert_string_equal(t_msg_header(&m[0], "f"), "0.30000000000000004");
+	free(want);
+	t_msgs_free(m, n);
+}
+
+/*
+ * A database whose settings change how values are rendered as text:
+ * bytea_output = escape, client_encoding = LATIN1, DateStyle = SQL, DMY,
+ * extra_float_digits = -3 (legacy applications need such settings).  Every
+ * connection of outboxd pins its own, so bytea, text, json and jsonb
+ * payloads arrive byte-exact and the created_at timestamp is read: streamed
+ * (the walsender renders them), polled, and from the snapshot of pending
+ * rows.
+ */
+static void
+test_session_settings(void **state)
+{
+	static const char *const cols[] = { "b", "t", "j", "payload" };
+	char extra[256], at[32];
+
+	(void)state;
+	t_relay_setup(&R, "sessset", 0);
+	t_exec_file(R.pg, "sql/008_polling.sql");
+	t_exec(R.pg, "ALTER TABLE outbox ADD COLUMN t text, ADD COLUMN j json, ADD COLUMN b bytea, "
+	    "ADD COLUMN f float8");
+	/* R.pg was opened before: it keeps the defaults the expected values are read with */
+	t_exec(R.pg, "ALTER DATABASE %s SET bytea_output = 'escape'", R.db);
+	t_exec(R.pg, "ALTER DATABASE %s SET client_encoding = 'LATIN1'", R.db);
+	t_exec(R.pg, "ALTER DATABASE %s SET DateStyle = 'SQL, DMY'", R.db);
+	t_exec(R.pg, "ALTER DATABASE %s SET extra_float_digits = -3", R.db);
+
+	for (size_t i = 0; i < sizeof(cols) / sizeof(cols[0]); i++) {
+		snprintf(extra, sizeof(extra), "[outbox]\npayload = %s\ntimestamp = created_at\n"
+		    "header.f = f\n", cols[i]);
+		t_relay_config(&R, extra);
+		t_relay_start(&R, NULL, 1);
+		snprintf(at, sizeof(at), "s_%s", cols[i]);
+		insert_typed_row(at);
+		check_typed_record(at, cols[i]);
+		stop_relay();
+	}
+	t_exec(R.pg, "DELETE FROM outbox");
+	for (size_t i = 0; i < sizeof(cols) / sizeof(cols[0]); i++) {
+		snprintf(extra, sizeof(extra), "[source]\nmode = poll\n[poll]\npoll_interval = 100ms\n"
+		    "[outbox]\npayload = %s\ntimestamp = created_at\nheader.f = f\n", cols[i]);
+		t_relay_config(&R, extra);
+		t_relay_start(&R, NULL, 0);
+		wait_log(&R, "polling public.outbox", 20000);
+		snprintf(at, sizeof(at), "p_%s", cols[i]);
+		insert_typed_row(at);
+		check_typed_record(at, cols[i]);
+		stop_relay();
+	}
+	/* a new slot publishes the row pending at its creation from its snapshot */
+	t_exec(R.pg, "UPDATE outbox SET published_at = now()");
+	insert_typed_row("n_b");
+	snprintf(R.slot, sizeof(R.slot), "%.40s_snap", R.db);
+	t_relay_config(&R, "[source]\nsnapshot = pending\n[outbox]\npayload = b\ntimestamp = created_at\n"
+	    "header.f = f\n");
+	t_relay_start(&R, NULL, 1);
+	check_typed_record("n_b", "b");
+	assert_int_equal(t_log_count(&R, ": publishing the rows of public.outbox"), 1);
+	stop_relay();
+	t_exec(R.pg, "ALTER DATABASE %s RESET ALL", R.db);
+}
+
 int
 main(void)
 {
@@ -982,6 +1129,7 @@ main(void)
 		cmocka_unit_test_teardown(test_messages_without_table, teardown),
 		cmocka_unit_test_teardown(test_schema_changes, teardown),
 		cmocka_unit_test_teardown(test_values, teardown),
+		cmocka_unit_test_teardown(test_session_settings, teardown),
 	};
 
 	/* OBX_TEST_FILTER=PATTERN[,PATTERN...] (* and ? wildcards) runs the matching cases only */

@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "obx/snapmark.h"
 
 #define AGGS 200
 #define TOPICS 4 /* outbox.event.snap0..3, 4 partitions each */
@@ -1182,6 +1183,182 @@ test_snapshot_refused(void **state)
 		fail_msg("check refused snapshot = pending in logical mode: %s", out);
 }
 
+/*
+ * 7. A snapshot_filter that tries to end the snapshot's read-only
+ * transaction and run a statement of its own: the configuration refuses it
+ * (check and run, exit status 2, one line naming the key), and when it
+ * reaches the server anyway (a test hook puts it in place of the filter)
+ * the server runs nothing of it: the snapshot's statement is one statement.
+ * The table it drops is there after both.
+ */
+static void
+test_filter_one_condition(void **state)
+{
+	static const char attack[] = "true); COMMIT; DROP TABLE victim; SELECT 1 FROM public.outbox "
+	    "WHERE (true";
+	char conf[512], out[4096], *v;
+	int st;
+
+	(void)state;
+	t_relay_setup(&R, "snapfilter", 0);
+	t_exec(R.pg, "CREATE TABLE victim (i int)");
+	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
+	    "VALUES ('filter', 'k', 'T', '{}')");
+	snprintf(conf, sizeof(conf), "[source]\nsnapshot = pending\nsnapshot_filter = %s\n", attack);
+	t_relay_config(&R, conf);
+	t_relay_start(&R, NULL, 0);
+	st = t_wait(R.pid, 30000);
+	if (st == -1)
+		t_relay_signal(&R, SIGKILL, 5000);
+	R.pid = 0;
+	v = t_query1(R.pg, "SELECT count(*) FROM pg_class WHERE relname = 'victim'");
+	assert_string_equal(v, "1");
+	free(v);
+	if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 2 ||
+	    t_log_count(&R, "key 'snapshot_filter': must be one SQL condition") != 1) {
+		t_log_dump(&R);
+		fail_msg("run did not stop at the filter (wait status %d)", st);
+	}
+	st = run_capture("check", R.conf, out, sizeof(out));
+	if (st != 2 || strstr(out, "key 'snapshot_filter': must be one SQL condition, without ';'") == NULL)
+		fail_msg("check took the filter (status %d): %s", st, out);
+
+#ifdef OBX_TEST_HOOKS
+	t_relay_config(&R, "[source]\nsnapshot = pending\n");
+	setenv("OBX_TEST_SNAPSHOT_FILTER", attack, 1);
+	t_relay_start(&R, NULL, 0);
+	unsetenv("OBX_TEST_SNAPSHOT_FILTER");
+	st = t_wait(R.pid, 30000);
+	if (st == -1)
+		t_relay_signal(&R, SIGKILL, 5000);
+	R.pid = 0;
+	v = t_query1(R.pg, "SELECT count(*) FROM pg_class WHERE relname = 'victim'");
+	assert_string_equal(v, "1");
+	free(v);
+	if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) == 0 ||
+	    t_log_count(&R, "cannot insert multiple commands into a prepared statement") == 0) {
+		t_log_dump(&R);
+		fail_msg("the server was not asked for one statement (wait status %d)", st);
+	}
+#endif
+}
+
+/* The long slot names of test_long_slot_names: 54 characters in common, then _a_001 or _b_001. */
+static char long_prefix[64];
+
+static int
+long_names_teardown(void **state)
+{
+	/* markers have no database: the cluster-wide cleanup does not take them */
+	if (R.pg != NULL && long_prefix[0] != '\0')
+		PQclear(PQexec(R.pg, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+		    "WHERE slot_type = 'physical' AND NOT active AND slot_name LIKE 'snaplong%'"));
+	return teardown(state);
+}
+
+/* Runs r until it streams, then stops it; returns how many snapshot lines it logged. */
+static int
+run_to_stream(struct t_relay *r)
+{
+	uint64_t lsn;
+	long n;
+	int before = snapshot_line(r, &lsn, &n);
+
+	/* waits for "streaming from slot" like t_relay_start, a new one in a log that has some */
+	t_relay_start(r, NULL, 1);
+	assert_int_equal(t_relay_signal(r, SIGTERM, 20000), 0);
+	return snapshot_line(r, &lsn, &n) - before;
+}
+
+/*
+ * 8. Two slots whose names (60 characters) share their first 54 have a
+ * marker each: A's snapshot stops half-way, B's runs to its end and drops
+ * its own marker, and A's next start still finds A's and publishes the
+ * pending rows.  A marker an earlier version left under the old name (the
+ * slot's first 54 characters) is A's when no other slot shares them: A
+ * publishes its rows again and drops it; with B's slot there it may be B's:
+ * A publishes again and leaves it.
+ */
+static void
+test_long_slot_names(void **state)
+{
+	char slot_a[64], slot_b[64], mark_a[64], mark_b[64], legacy[64];
+	struct t_relay B;
+	struct t_msg *m;
+	size_t n, first;
+	int64_t t0;
+
+	(void)state;
+	t_relay_setup(&R, "snaplong", 0);
+	snprintf(long_prefix, sizeof(long_prefix), "snaplong_%d_", (int)getpid());
+	while (strlen(long_prefix) < 54)
+		strcat(long_prefix, "x");
+	snprintf(slot_a, sizeof(slot_a), "%.54s_a_001", long_prefix);
+	snprintf(slot_b, sizeof(slot_b), "%.54s_b_001", long_prefix);
+	obx_snapmark_name(slot_a, mark_a, sizeof(mark_a));
+	obx_snapmark_name(slot_b, mark_b, sizeof(mark_b));
+	assert_true(obx_snapmark_legacy_name(slot_a, legacy, sizeof(legacy)));
+	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
+	    "SELECT 'long', 'k' || (g %% 20), 'T', jsonb_build_object('i', g) "
+	    "FROM generate_series(1, 4000) g");
+
+	/* A's snapshot stops half-way: each fetch waits for a slow broker */
+	snprintf(R.slot, sizeof(R.slot), "%s", slot_a);
+	for (int b = 1; b <= 3; b++)
+		assert_int_equal(t_broker_cmd(&R.b, "rtt %d 500", b), 0);
+	t_relay_config(&R, "[source]\nsnapshot = pending\n[delivery]\nmax_inflight = 50\n");
+	t_relay_start(&R, NULL, 0);
+	t0 = t_now_ms() + 20000;
+	while (t_log_count(&R, ": publishing the rows of public.outbox") == 0) {
+		if (t_now_ms() > t0) {
+			t_log_dump(&R);
+			fail_msg("outboxd did not begin its snapshot");
+		}
+		usleep(20000);
+	}
+	usleep(1500000);
+	assert_int_equal(t_relay_signal(&R, SIGTERM, 15000), 0);
+	for (int b = 1; b <= 3; b++)
+		assert_int_equal(t_broker_cmd(&R.b, "rtt %d 0", b), 0);
+	assert_slot(mark_a, "physical");
+	first = t_consume_all(R.b.bootstrap, "outbox.event.long", 5000, &m);
+	t_msgs_free(m, first);
+	assert_true(first < 4000);
+
+	/* B, to topics of its own, runs its snapshot to the end: its marker goes, A's stays */
+	t_relay_twin(&R, &B, "b");
+	snprintf(B.slot, sizeof(B.slot), "%s", slot_b);
+	B.conf[0] = '\0';
+	t_relay_config(&B, "[source]\nsnapshot = pending\n[outbox]\ntopic = b.${aggregatetype}\n");
+	assert_int_equal(run_to_stream(&B), 1);
+	assert_slot(mark_b, "");
+	assert_slot(mark_a, "physical");
+
+	/* A's next start publishes the pending rows, then drops its marker */
+	assert_int_equal(run_to_stream(&R), 1);
+	assert_slot(mark_a, "");
+	n = t_consume_all(R.b.bootstrap, "outbox.event.long", 15000, &m);
+	assert_int_equal(n, first + 4000);
+	t_msgs_free(m, n);
+
+	/* an earlier version's marker, B's slot gone: A's, published again and dropped */
+	t_exec(R.pg, "SELECT pg_drop_replication_slot('%s')", slot_b);
+	t_exec(R.pg, "SELECT pg_create_physical_replication_slot('%s')", legacy);
+	assert_int_equal(run_to_stream(&R), 1);
+	assert_slot(legacy, "");
+	/* with B's slot there it may be B's: published again and left */
+	t_exec(R.pg, "SELECT pg_create_physical_replication_slot('%s')", legacy);
+	t_exec(R.pg, "SELECT pg_create_logical_replication_slot('%s', 'pgoutput')", slot_b);
+	assert_int_equal(run_to_stream(&R), 1);
+	assert_slot(legacy, "physical");
+	assert_true(t_log_count(&R, "may be slot ") >= 1);
+	n = t_consume_all(R.b.bootstrap, "outbox.event.long", 15000, &m);
+	assert_int_equal(n, first + 3 * 4000);
+	t_msgs_free(m, n);
+	unlink(B.conf);
+	t_relay_twin_stop(&B);
+}
+
 int
 main(void)
 {
@@ -1192,6 +1369,8 @@ main(void)
 		cmocka_unit_test_teardown(test_standby_takes_over, teardown),
 		cmocka_unit_test_teardown(test_plain_table, teardown),
 		cmocka_unit_test_teardown(test_sigterm_during_snapshot, teardown),
+		cmocka_unit_test_teardown(test_filter_one_condition, teardown),
+		cmocka_unit_test_teardown(test_long_slot_names, long_names_teardown),
 	};
 
 	return T_RUN_TESTS(tests);

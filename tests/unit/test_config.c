@@ -846,8 +846,8 @@ test_exactly_once_keys(void **state)
 
 /*
  * [source] snapshot and snapshot_filter: off and the default filter unless
- * given; pending or none only; refused with polling mode and with
- * exactly-once, naming the key and what it conflicts with; a reload that
+ * given; pending or none only; a filter with ';' refused; refused with
+ * polling mode and with exactly-once, naming the key and what it conflicts with; a reload that
  * changes either is named.
  */
 static void
@@ -872,6 +872,22 @@ test_snapshot_keys(void **state)
 	obx_config_reset(&cfg);
 	assert_int_equal(load(&cfg, KAFKA, env, NULL, 0), 0);
 	assert_true(cfg.snapshot);
+	obx_config_reset(&cfg);
+	/* one condition: no ';' that would end the read-only statement, quoted or not */
+	expect_error(KAFKA "[source]\nsnapshot_filter = true; DROP TABLE outbox\n",
+	    "key 'snapshot_filter': must be one SQL condition, without ';' (write chr(59) for the character)");
+	expect_error(KAFKA "[source]\nsnapshot_filter = type <> 'a;b'\n",
+	    "key 'snapshot_filter': must be one SQL condition, without ';'");
+	/* from the environment too (in a file, a ';' after a space starts a comment) */
+	{
+		char *fenv[] = { "OUTBOXD_SOURCE_SNAPSHOT_FILTER=true) ;COMMIT", NULL };
+
+		assert_int_equal(load(&cfg, KAFKA, fenv, NULL, 0), OBX_ECONFIG);
+		assert_non_null(strstr(errbuf, "key 'snapshot_filter': must be one SQL condition"));
+		obx_config_reset(&cfg);
+	}
+	assert_int_equal(load(&cfg, KAFKA "[source]\nsnapshot_filter = type <> 'a' || chr(59) || 'b'\n",
+	    NULL, NULL, 0), 0);
 	obx_config_reset(&cfg);
 	expect_error(KAFKA "[source]\nsnapshot = on\n", "key 'snapshot': expected pending or none, got 'on'");
 	expect_error(KAFKA "[source]\nsnapshot = initial\n",
