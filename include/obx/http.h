@@ -14,6 +14,10 @@
  * answered goes after 5 s without progress.  libmicrohttpd's one thread
  * polls every connection without blocking, so slow clients within those
  * limits do not delay the others.
+ *
+ * /readyz answers anyone, so it says the state and a fixed phrase for why
+ * (obx_not_ready_text); the error text behind it, which names hosts and
+ * users, only with [metrics] detailed_health = on.
  */
 #ifndef OBX_HTTP_H
 #define OBX_HTTP_H

@@ -454,36 +454,59 @@ test_standby_is_ready(void **state)
 	t_relay_twin_stop(&S);
 }
 
+/*
+ * A server that refuses the configured role (NOLOGIN, which outboxd
+ * retries, as a role may be granted it later): not ready, but healthy.  /readyz says why in a fixed phrase; the server's error text
+ * (its address, the user name) only with [metrics] detailed_health = on,
+ * and the log has it either way.
+ */
 static void
-test_not_ready_while_failing(void **state)
+not_ready_while_failing(const char *extra)
 {
+	static char other[1 << 16];
+	char text[2048];
 	int port;
 	int64_t t0;
 
-	(void)state;
 	t_relay_setup(&R, "opsdown", 0);
-	/* a server that is not there: retried, not ready, but healthy */
 	t_relay_config(&R, "[metrics]\nlisten = 127.0.0.1:0\n");
-	{
-		char text[2048];
-		FILE *fp = fopen(R.conf, "w");
-
-		snprintf(text, sizeof(text), "[source]\nconninfo = host=127.0.0.1 port=1 dbname=x\n"
-		    "[kafka]\nbootstrap.servers = %s\n[metrics]\nlisten = 127.0.0.1:0\n[log]\nformat = text\n",
-		    R.b.bootstrap);
-		fputs(text, fp);
-		fclose(fp);
-	}
+	t_exec(R.pg, "DO $$BEGIN CREATE ROLE obx_ops_nologin NOLOGIN; "
+	    "EXCEPTION WHEN duplicate_object THEN NULL; END$$");
+	snprintf(text, sizeof(text), "[source]\nconninfo = host=%s port=%s user=obx_ops_nologin dbname=%s\n"
+	    "[kafka]\nbootstrap.servers = %s\n[metrics]\nlisten = 127.0.0.1:0\n%s[log]\nformat = text\n",
+	    R.st.host, R.st.port, R.db, R.b.bootstrap, extra);
+	t_write_file(R.conf, sizeof(R.conf), text);
 	t_relay_start(&R, NULL, 0);
 	port = t_metrics_port(&R);
 	for (t0 = t_now_ms(); t_now_ms() - t0 < 10000; usleep(100000))
-		if (t_http_get(port, "/readyz", body, sizeof(body)) == 503 && strstr(body, "Connection refused"))
+		if (t_log_count(&R, "role \"obx_ops_nologin\" is not permitted to log in") >= 1)
 			break;
-	assert_non_null(strstr(body, "not ready: connecting: could not connect to PostgreSQL"));
-	assert_int_equal(t_http_get(port, "/healthz", body, sizeof(body)), 200);
-	assert_int_equal(t_http_get(port, "/metrics", body, sizeof(body)), 200);
-	assert_true(t_metric(body, "outboxd_reconnects_total{target=\"postgres\"}") >= 1);
-	assert_true(t_metric(body, "outboxd_state{state=\"connecting\"}") == 1);
+	assert_true(t_log_count(&R, "role \"obx_ops_nologin\" is not permitted to log in") >= 1);
+	assert_int_equal(t_http_get(port, "/readyz", body, sizeof(body)), 503);
+	assert_int_equal(t_http_get(port, "/healthz", other, sizeof(other)), 200);
+	assert_int_equal(t_http_get(port, "/metrics", other, sizeof(other)), 200);
+	assert_true(t_metric(other, "outboxd_reconnects_total{target=\"postgres\"}") >= 1);
+	assert_true(t_metric(other, "outboxd_state{state=\"connecting\"}") == 1);
+}
+
+static void
+test_not_ready_while_failing(void **state)
+{
+	(void)state;
+	not_ready_while_failing("");
+	assert_string_equal(body, "not ready: connecting: connecting to PostgreSQL\n");
+}
+
+static void
+test_not_ready_detailed_health(void **state)
+{
+	static const char want[] = "not ready: connecting: connecting to PostgreSQL: could not connect to PostgreSQL";
+
+	(void)state;
+	not_ready_while_failing("detailed_health = on\n");
+	if (strncmp(body, want, sizeof(want) - 1) != 0 ||
+	    strstr(body, "\"obx_ops_nologin\"") == NULL || strstr(body, R.st.host) == NULL)
+		fail_msg("/readyz with detailed_health = on: %s", body);
 }
 
 /* The deployed set-up: the table owner runs sql/, outboxd logs in as its least-privilege role. */
@@ -575,6 +598,7 @@ main(void)
 		cmocka_unit_test_teardown(test_slow_clients_do_not_starve_probes, teardown),
 		cmocka_unit_test_teardown(test_standby_is_ready, teardown),
 		cmocka_unit_test_teardown(test_not_ready_while_failing, teardown),
+		cmocka_unit_test_teardown(test_not_ready_detailed_health, teardown),
 		cmocka_unit_test_teardown(test_least_privilege_role, teardown),
 		cmocka_unit_test_teardown(test_sighup_rereads, teardown),
 	};
