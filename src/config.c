@@ -769,6 +769,13 @@ set_metrics(struct obx_config *cfg, const char *key, const char *value, const ch
 	char host[256];
 	long long port;
 
+	if (strcmp(key, "detailed_health") == 0) {
+		if (obx_parse_bool(value, &cfg->detailed_health) != 0) {
+			obx_config_fail(errbuf, errlen, origin, key, "expected on or off, got '%s'", value);
+			return OBX_ECONFIG;
+		}
+		return 0;
+	}
 	if (strcmp(key, "listen") != 0) {
 		obx_config_fail(errbuf, errlen, origin, key, "unknown key in [metrics]");
 		return OBX_ECONFIG;
@@ -924,6 +931,7 @@ obx_config_init(struct obx_config *cfg)
 	cfg->dead_letter_topic = strdup("outbox.dead_letter");
 	cfg->metrics_host = strdup("0.0.0.0");
 	cfg->metrics_port = 9898;
+	cfg->detailed_health = false;
 	cfg->log_level = OBX_LOG_INFO;
 	cfg->log_format = OBX_LOG_FORMAT_JSON;
 	cfg->progress_interval_ms = 60000;
@@ -1332,6 +1340,7 @@ obx_config_diff(const struct obx_config *a, const struct obx_config *b, const ch
 		    a->txn_max_bytes != b->txn_max_bytes || a->txn_max_ms != b->txn_max_ms },
 		{ "[metrics] listen", str_differs(a->metrics_host, b->metrics_host) ||
 		    a->metrics_port != b->metrics_port },
+		{ "[metrics] detailed_health", a->detailed_health != b->detailed_health },
 		{ "[log] level", a->log_level != b->log_level },
 		{ "[log] format", a->log_format != b->log_format },
 		{ "[log] progress_interval", a->progress_interval_ms != b->progress_interval_ms },

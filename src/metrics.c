@@ -19,6 +19,16 @@ obx_state_name(enum obx_state s)
 	return s < OBX_STATE_COUNT ? state_names[s] : "unknown";
 }
 
+static const char *const not_ready_texts[OBX_NOT_READY_COUNT] = {
+	"", "connecting to PostgreSQL", "waiting for the broker", "snapshot in progress",
+};
+
+const char *
+obx_not_ready_text(enum obx_not_ready r)
+{
+	return r < OBX_NOT_READY_COUNT ? not_ready_texts[r] : "";
+}
+
 void
 obx_metrics_observe(struct obx_metrics *m, double seconds)
 {

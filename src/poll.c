@@ -111,10 +111,12 @@ publish(struct poller *p)
 	}
 }
 
+/* Sets the state, /readyz's phrase for it and the full reason (logged by the caller). */
 static void
-set_state(struct poller *p, enum obx_state s, const char *reason)
+set_state(struct poller *p, enum obx_state s, enum obx_not_ready why, const char *reason)
 {
 	p->m.state = s;
+	p->m.not_ready = why;
 	snprintf(p->m.state_reason, sizeof(p->m.state_reason), "%.*s", (int)sizeof(p->m.state_reason) - 1,
 	    reason != NULL ? reason : "");
 	publish(p);
@@ -773,7 +775,7 @@ wait_acks(struct poller *p)
 			slow = true;
 			snprintf(why, sizeof(why), "waiting for the broker to acknowledge %zu event(s)", p->outstanding);
 			obx_log_warn("%s; the claimed rows stay locked until then", why);
-			set_state(p, OBX_STATE_BACKPRESSURED, why);
+			set_state(p, OBX_STATE_BACKPRESSURED, OBX_NOT_READY_NONE, why);
 		}
 		p->m.inflight_events = p->outstanding;
 		publish(p);
@@ -781,7 +783,7 @@ wait_acks(struct poller *p)
 	p->m.inflight_events = 0;
 	if (slow) {
 		obx_log_info("the broker acknowledged the batch after %.1f s", (double)(obx_mono_ms() - start) / 1000.0);
-		set_state(p, OBX_STATE_STREAMING, NULL);
+		set_state(p, OBX_STATE_STREAMING, OBX_NOT_READY_NONE, NULL);
 	}
 	return 0;
 }
@@ -978,7 +980,7 @@ session(struct poller *p)
 	obx_log_info("polling %s.%s: batches of %lld, every %d ms when idle%s%s", p->cfg->table_schema,
 	    p->cfg->table_name, p->cfg->poll_batch, p->cfg->poll_interval_ms,
 	    p->listening ? ", woken by NOTIFY on " : "", p->listening ? p->cfg->poll_notify_channel : "");
-	set_state(p, OBX_STATE_STREAMING, NULL);
+	set_state(p, OBX_STATE_STREAMING, OBX_NOT_READY_NONE, NULL);
 	stats(p);
 	for (;;) {
 		if (p->signals > 0) {
@@ -1043,6 +1045,7 @@ obx_poll_run(const struct obx_config *cfg, const struct obx_run_opts *opts)
 	p.m.poll_mode = 1;
 	p.m.poll_pending_rows = -1;
 	p.m.state = OBX_STATE_CONNECTING;
+	p.m.not_ready = OBX_NOT_READY_POSTGRES;
 #ifdef OBX_TEST_HOOKS
 	if (getenv("OBX_TEST_KILL_AFTER_ACKS") != NULL)
 		p.test_kill_after = atol(getenv("OBX_TEST_KILL_AFTER_ACKS"));
@@ -1061,8 +1064,10 @@ obx_poll_run(const struct obx_config *cfg, const struct obx_run_opts *opts)
 	    p.http.port);
 	for (;;) {
 		int64_t published = (int64_t)p.m.events_published;
+		bool broker;
 
 		r = session(&p);
+		broker = p.kf_open && p.kf.fatal; /* read before the close clears it */
 		if (p.kf_open && (r != 0 || p.signals > 0)) {
 			/* rows not yet marked stay pending: whatever is still queued is dropped */
 			obx_kafka_close(&p.kf, 1000);
@@ -1085,7 +1090,8 @@ obx_poll_run(const struct obx_config *cfg, const struct obx_run_opts *opts)
 		if ((int64_t)p.m.events_published > published)
 			attempt = 0;
 		p.m.reconnects_postgres++;
-		set_state(&p, OBX_STATE_CONNECTING, p.reason);
+		set_state(&p, OBX_STATE_CONNECTING, broker ? OBX_NOT_READY_BROKER : OBX_NOT_READY_POSTGRES,
+		    p.reason);
 		if (strcmp(last, p.reason) != 0)
 			obx_log_warn("%s; retrying", p.reason);
 		snprintf(last, sizeof(last), "%s", p.reason);

@@ -578,6 +578,7 @@ update_metrics(struct relay *r)
 
 	r->m.state = c->draining ? OBX_STATE_DRAINING : obx_core_backpressured(c) ?
 	    OBX_STATE_BACKPRESSURED : OBX_STATE_STREAMING;
+	r->m.not_ready = OBX_NOT_READY_NONE;
 	r->m.state_reason[0] = '\0';
 	r->m.received_lsn = c->received;
 	r->m.confirmed_flush_lsn = c->sent_flush;
@@ -733,6 +734,7 @@ snapshot_then_start(struct relay *r)
 	r->snap.kill_after = r->test_kill_after;
 #endif
 	r->snapshotting = true;
+	r->m.not_ready = OBX_NOT_READY_SNAPSHOT;
 	snprintf(r->m.state_reason, sizeof(r->m.state_reason), "publishing the rows pending at the "
 	    "creation of slot %s before streaming", r->cfg->slot);
 	publish(r);
@@ -773,6 +775,8 @@ session_open(struct relay *r)
 	char txn_id[256];
 
 	r->m.state = OBX_STATE_CONNECTING;
+	if (r->m.not_ready == OBX_NOT_READY_NONE) /* else the last failure's side, until streaming */
+		r->m.not_ready = OBX_NOT_READY_POSTGRES;
 	publish(r);
 	/* --recreate-slot is for the slot missing at start-up: once a session has found or
 	 * created the slot (also as a standby), one lost later is refused as usual */
@@ -1049,6 +1053,8 @@ report_failure(struct relay *r, char *last, size_t lastlen, int attempt)
 	else if (!r->standby)
 		r->m.reconnects_postgres++;
 	r->m.state = r->standby ? OBX_STATE_STANDBY : OBX_STATE_CONNECTING;
+	r->m.not_ready = r->standby ? OBX_NOT_READY_NONE : r->end_kafka ? OBX_NOT_READY_BROKER :
+	    OBX_NOT_READY_POSTGRES;
 	snprintf(r->m.state_reason, sizeof(r->m.state_reason), "%.*s", (int)sizeof(r->m.state_reason) - 1,
 	    r->reason);
 	r->m.inflight_events = r->m.inflight_bytes = 0;

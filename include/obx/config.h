@@ -131,6 +131,7 @@ struct obx_config {
 	/* [metrics] */
 	char *metrics_host;
 	int metrics_port;
+	bool detailed_health; /* /readyz gives the full reason, error text included */
 
 	/* [log] */
 	enum obx_log_level log_level;

@@ -19,12 +19,26 @@ enum obx_state {
 	OBX_STATE_COUNT
 };
 
+/*
+ * Why an instance is not ready, in the words /readyz gives any caller: one
+ * of a fixed set chosen from the state, never from error text (which names
+ * hosts, users and SQL, and stays in the log and state_reason).
+ */
+enum obx_not_ready {
+	OBX_NOT_READY_NONE,
+	OBX_NOT_READY_POSTGRES, /* connecting to PostgreSQL, or the last session failed on its side */
+	OBX_NOT_READY_BROKER,   /* the last session failed on the broker's side */
+	OBX_NOT_READY_SNAPSHOT, /* publishing the rows pending at the slot's creation */
+	OBX_NOT_READY_COUNT
+};
+
 #define OBX_HIST_BUCKETS 12
 #define OBX_ERR_CODES 16
 
 struct obx_metrics {
 	enum obx_state state;
-	char state_reason[160]; /* why not ready, for /readyz */
+	enum obx_not_ready not_ready; /* why not ready, for /readyz */
+	char state_reason[160]; /* the full reason; /readyz shows it only with [metrics] detailed_health */
 	uint64_t received_lsn;
 	uint64_t confirmed_flush_lsn;
 	uint64_t stream_wal_end_lsn;   /* how far the stream says the walsender has sent */
@@ -95,6 +109,9 @@ int obx_metrics_wal_status(const char *s);
 
 /* A printable state name ("streaming", ...). */
 const char *obx_state_name(enum obx_state s);
+
+/* The phrase for r ("" for OBX_NOT_READY_NONE); a static string. */
+const char *obx_not_ready_text(enum obx_not_ready r);
 
 /*
  * Renders m as Prometheus text into a malloc'd NUL-terminated buffer

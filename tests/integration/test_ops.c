@@ -1,14 +1,18 @@
 /*
  * The operational surface: /metrics (every family, live values), /healthz,
  * /readyz for the active instance and a standby, 404s, slow and malformed
- * clients that must not stall the relay, and the process title.
+ * clients that must not stall the relay nor starve the probes, and the
+ * process title.
  */
 #include <arpa/inet.h>
 #include <inttypes.h>
 #include <math.h>
+#include <errno.h>
+#include <poll.h>
 #include <regex.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -214,6 +218,221 @@ test_metrics_health_and_slow_clients(void **state)
 	close(bad);
 }
 
+/* A non-blocking TCP connection from loopback address src to 127.0.0.1:port; -1 when refused at once. */
+static int
+loop_connect(const char *src, int port)
+{
+	struct sockaddr_in a, s;
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+
+	assert_true(fd >= 0);
+	memset(&s, 0, sizeof(s));
+	s.sin_family = AF_INET;
+	assert_int_equal(inet_pton(AF_INET, src, &s.sin_addr), 1);
+	assert_int_equal(bind(fd, (struct sockaddr *)&s, sizeof(s)), 0);
+	memset(&a, 0, sizeof(a));
+	a.sin_family = AF_INET;
+	a.sin_port = htons((uint16_t)port);
+	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	if (connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0 && errno != EINPROGRESS) {
+		close(fd);
+		return -1;
+	}
+	return fd;
+}
+
+/* Whether the server has closed fd (end of file or a reset); reads and drops what came. */
+static bool
+peer_closed(int fd)
+{
+	char buf[4096];
+
+	for (;;) {
+		ssize_t n = recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+
+		if (n > 0)
+			continue;
+		if (n == 0)
+			return true;
+		return errno != EAGAIN && errno != EWOULDBLOCK && errno != ENOTCONN && errno != EINTR;
+	}
+}
+
+/*
+ * GET path from 127.0.0.1 with a deadline of ms for the whole exchange, as
+ * a kubelet probe does.  Returns the status with the body in out, or -1
+ * when no whole answer came in time.
+ */
+static int
+probe(int port, const char *path, int ms, char *out, size_t len)
+{
+	char req[256], resp[4096];
+	int64_t until = t_now_ms() + ms;
+	size_t used = 0, sent = 0, reqlen;
+	int fd = loop_connect("127.0.0.1", port), status = -1;
+	char *sep;
+
+	if (fd < 0)
+		return -1;
+	reqlen = (size_t)snprintf(req, sizeof(req), "GET %s HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
+	    path);
+	for (;;) {
+		struct pollfd p = { fd, sent < reqlen ? POLLOUT : POLLIN, 0 };
+		int64_t left = until - t_now_ms();
+		ssize_t n;
+
+		if (left <= 0 || poll(&p, 1, (int)left) <= 0)
+			break;
+		if (sent < reqlen) {
+			n = send(fd, req + sent, reqlen - sent, MSG_NOSIGNAL);
+			if (n < 0 && errno != EAGAIN && errno != EINPROGRESS && errno != ENOTCONN)
+				break;
+			sent += n > 0 ? (size_t)n : 0;
+			continue;
+		}
+		n = recv(fd, resp + used, sizeof(resp) - 1 - used, 0);
+		if (n <= 0 || (used += (size_t)n) + 1 >= sizeof(resp)) {
+			resp[used] = '\0';
+			if (n == 0 && sscanf(resp, "HTTP/1.%*d %d", &status) == 1 &&
+			    (sep = strstr(resp, "\r\n\r\n")) != NULL)
+				snprintf(out, len, "%s", sep + 4);
+			else
+				status = -1;
+			break;
+		}
+	}
+	close(fd);
+	return status;
+}
+
+#define SLOW_CLIENTS 200
+#define PER_CLIENT 8 /* connections one source address may hold (src/http.c) */
+
+/*
+ * 200 connections from one client (127.0.0.2) that send a header byte every
+ * 2 s and reconnect whenever dropped; /healthz and /readyz from another
+ * (127.0.0.1), as the kubelet probes from the node's address, answer 200
+ * within 1 s every time.  Beside them: one client gets no more than its
+ * share of connections, and a request dripped byte by byte, a connection
+ * that sends nothing and an idle keep-alive connection are each dropped
+ * after the request deadline.
+ */
+static void
+test_slow_clients_do_not_starve_probes(void **state)
+{
+	static const char head[] = "GET /metrics HTTP/1.1\r\nHost: localhost\r\nX-Slow: ";
+	int slow[SLOW_CLIENTS], share[20], drip, silent, idle, port, ok = 0, held = 0;
+	size_t pos[SLOW_CLIENTS], dpos = 0;
+	int64_t t0, next_tick = 0, drip_end = 0, silent_end = 0, idle_end = 0, idle_answered = 0;
+	int open_share = 0;
+
+	(void)state;
+	t_relay_setup(&R, "opsslow", 0);
+	t_relay_config(&R, "[metrics]\nlisten = 127.0.0.1:0\n");
+	t_relay_start(&R, NULL, 1);
+	port = t_metrics_port(&R);
+
+	for (size_t i = 0; i < SLOW_CLIENTS; i++) {
+		slow[i] = loop_connect("127.0.0.2", port);
+		pos[i] = 0;
+	}
+	drip = loop_connect("127.0.0.4", port);
+	silent = loop_connect("127.0.0.5", port);
+	idle = loop_connect("127.0.0.6", port);
+	assert_true(drip >= 0 && silent >= 0 && idle >= 0);
+	usleep(100000);
+	{
+		static const char keep[] = "GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n";
+
+		assert_int_equal(send(idle, keep, sizeof(keep) - 1, MSG_NOSIGNAL), (ssize_t)sizeof(keep) - 1);
+	}
+	t0 = t_now_ms();
+	for (int k = 0; k < 12; k++) {
+		const char *path = k % 2 ? "/readyz" : "/healthz";
+		int64_t at = t0 + 1250LL * k, start;
+		int code;
+		char got[256] = "";
+
+		while (t_now_ms() < at) {
+			int64_t now = t_now_ms();
+
+			if (now >= next_tick) {
+				/* every 2 s: one more header byte on each, a new connection for each dropped */
+				int open = 0;
+
+				for (size_t i = 0; i < SLOW_CLIENTS; i++) {
+					if (slow[i] >= 0 && peer_closed(slow[i])) {
+						close(slow[i]);
+						slow[i] = -1;
+					}
+					if (slow[i] < 0) {
+						slow[i] = loop_connect("127.0.0.2", port);
+						pos[i] = 0;
+						continue;
+					}
+					open++;
+					if (send(slow[i], pos[i] < sizeof(head) - 1 ? head + pos[i] : "a", 1,
+					    MSG_NOSIGNAL) == 1)
+						pos[i]++;
+				}
+				held = open > held ? open : held;
+				if (drip_end == 0 && send(drip, dpos < sizeof(head) - 1 ? head + dpos : "a", 1,
+				    MSG_NOSIGNAL) == 1)
+					dpos++;
+				next_tick = now + 2000;
+			}
+			if (drip_end == 0 && peer_closed(drip))
+				drip_end = now;
+			if (silent_end == 0 && peer_closed(silent))
+				silent_end = now;
+			if (idle_answered == 0) {
+				char buf[512];
+				ssize_t n = recv(idle, buf, sizeof(buf), MSG_DONTWAIT);
+
+				if (n > 0)
+					idle_answered = now;
+				else if (n == 0)
+					fail_msg("the keep-alive connection closed before its answer");
+			} else if (idle_end == 0 && peer_closed(idle))
+				idle_end = now;
+			usleep(20000);
+		}
+		start = t_now_ms();
+		code = probe(port, path, 1000, got, sizeof(got));
+		printf("# probe %2d %-8s %d after %lld ms\n", k + 1, path, code, (long long)(t_now_ms() - start));
+		if (code == 200 && strcmp(got, k % 2 ? "ready: streaming\n" : "ok\n") == 0)
+			ok++;
+	}
+	for (size_t i = 0; i < SLOW_CLIENTS; i++)
+		if (slow[i] >= 0)
+			close(slow[i]);
+	close(drip);
+	close(silent);
+	close(idle);
+	printf("# slow client held up to %d connections; drip dropped after %lld ms, silent after %lld ms, "
+	    "idle keep-alive after %lld ms\n", held, (long long)(drip_end ? drip_end - t0 : -1),
+	    (long long)(silent_end ? silent_end - t0 : -1),
+	    (long long)(idle_end ? idle_end - idle_answered : -1));
+	if (ok != 12)
+		fail_msg("%d of 12 probes answered 200 within 1 s with %d slow clients connected", ok, SLOW_CLIENTS);
+	assert_true(held >= 1 && held <= PER_CLIENT); /* the attack reached the server, within its share */
+	/* the request deadline (5 s) drops each, whatever it sends; 2 s to spare */
+	assert_true(drip_end > 0 && drip_end - t0 >= 4000 && drip_end - t0 <= 7000);
+	assert_true(silent_end > 0 && silent_end - t0 <= 7000);
+	assert_true(idle_answered > 0 && idle_end > 0 && idle_end - idle_answered <= 7000);
+
+	/* one client's share: 20 connections, only PER_CLIENT stay (the others are closed at once) */
+	for (size_t i = 0; i < 20; i++)
+		assert_true((share[i] = loop_connect("127.0.0.3", port)) >= 0);
+	usleep(500000);
+	for (size_t i = 0; i < 20; i++)
+		open_share += !peer_closed(share[i]);
+	for (size_t i = 0; i < 20; i++)
+		close(share[i]);
+	if (open_share != PER_CLIENT)
+		fail_msg("one client holds %d of 20 connections, expected %d", open_share, PER_CLIENT);
+}
+
 static void
 test_standby_is_ready(void **state)
 {
@@ -383,36 +602,59 @@ test_standby_is_quiet(void **state)
 	t_relay_twin_stop(&S);
 }
 
+/*
+ * A server that refuses the configured role (NOLOGIN, which outboxd
+ * retries, as a role may be granted it later): not ready, but healthy.  /readyz says why in a fixed phrase; the server's error text
+ * (its address, the user name) only with [metrics] detailed_health = on,
+ * and the log has it either way.
+ */
 static void
-test_not_ready_while_failing(void **state)
+not_ready_while_failing(const char *extra)
 {
+	static char other[1 << 16];
+	char text[2048];
 	int port;
 	int64_t t0;
 
-	(void)state;
 	t_relay_setup(&R, "opsdown", 0);
-	/* a server that is not there: retried, not ready, but healthy */
 	t_relay_config(&R, "[metrics]\nlisten = 127.0.0.1:0\n");
-	{
-		char text[2048];
-		FILE *fp = fopen(R.conf, "w");
-
-		snprintf(text, sizeof(text), "[source]\nconninfo = host=127.0.0.1 port=1 dbname=x\n"
-		    "[kafka]\nbootstrap.servers = %s\n[metrics]\nlisten = 127.0.0.1:0\n[log]\nformat = text\n",
-		    R.b.bootstrap);
-		fputs(text, fp);
-		fclose(fp);
-	}
+	t_exec(R.pg, "DO $$BEGIN CREATE ROLE obx_ops_nologin NOLOGIN; "
+	    "EXCEPTION WHEN duplicate_object THEN NULL; END$$");
+	snprintf(text, sizeof(text), "[source]\nconninfo = host=%s port=%s user=obx_ops_nologin dbname=%s\n"
+	    "[kafka]\nbootstrap.servers = %s\n[metrics]\nlisten = 127.0.0.1:0\n%s[log]\nformat = text\n",
+	    R.st.host, R.st.port, R.db, R.b.bootstrap, extra);
+	t_write_file(R.conf, sizeof(R.conf), text);
 	t_relay_start(&R, NULL, 0);
 	port = t_metrics_port(&R);
 	for (t0 = t_now_ms(); t_now_ms() - t0 < 10000; usleep(100000))
-		if (t_http_get(port, "/readyz", body, sizeof(body)) == 503 && strstr(body, "Connection refused"))
+		if (t_log_count(&R, "role \"obx_ops_nologin\" is not permitted to log in") >= 1)
 			break;
-	assert_non_null(strstr(body, "not ready: connecting: could not connect to PostgreSQL"));
-	assert_int_equal(t_http_get(port, "/healthz", body, sizeof(body)), 200);
-	assert_int_equal(t_http_get(port, "/metrics", body, sizeof(body)), 200);
-	assert_true(t_metric(body, "outboxd_reconnects_total{target=\"postgres\"}") >= 1);
-	assert_true(t_metric(body, "outboxd_state{state=\"connecting\"}") == 1);
+	assert_true(t_log_count(&R, "role \"obx_ops_nologin\" is not permitted to log in") >= 1);
+	assert_int_equal(t_http_get(port, "/readyz", body, sizeof(body)), 503);
+	assert_int_equal(t_http_get(port, "/healthz", other, sizeof(other)), 200);
+	assert_int_equal(t_http_get(port, "/metrics", other, sizeof(other)), 200);
+	assert_true(t_metric(other, "outboxd_reconnects_total{target=\"postgres\"}") >= 1);
+	assert_true(t_metric(other, "outboxd_state{state=\"connecting\"}") == 1);
+}
+
+static void
+test_not_ready_while_failing(void **state)
+{
+	(void)state;
+	not_ready_while_failing("");
+	assert_string_equal(body, "not ready: connecting: connecting to PostgreSQL\n");
+}
+
+static void
+test_not_ready_detailed_health(void **state)
+{
+	static const char want[] = "not ready: connecting: connecting to PostgreSQL: could not connect to PostgreSQL";
+
+	(void)state;
+	not_ready_while_failing("detailed_health = on\n");
+	if (strncmp(body, want, sizeof(want) - 1) != 0 ||
+	    strstr(body, "\"obx_ops_nologin\"") == NULL || strstr(body, R.st.host) == NULL)
+		fail_msg("/readyz with detailed_health = on: %s", body);
 }
 
 /* The deployed set-up: the table owner runs sql/, outboxd logs in as its least-privilege role. */
@@ -501,10 +743,12 @@ main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_teardown(test_metrics_health_and_slow_clients, teardown),
+		cmocka_unit_test_teardown(test_slow_clients_do_not_starve_probes, teardown),
 		cmocka_unit_test_teardown(test_standby_is_ready, teardown),
 		cmocka_unit_test_teardown(test_lag_is_the_servers, teardown),
 		cmocka_unit_test_teardown(test_standby_is_quiet, teardown),
 		cmocka_unit_test_teardown(test_not_ready_while_failing, teardown),
+		cmocka_unit_test_teardown(test_not_ready_detailed_health, teardown),
 		cmocka_unit_test_teardown(test_least_privilege_role, teardown),
 		cmocka_unit_test_teardown(test_sighup_rereads, teardown),
 	};

@@ -96,6 +96,7 @@ test_defaults(void **state)
 	assert_string_equal(cfg.dead_letter_topic, "outbox.dead_letter");
 	assert_string_equal(cfg.metrics_host, "0.0.0.0");
 	assert_int_equal(cfg.metrics_port, 9898);
+	assert_false(cfg.detailed_health);
 	assert_int_equal(cfg.log_level, OBX_LOG_INFO);
 	assert_int_equal(cfg.log_format, OBX_LOG_FORMAT_JSON);
 	assert_int_equal(cfg.progress_interval_ms, 60000);
@@ -117,7 +118,7 @@ test_full_file(void **state)
 	    KAFKA "linger.ms = 5\n"
 	    "[delivery]\nmax_inflight = 500\nmax_inflight_bytes = 4MiB\non_error = dead_letter\n"
 	    "dead_letter_topic = dlq\ndedupe = off\n"
-	    "[metrics]\nlisten = 127.0.0.1:9000\n"
+	    "[metrics]\nlisten = 127.0.0.1:9000\ndetailed_health = on\n"
 	    "[log]\nlevel = debug\nformat = text\n";
 
 	(void)state;
@@ -142,6 +143,7 @@ test_full_file(void **state)
 	assert_false(cfg.dedupe);
 	assert_string_equal(cfg.metrics_host, "127.0.0.1");
 	assert_int_equal(cfg.metrics_port, 9000);
+	assert_true(cfg.detailed_health);
 	assert_int_equal(cfg.log_level, OBX_LOG_DEBUG);
 	assert_int_equal(cfg.log_format, OBX_LOG_FORMAT_TEXT);
 	obx_config_reset(&cfg);
@@ -352,6 +354,7 @@ test_value_errors(void **state)
 	expect_error(KAFKA "[delivery]\ndedupe = maybe\n", ":4: key 'dedupe': expected on or off, got 'maybe'");
 	expect_error(KAFKA "[metrics]\nlisten = 9898\n", "key 'listen': expected host:port");
 	expect_error(KAFKA "[metrics]\nlisten = host:70000\n", "key 'listen': expected host:port");
+	expect_error(KAFKA "[metrics]\ndetailed_health = yes please\n", "key 'detailed_health': expected on or off");
 	expect_error(KAFKA "[log]\nlevel = verbose\n", "key 'level': expected error, warn, info or debug, got 'verbose'");
 	expect_error(KAFKA "[log]\nformat = xml\n", "key 'format': expected json or text, got 'xml'");
 	expect_error(KAFKA "[log]\nprogress_interval = often\n", "key 'progress_interval': expected a duration");
