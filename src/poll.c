@@ -37,6 +37,7 @@
 #include "obx/metrics.h"
 #include "obx/pgutil.h"
 #include "obx/poll.h"
+#include "obx/relaycore.h"
 #include "obx/relcache.h"
 #include "obx/walmsg.h"
 
@@ -87,6 +88,7 @@ struct poller {
 	struct obx_http http;
 	bool http_on;
 	int signals;              /* stop signals received */
+	int64_t stop_ms;          /* when the first one came */
 	bool listening;
 	int64_t next_stats_ms;
 	char reason[1024];
@@ -158,9 +160,24 @@ read_signals(struct poller *p)
 				reload(p);
 				continue;
 			}
-			if (++p->signals == 1)
-				obx_log_info("stopping: finishing the claimed batch (a second signal abandons it)");
+			if (++p->signals == 1) {
+				p->stop_ms = obx_mono_ms();
+				obx_log_info("stopping: finishing the claimed batch for up to %d s (a second signal "
+				    "abandons it)", OBX_CORE_DRAIN_TIMEOUT_MS / 1000);
+			}
 		}
+}
+
+/*
+ * True when the claimed batch is abandoned: a second stop signal, or the
+ * drain deadline past since the first (the broker is down or slow); the rows
+ * not acknowledged stay pending, none counts as an attempt.
+ */
+static bool
+abandoned(const struct poller *p)
+{
+	return p->signals > 1 ||
+	    (p->signals == 1 && obx_mono_ms() - p->stop_ms >= OBX_CORE_DRAIN_TIMEOUT_MS);
 }
 
 /* ---- delivery reports ---- */
@@ -309,7 +326,13 @@ opaque_for(struct poller *p, size_t i, bool dl)
 	return (dl ? OP_DEAD_LETTER : 0) | ((uint64_t)(p->gen & 0x7fffffffU) << 32) | (uint64_t)i;
 }
 
-/* Produces, retrying while the producer's queue is full.  Returns librdkafka's result. */
+/*
+ * Produces, waiting while the producer's queue is full (a claim is cut to
+ * [delivery] max_inflight rows, which the queue holds twice, so only
+ * dead-letter copies could fill it), with signals read and the heartbeat
+ * published meanwhile.  Returns librdkafka's result; QUEUE_FULL once a stop
+ * signal came (the row is then left pending).
+ */
 static rd_kafka_resp_err_t
 produce(struct poller *p, const char *topic, const void *key, size_t keylen, const void *value,
     size_t len, int64_t ts, const struct obx_header *h, size_t nh, uint64_t opaque)
@@ -317,8 +340,16 @@ produce(struct poller *p, const char *topic, const void *key, size_t keylen, con
 	rd_kafka_resp_err_t err;
 
 	while ((err = obx_kafka_produce(&p->kf, topic, RD_KAFKA_PARTITION_UA, key, keylen, value, len, ts, h,
-	    nh, NULL, NULL, opaque)) == RD_KAFKA_RESP_ERR__QUEUE_FULL)
-		obx_kafka_poll(&p->kf, 100);
+	    nh, NULL, NULL, opaque)) == RD_KAFKA_RESP_ERR__QUEUE_FULL) {
+		struct pollfd fd = { p->opts->signal_fd, POLLIN, 0 };
+
+		obx_kafka_poll(&p->kf, 0);
+		if (poll(&fd, 1, 100) > 0)
+			read_signals(p);
+		publish(p); /* the loop is turning: /healthz stays green */
+		if (p->signals > 0)
+			break;
+	}
 	return err;
 }
 
@@ -429,6 +460,8 @@ produce_batch(struct poller *p, const PGresult *res)
 			held = key_equal(res, i, failed[f], kcol);
 		if (held)
 			continue;
+		if (p->signals > 0)
+			break; /* stopping: the rest of the claim stays pending, unsent */
 		for (int f = 0; f < nf; f++) {
 			p->datums[f].kind = PQgetisnull(res, i, f) ? 'n' : 't';
 			p->datums[f].data = (const uint8_t *)PQgetvalue(res, i, f);
@@ -473,6 +506,8 @@ produce_batch(struct poller *p, const PGresult *res)
 			goto out;
 		err = produce(p, ev.topic, ev.key, ev.keylen, ev.value, ev.len, ev.timestamp_ms, p->hdrs, nh,
 		    opaque_for(p, (size_t)i, false));
+		if (err == RD_KAFKA_RESP_ERR__QUEUE_FULL)
+			break; /* a stop signal while the queue was full: pending, not an attempt */
 		if (err != RD_KAFKA_RESP_ERR_NO_ERROR) {
 			obx_metrics_kafka_error(&p->m, rd_kafka_err2name(err));
 			snprintf(why, sizeof(why), "%s: %s", rd_kafka_err2name(err), rd_kafka_err2str(err));
@@ -760,9 +795,10 @@ wait_acks(struct poller *p)
 			return r;
 		if (fds[1].revents & POLLIN)
 			read_signals(p);
-		if (p->signals > 1) {
-			snprintf(p->reason, sizeof(p->reason),
-			    "stopped: %zu event(s) of the batch unacknowledged, their rows stay pending", p->outstanding);
+		if (abandoned(p)) {
+			snprintf(p->reason, sizeof(p->reason), "stopped: %zu event(s) of the batch unacknowledged%s, "
+			    "their rows stay pending", p->outstanding, p->signals > 1 ? "" :
+			    " at the drain deadline");
 			return OBX_ESTATE;
 		}
 		if (p->kf.fatal) {

@@ -169,7 +169,8 @@ obx_poll_sql_build(struct obx_poll_sql *s, const struct obx_config *cfg)
 	 * replica holds; keep a row only when every older pending row of its
 	 * key is among the rows locked here, and only as many as fit in
 	 * [delivery] max_inflight_bytes of stored payload (the first always
-	 * does) (docs/design.md, "Polling mode")
+	 * does), never more rows than [delivery] max_inflight
+	 * (obx_poll_claim_rows()) (docs/design.md, "Polling mode")
 	 */
 	memset(&b, 0, sizeof(b));
 	put(&b, "BEGIN; WITH c AS MATERIALIZED (SELECT ");
@@ -202,7 +203,7 @@ obx_poll_sql_build(struct obx_poll_sql *s, const struct obx_config *cfg)
 	put(&b, " <= now() ORDER BY ");
 	col(&b, "o", cfg->col_seq);
 	put(&b, " LIMIT %lld FOR UPDATE SKIP LOCKED), k AS (SELECT *, sum(obx_size) OVER (ORDER BY obx_seq) "
-	    "AS obx_bytes FROM c WHERE NOT EXISTS (SELECT 1 FROM ", cfg->poll_batch);
+	    "AS obx_bytes FROM c WHERE NOT EXISTS (SELECT 1 FROM ", obx_poll_claim_rows(cfg));
 	table(&b, cfg);
 	put(&b, " p WHERE ");
 	col(&b, "p", cfg->col_key);
@@ -323,6 +324,12 @@ obx_poll_sql_reset(struct obx_poll_sql *s)
 	free(s->stats);
 	free(s->row_json);
 	memset(s, 0, sizeof(*s));
+}
+
+long long
+obx_poll_claim_rows(const struct obx_config *cfg)
+{
+	return cfg->poll_batch < cfg->max_inflight ? cfg->poll_batch : cfg->max_inflight;
 }
 
 int64_t

@@ -56,6 +56,13 @@ void obx_poll_sql_reset(struct obx_poll_sql *s);
 int obx_poll_quote_ident(const char *name, char *buf, size_t len);
 
 /*
+ * How many rows one claim locks at most: [poll] batch, cut to [delivery]
+ * max_inflight, the in-flight bound of every source (the producer's queue
+ * holds twice that, so a claim never meets a full queue).
+ */
+long long obx_poll_claim_rows(const struct obx_config *cfg);
+
+/*
  * The delay before the next attempt of a row that has now failed attempts
  * times (1 for the first failure): min_ms doubled per earlier failure,
  * capped at max_ms, then "equal jitter": the result lies in [d/2, d] for

@@ -309,6 +309,55 @@ test_broker_down(void **state)
 }
 
 /*
+ * 2b. Default settings, 12,000 pending rows, every broker down: the loop
+ * stays live (/healthz 200) and SIGTERM ends the process within the drain
+ * deadline (30 s) with status 0; no row is marked and none counts as an
+ * attempt.  A claim is cut to [delivery] max_inflight rows, which the
+ * producer's queue holds, so producing never spins on a full queue.
+ */
+static void
+test_broker_down_sigterm(void **state)
+{
+	static char body[1 << 16];
+	int64_t t0;
+	char *left, *tried;
+	int st, port;
+
+	(void)state;
+	poll_setup("pollterm", 0, NULL);
+	poll_start(&R);
+	port = t_metrics_port(&R);
+	for (int b = 1; b <= 3; b++)
+		assert_int_equal(t_broker_cmd(&R.b, "down %d", b), 0);
+	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
+	    "SELECT 'term', 'k' || g, 'T', jsonb_build_object('i', g) FROM generate_series(1, 12000) g");
+	sleep(5);
+	for (int i = 0; i < 3; i++) {
+		assert_int_equal(t_http_get(port, "/healthz", body, sizeof(body)), 200);
+		usleep(500000);
+	}
+	t0 = t_now_ms();
+	assert_int_equal(kill(R.pid, SIGTERM), 0);
+	sleep(2);
+	assert_int_equal(t_http_get(port, "/healthz", body, sizeof(body)), 200); /* draining, still live */
+	st = t_wait(R.pid, 40000);
+	if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+		t_log_dump(&R);
+		fail_msg("SIGTERM with the broker down: wait status %d after %.1f s", st,
+		    (double)(t_now_ms() - t0) / 1000.0);
+	}
+	R.pid = 0;
+	assert_true(t_now_ms() - t0 < 35000);
+	assert_int_equal(t_log_count(&R, "at the drain deadline, their rows stay pending"), 1);
+	left = t_query1(R.pg, "SELECT count(*) FROM outbox WHERE published_at IS NULL");
+	assert_string_equal(left, "12000");
+	free(left);
+	tried = t_query1(R.pg, "SELECT coalesce(sum(attempts), 0) FROM outbox");
+	assert_string_equal(tried, "0");
+	free(tried);
+}
+
+/*
  * 3. A poison row (larger than the producer's message.max.bytes) fails,
  * is retried with backoff until max_attempts, then goes to the dead-letter
  * topic; the next row of its aggregate waits for it and follows; another
@@ -550,6 +599,7 @@ main(void)
 		cmocka_unit_test_teardown(test_unmigrated_table, teardown),
 		cmocka_unit_test_teardown(test_happy_path, teardown),
 		cmocka_unit_test_teardown(test_broker_down, teardown),
+		cmocka_unit_test_teardown(test_broker_down_sigterm, teardown),
 		cmocka_unit_test_teardown(test_poison_dead_letter, teardown),
 		cmocka_unit_test_teardown(test_replicas_kill9, teardown),
 	};

@@ -194,14 +194,15 @@ test_statements(void **state)
 	(void)state;
 	obx_config_init(&c);
 	assert_int_equal(obx_poll_sql_build(&s, &c), 0);
-	/* locks due rows in order, skipping locked ones, at most batch */
+	/* locks due rows in order, skipping locked ones, at most batch cut to max_inflight (4,000) */
 	assert_non_null(strstr(s.claim, "BEGIN; WITH c AS MATERIALIZED (SELECT o.\"seq\" AS obx_seq, "
 	    "o.\"attempts\" AS obx_attempts, o.\"last_error\"::text AS obx_last_error, "
 	    "(extract(epoch FROM o.\"created_at\") * 1000000)::bigint AS obx_created_us, "
 	    "pg_column_size(o.\"payload\")::bigint AS obx_size, o.\"id\", "
 	    "o.\"aggregateid\", o.\"type\", o.\"payload\", o.\"aggregatetype\" FROM \"public\".\"outbox\" o "
 	    "WHERE o.\"published_at\" IS NULL AND o.\"next_attempt_at\" <= now() ORDER BY o.\"seq\" "
-	    "LIMIT 10000 FOR UPDATE SKIP LOCKED)"));
+	    "LIMIT 4000 FOR UPDATE SKIP LOCKED)"));
+	assert_int_equal(obx_poll_claim_rows(&c), 4000);
 	/* keeps a row only when no older pending row of its key is outside the batch */
 	assert_non_null(strstr(s.claim, "k AS (SELECT *, sum(obx_size) OVER (ORDER BY obx_seq) AS obx_bytes "
 	    "FROM c WHERE NOT EXISTS (SELECT 1 FROM \"public\".\"outbox\" p "
@@ -229,6 +230,9 @@ test_statements(void **state)
 	assert_int_equal(obx_poll_sql_build(&s, &c), 0);
 	assert_non_null(strstr(s.claim, "FROM \"Sales\".\"Out\"\"box\" o"));
 	assert_non_null(strstr(s.claim, "ORDER BY o.\"No\" LIMIT 7 FOR UPDATE SKIP LOCKED"));
+	assert_int_equal(obx_poll_claim_rows(&c), 7);
+	assert_int_equal(set(&c, "delivery", "max_inflight", "5"), 0);
+	assert_int_equal(obx_poll_claim_rows(&c), 5); /* the in-flight bound cuts the batch */
 	assert_non_null(strstr(s.claim, "NULL::bigint AS obx_created_us"));
 	assert_non_null(strstr(s.stats, "SELECT count(*), 0::float8,"));
 	obx_poll_sql_reset(&s);
