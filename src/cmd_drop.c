@@ -210,7 +210,7 @@ obx_cmd_drop_slot(const struct obx_config *cfg, bool yes, bool drop_publication)
 		return OBX_EXIT_USAGE;
 	}
 	obx_pgsetup_marker_name(cfg->slot, pl.marker, sizeof(pl.marker));
-	if (obx_pg_connect(cfg->conninfo, NULL, NULL, "outboxd drop-slot", &conn,
+	if (obx_pg_connect(cfg->conninfo, cfg->password, NULL, NULL, "outboxd drop-slot", &conn,
 	    err, sizeof(err)) != 0) {
 		fprintf(stderr, "outboxd: could not connect: %s\n", err);
 		return OBX_EXIT_FAILURE;

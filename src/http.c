@@ -97,7 +97,7 @@ poll_slot(struct obx_http *h, PGconn **conn)
 		char err[512];
 
 		PQfinish(*conn);
-		if (obx_pg_connect(h->cfg->conninfo, NULL, NULL, "outboxd metrics", conn, err,
+		if (obx_pg_connect(h->cfg->conninfo, h->cfg->password, NULL, NULL, "outboxd metrics", conn, err,
 		    sizeof(err)) != 0)
 			return false;
 	}
