@@ -167,7 +167,7 @@ test_metrics_health_and_slow_clients(void **state)
 		if (strstr(body, want) == NULL)
 			fail_msg("no %s in:\n%s", want, body);
 	}
-	expect_names_scraped("deploy/kubernetes/prometheusrule.yaml", body);
+	expect_names_scraped("deploy/kubernetes/components/monitoring/prometheusrule.yaml", body);
 	expect_names_scraped("deploy/grafana/outboxd-dashboard.json", body);
 
 	assert_int_equal(t_http_get(port, "/healthz", body, sizeof(body)), 200);
