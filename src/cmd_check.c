@@ -627,7 +627,7 @@ obx_cmd_check(const struct obx_config *cfg)
 	bool has_table, in_recovery;
 	int rc;
 
-	if (obx_pg_connect(cfg->conninfo, NULL, NULL, "outboxd check", &conn, err, sizeof(err)) != 0) {
+	if (obx_pg_connect(cfg->conninfo, cfg->password, NULL, NULL, "outboxd check", &conn, err, sizeof(err)) != 0) {
 		report(&cx, "FAIL", "server: could not connect: %s", err);
 		return OBX_EXIT_FAILURE;
 	}
@@ -746,7 +746,7 @@ obx_cmd_status(const struct obx_config *cfg, bool json)
 	PGresult *res;
 	int rc = OBX_EXIT_FAILURE;
 
-	if (obx_pg_connect(cfg->conninfo, NULL, NULL, "outboxd status", &conn, err, sizeof(err)) != 0) {
+	if (obx_pg_connect(cfg->conninfo, cfg->password, NULL, NULL, "outboxd status", &conn, err, sizeof(err)) != 0) {
 		fprintf(stderr, "outboxd: could not connect: %s\n", err);
 		return OBX_EXIT_FAILURE;
 	}

@@ -381,6 +381,16 @@ set_source(struct obx_config *cfg, const char *key, const char *value, const cha
 			return set_str(cfg, &strs[i], key, value, origin, errbuf, errlen);
 	if (strcmp(key, "mode") == 0)
 		return set_source_mode(cfg, key, value, origin, errbuf, errlen);
+	if (strcmp(key, "password") == 0) {
+		/* a secret: usually OUTBOXD_SOURCE_PASSWORD_FILE names a mounted file holding it */
+		if (strpbrk(value, "\r\n") != NULL) {
+			obx_config_fail(errbuf, errlen, origin, key, "holds a line break (value not shown)");
+			return OBX_ECONFIG;
+		}
+		if (cfg->password != NULL)
+			explicit_bzero(cfg->password, strlen(cfg->password));
+		return replace_str(&cfg->password, value);
+	}
 	if (strcmp(key, "conninfo") == 0) {
 		if (cfg->checks != NULL && cfg->checks->conninfo != NULL &&
 		    cfg->checks->conninfo(value) != 0) {
@@ -894,6 +904,7 @@ obx_config_init(struct obx_config *cfg)
 {
 	memset(cfg, 0, sizeof(*cfg));
 	cfg->conninfo = strdup("");
+	cfg->password = strdup("");
 	cfg->slot = strdup("outboxd");
 	cfg->publication = strdup("outboxd");
 	cfg->table_schema = strdup("public");
@@ -978,6 +989,10 @@ obx_config_reset(struct obx_config *cfg)
 		&cfg->col_next_attempt_at, &cfg->col_created_at, &cfg->poll_notify_channel,
 	};
 
+	if (cfg->password != NULL) {
+		explicit_bzero(cfg->password, strlen(cfg->password));
+		free(cfg->password);
+	}
 	for (size_t i = 0; i < sizeof(strs) / sizeof(strs[0]); i++)
 		free(*strs[i]);
 	kv_free(cfg->kafka, cfg->n_kafka);
@@ -1304,6 +1319,7 @@ obx_config_diff(const struct obx_config *a, const struct obx_config *b, const ch
 		bool differs;
 	} items[] = {
 		{ "[source] conninfo", str_differs(a->conninfo, b->conninfo) },
+		{ "[source] password", str_differs(a->password, b->password) },
 		{ "[source] slot", str_differs(a->slot, b->slot) },
 		{ "[source] publication", str_differs(a->publication, b->publication) },
 		{ "[source] table", str_differs(a->table_schema, b->table_schema) ||

@@ -32,12 +32,19 @@ static const char usage_text[] =
     "  outboxd [run] -c FILE [--set section.key=value ...] [--recreate-slot]\n"
     "  outboxd check -c FILE [--set ...]     preflight: server, wal_level, slot\n"
     "  outboxd status -c FILE [--json]       slot position and lag\n"
+    "  outboxd drop-slot -c FILE [--yes] [--drop-publication]\n"
+    "                                        decommission: drop the slot, its snapshot\n"
+    "                                        marker and guard record (lists them without --yes)\n"
     "  outboxd --help | --version\n"
     "\n"
     "Options:\n"
     "  -c, --config FILE   INI configuration file\n"
     "      --set S.K=V     override one setting (after the file and the environment)\n"
     "      --json          machine-readable output (status)\n"
+    "      --yes           drop-slot: drop what it lists (without it, nothing changes)\n"
+    "      --drop-publication\n"
+    "                      drop-slot: drop the publication too (only when no other\n"
+    "                      slot's guard record is in its comment)\n"
     "      --recreate-slot recreate a slot that existed before and is gone (events\n"
     "                      committed while it was missing are not published)\n"
     "  -h, --help          show this help\n"
@@ -47,7 +54,8 @@ static const char usage_text[] =
     "(in [kafka], '_' stands for '.'), e.g. OUTBOXD_KAFKA_SASL_PASSWORD.\n"
     "libpq's own variables (PGHOST, PGPASSWORD, PGSSLMODE, ...) apply as usual.\n"
     "\n"
-    "Exit status: 0 clean stop, 1 runtime failure, 2 usage or configuration error.\n";
+    "Exit status: 0 clean stop, 1 runtime failure, 2 usage or configuration error\n"
+    "(drop-slot without --yes: 2 after listing what it would drop).\n";
 
 static int
 usage_error(const char *what, const char *arg)
@@ -57,7 +65,7 @@ usage_error(const char *what, const char *arg)
 	return OBX_EXIT_USAGE;
 }
 
-enum command { CMD_RUN, CMD_CHECK, CMD_STATUS };
+enum command { CMD_RUN, CMD_CHECK, CMD_STATUS, CMD_DROP_SLOT };
 
 /* The self-pipe: signal handlers write one byte per signal, its number. */
 static int signal_pipe[2] = { -1, -1 };
@@ -174,6 +182,8 @@ main(int argc, char **argv)
 		{ "set", required_argument, NULL, 's' },
 		{ "json", no_argument, NULL, 'j' },
 		{ "recreate-slot", no_argument, NULL, 'r' },
+		{ "yes", no_argument, NULL, 'y' },
+		{ "drop-publication", no_argument, NULL, 'P' },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, 'V' },
 		{ NULL, 0, NULL, 0 },
@@ -184,6 +194,7 @@ main(int argc, char **argv)
 	size_t nsets = 0;
 	bool json = false;
 	bool recreate_slot = false;
+	bool yes = false, drop_publication = false;
 	struct obx_config cfg;
 	struct reload_args reload = { NULL, NULL, 0 };
 	char errbuf[1024];
@@ -196,6 +207,8 @@ main(int argc, char **argv)
 			cmd = CMD_CHECK;
 		else if (strcmp(argv[1], "status") == 0)
 			cmd = CMD_STATUS;
+		else if (strcmp(argv[1], "drop-slot") == 0)
+			cmd = CMD_DROP_SLOT;
 		else
 			return usage_error("unknown command", argv[1]);
 		argv[1] = argv[0];
@@ -221,6 +234,12 @@ main(int argc, char **argv)
 			break;
 		case 'r':
 			recreate_slot = true;
+			break;
+		case 'y':
+			yes = true;
+			break;
+		case 'P':
+			drop_publication = true;
 			break;
 		case 'h':
 			fputs(usage_text, stdout);
@@ -254,6 +273,11 @@ main(int argc, char **argv)
 		free(sets);
 		return usage_error("--json applies to status only", NULL);
 	}
+	if ((yes || drop_publication) && cmd != CMD_DROP_SLOT) {
+		free(sets);
+		return usage_error(yes ? "--yes applies to drop-slot only" :
+		    "--drop-publication applies to drop-slot only", NULL);
+	}
 
 	reload.path = strdup(config_path); /* optarg lives in argv, which setproctitle() reuses */
 	reload.sets = calloc(nsets + 1, sizeof(*reload.sets));
@@ -284,6 +308,9 @@ main(int argc, char **argv)
 		break;
 	case CMD_STATUS:
 		rc = obx_cmd_status(&cfg, json);
+		break;
+	case CMD_DROP_SLOT:
+		rc = obx_cmd_drop_slot(&cfg, yes, drop_publication);
 		break;
 	case CMD_RUN:
 	default:

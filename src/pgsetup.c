@@ -227,7 +227,7 @@ classify_connect_error(const char *msg)
 }
 
 int
-obx_pgsetup_connect(const char *conninfo, PGconn **out, char *errbuf, size_t errlen)
+obx_pgsetup_connect(const char *conninfo, const char *password, PGconn **out, char *errbuf, size_t errlen)
 {
 	static const char *const kw[] = { "replication", NULL };
 	static const char *const val[] = { "database", NULL };
@@ -236,7 +236,7 @@ obx_pgsetup_connect(const char *conninfo, PGconn **out, char *errbuf, size_t err
 
 	PGresult *res;
 
-	r = obx_pg_connect(conninfo, kw, val, "outboxd", out, err, sizeof(err));
+	r = obx_pg_connect(conninfo, password, kw, val, "outboxd", out, err, sizeof(err));
 	if (r == OBX_EIO)
 		r = failf(errbuf, errlen, classify_connect_error(err),
 		    "could not connect to PostgreSQL: %s", err);
@@ -981,7 +981,7 @@ snapshot_open(PGconn *c, const struct obx_config *cfg, struct obx_pgsetup_snapsh
 		val[n++] = port;
 	}
 	kw[n] = val[n] = NULL;
-	if (obx_pg_connect(cfg->conninfo, kw, val, "outboxd snapshot", &snap->conn, err,
+	if (obx_pg_connect(cfg->conninfo, cfg->password, kw, val, "outboxd snapshot", &snap->conn, err,
 	    sizeof(err)) != 0) {
 		snap->conn = NULL;
 		return failf(errbuf, errlen, OBX_EIO, "could not open the connection that reads the rows "

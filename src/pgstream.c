@@ -143,7 +143,7 @@ obx_pgstream_open(struct obx_pgstream *s, const struct obx_config *cfg, bool rec
 	int r;
 
 	memset(s, 0, sizeof(*s));
-	if ((r = obx_pgsetup_connect(cfg->conninfo, &s->conn, errbuf, errlen)) != 0)
+	if ((r = obx_pgsetup_connect(cfg->conninfo, cfg->password, &s->conn, errbuf, errlen)) != 0)
 		goto out;
 	s->prev_notice = PQsetNoticeReceiver(s->conn, on_notice, s);
 	s->server_version = PQserverVersion(s->conn);

@@ -37,10 +37,11 @@ pin_session(PGconn *c, char *errbuf, size_t errlen)
 }
 
 int
-obx_pg_connect(const char *conninfo, const char *const *extra_kw, const char *const *extra_val,
-    const char *application_name, PGconn **out, char *errbuf, size_t errlen)
+obx_pg_connect(const char *conninfo, const char *password, const char *const *extra_kw,
+    const char *const *extra_val, const char *application_name, PGconn **out, char *errbuf,
+    size_t errlen)
 {
-	const char *kw[24], *val[24];
+	const char *kw[25], *val[25];
 	PGconn *c;
 	int n = 0;
 
@@ -71,7 +72,11 @@ obx_pg_connect(const char *conninfo, const char *const *extra_kw, const char *co
 	val[n++] = conninfo;
 	kw[n] = "application_name";
 	val[n++] = application_name;
-	for (int i = 0; extra_kw != NULL && extra_kw[i] != NULL && n < 23; i++) {
+	if (password != NULL && password[0] != '\0') {
+		kw[n] = "password";
+		val[n++] = password;
+	}
+	for (int i = 0; extra_kw != NULL && extra_kw[i] != NULL && n < 24; i++) {
 		kw[n] = extra_kw[i];
 		val[n++] = extra_val[i];
 	}

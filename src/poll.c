@@ -957,7 +957,7 @@ session_open(struct poller *p)
 	char err[512];
 	PGresult *res;
 
-	if (obx_pg_connect(p->cfg->conninfo, NULL, NULL, "outboxd", &p->pg, err, sizeof(err)) != 0) {
+	if (obx_pg_connect(p->cfg->conninfo, p->cfg->password, NULL, NULL, "outboxd", &p->pg, err, sizeof(err)) != 0) {
 		snprintf(p->reason, sizeof(p->reason), "could not connect to the server: %s", err);
 		return OBX_EIO;
 	}

@@ -60,7 +60,7 @@ read_once(struct obx_slotwatch *w, PGconn **conn, struct obx_slotview *v)
 	if (*conn == NULL || PQstatus(*conn) != CONNECTION_OK) {
 		PQfinish(*conn);
 		*conn = NULL;
-		if (obx_pg_connect(w->cfg->conninfo, NULL, NULL, "outboxd slot watch", conn, err,
+		if (obx_pg_connect(w->cfg->conninfo, w->cfg->password, NULL, NULL, "outboxd slot watch", conn, err,
 		    sizeof(err)) != 0) {
 			obx_log_debug("slot watch: could not connect: %s", err);
 			return false;

@@ -8,7 +8,7 @@
  * Every value is validated as it is set; an error is one line in errbuf of
  * the form "config ORIGIN: key 'x': reason", where ORIGIN is FILE:LINE,
  * "environment OUTBOXD_..." or "--set section.key".  Secret values
- * (the conninfo password, sensitive librdkafka properties) are never
+ * (the conninfo password, [source] password, sensitive librdkafka properties) are never
  * copied into errbuf.
  *
  * Ownership: struct obx_config owns every string and list in it;
@@ -63,6 +63,7 @@ struct obx_config {
 
 	/* [source] */
 	char *conninfo; /* "" means: libpq environment only */
+	char *password; /* libpq's password, over conninfo's and PGPASSWORD ("" none); a secret */
 	char *slot;
 	char *publication;
 	char *table_schema;

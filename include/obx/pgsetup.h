@@ -67,12 +67,13 @@ struct obx_pgsetup_ctx {
 };
 
 /*
- * Connects to conninfo with replication=database.  Returns 0 with *out set
+ * Connects to conninfo with replication=database (and password, when
+ * neither NULL nor "", over conninfo's).  Returns 0 with *out set
  * (the caller closes it with PQfinish()); otherwise *out is NULL and the
  * code is OBX_EIO (may heal: server down, network), OBX_ECONFIG (refused
  * for good: authentication, unknown host or database, TLS) or OBX_ENOMEM.
  */
-int obx_pgsetup_connect(const char *conninfo, PGconn **out, char *errbuf, size_t errlen);
+int obx_pgsetup_connect(const char *conninfo, const char *password, PGconn **out, char *errbuf, size_t errlen);
 
 /*
  * Checks the server release (PQserverVersion) against cfg and picks the

@@ -17,7 +17,10 @@
 /*
  * Opens a connection with conninfo plus extra keyword/value pairs
  * (NULL-terminated; may be NULL), e.g. replication=database.  conninfo may
- * be a key/value string or a URI; unless it says otherwise, connect_timeout
+ * be a key/value string or a URI.  password, unless NULL or "", is libpq's
+ * password keyword after conninfo, so it wins over a password there and
+ * over PGPASSWORD and the pgpass file ([source] password, read from the
+ * mounted file OUTBOXD_SOURCE_PASSWORD_FILE names).  Unless it says otherwise, connect_timeout
  * is 10 s and TCP keepalives are on (idle 30 s, every 10 s, 3 probes).
  * Every connection's session then has the output settings outboxd reads
  * values with, whatever the database or role sets: bytea_output = hex,
@@ -27,7 +30,7 @@
  * OBX_EIO (could not connect or set those: the message is in errbuf, one
  * line) or OBX_ENOMEM.
  */
-int obx_pg_connect(const char *conninfo, const char *const *extra_kw,
+int obx_pg_connect(const char *conninfo, const char *password, const char *const *extra_kw,
     const char *const *extra_val, const char *application_name, PGconn **out, char *errbuf,
     size_t errlen);
 

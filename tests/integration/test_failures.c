@@ -381,6 +381,63 @@ test_bad_credentials_and_privileges(void **state)
 }
 
 /*
+ * The password from a mounted file, as a Kubernetes Secret volume with
+ * fsGroup holds it (mode 0440): libpq's own pgpass file of that mode is
+ * refused, so OUTBOXD_SOURCE_PASSWORD_FILE ([source] password) carries it,
+ * over the replication connection and the ordinary one alike.
+ */
+static void
+test_password_from_mounted_file(void **state)
+{
+	char ci[512], pwfile[64] = "", passfile[64] = "", cmd[1024];
+	PGconn *c;
+
+	(void)state;
+	t_relay_setup(&R, "pwfile", 0);
+	t_exec(R.pg, "DO $$ BEGIN CREATE ROLE pwuser LOGIN REPLICATION PASSWORD 'right-pw'; "
+	    "EXCEPTION WHEN duplicate_object THEN NULL; END $$");
+	t_exec(R.pg, "ALTER ROLE pwuser PASSWORD 'right-pw'");
+	t_exec(R.pg, "CREATE PUBLICATION outboxd FOR TABLE outbox WITH (publish = 'insert')");
+	t_exec(R.pg, "GRANT SELECT ON outbox TO pwuser");
+
+	/* libpq refuses a pgpass file the group may read */
+	snprintf(cmd, sizeof(cmd), "%s:%s:*:pwuser:right-pw\n", R.st.host, R.st.port);
+	t_write_file(passfile, sizeof(passfile), cmd);
+	assert_int_equal(chmod(passfile, 0440), 0);
+	snprintf(ci, sizeof(ci), "host=%s port=%s user=pwuser dbname=%s passfile=%s", R.st.host,
+	    R.st.port, R.db, passfile);
+	c = PQconnectdb(ci);
+	assert_int_not_equal(PQstatus(c), CONNECTION_OK);
+	PQfinish(c);
+	unlink(passfile);
+
+	t_write_file(pwfile, sizeof(pwfile), "right-pw\n");
+	assert_int_equal(chmod(pwfile, 0440), 0);
+	snprintf(ci, sizeof(ci), "host=%s port=%s user=pwuser dbname=%s", R.st.host, R.st.port, R.db);
+	t_relay_config(&R, NULL);
+	{
+		FILE *fp = fopen(R.conf, "w");
+
+		fprintf(fp, "[source]\nconninfo = %s\nslot = %s\nstatus_interval = 1s\ncreate_publication = false\n"
+		    "[kafka]\nbootstrap.servers = %s\n[metrics]\nlisten = 127.0.0.1:0\n"
+		    "[log]\nformat = text\nlevel = debug\n", ci, R.slot, R.b.bootstrap);
+		fclose(fp);
+	}
+	/* without the file: no password, refused */
+	snprintf(cmd, sizeof(cmd), "%s status -c %s >/dev/null 2>&1", getenv("OBX_OUTBOXD"), R.conf);
+	assert_int_not_equal(system(cmd), 0);
+	assert_int_equal(setenv("OUTBOXD_SOURCE_PASSWORD_FILE", pwfile, 1), 0);
+	t_relay_start(&R, NULL, 1); /* the replication connection */
+	assert_int_equal(t_log_count(&R, "right-pw"), 0);
+	unsetenv("OUTBOXD_SOURCE_PASSWORD_FILE");
+	/* status's ordinary connection (the slot exists now) */
+	snprintf(cmd, sizeof(cmd), "OUTBOXD_SOURCE_PASSWORD_FILE=%s %s status -c %s >/dev/null 2>&1", pwfile,
+	    getenv("OBX_OUTBOXD"), R.conf);
+	assert_int_equal(system(cmd), 0);
+	unlink(pwfile);
+}
+
+/*
  * Creating a slot waits for the transactions running when it started to
  * end.  A transaction left open must not make outboxd deaf to SIGTERM while
  * it waits (Kubernetes would have to kill it, again on every restart).
@@ -562,6 +619,7 @@ main(void)
 		cmocka_unit_test_teardown(test_two_instances_start_together, teardown),
 		cmocka_unit_test_teardown(test_second_signal_exits_at_once, teardown),
 		cmocka_unit_test_teardown(test_bad_credentials_and_privileges, teardown),
+		cmocka_unit_test_teardown(test_password_from_mounted_file, teardown),
 		cmocka_unit_test_teardown(test_slot_creation_wait_ends_on_sigterm, teardown),
 		cmocka_unit_test_teardown(test_slot_of_another_database, teardown),
 		cmocka_unit_test_teardown(test_tls_and_wal_level, teardown),

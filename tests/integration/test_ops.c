@@ -1,8 +1,9 @@
 /*
  * The operational surface: /metrics (every family, live values), /healthz,
  * /readyz for the active instance and a standby, 404s, slow and malformed
- * clients that must not stall the relay nor starve the probes, and the
- * process title.
+ * clients that must not stall the relay nor starve the probes, the process
+ * title, the lag as the server computes it, a quiet hot standby, and
+ * decommissioning with outboxd drop-slot.
  */
 #include <arpa/inet.h>
 #include <inttypes.h>
@@ -173,7 +174,7 @@ test_metrics_health_and_slow_clients(void **state)
 		if (strstr(body, want) == NULL)
 			fail_msg("no %s in:\n%s", want, body);
 	}
-	expect_names_scraped("deploy/kubernetes/prometheusrule.yaml", body);
+	expect_names_scraped("deploy/kubernetes/components/monitoring/prometheusrule.yaml", body);
 	expect_names_scraped("deploy/grafana/outboxd-dashboard.json", body);
 
 	assert_int_equal(t_http_get(port, "/healthz", body, sizeof(body)), 200);
@@ -738,6 +739,128 @@ test_sighup_rereads(void **state)
 	assert_int_equal(t_log_count(&R, "SIGHUP: could not re-read the configuration, the running one stays"), 1);
 }
 
+/* Runs outboxd CMD -c conf ARGS, output (both streams) into out; returns the exit status. */
+static int
+run_cmd(const char *cmd, const char *args, char *out, size_t len)
+{
+	char line[1024];
+	FILE *fp;
+	size_t n;
+	int st;
+
+	snprintf(line, sizeof(line), "%s %s -c %s %s 2>&1", getenv("OBX_OUTBOXD"), cmd, R.conf, args);
+	fp = popen(line, "r");
+	assert_non_null(fp);
+	n = fread(out, 1, len - 1, fp);
+	out[n] = '\0';
+	st = pclose(fp);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static int
+slot_count(const char *name)
+{
+	char *v = t_query1(R.pg, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = '%s'", name);
+	int n = atoi(v);
+
+	free(v);
+	return n;
+}
+
+static char *
+pub_comment(void)
+{
+	return t_query1(R.pg, "SELECT coalesce(obj_description(oid, 'pg_publication'), '') FROM pg_publication "
+	    "WHERE pubname = 'outboxd'");
+}
+
+/*
+ * Decommissioning: drop-slot refuses while an instance streams (naming its
+ * pid), changes nothing without --yes, and with it drops the slot, the
+ * snapshot marker and the guard record (not a human's line in the same
+ * comment, nor the publication), so a fresh run creates the slot again
+ * instead of taking it for a lost one.
+ */
+static void
+test_drop_slot(void **state)
+{
+	char out[8192], guard[160], marker[80], want[256], *v, *pid;
+	struct t_msg *m;
+	size_t n;
+
+	(void)state;
+	t_relay_setup(&R, "dropslot", 0);
+	t_relay_config(&R, "[metrics]\nlisten = 127.0.0.1:0\n");
+	t_relay_start(&R, NULL, 1);
+	snprintf(guard, sizeof(guard), "outboxd-slot %s ", R.slot);
+	snprintf(marker, sizeof(marker), "%s_snapshot", R.slot);
+	/* what an interrupted snapshot leaves, and a note of someone's beside the guard */
+	v = t_query1(R.pg, "SELECT pg_create_physical_replication_slot('%s') IS NOT NULL", marker);
+	free(v);
+	v = pub_comment();
+	assert_non_null(strstr(v, guard));
+	t_exec(R.pg, "COMMENT ON PUBLICATION outboxd IS 'owned by the orders team\n%s'", v);
+	free(v);
+
+	pid = t_query1(R.pg, "SELECT active_pid FROM pg_replication_slots WHERE slot_name = '%s'", R.slot);
+	assert_int_equal(run_cmd("drop-slot", "--yes", out, sizeof(out)), 1);
+	snprintf(want, sizeof(want), "slot %s is active (pid %s streams from it)", R.slot, pid);
+	if (strstr(out, want) == NULL)
+		fail_msg("drop-slot does not say \"%s\":\n%s", want, out);
+	free(pid);
+	assert_int_equal(slot_count(R.slot), 1);
+
+	assert_int_equal(t_relay_signal(&R, SIGTERM, 15000), 0);
+	t_slot_wait_inactive(&R, 10000);
+	assert_int_equal(run_cmd("drop-slot", "", out, sizeof(out)), 2);
+	snprintf(want, sizeof(want), "would drop slot %s (confirmed up to ", R.slot);
+	assert_non_null(strstr(out, want));
+	snprintf(want, sizeof(want), "would drop slot %s (the marker", marker);
+	assert_non_null(strstr(out, want));
+	assert_non_null(strstr(out, "would drop the guard record of slot"));
+	assert_non_null(strstr(out, "nothing dropped: run again with --yes"));
+	assert_int_equal(slot_count(R.slot), 1);
+	assert_int_equal(slot_count(marker), 1);
+	v = pub_comment();
+	assert_non_null(strstr(v, guard));
+	free(v);
+
+	if (run_cmd("drop-slot", "--yes", out, sizeof(out)) != 0)
+		fail_msg("drop-slot --yes failed:\n%s", out);
+	assert_int_equal(slot_count(R.slot), 0);
+	assert_int_equal(slot_count(marker), 0);
+	v = pub_comment();
+	assert_null(strstr(v, guard));
+	assert_string_equal(v, "owned by the orders team");
+	free(v);
+	assert_int_equal(run_cmd("drop-slot", "", out, sizeof(out)), 0);
+	assert_non_null(strstr(out, "nothing to drop for slot"));
+
+	/* a fresh run: the slot is created again, the guard has nothing to refuse */
+	t_relay_start(&R, NULL, 1);
+	assert_int_equal(t_log_count(&R, "existed before"), 0);
+	assert_int_equal(slot_count(R.slot), 1);
+	v = pub_comment();
+	assert_non_null(strstr(v, guard));
+	free(v);
+	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('drop', 'd1', 'T', '{}')");
+	n = t_consume(R.b.bootstrap, "outbox.event.drop", 1, 15000, &m);
+	assert_int_equal(n, 1);
+	t_msgs_free(m, n);
+
+	/* --drop-publication: the publication goes too, and run creates both again */
+	assert_int_equal(t_relay_signal(&R, SIGTERM, 15000), 0);
+	t_slot_wait_inactive(&R, 10000);
+	if (run_cmd("drop-slot", "--yes --drop-publication", out, sizeof(out)) != 0)
+		fail_msg("drop-slot --yes --drop-publication failed:\n%s", out);
+	v = t_query1(R.pg, "SELECT count(*) FROM pg_publication WHERE pubname = 'outboxd'");
+	assert_string_equal(v, "0");
+	free(v);
+	assert_int_equal(slot_count(R.slot), 0);
+	t_relay_start(&R, NULL, 1);
+	assert_int_equal(t_log_count(&R, "existed before"), 0);
+}
+
 int
 main(void)
 {
@@ -751,6 +874,7 @@ main(void)
 		cmocka_unit_test_teardown(test_not_ready_detailed_health, teardown),
 		cmocka_unit_test_teardown(test_least_privilege_role, teardown),
 		cmocka_unit_test_teardown(test_sighup_rereads, teardown),
+		cmocka_unit_test_teardown(test_drop_slot, teardown),
 	};
 
 	return T_RUN_TESTS(tests);

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -618,6 +619,50 @@ test_values_from_files(void **state)
 	}
 }
 
+/*
+ * [source] password: libpq's password from a mounted file
+ * (OUTBOXD_SOURCE_PASSWORD_FILE), since libpq's own pgpass file is refused
+ * when group-readable, as a Kubernetes Secret volume with fsGroup is.
+ */
+static void
+test_source_password_from_file(void **state)
+{
+	struct obx_config cfg, other;
+	char secret[] = "/tmp/obx-secret.XXXXXX", var[128];
+	const char *names[8];
+	int fd = mkstemp(secret);
+
+	(void)state;
+	assert_true(fd >= 0);
+	assert_int_equal(write(fd, "pw-s3cr3t\n", 10), 10);
+	close(fd);
+	assert_int_equal(chmod(secret, 0440), 0); /* as the kubelet mounts it: group may read */
+	snprintf(var, sizeof(var), "OUTBOXD_SOURCE_PASSWORD_FILE=%s", secret);
+	{
+		char *env[] = { var, NULL };
+
+		assert_int_equal(load(&cfg, KAFKA, env, NULL, 0), 0);
+		assert_string_equal(cfg.password, "pw-s3cr3t");
+		/* a changed password is named on SIGHUP, never shown */
+		assert_int_equal(load(&other, KAFKA, NULL, NULL, 0), 0);
+		assert_string_equal(other.password, "");
+		assert_int_equal(obx_config_diff(&cfg, &other, names, 8), 1);
+		assert_string_equal(names[0], "[source] password");
+		obx_config_reset(&other);
+		obx_config_reset(&cfg);
+	}
+	unlink(secret);
+	/* a line break is refused without the value */
+	{
+		const char *sets[] = { "source.password=pw-s3cr3t\nx" };
+
+		assert_int_equal(load(&cfg, KAFKA, NULL, sets, 1), OBX_ECONFIG);
+		obx_config_reset(&cfg);
+		assert_non_null(strstr(errbuf, "key 'password': holds a line break"));
+		assert_null(strstr(errbuf, "s3cr3t"));
+	}
+}
+
 static void
 test_missing_file(void **state)
 {
@@ -937,6 +982,7 @@ main(void)
 		cmocka_unit_test(test_value_parsers),
 		cmocka_unit_test(test_kubernetes_service_links_ignored),
 		cmocka_unit_test(test_values_from_files),
+		cmocka_unit_test(test_source_password_from_file),
 		cmocka_unit_test(test_mapped_columns),
 		cmocka_unit_test(test_reserved_header_mapping_refused),
 		cmocka_unit_test(test_io_checks_come_from_the_loader),
