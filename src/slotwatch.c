@@ -2,6 +2,7 @@
  * slotwatch.c - the slot as the server sees it; see slotwatch.h.
  */
 #include <errno.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -15,6 +16,36 @@
 #include "obx/slotwatch.h"
 
 #define FAST_MS 1000
+
+struct obx_slotwatch_state {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	int refs;                /* guarded by mu: the watch and the thread */
+	bool stopping;           /* guarded by mu */
+	bool fast;               /* guarded by mu: read every second (a standby waits) */
+	int interval_ms;
+	char *conninfo, *password, *slot;
+	struct obx_slotview view; /* guarded by mu */
+};
+
+/* Drops one reference (mu held); the last one frees st. */
+static void
+state_unref(struct obx_slotwatch_state *st)
+{
+	bool last = --st->refs == 0;
+
+	pthread_mutex_unlock(&st->mu);
+	if (!last)
+		return;
+	pthread_mutex_destroy(&st->mu);
+	pthread_cond_destroy(&st->cv);
+	free(st->conninfo);
+	if (st->password != NULL)
+		explicit_bzero(st->password, strlen(st->password));
+	free(st->password);
+	free(st->slot);
+	free(st);
+}
 
 /* The WAL position: a standby's replay position (its receive position before the first replay). */
 static const char SQL[] =
@@ -50,9 +81,9 @@ num(const PGresult *r, int col, int64_t null_value)
 
 /* One read into *v; false when the server could not be read. */
 static bool
-read_once(struct obx_slotwatch *w, PGconn **conn, struct obx_slotview *v)
+read_once(struct obx_slotwatch_state *w, PGconn **conn, struct obx_slotview *v)
 {
-	const char *params[1] = { w->cfg->slot };
+	const char *params[1] = { w->slot };
 	char err[512];
 	PGresult *r;
 	bool ok = false;
@@ -60,9 +91,11 @@ read_once(struct obx_slotwatch *w, PGconn **conn, struct obx_slotview *v)
 	if (*conn == NULL || PQstatus(*conn) != CONNECTION_OK) {
 		PQfinish(*conn);
 		*conn = NULL;
-		if (obx_pg_connect(w->cfg->conninfo, w->cfg->password, NULL, NULL, "outboxd slot watch", conn, err,
+		if (obx_pg_connect(w->conninfo, w->password, NULL, NULL, "outboxd slot watch", conn, err,
 		    sizeof(err)) != 0) {
-			obx_log_debug("slot watch: could not connect: %s", err);
+			/* the sessions say why a connection fails; said here once after a success only */
+			if (v->ok)
+				obx_log_debug("slot watch: could not connect: %s", err);
 			return false;
 		}
 	}
@@ -80,8 +113,8 @@ read_once(struct obx_slotwatch *w, PGconn **conn, struct obx_slotview *v)
 		v->safe_wal_size_bytes = num(r, 6, -1);
 		v->wal_status = PQgetisnull(r, 0, 7) ? 0 : obx_metrics_wal_status(PQgetvalue(r, 0, 7));
 		v->max_wal_keep_size_bytes = num(r, 8, -1);
-	} else {
-		obx_log_debug("slot watch: could not read slot %s: %s", w->cfg->slot,
+	} else if (v->ok) {
+		obx_log_debug("slot watch: could not read slot %s: %s", w->slot,
 		    obx_pg_result_error_line(r, err, sizeof(err)));
 	}
 	PQclear(r);
@@ -91,7 +124,7 @@ read_once(struct obx_slotwatch *w, PGconn **conn, struct obx_slotview *v)
 static void *
 watch_main(void *arg)
 {
-	struct obx_slotwatch *w = arg;
+	struct obx_slotwatch_state *w = arg;
 	PGconn *conn = NULL;
 
 	pthread_mutex_lock(&w->mu);
@@ -128,25 +161,34 @@ watch_main(void *arg)
 	}
 	pthread_mutex_unlock(&w->mu);
 	PQfinish(conn);
+	pthread_mutex_lock(&w->mu);
+	state_unref(w);
 	return NULL;
 }
 
 int
 obx_slotwatch_start(struct obx_slotwatch *w, const struct obx_config *cfg, int interval_ms)
 {
-	int rc;
+	struct obx_slotwatch_state *st = calloc(1, sizeof(*st));
 
 	memset(w, 0, sizeof(*w));
-	w->cfg = cfg;
-	w->interval_ms = interval_ms > FAST_MS ? interval_ms : FAST_MS;
-	pthread_mutex_init(&w->mu, NULL);
-	pthread_cond_init(&w->cv, NULL);
-	rc = pthread_create(&w->thread, NULL, watch_main, w);
-	if (rc != 0) {
-		pthread_mutex_destroy(&w->mu);
-		pthread_cond_destroy(&w->cv);
+	if (st == NULL)
+		return OBX_ENOMEM;
+	st->interval_ms = interval_ms > FAST_MS ? interval_ms : FAST_MS;
+	st->conninfo = strdup(cfg->conninfo);
+	st->password = cfg->password != NULL ? strdup(cfg->password) : NULL;
+	st->slot = strdup(cfg->slot);
+	pthread_mutex_init(&st->mu, NULL);
+	pthread_cond_init(&st->cv, NULL);
+	st->refs = 2;
+	if (st->conninfo == NULL || st->slot == NULL || (cfg->password != NULL && st->password == NULL) ||
+	    pthread_create(&w->thread, NULL, watch_main, st) != 0) {
+		pthread_mutex_lock(&st->mu);
+		st->refs = 1;
+		state_unref(st);
 		return OBX_EIO;
 	}
+	w->st = st;
 	w->running = true;
 	return 0;
 }
@@ -154,16 +196,25 @@ obx_slotwatch_start(struct obx_slotwatch *w, const struct obx_config *cfg, int i
 void
 obx_slotwatch_stop(struct obx_slotwatch *w)
 {
+	struct obx_slotwatch_state *st = w->st;
+	struct timespec until;
+
 	if (!w->running)
 		return;
-	pthread_mutex_lock(&w->mu);
-	w->stopping = true;
-	pthread_cond_signal(&w->cv);
-	pthread_mutex_unlock(&w->mu);
-	pthread_join(w->thread, NULL);
 	w->running = false;
-	pthread_mutex_destroy(&w->mu);
-	pthread_cond_destroy(&w->cv);
+	w->st = NULL;
+	pthread_mutex_lock(&st->mu);
+	st->stopping = true;
+	pthread_cond_signal(&st->cv);
+	pthread_mutex_unlock(&st->mu);
+	/* a read may hang in a connection attempt (connect_timeout): not waited for; the
+	 * thread frees the shared state when it ends */
+	clock_gettime(CLOCK_REALTIME, &until);
+	until.tv_sec += 2;
+	if (pthread_timedjoin_np(w->thread, NULL, &until) != 0)
+		pthread_detach(w->thread);
+	pthread_mutex_lock(&st->mu);
+	state_unref(st);
 }
 
 void
@@ -173,9 +224,9 @@ obx_slotwatch_read(struct obx_slotwatch *w, struct obx_slotview *out)
 		memset(out, 0, sizeof(*out));
 		return;
 	}
-	pthread_mutex_lock(&w->mu);
-	*out = w->view;
-	pthread_mutex_unlock(&w->mu);
+	pthread_mutex_lock(&w->st->mu);
+	*out = w->st->view;
+	pthread_mutex_unlock(&w->st->mu);
 }
 
 void
@@ -183,10 +234,10 @@ obx_slotwatch_fast(struct obx_slotwatch *w, bool fast)
 {
 	if (!w->running)
 		return;
-	pthread_mutex_lock(&w->mu);
-	if (fast != w->fast) {
-		w->fast = fast;
-		pthread_cond_signal(&w->cv);
+	pthread_mutex_lock(&w->st->mu);
+	if (fast != w->st->fast) {
+		w->st->fast = fast;
+		pthread_cond_signal(&w->st->cv);
 	}
-	pthread_mutex_unlock(&w->mu);
+	pthread_mutex_unlock(&w->st->mu);
 }

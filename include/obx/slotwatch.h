@@ -38,28 +38,29 @@ struct obx_slotview {
 	int64_t max_wal_keep_size_bytes; /* -1: unbounded */
 };
 
+struct obx_slotwatch_state; /* shared with the thread, freed by whichever of the two lets go last */
+
 struct obx_slotwatch {
-	const struct obx_config *cfg; /* borrowed */
+	struct obx_slotwatch_state *st;
 	pthread_t thread;
 	bool running;
-	pthread_mutex_t mu;
-	pthread_cond_t cv;
-	bool stopping;           /* guarded by mu */
-	bool fast;               /* guarded by mu: read every second (a standby waits) */
-	int interval_ms;
-	struct obx_slotview view; /* guarded by mu */
 };
 
 /*
  * Starts reading every interval_ms (the relay's status interval) on a
- * connection of its own, made from cfg's conninfo (borrowed, outliving the
- * watch).  Returns 0, or OBX_EIO when the thread cannot start.  A server
+ * connection of its own, made from cfg's conninfo, password and slot (copied:
+ * cfg may go before the thread).  Returns 0, or OBX_ENOMEM / OBX_EIO when
+ * the thread cannot start.  A server
  * that cannot be reached is not an error: view.ok stays false and
  * view.failures counts.
  */
 int obx_slotwatch_start(struct obx_slotwatch *w, const struct obx_config *cfg, int interval_ms);
 
-/* Stops the thread and closes its connection; a watch never started is fine. */
+/*
+ * Stops the thread and closes its connection; a watch never started is
+ * fine.  Waits at most 2 s: a read hanging in a connection attempt is left
+ * to end on its own (it frees what it shares then).
+ */
 void obx_slotwatch_stop(struct obx_slotwatch *w);
 
 /* Copies the last view into *out. */
