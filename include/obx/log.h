@@ -14,6 +14,7 @@
 #define OBX_LOG_H
 
 #include <stdint.h>
+#include <stdio.h>
 
 #include "obx/config.h"
 #include "obx/lsn.h"
@@ -31,6 +32,35 @@ struct obx_logfields {
 	const char *event_id;
 	const char *topic;
 };
+
+/*
+ * The fields of a line written later (a session's end reason): holds its
+ * strings, cut to the buffers.  Pure: the core keeps one too.
+ */
+struct obx_logfields_kept {
+	obx_lsn lsn;
+	uint32_t xid;
+	char event_id[128];
+	char topic[256];
+};
+
+/* Copies f (NULL: clears) into k. */
+static inline void
+obx_logfields_keep(struct obx_logfields_kept *k, const struct obx_logfields *f)
+{
+	k->lsn = f != NULL ? f->lsn : OBX_LSN_INVALID;
+	k->xid = f != NULL ? f->xid : 0;
+	snprintf(k->event_id, sizeof(k->event_id), "%s", f != NULL && f->event_id != NULL ? f->event_id : "");
+	snprintf(k->topic, sizeof(k->topic), "%s", f != NULL && f->topic != NULL ? f->topic : "");
+}
+
+/* The fields k holds, borrowing its strings. */
+static inline struct obx_logfields
+obx_logfields_of(const struct obx_logfields_kept *k)
+{
+	return (struct obx_logfields){ .lsn = k->lsn, .xid = k->xid, .event_id = k->event_id,
+		.topic = k->topic };
+}
 
 void obx_log_setup(enum obx_log_level level, enum obx_log_format format);
 /*
