@@ -30,7 +30,9 @@ static const char usage_text[] =
     "\n"
     "Usage:\n"
     "  outboxd [run] -c FILE [--set section.key=value ...] [--recreate-slot]\n"
-    "  outboxd check -c FILE [--set ...]     preflight: server, wal_level, slot\n"
+    "  outboxd check -c FILE [--set ...] [--standby CONNINFO]\n"
+    "                                        preflight: server, wal_level, slot; with\n"
+    "                                        --standby, that standby's copy of the slot\n"
     "  outboxd status -c FILE [--json]       slot position and lag\n"
     "  outboxd --help | --version\n"
     "\n"
@@ -174,6 +176,7 @@ main(int argc, char **argv)
 		{ "set", required_argument, NULL, 's' },
 		{ "json", no_argument, NULL, 'j' },
 		{ "recreate-slot", no_argument, NULL, 'r' },
+		{ "standby", required_argument, NULL, 'S' },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, 'V' },
 		{ NULL, 0, NULL, 0 },
@@ -184,6 +187,7 @@ main(int argc, char **argv)
 	size_t nsets = 0;
 	bool json = false;
 	bool recreate_slot = false;
+	const char *standby = NULL;
 	struct obx_config cfg;
 	struct reload_args reload = { NULL, NULL, 0 };
 	char errbuf[1024];
@@ -222,6 +226,9 @@ main(int argc, char **argv)
 		case 'r':
 			recreate_slot = true;
 			break;
+		case 'S':
+			standby = optarg;
+			break;
 		case 'h':
 			fputs(usage_text, stdout);
 			free(sets);
@@ -249,6 +256,10 @@ main(int argc, char **argv)
 	if (recreate_slot && cmd != CMD_RUN) {
 		free(sets);
 		return usage_error("--recreate-slot applies to run only", NULL);
+	}
+	if (standby != NULL && cmd != CMD_CHECK) {
+		free(sets);
+		return usage_error("--standby applies to check only", NULL);
 	}
 	if (json && cmd != CMD_STATUS) {
 		free(sets);
@@ -280,7 +291,7 @@ main(int argc, char **argv)
 
 	switch (cmd) {
 	case CMD_CHECK:
-		rc = obx_cmd_check(&cfg);
+		rc = obx_cmd_check(&cfg, standby);
 		break;
 	case CMD_STATUS:
 		rc = obx_cmd_status(&cfg, json);
