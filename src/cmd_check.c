@@ -11,6 +11,7 @@
 #include <librdkafka/rdkafka.h>
 
 #include "obx/cli.h"
+#include "obx/config_load.h"
 #include "obx/err.h"
 #include "obx/kafka.h"
 #include "obx/pgsetup.h"
@@ -367,6 +368,142 @@ check_failover(struct check_ctx *cx, PGconn *conn, const struct obx_config *cfg,
 	PQclear(r);
 }
 
+/* The value of setting name on conn as text (caller frees), or NULL with err set. */
+static char *
+setting(PGconn *conn, const char *name, char *err, size_t errlen)
+{
+	const char *p[1] = { name };
+	char *v = NULL;
+
+	query_value(conn, "SELECT current_setting($1)", 1, p, &v, err, errlen);
+	return v;
+}
+
+/*
+ * "outboxd check --standby": does the standby at conninfo hold a
+ * persistent synchronized copy of the slot, usable after a failover
+ * (PostgreSQL 17+)?  A synced copy starts temporary and is dropped at
+ * promotion until it becomes persistent, which happens once the primary's
+ * slot passes the standby's catalog xmin and restart point.
+ */
+static void
+check_standby(struct check_ctx *cx, PGconn *primary, const struct obx_config *cfg,
+    const char *conninfo)
+{
+	const char *p[1] = { cfg->slot };
+	char err[1024], ver[32], safe[1024];
+	char *sync = NULL, *feedback = NULL, *pslot = NULL, *listed = NULL, *v = NULL;
+	PGconn *sb = NULL;
+	PGresult *r = NULL, *pr = NULL;
+	bool p_exists, p_failover;
+
+	obx_conninfo_redact(conninfo, safe, sizeof(safe));
+	if (PQserverVersion(primary) < 170000) {
+		report(cx, "WARN", "standby: failover slots need PostgreSQL 17 or later (primary is %s): "
+		    "a failover loses slot %s", obx_pgversion_format(PQserverVersion(primary), ver,
+		    sizeof(ver)), cfg->slot);
+		return;
+	}
+	if (obx_pg_connect(conninfo, cfg->password, NULL, NULL, "outboxd check", &sb, err, sizeof(err)) != 0) {
+		report(cx, "FAIL", "standby: could not connect to %s: %s", safe, err);
+		return;
+	}
+	query_value(sb, "SELECT pg_is_in_recovery()::text", 0, NULL, &v, err, sizeof(err));
+	if (v == NULL || strcmp(v, "true") != 0) {
+		report(cx, "FAIL", "standby: %s is not a standby (not in recovery)", safe);
+		goto out;
+	}
+	pr = PQexecParams(primary, "SELECT failover, confirmed_flush_lsn::text FROM pg_replication_slots "
+	    "WHERE slot_name = $1", 1, NULL, p, NULL, NULL, 0);
+	if (PQresultStatus(pr) != PGRES_TUPLES_OK) {
+		report(cx, "FAIL", "standby: could not read slot %s on the primary: %s", cfg->slot,
+		    obx_pg_result_error_line(pr, err, sizeof(err)));
+		goto out;
+	}
+	p_exists = PQntuples(pr) == 1;
+	p_failover = p_exists && strcmp(PQgetvalue(pr, 0, 0), "t") == 0;
+	r = PQexecParams(sb, "SELECT synced, temporary, "
+	    "invalidation_reason IS NOT NULL OR coalesce(conflicting, false), "
+	    "coalesce(confirmed_flush_lsn::text, ''), coalesce(catalog_xmin::text, ''), "
+	    "coalesce(restart_lsn::text, ''), coalesce(invalidation_reason, '') "
+	    "FROM pg_replication_slots WHERE slot_name = $1", 1, NULL, p, NULL, NULL, 0);
+	if (PQresultStatus(r) != PGRES_TUPLES_OK) {
+		report(cx, "FAIL", "standby: could not read slot %s there: %s", cfg->slot,
+		    obx_pg_result_error_line(r, err, sizeof(err)));
+		goto out;
+	}
+	if (PQntuples(r) == 1 && strcmp(PQgetvalue(r, 0, 0), "t") == 0 &&
+	    strcmp(PQgetvalue(r, 0, 1), "f") == 0 && strcmp(PQgetvalue(r, 0, 2), "f") == 0) {
+		const char *at = PQgetvalue(r, 0, 3);
+		const char *primary_at = p_exists ? PQgetvalue(pr, 0, 1) : "?";
+
+		report(cx, "ok", "standby: ready: it holds a persistent synchronized copy of slot %s at "
+		    "%s (the primary's is at %s); a failover there keeps the slot", cfg->slot, at,
+		    primary_at);
+		goto out;
+	}
+	if (PQntuples(r) == 1 && strcmp(PQgetvalue(r, 0, 2), "t") == 0) {
+		report(cx, "FAIL", "standby: not ready: its copy of slot %s is invalidated%s%s; drop it "
+		    "there and let it synchronize again", cfg->slot, PQgetvalue(r, 0, 6)[0] ? ": " : "",
+		    PQgetvalue(r, 0, 6));
+		goto out;
+	}
+	if (PQntuples(r) == 1 && strcmp(PQgetvalue(r, 0, 0), "t") == 0) {
+		report(cx, "FAIL", "standby: not ready: its copy of slot %s is temporary (catalog xmin %s, "
+		    "restart_lsn %s) and would be dropped at promotion; it becomes persistent once the "
+		    "primary's slot passes them, i.e. after the next activity the relay confirms (the standby "
+		    "logs \"could not synchronize replication slot\" until then); run this check again, or "
+		    "on the standby: SELECT synced, temporary FROM pg_replication_slots WHERE slot_name = '%s'",
+		    cfg->slot, PQgetvalue(r, 0, 4), PQgetvalue(r, 0, 5), cfg->slot);
+		goto out;
+	}
+	/* no synchronized copy: name what is missing */
+	sync = setting(sb, "sync_replication_slots", err, sizeof(err));
+	feedback = setting(sb, "hot_standby_feedback", err, sizeof(err));
+	pslot = setting(sb, "primary_slot_name", err, sizeof(err));
+	if (pslot != NULL && pslot[0] != '\0') {
+		const char *q[1] = { pslot };
+
+		query_value(primary, "SELECT ($1 = ANY (string_to_array(replace(current_setting("
+		    "'synchronized_standby_slots'), ' ', ''), ',')))::text", 1, q, &listed, err, sizeof(err));
+	}
+	if (PQntuples(r) == 1)
+		report(cx, "FAIL", "standby: not ready: slot %s there is its own, not a synchronized copy "
+		    "(drop it there so the primary's can be synchronized)", cfg->slot);
+	else if (!p_exists)
+		report(cx, "FAIL", "standby: not ready: slot %s does not exist on the primary yet (outboxd "
+		    "creates it at start)", cfg->slot);
+	else if (!p_failover)
+		report(cx, "FAIL", "standby: not ready: slot %s has failover off on the primary, so no "
+		    "standby synchronizes it (set [source] failover = on; outboxd enables it at start)",
+		    cfg->slot);
+	else if (sync == NULL || strcmp(sync, "on") != 0)
+		report(cx, "FAIL", "standby: not ready: sync_replication_slots is %s there (set it on)",
+		    sync != NULL ? sync : "unknown");
+	else if (pslot == NULL || pslot[0] == '\0')
+		report(cx, "FAIL", "standby: not ready: primary_slot_name is not set there (slot "
+		    "synchronization needs a physical slot on the primary)");
+	else if (feedback == NULL || strcmp(feedback, "on") != 0)
+		report(cx, "FAIL", "standby: not ready: hot_standby_feedback is %s there (set it on)",
+		    feedback != NULL ? feedback : "unknown");
+	else
+		report(cx, "FAIL", "standby: not ready: no copy of slot %s there yet (the slot sync worker "
+		    "may not have run: check primary_conninfo has a dbname, and the standby's log)", cfg->slot);
+	if (pslot != NULL && pslot[0] != '\0' && (listed == NULL || strcmp(listed, "true") != 0))
+		report(cx, "WARN", "standby: synchronized_standby_slots on the primary does not name %s "
+		    "(the standby's primary_slot_name): outboxd may publish what the standby has not "
+		    "received", pslot);
+out:
+	free(v);
+	free(sync);
+	free(feedback);
+	free(pslot);
+	free(listed);
+	PQclear(r);
+	PQclear(pr);
+	PQfinish(sb);
+}
+
 /* The topic template as an SQL expression over the outbox's columns; NULL when out of memory. */
 static char *
 template_sql(PGconn *conn, const char *topic)
@@ -614,7 +751,7 @@ poll_status(PGconn *conn, const struct obx_config *cfg, bool json)
 }
 
 int
-obx_cmd_check(const struct obx_config *cfg)
+obx_cmd_check(const struct obx_config *cfg, const char *standby)
 {
 	struct check_ctx cx = { 0, 0 };
 	const char *tparams[2] = { cfg->table_schema, cfg->table_name };
@@ -728,6 +865,8 @@ obx_cmd_check(const struct obx_config *cfg)
 	check_slot(&cx, conn, cfg);
 	check_snapshot(&cx, conn, cfg);
 	check_failover(&cx, conn, cfg, &facts, in_recovery);
+	if (standby != NULL)
+		check_standby(&cx, conn, cfg, standby);
 	check_kafka(&cx, conn, cfg, has_table);
 done:
 	PQfinish(conn);

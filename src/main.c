@@ -30,7 +30,9 @@ static const char usage_text[] =
     "\n"
     "Usage:\n"
     "  outboxd [run] -c FILE [--set section.key=value ...] [--recreate-slot]\n"
-    "  outboxd check -c FILE [--set ...]     preflight: server, wal_level, slot\n"
+    "  outboxd check -c FILE [--set ...] [--standby CONNINFO]\n"
+    "                                        preflight: server, wal_level, slot; with\n"
+    "                                        --standby, that standby's copy of the slot\n"
     "  outboxd status -c FILE [--json]       slot position and lag\n"
     "  outboxd drop-slot -c FILE [--yes] [--drop-publication]\n"
     "                                        decommission: drop the slot, its snapshot\n"
@@ -184,6 +186,7 @@ main(int argc, char **argv)
 		{ "recreate-slot", no_argument, NULL, 'r' },
 		{ "yes", no_argument, NULL, 'y' },
 		{ "drop-publication", no_argument, NULL, 'P' },
+		{ "standby", required_argument, NULL, 'S' },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, 'V' },
 		{ NULL, 0, NULL, 0 },
@@ -195,6 +198,7 @@ main(int argc, char **argv)
 	bool json = false;
 	bool recreate_slot = false;
 	bool yes = false, drop_publication = false;
+	const char *standby = NULL;
 	struct obx_config cfg;
 	struct reload_args reload = { NULL, NULL, 0 };
 	char errbuf[1024];
@@ -241,6 +245,9 @@ main(int argc, char **argv)
 		case 'P':
 			drop_publication = true;
 			break;
+		case 'S':
+			standby = optarg;
+			break;
 		case 'h':
 			fputs(usage_text, stdout);
 			free(sets);
@@ -268,6 +275,10 @@ main(int argc, char **argv)
 	if (recreate_slot && cmd != CMD_RUN) {
 		free(sets);
 		return usage_error("--recreate-slot applies to run only", NULL);
+	}
+	if (standby != NULL && cmd != CMD_CHECK) {
+		free(sets);
+		return usage_error("--standby applies to check only", NULL);
 	}
 	if (json && cmd != CMD_STATUS) {
 		free(sets);
@@ -304,7 +315,7 @@ main(int argc, char **argv)
 
 	switch (cmd) {
 	case CMD_CHECK:
-		rc = obx_cmd_check(&cfg);
+		rc = obx_cmd_check(&cfg, standby);
 		break;
 	case CMD_STATUS:
 		rc = obx_cmd_status(&cfg, json);

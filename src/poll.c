@@ -481,7 +481,9 @@ produce_batch(struct poller *p, const PGresult *res)
 
 				snprintf(text, sizeof(text), "given up after %lld attempt(s): %s", row->attempts,
 				    row->error != NULL ? row->error : "unknown");
-				obx_log_warn("row seq %s (id %s) failed %lld time(s): marked published without "
+				obx_log_f(OBX_LOG_WARN, &(struct obx_logfields){ .event_id = r == 0 ? ev.id : NULL,
+				    .topic = r == 0 ? ev.topic : NULL },
+				    "row seq %s (id %s) failed %lld time(s): marked published without "
 				    "sending ([poll] exhausted = mark): %s", seq, r == 0 ? ev.id : "?",
 				    row->attempts, row->error != NULL ? row->error : "unknown");
 				free(row->error);
@@ -489,7 +491,9 @@ produce_batch(struct poller *p, const PGresult *res)
 				row->state = ROW_GIVEN_UP;
 				continue;
 			}
-			obx_log_warn("row seq %s (id %s) failed %lld time(s): dead-lettering it to %s: %s", seq,
+			obx_log_f(OBX_LOG_WARN, &(struct obx_logfields){ .event_id = r == 0 ? ev.id : NULL,
+			    .topic = r == 0 ? ev.topic : NULL },
+			    "row seq %s (id %s) failed %lld time(s): dead-lettering it to %s: %s", seq,
 			    r == 0 ? ev.id : "?", row->attempts, c->dead_letter_topic,
 			    row->error != NULL ? row->error : "unknown");
 			dead_letter(p, (size_t)i, &ev, r == 0, seq);
@@ -1082,6 +1086,7 @@ obx_poll_run(const struct obx_config *cfg, const struct obx_run_opts *opts)
 	p.m.poll_pending_rows = -1;
 	p.m.state = OBX_STATE_CONNECTING;
 	p.m.not_ready = OBX_NOT_READY_POSTGRES;
+	obx_log_context(NULL, "poll"); /* no slot: polling reads the table */
 #ifdef OBX_TEST_HOOKS
 	if (getenv("OBX_TEST_KILL_AFTER_ACKS") != NULL)
 		p.test_kill_after = atol(getenv("OBX_TEST_KILL_AFTER_ACKS"));

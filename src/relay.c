@@ -61,6 +61,7 @@ struct relay {
 
 	enum obx_core_end end;  /* how the last session ended */
 	char reason[1024];
+	struct obx_logfields_kept reason_fields; /* what reason concerns, for its line */
 	bool streamed;          /* the last session got as far as streaming */
 	bool slot_seen;         /* some session of this process found or created the slot */
 	bool standby;           /* the slot is in use by another instance */
@@ -137,10 +138,10 @@ do_produce(void *ctx, const struct obx_record *rec, uint64_t opaque, char *why, 
 }
 
 static void
-do_note(void *ctx, enum obx_log_level level, const char *line)
+do_note(void *ctx, enum obx_log_level level, const struct obx_logfields *f, const char *line)
 {
 	(void)ctx;
-	obx_log(level, "%s", line);
+	obx_log_f(level, f, "%s", line);
 }
 
 static bool
@@ -270,7 +271,8 @@ send_status(struct relay *r, obx_lsn write, obx_lsn flush, bool reply)
 		return;
 	}
 	if (flush > r->core.sent_flush)
-		obx_log_debug("confirmed %s", obx_lsn_format(flush, a, sizeof(a)));
+		obx_log_f(OBX_LOG_DEBUG, &(struct obx_logfields){ .lsn = flush }, "confirmed %s",
+		    obx_lsn_format(flush, a, sizeof(a)));
 	obx_core_status_sent(&r->core, flush, obx_mono_ms());
 }
 
@@ -866,7 +868,8 @@ session_open(struct relay *r)
 	r->last_progress_ms = obx_mono_ms();
 	r->progress_events = r->core.published;
 	r->progress_txns = r->m.transactions;
-	obx_log_info("streaming from slot %s at %s (pgoutput protocol %d%s%s%s, status every %d ms)",
+	obx_log_f(OBX_LOG_INFO, &(struct obx_logfields){ .lsn = r->st.start_confirmed },
+	    "streaming from slot %s at %s (pgoutput protocol %d%s%s%s, status every %d ms)",
 	    r->cfg->slot, obx_lsn_format(r->st.start_confirmed, a, sizeof(a)), r->st.proto_version,
 	    r->st.streaming ? ", streaming in-progress transactions" : "",
 	    r->cfg->messages ? ", messages" : "", r->st.in_recovery ? ", from a hot standby" : "",
@@ -909,6 +912,7 @@ session_close(struct relay *r)
 
 	r->end = obx_core_ended(&r->core, &reason);
 	snprintf(r->reason, sizeof(r->reason), "%s", reason);
+	r->reason_fields = r->core.reason_fields;
 	r->end_kafka = r->end_kafka || r->core.end_kafka;
 	/* confirm what is safe before leaving (no-op when the connection is gone) */
 	if (r->end != OBX_CORE_END_FATAL && PQstatus(r->st.conn) == CONNECTION_OK) {
@@ -930,6 +934,7 @@ session_close(struct relay *r)
 			if (fenced_verdict(r, why, sizeof(why)) == OBX_CORE_END_FATAL) {
 				r->end = OBX_CORE_END_FATAL;
 				snprintf(r->reason, sizeof(r->reason), "%s", why);
+				obx_logfields_keep(&r->reason_fields, NULL);
 			} else {
 				/* the connection looked alive: if the next session finds the slot taken,
 				 * the fence was a takeover after all */
@@ -950,6 +955,7 @@ static void
 session(struct relay *r)
 {
 	r->standby = r->end_kafka = false;
+	obx_logfields_keep(&r->reason_fields, NULL);
 	if (!session_open(r))
 		return;
 	for (;;) {
@@ -1048,6 +1054,8 @@ backoff(struct relay *r, int attempt)
 static void
 report_failure(struct relay *r, char *last, size_t lastlen, int attempt)
 {
+	struct obx_logfields f = obx_logfields_of(&r->reason_fields);
+
 	if (r->end_kafka)
 		r->m.reconnects_kafka++;
 	else if (!r->standby)
@@ -1066,9 +1074,9 @@ report_failure(struct relay *r, char *last, size_t lastlen, int attempt)
 			obx_log_info("standby: %s; holding no events, retrying every second", r->reason);
 		r->was_standby = true;
 	} else if (strcmp(last, r->reason) != 0) {
-		obx_log_warn("%s; retrying", r->reason);
+		obx_log_f(OBX_LOG_WARN, &f, "%s; retrying", r->reason);
 	} else {
-		obx_log_debug("still failing (attempt %d): %s", attempt + 1, r->reason);
+		obx_log_f(OBX_LOG_DEBUG, &f, "still failing (attempt %d): %s", attempt + 1, r->reason);
 	}
 	snprintf(last, lastlen, "%s", r->reason);
 }
@@ -1090,6 +1098,7 @@ obx_relay_run(const struct obx_config *cfg, const struct obx_run_opts *opts)
 	r.progress_interval_ms = cfg->progress_interval_ms;
 	r.setup.tick = setup_tick;
 	r.setup.tick_arg = &r;
+	obx_log_context(cfg->slot, "logical");
 #ifdef OBX_TEST_HOOKS
 	if (getenv("OBX_TEST_FATAL_AFTER") != NULL)
 		r.test_fatal_after = atol(getenv("OBX_TEST_FATAL_AFTER"));
@@ -1121,7 +1130,9 @@ obx_relay_run(const struct obx_config *cfg, const struct obx_run_opts *opts)
 			break;
 		}
 		if (r.end == OBX_CORE_END_FATAL) {
-			obx_log_error("%s", r.reason);
+			struct obx_logfields f = obx_logfields_of(&r.reason_fields);
+
+			obx_log_f(OBX_LOG_ERROR, &f, "%s", r.reason);
 			break;
 		}
 		if (r.core.signals > 0) {

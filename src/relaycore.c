@@ -42,11 +42,12 @@ obx_core_opaque(uint32_t gen, uint64_t ticket, bool dead_letter)
 	    (ticket & OP_TICKET_MASK);
 }
 
-static void note(struct obx_core *c, enum obx_log_level level, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+/* A line for the log about f (NULL: nothing in particular). */
+static void note(struct obx_core *c, enum obx_log_level level, const struct obx_logfields *f,
+    const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 
 static void
-note(struct obx_core *c, enum obx_log_level level, const char *fmt, ...)
+note(struct obx_core *c, enum obx_log_level level, const struct obx_logfields *f, const char *fmt, ...)
 {
 	char line[1024];
 	va_list ap;
@@ -56,18 +57,20 @@ note(struct obx_core *c, enum obx_log_level level, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(line, sizeof(line), fmt, ap);
 	va_end(ap);
-	c->ops->note(c->ctx, level, line);
+	c->ops->note(c->ctx, level, f, line);
 }
 
-static void end_session(struct obx_core *c, enum obx_core_end how, const char *fmt, va_list ap)
-    __attribute__((format(printf, 3, 0)));
+static void end_session(struct obx_core *c, enum obx_core_end how, const struct obx_logfields *f,
+    const char *fmt, va_list ap) __attribute__((format(printf, 4, 0)));
 
 static void
-end_session(struct obx_core *c, enum obx_core_end how, const char *fmt, va_list ap)
+end_session(struct obx_core *c, enum obx_core_end how, const struct obx_logfields *f,
+    const char *fmt, va_list ap)
 {
 	if (c->end == OBX_CORE_END_FATAL)
 		return; /* the first fatal reason wins */
 	vsnprintf(c->reason, sizeof(c->reason), fmt, ap);
+	obx_logfields_keep(&c->reason_fields, f);
 	c->end = how;
 }
 
@@ -77,11 +80,25 @@ obx_core_fail(struct obx_core *c, enum obx_core_end how, const char *fmt, ...)
 	va_list ap;
 
 	va_start(ap, fmt);
-	end_session(c, how, fmt, ap);
+	end_session(c, how, NULL, fmt, ap);
 	va_end(ap);
 }
 
 #define fail obx_core_fail
+
+/* obx_core_fail() with what the reason concerns, for its line in the log. */
+static void fail_at(struct obx_core *c, enum obx_core_end how, const struct obx_logfields *f,
+    const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+
+static void
+fail_at(struct obx_core *c, enum obx_core_end how, const struct obx_logfields *f, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	end_session(c, how, f, fmt, ap);
+	va_end(ap);
+}
 
 static bool
 ending(const struct obx_core *c)
@@ -89,20 +106,53 @@ ending(const struct obx_core *c)
 	return c->end != OBX_CORE_RUNNING;
 }
 
-/* The last value of header name in rec as text, "?" when absent. */
-static const char *
-header_text(const struct obx_record *rec, const char *name, char *buf, size_t len)
+/* The last value of header name in rec as text into buf; false ("" in buf) when absent. */
+static bool
+header_find(const struct obx_record *rec, const char *name, char *buf, size_t len)
 {
-	snprintf(buf, len, "?");
+	buf[0] = '\0';
 	for (size_t i = rec->nheaders; i-- > 0;) {
 		const struct obx_header *h = &rec->headers[i];
 
 		if (strcmp(h->name, name) == 0 && h->value != NULL) {
 			snprintf(buf, len, "%.*s", (int)h->len, (const char *)h->value);
-			break;
+			return true;
 		}
 	}
+	return false;
+}
+
+/* The last value of header name in rec as text, "?" when absent. */
+static const char *
+header_text(const struct obx_record *rec, const char *name, char *buf, size_t len)
+{
+	if (!header_find(rec, name, buf, len))
+		snprintf(buf, len, "?");
 	return buf;
+}
+
+/* What a line about rec (an event or its dead-letter copy) names, and the text it borrows. */
+struct record_fields {
+	struct obx_logfields f;
+	char id[128], topic[256];
+};
+
+/* Fills rf from rec's headers (lsn, xid, id; original_topic of a copy) and topic; returns &rf->f. */
+static const struct obx_logfields *
+record_fields(const struct obx_record *rec, struct record_fields *rf)
+{
+	char lsn[OBX_LSN_STRLEN + 8], xid[16];
+	const char *err;
+
+	rf->f = (struct obx_logfields){ .event_id = rf->id, .topic = rf->topic };
+	header_find(rec, "id", rf->id, sizeof(rf->id));
+	if (!header_find(rec, "original_topic", rf->topic, sizeof(rf->topic)))
+		snprintf(rf->topic, sizeof(rf->topic), "%s", rec->topic != NULL ? rec->topic : "");
+	if (header_find(rec, "lsn", lsn, sizeof(lsn)) && obx_lsn_parse(lsn, &rf->f.lsn) != 0)
+		rf->f.lsn = OBX_LSN_INVALID;
+	if (header_find(rec, "xid", xid, sizeof(xid)))
+		rf->f.xid = (uint32_t)strtonum(xid, 0, UINT32_MAX, &err);
+	return &rf->f;
 }
 
 /* ---- pending records: what the producer's queue refused, in order ---- */
@@ -265,7 +315,8 @@ wait_for_topic(struct obx_core *c, const char *topic, bool dl)
 	}
 	missing_topics_metric(c);
 	c->end_kafka = true;
-	fail(c, OBX_CORE_END_RETRY, "topic %s does not exist (yet): waiting up to %lld s for it "
+	fail_at(c, OBX_CORE_END_RETRY, &(struct obx_logfields){ .topic = topic },
+	    "topic %s does not exist (yet): waiting up to %lld s for it "
 	    "([delivery] missing_topic_timeout) before on_error applies, rewinding to the slot", topic,
 	    c->cfg->missing_topic_timeout_ms / 1000);
 	return true;
@@ -314,17 +365,19 @@ static void
 refused(struct obx_core *c, const struct obx_record *rec, uint64_t ticket, bool dl, const char *why)
 {
 	char id[128], lsn[32], xid[16];
+	struct record_fields rf;
+	const struct obx_logfields *f = record_fields(rec, &rf);
 
 	header_text(rec, "id", id, sizeof(id));
 	header_text(rec, "lsn", lsn, sizeof(lsn));
 	if (!dl && c->cfg->on_error == OBX_ON_ERROR_STOP) {
-		fail(c, OBX_CORE_END_FATAL, "event id=%s at lsn %s (xid %s) cannot be published: %s "
+		fail_at(c, OBX_CORE_END_FATAL, f, "event id=%s at lsn %s (xid %s) cannot be published: %s "
 		    "(on_error = stop: nothing after it is confirmed)", id, lsn,
 		    header_text(rec, "xid", xid, sizeof(xid)), why);
 		return;
 	}
 	if (!dl) {
-		note(c, OBX_LOG_WARN, "event id=%s at lsn %s cannot be published (%s): dead-lettering it to %s",
+		note(c, OBX_LOG_WARN, f, "event id=%s at lsn %s cannot be published (%s): dead-lettering it to %s",
 		    id, lsn, why, c->cfg->dead_letter_topic);
 		dead_letter_record(c, rec, ticket, why);
 		return;
@@ -337,7 +390,7 @@ refused(struct obx_core *c, const struct obx_record *rec, uint64_t ticket, bool 
 		send_record(c, &bare, ticket, true);
 		return;
 	}
-	fail(c, OBX_CORE_END_FATAL, "could not dead-letter event id=%s at lsn %s to %s: %s", id, lsn,
+	fail_at(c, OBX_CORE_END_FATAL, f, "could not dead-letter event id=%s at lsn %s to %s: %s", id, lsn,
 	    c->cfg->dead_letter_topic, why);
 }
 
@@ -574,10 +627,11 @@ poison_row(struct obx_core *c, const struct obx_rel *rel, const struct obx_pg_tu
 	struct obx_header h[4];
 	struct obx_record rec;
 	char *row;
+	struct obx_logfields f = { .lsn = c->txn.commit_lsn, .xid = c->txn.xid };
 
 	obx_lsn_format(c->txn.commit_lsn, lsn, sizeof(lsn));
 	if (c->cfg->on_error == OBX_ON_ERROR_STOP) {
-		fail(c, OBX_CORE_END_FATAL, "event id=? at lsn %s (xid %" PRIu32 ") cannot be published: %s "
+		fail_at(c, OBX_CORE_END_FATAL, &f, "event id=? at lsn %s (xid %" PRIu32 ") cannot be published: %s "
 		    "(on_error = stop: nothing after it is confirmed)", lsn, c->txn.xid, reason);
 		return;
 	}
@@ -592,7 +646,7 @@ poison_row(struct obx_core *c, const struct obx_rel *rel, const struct obx_pg_tu
 		fail(c, OBX_CORE_END_FATAL, "out of memory");
 		return;
 	}
-	note(c, OBX_LOG_WARN, "event id=? at lsn %s cannot be published (%s): dead-lettering the row to %s",
+	note(c, OBX_LOG_WARN, &f, "event id=? at lsn %s cannot be published (%s): dead-lettering the row to %s",
 	    lsn, reason, c->cfg->dead_letter_topic);
 	rec = (struct obx_record){ c->cfg->dead_letter_topic, NULL, 0, row, strlen(row),
 		(c->txn.commit_time + OBX_PG_EPOCH_OFFSET_US) / 1000, h, 4 };
@@ -630,7 +684,7 @@ publish_event(struct obx_core *c, const struct obx_rel *rel, const struct obx_pg
 			return;
 		}
 		c->eos_floor_set = c->eos_checking = false; /* marks only grow: nothing after it is skipped */
-		note(c, OBX_LOG_INFO, "exactly-once: %" PRIu64 " replayed event(s) were in committed Kafka "
+		note(c, OBX_LOG_INFO, NULL, "exactly-once: %" PRIu64 " replayed event(s) were in committed Kafka "
 		    "transactions already and were not sent again", c->eos_skipped);
 	}
 	if (why_not != NULL) {
@@ -834,7 +888,7 @@ floor_refused(struct obx_core *c, const char *how)
 	c->eos_floor_set = c->eos_checking = false;
 	obx_lsn_format(c->eos_floor.lsn, a, sizeof(a));
 	if (!c->eos_holding) {
-		note(c, OBX_LOG_WARN, "exactly-once: %s: the last progress record (lsn %s) is of another "
+		note(c, OBX_LOG_WARN, NULL, "exactly-once: %s: the last progress record (lsn %s) is of another "
 		    "history (a data directory restored from a copy?); nothing was skipped, nothing is", how, a);
 		return;
 	}
@@ -935,7 +989,7 @@ stream_abort(struct obx_core *c, const struct obx_pgmsg *m)
 	n = obx_streambuf_abort(&c->sbuf, xid, subxid);
 	c->m->stream_aborted_events += n;
 	if (n > 0)
-		note(c, OBX_LOG_DEBUG, "streamed transaction %" PRIu32 " rolled back %s %" PRIu32 ": %zu "
+		note(c, OBX_LOG_DEBUG, NULL, "streamed transaction %" PRIu32 " rolled back %s %" PRIu32 ": %zu "
 		    "buffered event(s) discarded", xid, subxid == xid ? "whole, xid" : "savepoint, subxid",
 		    subxid, n);
 	streams_changed(c);
@@ -976,7 +1030,8 @@ handle_message(struct obx_core *c, const struct obx_pgmsg *m)
 		return;
 	if (!(m->u.message.flags & 1)) {
 		c->m->messages_refused++;
-		note(c, OBX_LOG_WARN, "non-transactional message with prefix '%s' at lsn %s not published: "
+		note(c, OBX_LOG_WARN, &(struct obx_logfields){ .lsn = m->u.message.lsn },
+		    "non-transactional message with prefix '%s' at lsn %s not published: "
 		    "only pg_logical_emit_message(true, ...) is tied to a commit", m->u.message.prefix,
 		    obx_lsn_format(m->u.message.lsn, a, sizeof(a)));
 		return;
@@ -1122,6 +1177,8 @@ obx_core_report(struct obx_core *c, const struct obx_report *r)
 	uint64_t ticket = r->opaque & OP_TICKET_MASK;
 	bool dl = (r->opaque & OP_DEAD_LETTER) != 0;
 	char id[128], lsn[32];
+	struct record_fields rf;
+	const struct obx_logfields *f;
 	int64_t committed;
 
 	if (!c->active || ((r->opaque >> OP_GEN_SHIFT) & OP_GEN_MASK) != (c->gen & OP_GEN_MASK))
@@ -1162,12 +1219,13 @@ obx_core_report(struct obx_core *c, const struct obx_report *r)
 		break;
 	}
 	obx_metrics_kafka_error(c->m, r->error_name);
+	f = record_fields(&r->record, &rf);
 	header_text(&r->record, "id", id, sizeof(id));
 	header_text(&r->record, "lsn", lsn, sizeof(lsn));
 	if (r->status == OBX_REPORT_TRANSIENT) {
 		/* timeouts (a user-set message.timeout.ms) and the like: rewind, never skip */
 		c->end_kafka = true;
-		fail(c, OBX_CORE_END_RETRY, "delivery of event id=%s lsn=%s failed: %s; rewinding to the slot",
+		fail_at(c, OBX_CORE_END_RETRY, f, "delivery of event id=%s lsn=%s failed: %s; rewinding to the slot",
 		    id, lsn, r->error);
 		return;
 	}
@@ -1176,7 +1234,7 @@ obx_core_report(struct obx_core *c, const struct obx_report *r)
 		 * in the next transaction, at the replay (docs/design.md, "Exactly-once") */
 		remember_rejected(c, &r->record, dl, r->error);
 		c->end_kafka = true;
-		fail(c, OBX_CORE_END_RETRY, "%s id=%s lsn=%s rejected by the broker for %s (%s) inside a "
+		fail_at(c, OBX_CORE_END_RETRY, f, "%s id=%s lsn=%s rejected by the broker for %s (%s) inside a "
 		    "Kafka transaction: aborting it and rewinding to the slot; on_error applies at the replay",
 		    dl ? "dead-letter copy of event" : "event", id, lsn, r->record.topic, r->error);
 		return;
@@ -1187,12 +1245,12 @@ obx_core_report(struct obx_core *c, const struct obx_report *r)
 		return;
 	}
 	if (c->cfg->on_error == OBX_ON_ERROR_DEAD_LETTER) {
-		note(c, OBX_LOG_WARN, "event id=%s lsn=%s rejected by the broker for %s (%s): dead-lettering "
+		note(c, OBX_LOG_WARN, f, "event id=%s lsn=%s rejected by the broker for %s (%s): dead-lettering "
 		    "it to %s", id, lsn, r->record.topic, r->error, c->cfg->dead_letter_topic);
 		dead_letter_record(c, &r->record, ticket, r->error);
 		return;
 	}
-	fail(c, OBX_CORE_END_FATAL, "event id=%s lsn=%s rejected by the broker for topic %s: %s "
+	fail_at(c, OBX_CORE_END_FATAL, f, "event id=%s lsn=%s rejected by the broker for topic %s: %s "
 	    "(on_error = stop: nothing after it is confirmed)", id, lsn, r->record.topic, r->error);
 }
 
@@ -1230,7 +1288,7 @@ apply_skips(struct obx_core *c)
 static void
 dd_note(void *ctx, enum obx_log_level level, const char *line)
 {
-	note(ctx, level, "%s", line);
+	note(ctx, level, NULL, "%s", line);
 }
 
 /* ---- flow control, status, drain ---- */
@@ -1272,7 +1330,7 @@ obx_core_pump(struct obx_core *c, int64_t now_ms)
 	if (c->committing || c->commit_wanted) {
 		/* nothing is produced while a Kafka transaction commits; a drain still ends in time */
 		if (c->draining && now_ms >= c->drain_deadline_ms) {
-			note(c, OBX_LOG_WARN, "stopping with a Kafka transaction of %" PRIu64 " record(s) not "
+			note(c, OBX_LOG_WARN, NULL, "stopping with a Kafka transaction of %" PRIu64 " record(s) not "
 			    "committed after %d s (it is aborted; its events are re-sent from the slot)",
 			    c->batch_records, OBX_CORE_DRAIN_TIMEOUT_MS / 1000);
 			fail(c, OBX_CORE_END_STOP, "stopped");
@@ -1297,18 +1355,18 @@ obx_core_pump(struct obx_core *c, int64_t now_ms)
 		}
 		level = c->pause_noted ? OBX_LOG_INFO : OBX_LOG_DEBUG;
 		if (c->paused)
-			note(c, level, "backpressure: %" PRIu64 " event(s), %" PRIu64 " byte(s) in flight, "
+			note(c, level, NULL, "backpressure: %" PRIu64 " event(s), %" PRIu64 " byte(s) in flight, "
 			    "%zu transaction(s) unconfirmed; pausing the replication stream", c->inflight,
 			    c->inflight_bytes, c->ack.count);
 		else
-			note(c, level, "backpressure released: resuming the replication stream");
+			note(c, level, NULL, "backpressure released: resuming the replication stream");
 	}
 	if (!c->draining)
 		return;
 	if (c->ack.outstanding == 0 && !c->in_txn && c->npend == 0) {
 		fail(c, OBX_CORE_END_STOP, "stopped");
 	} else if (now_ms >= c->drain_deadline_ms) {
-		note(c, OBX_LOG_WARN, "stopping with %" PRIu64 " event(s) unacknowledged after %d s "
+		note(c, OBX_LOG_WARN, NULL, "stopping with %" PRIu64 " event(s) unacknowledged after %d s "
 		    "(they will be re-sent from the slot)", c->ack.outstanding,
 		    OBX_CORE_DRAIN_TIMEOUT_MS / 1000);
 		fail(c, OBX_CORE_END_STOP, "stopped");
@@ -1327,7 +1385,7 @@ obx_core_signal(struct obx_core *c, int64_t now_ms)
 	c->draining = true;
 	c->drain_deadline_ms = now_ms + OBX_CORE_DRAIN_TIMEOUT_MS;
 	if (c->active)
-		note(c, OBX_LOG_INFO, "stopping: waiting up to %d s for %" PRIu64 " outstanding event(s)",
+		note(c, OBX_LOG_INFO, NULL, "stopping: waiting up to %d s for %" PRIu64 " outstanding event(s)",
 		    OBX_CORE_DRAIN_TIMEOUT_MS / 1000, c->ack.outstanding);
 }
 
@@ -1448,7 +1506,7 @@ dedupe_on(struct obx_core *c)
 	if (obx_dd_partitioner_supported(c->cfg, &name))
 		return true;
 	if (!c->dd_noted)
-		note(c, OBX_LOG_WARN, "[delivery] dedupe is on but partitioner %s is not one outboxd can "
+		note(c, OBX_LOG_WARN, NULL, "[delivery] dedupe is on but partitioner %s is not one outboxd can "
 		    "reproduce (murmur2_random, murmur2): events after a restart are published again "
 		    "(at-least-once)", name);
 	c->dd_noted = true;
@@ -1464,6 +1522,7 @@ obx_core_session_start(struct obx_core *c, obx_lsn start, int proto, int status_
 	c->active = true;
 	c->end = OBX_CORE_RUNNING;
 	c->reason[0] = '\0';
+	obx_logfields_keep(&c->reason_fields, NULL);
 	c->end_kafka = false;
 	c->paused = false;
 	obx_pgoutput_reset(&c->dec);
@@ -1521,7 +1580,7 @@ obx_core_exactly_once(struct obx_core *c, const struct obx_dd_mark *floor, int64
 	c->eos_hold_flush = c->sent_flush;
 	if (floor != NULL && c->eos_refused_set && obx_dd_mark_cmp(floor, &c->eos_refused) == 0 &&
 	    floor_time == c->eos_refused_time) {
-		note(c, OBX_LOG_INFO, "exactly-once: the last progress record (lsn %s) is the one the replay "
+		note(c, OBX_LOG_INFO, NULL, "exactly-once: the last progress record (lsn %s) is the one the replay "
 		    "contradicted: not skipping anything", obx_lsn_format(floor->lsn, a, sizeof(a)));
 		floor = NULL;
 	}

@@ -122,7 +122,12 @@ dead_letter(struct obx_snapshot *s, const char *topic, const void *key, size_t k
 	struct obx_header hs[66];
 	size_t n = 0;
 	rd_kafka_resp_err_t err;
+	char id[128] = "";
+	struct obx_logfields f = { .topic = topic, .event_id = id };
 
+	for (size_t i = 0; i < nh; i++)
+		if (strcmp(hdrs[i].name, "id") == 0 && hdrs[i].value != NULL)
+			snprintf(id, sizeof(id), "%.*s", (int)hdrs[i].len, (const char *)hdrs[i].value);
 	for (size_t i = 0; i < nh && n < 64; i++)
 		if (strcmp(hdrs[i].name, "original_topic") != 0 && strcmp(hdrs[i].name, "error") != 0)
 			hs[n++] = hdrs[i];
@@ -133,7 +138,7 @@ dead_letter(struct obx_snapshot *s, const char *topic, const void *key, size_t k
 		    bare ? NULL : value, bare ? 0 : len, ts, hs, n,
 		    OP_SNAPSHOT | OP_DEAD_LETTER | (bare ? OP_BARE : 0));
 		if (err == RD_KAFKA_RESP_ERR_NO_ERROR) {
-			obx_log_warn("snapshot of slot %s: a record for %s was refused (%s): dead-lettered to %s%s",
+			obx_log_f(OBX_LOG_WARN, &f, "snapshot of slot %s: a record for %s was refused (%s): dead-lettered to %s%s",
 			    s->cfg->slot, topic, why, s->cfg->dead_letter_topic, bare ? " (headers only)" : "");
 			return;
 		}

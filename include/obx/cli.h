@@ -10,7 +10,11 @@
 
 enum obx_exit { OBX_EXIT_OK = 0, OBX_EXIT_FAILURE = 1, OBX_EXIT_USAGE = 2 };
 
-int obx_cmd_check(const struct obx_config *cfg);
+/*
+ * standby (NULL: none) is a standby's conninfo: check also says whether it
+ * holds a persistent synchronized copy of the slot (PostgreSQL 17+).
+ */
+int obx_cmd_check(const struct obx_config *cfg, const char *standby);
 int obx_cmd_status(const struct obx_config *cfg, bool json);
 
 /*

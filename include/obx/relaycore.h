@@ -39,6 +39,7 @@
 #include "obx/config.h"
 #include "obx/dedupe.h"
 #include "obx/event.h"
+#include "obx/log.h"
 #include "obx/lsn.h"
 #include "obx/metrics.h"
 #include "obx/pgoutput.h"
@@ -97,7 +98,8 @@ struct obx_report {
 /*
  * The actions.  produce hands a record to the producer (which copies it)
  * tagged with opaque, and writes why it failed into why (not OK).  note
- * gives a line for the log.  lookup starts reading topic back from the end
+ * gives a line for the log and what it concerns (f: the event's lsn, xid,
+ * id and topic, borrowed for the call; NULL: nothing in particular).  lookup starts reading topic back from the end
  * of its partitions down to floor, for restart de-duplication (dedupe.h;
  * docs/design.md, "Restart de-duplication"); the finished scan comes back
  * later through obx_core_lookup_done() with gen, never from inside the
@@ -108,7 +110,8 @@ struct obx_report {
 struct obx_core_ops {
 	enum obx_produce_result (*produce)(void *ctx, const struct obx_record *rec, uint64_t opaque,
 	    char *why, size_t whylen);
-	void (*note)(void *ctx, enum obx_log_level level, const char *line);
+	void (*note)(void *ctx, enum obx_log_level level, const struct obx_logfields *f,
+	    const char *line);
 	bool (*lookup)(void *ctx, const char *topic, const struct obx_dd_mark *floor, uint32_t gen);
 };
 
@@ -259,6 +262,7 @@ struct obx_core {
 	enum obx_core_end end;
 	bool end_kafka;               /* the session ended because of the broker side */
 	char reason[1024];
+	struct obx_logfields_kept reason_fields; /* what reason concerns (the event, the topic), for its line */
 };
 
 /*

@@ -742,8 +742,9 @@ t_relay_config(struct t_relay *r, const char *extra)
 	snprintf(text, sizeof(text),
 	    "[source]\nconninfo = %s\nslot = %s\nstatus_interval = 1s\n"
 	    "[kafka]\nbootstrap.servers = %s\n"
-	    "[log]\nformat = text\nlevel = debug\n%s%s",
+	    "[log]\n%slevel = debug\n%s%s",
 	    ci, r->slot, r->b.bootstrap,
+	    extra != NULL && strstr(extra, "format = ") != NULL ? "" : "format = text\n",
 	    extra != NULL && strstr(extra, "[metrics]") != NULL ? "" : "[metrics]\nlisten = 127.0.0.1:0\n",
 	    extra ? extra : "");
 	if (r->conf[0] != '\0')

@@ -130,13 +130,17 @@ run_to_exit(int timeout_ms)
 	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
-/* Runs outboxd check on R's config; returns its output (the caller frees it). */
+/*
+ * Runs outboxd check on R's config, with --standby standby unless NULL;
+ * returns its output (the caller frees it).
+ */
 static char *
-check_output(void)
+check_output_standby(const char *standby)
 {
 	const char *bin = getenv("OBX_OUTBOXD");
 	char out[160], *text;
-	char *argv[] = { (char *)bin, "check", "-c", R.conf, NULL };
+	char *argv[] = { (char *)bin, "check", "-c", R.conf, standby ? "--standby" : NULL,
+		(char *)standby, NULL };
 	FILE *fp;
 	long len;
 	pid_t pid;
@@ -161,6 +165,12 @@ check_output(void)
 	fclose(fp);
 	unlink(out);
 	return text;
+}
+
+static char *
+check_output(void)
+{
+	return check_output_standby(NULL);
 }
 
 static void
@@ -400,6 +410,14 @@ test_failover_slot_survives_promotion(void **state)
 	t_sync = t_now_ms();
 	PQfinish(p);
 	PQfinish(s);
+	/* check --standby says the standby is ready: its copy is persistent */
+	one_host(&S, ci, sizeof(ci));
+	check = check_output_standby(ci);
+	snprintf(sql, sizeof(sql), "ok   standby: ready: it holds a persistent synchronized copy of "
+	    "slot %s at ", R.slot);
+	expect_in(check, sql);
+	free(check);
+	both_hosts(ci, sizeof(ci));
 	standby_waits_for_promotion();
 
 	sessions = t_log_count(&R, "streaming from slot");
@@ -458,6 +476,21 @@ test_lost_slot_refused_after_failover(void **state)
 		fail_msg("outboxd did not confirm the events");
 	}
 	wait_replayed(30000); /* the guard's record, in the publication's comment, is on the standby */
+	{
+		/* check --standby: not ready, and why; below 17 a warning that failover slots need 17 */
+		char sb[512], needle[256], *check;
+
+		one_host(&S, sb, sizeof(sb));
+		check = check_output_standby(sb);
+		if (major >= 17)
+			snprintf(needle, sizeof(needle), "FAIL standby: not ready: slot %s has failover off "
+			    "on the primary", R.slot);
+		else
+			snprintf(needle, sizeof(needle), "WARN standby: failover slots need PostgreSQL 17 "
+			    "or later");
+		expect_in(check, needle);
+		free(check);
+	}
 	PQfinish(R.pg);
 	R.pg = NULL;
 	t_stack_crash(pstate);

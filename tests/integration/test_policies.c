@@ -10,6 +10,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <jansson.h>
+
 #include "harness.h"
 
 static struct t_relay R;
@@ -217,6 +219,45 @@ test_publication_recreated_behind_slot(void **state)
 	}
 }
 
+/*
+ * The JSON line of R's log whose msg holds needle, parsed (the caller
+ * frees it with json_decref()); fails when there is none.
+ */
+static json_t *
+json_line(const char *needle)
+{
+	char line[8192];
+	FILE *fp = fopen(R.log, "r");
+	json_t *found = NULL;
+
+	assert_non_null(fp);
+	while (found == NULL && fgets(line, sizeof(line), fp) != NULL) {
+		json_t *o = json_loads(line, 0, NULL);
+		const char *msg = json_string_value(json_object_get(o, "msg"));
+
+		if (msg != NULL && strstr(msg, needle) != NULL)
+			found = o;
+		else
+			json_decref(o);
+	}
+	fclose(fp);
+	if (found == NULL) {
+		t_log_dump(&R);
+		fail_msg("no JSON line with \"%s\"", needle);
+	}
+	return found;
+}
+
+static const char *
+member(json_t *o, const char *key)
+{
+	const char *v = json_string_value(json_object_get(o, key));
+
+	if (v == NULL)
+		fail_msg("the line has no string member %s", key);
+	return v;
+}
+
 static void
 test_poison_stop_then_dead_letter(void **state)
 {
@@ -248,8 +289,11 @@ test_poison_stop_then_dead_letter(void **state)
 	t_slot_wait_inactive(&R, 10000);
 	assert_true(t_slot_confirmed(&R) <= t_lsn(lsn_big)); /* nothing past it confirmed */
 
-	/* dead_letter: the row goes to the dead-letter topic, the next event flows */
-	t_relay_config(&R, "[kafka]\nmessage.max.bytes = 2000\n[delivery]\non_error = dead_letter\n");
+	/* dead_letter: the row goes to the dead-letter topic, the next event flows; in JSON its
+	 * line names the event, its topic, lsn and xid, and every line the slot */
+	t_relay_config(&R, "[kafka]\nmessage.max.bytes = 2000\n[delivery]\non_error = dead_letter\n"
+	    "[log]\nformat = json\n");
+	unlink(R.log);
 	t_relay_start(&R, NULL, 1);
 	n = t_consume(R.b.bootstrap, "outbox.dead_letter", 1, 15000, &m);
 	assert_int_equal(n, 1);
@@ -262,6 +306,24 @@ test_poison_stop_then_dead_letter(void **state)
 	assert_string_equal(t_msg_header(&m[0], "id"), after);
 	t_msgs_free(m, n);
 	assert_true(t_wait_confirmed_current(&R, 10000));
+	{
+		json_t *o = json_line("dead-lettering it to outbox.dead_letter");
+		json_t *xid = json_object_get(o, "xid");
+		uint64_t at;
+
+		assert_string_equal(member(o, "event_id"), big);
+		assert_string_equal(member(o, "topic"), "outbox.event.poison");
+		at = t_lsn(member(o, "lsn"));
+		assert_true(at > t_lsn(lsn_big));
+		assert_true(json_is_integer(xid) && json_integer_value(xid) > 0);
+		assert_string_equal(member(o, "slot"), R.slot);
+		assert_string_equal(member(o, "mode"), "logical");
+		json_decref(o);
+		o = json_line("streaming from slot");
+		assert_string_equal(member(o, "slot"), R.slot);
+		assert_true(t_lsn(member(o, "lsn")) > 0);
+		json_decref(o);
+	}
 	free(big);
 	free(after);
 	free(lsn_big);

@@ -68,9 +68,10 @@ sink_produce(void *ctx, const struct obx_record *r, uint64_t opaque, char *why, 
 }
 
 static void
-sink_note(void *ctx, enum obx_log_level level, const char *line)
+sink_note(void *ctx, enum obx_log_level level, const struct obx_logfields *f, const char *line)
 {
 	(void)ctx;
+	(void)f;
 	(void)level;
 	(void)line;
 }

@@ -40,6 +40,8 @@ struct fake {
 	enum obx_produce_result script[32]; /* answers for the next calls; OK once used up */
 	size_t nscript, next;
 	char notes[4096];
+	struct obx_logfields_kept note_f; /* the fields of the last note that had some */
+	size_t nnote_f;
 };
 
 static struct obx_config cfg;
@@ -87,11 +89,15 @@ fake_produce(void *ctx, const struct obx_record *r, uint64_t opaque, char *why, 
 }
 
 static void
-fake_note(void *ctx, enum obx_log_level level, const char *line)
+fake_note(void *ctx, enum obx_log_level level, const struct obx_logfields *lf, const char *line)
 {
 	struct fake *f = ctx;
 
 	(void)level;
+	if (lf != NULL) {
+		obx_logfields_keep(&f->note_f, lf);
+		f->nnote_f++;
+	}
 	strlcat(f->notes, line, sizeof(f->notes));
 	strlcat(f->notes, "\n", sizeof(f->notes));
 }
@@ -609,6 +615,78 @@ test_refused_at_once_stop(void **state)
 	insert("big", "k");
 	assert_int_equal(ended(), OBX_CORE_END_FATAL);
 	assert_non_null(strstr(reason(), "event id=big at lsn 0/200 (xid 7) cannot be published"));
+}
+
+/*
+ * The lines about a record name it: the on_error note and the end reasons
+ * carry its lsn, xid, event id and topic (the original topic, for a
+ * dead-letter copy); a missing topic's reason carries the topic.
+ */
+static void
+test_lines_carry_fields(void **state)
+{
+	(void)state;
+	set("delivery", "on_error", "dead_letter");
+	start(0x100);
+	relation();
+	fk.script[0] = OBX_PRODUCE_PERMANENT;
+	fk.nscript = 1;
+	begin(0x200, 7);
+	insert("big", "k");
+	assert_non_null(strstr(fk.notes, "event id=big at lsn 0/200 cannot be published"));
+	assert_int_equal(fk.nnote_f, 1);
+	assert_int_equal(fk.note_f.lsn, 0x200);
+	assert_int_equal(fk.note_f.xid, 7);
+	assert_string_equal(fk.note_f.event_id, "big");
+	assert_string_equal(fk.note_f.topic, "outbox.event.order");
+	commit(0x200, 0x210);
+
+	/* the broker rejects the next one: its note too (the report's headers hold no xid) */
+	begin(0x300, 8);
+	insert("e2", "k");
+	commit(0x300, 0x310);
+	report(1, OBX_REPORT_PERMANENT);
+	assert_non_null(strstr(fk.notes, "event id=e2 lsn=0/100 rejected by the broker"));
+	assert_int_equal(fk.nnote_f, 2);
+	assert_int_equal(fk.note_f.lsn, 0x100);
+	assert_int_equal(fk.note_f.xid, 0);
+	assert_string_equal(fk.note_f.event_id, "e2");
+	assert_string_equal(fk.note_f.topic, "outbox.event.order");
+
+	/* its dead-letter copy refused as well, headers and all: the end reason names the event */
+	fk.next = fk.nscript = 0;
+	for (int i = 0; i < 3; i++)
+		fk.script[fk.nscript++] = OBX_PRODUCE_PERMANENT;
+	begin(0x400, 9);
+	insert("big3", "k");
+	assert_int_equal(ended(), OBX_CORE_END_FATAL);
+	assert_non_null(strstr(reason(), "could not dead-letter event id=big3"));
+	assert_int_equal(core.reason_fields.lsn, 0x400);
+	assert_int_equal(core.reason_fields.xid, 9);
+	assert_string_equal(core.reason_fields.event_id, "big3");
+	assert_string_equal(core.reason_fields.topic, "outbox.event.order");
+}
+
+/* A missing topic's reason carries the topic alone. */
+static void
+test_missing_topic_fields(void **state)
+{
+	(void)state;
+	set("delivery", "missing_topic_timeout", "60s");
+	start(0x100);
+	relation();
+	fk.script[0] = OBX_PRODUCE_MISSING_TOPIC;
+	fk.nscript = 1;
+	begin(0x200, 7);
+	insert("e1", "k");
+	assert_int_equal(ended(), OBX_CORE_END_RETRY);
+	assert_non_null(strstr(reason(), "topic outbox.event.order does not exist (yet)"));
+	assert_string_equal(core.reason_fields.topic, "outbox.event.order");
+	assert_string_equal(core.reason_fields.event_id, "");
+	assert_int_equal(core.reason_fields.lsn, 0);
+	/* the next session starts with none */
+	assert_int_equal(obx_core_session_start(&core, 0x100, 2, 10000, 0), 0);
+	assert_string_equal(core.reason_fields.topic, "");
 }
 
 static void
@@ -1880,6 +1958,8 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_unbuildable_row_dead_letter, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_refused_at_once, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_refused_at_once_stop, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_lines_carry_fields, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_missing_topic_fields, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_report_failures, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_report_failures_stop_and_dead_letter_fails, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_queue_full, setup, teardown),

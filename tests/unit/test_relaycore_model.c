@@ -957,9 +957,10 @@ m_produce(void *ctx, const struct obx_record *r, uint64_t opaque, char *why, siz
 }
 
 static void
-m_note(void *ctx, enum obx_log_level level, const char *line)
+m_note(void *ctx, enum obx_log_level level, const struct obx_logfields *f, const char *line)
 {
 	(void)ctx;
+	(void)f;
 	(void)level;
 	stats[ST_BACKPRESSURE] += strncmp(line, "backpressure: ", 14) == 0;
 	stats[ST_DRAIN_TIMEOUT] += strncmp(line, "stopping with ", 14) == 0;
