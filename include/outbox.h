@@ -115,8 +115,8 @@ typedef struct outbox_consumer outbox_consumer;
 
 /*
  * The handler runs inside the inbox transaction on conn: do the effect with
- * conn and return 0; any other return rolls the effect and the inbox mark
- * back.  msg may be NULL when called through outbox_consume_id().
+ * conn and return 0, leaving the transaction open (no COMMIT or ROLLBACK of
+ * its own); any other return rolls the effect and the inbox mark back.  msg may be NULL when called through outbox_consume_id().
  */
 typedef int (*outbox_handler)(PGconn *conn, const rd_kafka_message_t *msg, void *arg);
 
@@ -137,7 +137,8 @@ void outbox_consumer_free(outbox_consumer *c);
  * ROLLBACK and return OUTBOX_DUPLICATE; else run the handler and COMMIT.
  * A handler that returns 0 after a statement of its own failed (error
  * swallowed) leaves an aborted transaction, which COMMIT rolls back: that
- * returns OUTBOX_ERR_DB, with neither the effect nor the inbox mark kept.
+ * returns OUTBOX_ERR_DB, with neither the effect nor the inbox mark kept;
+ * so does a handler that ended the transaction itself.
  * Only after the commit (or a duplicate) is the message's offset stored; on
  * OUTBOX_ERR_HANDLER or OUTBOX_ERR_DB the partition is sought back to the
  * message, so it is delivered again.  The connection must not be inside a

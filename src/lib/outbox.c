@@ -332,8 +332,16 @@ simple(PGconn *conn, const char *sql, char *errbuf, size_t errlen)
 static int
 commit(PGconn *conn, const char *id, char *errbuf, size_t errlen)
 {
-	PGresult *r = PQexec(conn, "COMMIT");
+	PGresult *r;
 	int rc = OUTBOX_OK;
+
+	/* the handler ended the transaction itself (its own COMMIT or ROLLBACK): a COMMIT now
+	 * would answer COMMIT with nothing to commit, and no one can tell what was kept */
+	if (PQtransactionStatus(conn) == PQTRANS_IDLE)
+		return fail(errbuf, errlen, OUTBOX_ERR_DB, "the handler of message %s ended the transaction "
+		    "itself (COMMIT or ROLLBACK): the inbox mark may be gone, it will be delivered again "
+		    "(a handler must leave the transaction open)", id);
+	r = PQexec(conn, "COMMIT");
 
 	if (PQresultStatus(r) != PGRES_COMMAND_OK)
 		rc = fail(errbuf, errlen, OUTBOX_ERR_DB, "COMMIT failed for message %s: %s", id,

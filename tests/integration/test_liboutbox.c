@@ -429,8 +429,26 @@ invoice_and_swallow_sql_error(PGconn *conn, const rd_kafka_message_t *msg, void 
 	return 0;
 }
 
+/* A handler that issues the invoice, rolls the transaction back itself and reports success. */
+static int
+invoice_and_roll_back(PGconn *conn, const rd_kafka_message_t *msg, void *arg)
+{
+	PGresult *r;
+
+	if (issue_invoice(conn, msg, arg) != 0)
+		return -1;
+	r = PQexec(conn, "ROLLBACK");
+	PQclear(r);
+	return 0;
+}
+
+/*
+ * handler returns 0 but its transaction did not commit: outbox_consume
+ * reports an error whose text holds needle, keeps neither the effect nor
+ * the inbox row, and the group's next member gets the event again.
+ */
 static void
-test_scenario4_swallowed_sql_error(void **state)
+not_committed_is_an_error(outbox_handler handler, const char *group, const char *needle)
 {
 	long order = new_order();
 	char id[64], err[512], got[64], *n;
@@ -440,9 +458,8 @@ test_scenario4_swallowed_sql_error(void **state)
 	int64_t offset;
 	int rc;
 
-	(void)state;
 	assert_int_equal(confirm_order(order, id, sizeof(id)), 1);
-	rk = group_consumer("billing-4", "outbox.event.order");
+	rk = group_consumer(group, "outbox.event.order");
 	c = outbox_consumer_new(R.pg, rk, "billing", NULL, err, sizeof(err));
 	assert_non_null(c);
 	msg = next_message(rk, 15000);
@@ -452,11 +469,11 @@ test_scenario4_swallowed_sql_error(void **state)
 
 	/* COMMIT answered ROLLBACK: an error, not done */
 	err[0] = '\0';
-	rc = outbox_consume(c, msg, invoice_and_swallow_sql_error, NULL, err, sizeof(err));
+	rc = outbox_consume(c, msg, handler, NULL, err, sizeof(err));
 	rd_kafka_message_destroy(msg);
 	printf("# %s\n", err);
 	assert_int_equal(rc, OUTBOX_ERR_DB);
-	assert_non_null(strstr(err, "COMMIT answered ROLLBACK"));
+	assert_non_null(strstr(err, needle));
 	assert_int_equal(PQtransactionStatus(R.pg), PQTRANS_IDLE);
 	n = t_query1(R.pg, "SELECT count(*) FROM inbox WHERE message_id = '%s'", id);
 	assert_string_equal(n, "0");
@@ -467,7 +484,7 @@ test_scenario4_swallowed_sql_error(void **state)
 
 	/* the offset was not stored: the group's next member gets the event again */
 	close_consumer(rk);
-	rk = group_consumer("billing-4", "outbox.event.order");
+	rk = group_consumer(group, "outbox.event.order");
 	outbox_consumer_free(c);
 	c = outbox_consumer_new(R.pg, rk, "billing", NULL, err, sizeof(err));
 	assert_non_null(c);
@@ -487,6 +504,20 @@ test_scenario4_swallowed_sql_error(void **state)
 	close_consumer(rk);
 }
 
+static void
+test_scenario4_swallowed_sql_error(void **state)
+{
+	(void)state;
+	not_committed_is_an_error(invoice_and_swallow_sql_error, "billing-4", "COMMIT answered ROLLBACK");
+}
+
+static void
+test_scenario5_handler_rolled_back(void **state)
+{
+	(void)state;
+	not_committed_is_an_error(invoice_and_roll_back, "billing-5", "ended the transaction itself");
+}
+
 int
 main(void)
 {
@@ -496,6 +527,7 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_scenario2_broker_down, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_scenario3_duplicates_and_failures, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_scenario4_swallowed_sql_error, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_scenario5_handler_rolled_back, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_delete_after_uses_the_primary_key, setup, teardown),
 	};
 
