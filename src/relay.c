@@ -526,7 +526,8 @@ watch_metrics(struct relay *r)
 	struct obx_slotview v;
 
 	obx_slotwatch_read(&r->watch, &v);
-	r->m.server_ok = v.ok;
+	/* a read older than two intervals hangs (a server that drops packets): not a number to show */
+	r->m.server_ok = v.ok && obx_mono_ms() - v.read_ms <= 2 * (int64_t)r->cfg->status_interval_ms + 1000;
 	r->m.server_read_failures = v.failures;
 	if (v.read_ms == 0)
 		return;
@@ -992,9 +993,11 @@ session(struct relay *r)
  * A hot standby waits while another instance streams from the slot: the
  * slot watch reads pg_replication_slots every second on its ordinary
  * connection, so the server sees no replication session and logs no
- * refused START_REPLICATION.  Returns (true on a signal) once a fresh read
- * finds the slot free or gone; when the server cannot be read it waits a
- * second and lets the session find out.
+ * refused START_REPLICATION.  Returns (true on a signal), at the earliest
+ * a second after it began, once a fresh read finds the slot free or gone
+ * (another instance publishing its snapshot holds the slot inactive: then
+ * a session a second, as before), or when the server cannot be read or no
+ * read came for 3 s, so that the session finds out.
  */
 static bool
 standby_wait(struct relay *r)
@@ -1011,9 +1014,12 @@ standby_wait(struct relay *r)
 			break;
 		publish(r); /* the loop is turning: /healthz stays green */
 		obx_slotwatch_read(&r->watch, &v);
-		if (!v.ok && obx_mono_ms() - since >= 1000)
+		if (obx_mono_ms() - since < 1000)
+			continue; /* a session at most every second, as before */
+		/* unreadable, or no fresh read for 3 s (a hanging one): let the session find out */
+		if (!v.ok || obx_mono_ms() - v.read_ms > 3000)
 			break;
-		if (v.ok && v.read_ms > since && !(v.has_slot && v.active))
+		if (v.read_ms > since && !(v.has_slot && v.active))
 			break;
 		if (v.ok && v.read_ms > since && !said) {
 			obx_log_debug("slot %s is in use by pid %d: waiting, one query a second on an ordinary "

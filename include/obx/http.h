@@ -1,9 +1,8 @@
 /*
  * http.h - /metrics, /healthz and /readyz on [metrics] listen, served by
  * libmicrohttpd's own thread from a snapshot the relay publishes, so a
- * scrape (or a slow or malformed client) never blocks the relay loop.  A
- * second thread polls the slot's WAL retention over an ordinary connection
- * every 15 s.
+ * scrape (or a slow or malformed client) never blocks the relay loop (the
+ * slot's numbers come from slotwatch.h through that snapshot).
  *
  * No client can starve the probes: one source address holds at most 8 of
  * the 128 connections (the kubelet probes from the node's address and

@@ -88,9 +88,9 @@ int obx_pgsetup_protocol(int server_version, const struct obx_config *cfg, bool 
 /*
  * Runs IDENTIFY_SYSTEM: copies the system identifier into sysid and sets
  * *timeline and *xlogpos (the server's current WAL position: its flush
- * position, on a standby its replay position).  Returns 0, OBX_EIO, or
- * OBX_EPROTO when the reply names no database (not a logical replication
- * connection) or is out of form.
+ * position; on a standby the greater of its receive and replay positions).
+ * Returns 0, OBX_EIO, or OBX_EPROTO when the reply names no database (not a
+ * logical replication connection) or is out of form.
  */
 int obx_pgsetup_identify(PGconn *c, char *sysid, size_t sysidlen, int *timeline, obx_lsn *xlogpos,
     char *errbuf, size_t errlen);
