@@ -172,6 +172,21 @@ sh_or_fail(const char *what, const char *fmt, ...)
 		fail_msg("could not %s: %s", what, cmd);
 }
 
+int
+t_run_capture(const char *cmd, char *out, size_t len)
+{
+	FILE *fp = popen(cmd, "r");
+	size_t n;
+	int st;
+
+	if (fp == NULL)
+		fail_msg("could not run %s", cmd);
+	n = fread(out, 1, len - 1, fp);
+	out[n] = '\0';
+	st = pclose(fp);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
 void
 t_pg_save_data(const struct t_stack *st)
 {

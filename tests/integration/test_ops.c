@@ -744,17 +744,9 @@ static int
 run_cmd(const char *cmd, const char *args, char *out, size_t len)
 {
 	char line[1024];
-	FILE *fp;
-	size_t n;
-	int st;
 
 	snprintf(line, sizeof(line), "%s %s -c %s %s 2>&1", getenv("OBX_OUTBOXD"), cmd, R.conf, args);
-	fp = popen(line, "r");
-	assert_non_null(fp);
-	n = fread(out, 1, len - 1, fp);
-	out[n] = '\0';
-	st = pclose(fp);
-	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+	return t_run_capture(line, out, len);
 }
 
 static int

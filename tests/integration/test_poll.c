@@ -67,15 +67,7 @@ poll_start(struct t_relay *r)
 static int
 run_capture(const char *cmd, char *out, size_t len)
 {
-	FILE *fp = popen(cmd, "r");
-	size_t n;
-	int st;
-
-	assert_non_null(fp);
-	n = fread(out, 1, len - 1, fp);
-	out[n] = '\0';
-	st = pclose(fp);
-	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+	return t_run_capture(cmd, out, len);
 }
 
 /*
