@@ -6,7 +6,7 @@
 #include "obx/metrics.h"
 
 const double obx_hist_bounds[OBX_HIST_BUCKETS] = {
-	0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5, 30,
+	0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 7.5, 10, 30, 60, 300,
 };
 
 static const char *const state_names[OBX_STATE_COUNT] = {

@@ -32,7 +32,8 @@ enum obx_not_ready {
 	OBX_NOT_READY_COUNT
 };
 
-#define OBX_HIST_BUCKETS 12
+/* commit-to-ack buckets: fine from 5 ms to 10 s, where delivery's latency lives, then 30 s to 5 min */
+#define OBX_HIST_BUCKETS 16
 #define OBX_ERR_CODES 16
 
 struct obx_metrics {

@@ -1,0 +1,116 @@
+/* The Prometheus text outboxd serves: families, series and values, from a struct. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "obx/metrics.h"
+
+static char *text;
+
+static int
+release(void **state)
+{
+	(void)state;
+	free(text);
+	text = NULL;
+	return 0;
+}
+
+/* Renders m into text (freed by the teardown). */
+static const char *
+render(const struct obx_metrics *m)
+{
+	size_t len = 0;
+
+	free(text);
+	text = obx_metrics_render(m, &len);
+	assert_non_null(text);
+	assert_int_equal(strlen(text), len);
+	return text;
+}
+
+/* Whether body has line as a whole line. */
+static bool
+has_line(const char *body, const char *line)
+{
+	size_t n = strlen(line);
+
+	for (const char *p = body; (p = strstr(p, line)) != NULL; p++)
+		if ((p == body || p[-1] == '\n') && p[n] == '\n')
+			return true;
+	return false;
+}
+
+#define assert_line(body, line)                                                  \
+	do {                                                                     \
+		if (!has_line((body), (line)))                                   \
+			fail_msg("no line '%s' in:\n%s", (line), (body));        \
+	} while (0)
+#define assert_no_text(body, s)                                                  \
+	do {                                                                     \
+		if (strstr((body), (s)) != NULL)                                 \
+			fail_msg("'%s' should not be in:\n%s", (s), (body));     \
+	} while (0)
+
+static void
+streaming(struct obx_metrics *m)
+{
+	memset(m, 0, sizeof(*m));
+	m->state = OBX_STATE_STREAMING;
+	m->poll_pending_rows = -1;
+	snprintf(m->info_slot, sizeof(m->info_slot), "outboxd");
+	snprintf(m->info_database, sizeof(m->info_database), "shop");
+	snprintf(m->info_table, sizeof(m->info_table), "public.outbox");
+}
+
+/* Observations land in the buckets that resolve 0.5 to 10 s; the le labels are cumulative. */
+static void
+test_histogram_buckets(void **state)
+{
+	static const double want[] = { 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 7.5, 10, 30, 60, 300 };
+	struct obx_metrics m;
+	const char *b;
+
+	(void)state;
+	assert_int_equal(OBX_HIST_BUCKETS, sizeof(want) / sizeof(want[0]));
+	for (size_t i = 0; i < OBX_HIST_BUCKETS; i++)
+		assert_true(obx_hist_bounds[i] == want[i]);
+	streaming(&m);
+	obx_metrics_observe(&m, 0.004);
+	obx_metrics_observe(&m, 0.7);
+	obx_metrics_observe(&m, 1.5);
+	obx_metrics_observe(&m, 2.5);
+	obx_metrics_observe(&m, 6);
+	obx_metrics_observe(&m, 9.9);
+	obx_metrics_observe(&m, 1000);
+	b = render(&m);
+	assert_line(b, "# TYPE outboxd_commit_to_ack_seconds histogram");
+	assert_line(b, "outboxd_commit_to_ack_seconds_bucket{le=\"0.005\"} 1");
+	assert_line(b, "outboxd_commit_to_ack_seconds_bucket{le=\"0.5\"} 1");
+	assert_line(b, "outboxd_commit_to_ack_seconds_bucket{le=\"1\"} 2");
+	assert_line(b, "outboxd_commit_to_ack_seconds_bucket{le=\"2\"} 3");
+	assert_line(b, "outboxd_commit_to_ack_seconds_bucket{le=\"3\"} 4");
+	assert_line(b, "outboxd_commit_to_ack_seconds_bucket{le=\"5\"} 4");
+	assert_line(b, "outboxd_commit_to_ack_seconds_bucket{le=\"7.5\"} 5");
+	assert_line(b, "outboxd_commit_to_ack_seconds_bucket{le=\"10\"} 6");
+	assert_line(b, "outboxd_commit_to_ack_seconds_bucket{le=\"300\"} 6");
+	assert_line(b, "outboxd_commit_to_ack_seconds_bucket{le=\"+Inf\"} 7");
+	assert_line(b, "outboxd_commit_to_ack_seconds_count 7");
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_teardown(test_histogram_buckets, release),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
