@@ -110,10 +110,11 @@ info(FILE *fp, const struct obx_metrics *m)
 	char slot[2 * sizeof(m->info_slot)], db[2 * sizeof(m->info_database)];
 	char table[2 * sizeof(m->info_table)];
 
-	family(fp, "outboxd_info", "gauge", "1; the labels say which slot, database and table this instance relays");
-	fprintf(fp, "outboxd_info{slot=\"%s\",database=\"%s\",table=\"%s\",version=\"%s\"} 1\n",
+	family(fp, "outboxd_info", "gauge",
+	    "1; the labels say which slot, database and table this instance relays, in which mode (streaming or poll)");
+	fprintf(fp, "outboxd_info{slot=\"%s\",database=\"%s\",table=\"%s\",mode=\"%s\",version=\"%s\"} 1\n",
 	    label_value(m->info_slot, slot, sizeof(slot)), label_value(m->info_database, db, sizeof(db)),
-	    label_value(m->info_table, table, sizeof(table)), OBX_VERSION);
+	    label_value(m->info_table, table, sizeof(table)), m->poll_mode ? "poll" : "streaming", OBX_VERSION);
 }
 
 static void
@@ -146,7 +147,6 @@ obx_metrics_render(const struct obx_metrics *m, size_t *len)
 
 	if (fp == NULL)
 		return NULL;
-	gauge_u64(fp, "outboxd_up", "1 while the process runs", 1);
 	info(fp, m);
 	family(fp, "outboxd_state", "gauge", "1 for the current state, 0 for the others");
 	for (int s = 0; s < OBX_STATE_COUNT; s++)

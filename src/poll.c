@@ -1051,6 +1051,7 @@ obx_poll_run(const struct obx_config *cfg, const struct obx_run_opts *opts)
 		p.test_kill_after = atol(getenv("OBX_TEST_KILL_AFTER_ACKS"));
 #endif
 	snprintf(p.m.info_table, sizeof(p.m.info_table), "%s.%s", cfg->table_schema, cfg->table_name);
+	obx_pg_conninfo_dbname(cfg->conninfo, p.m.info_database, sizeof(p.m.info_database));
 	if (obx_poll_sql_build(&p.sql, cfg) != 0 || obx_event_builder_init(&p.eb, cfg) != 0) {
 		obx_log_error("out of memory");
 		goto out;

@@ -29,6 +29,7 @@
 #include "obx/lookup.h"
 #include "obx/metrics.h"
 #include "obx/pgstream.h"
+#include "obx/pgutil.h"
 #include "obx/progress.h"
 #include "obx/relay.h"
 #include "obx/relaycore.h"
@@ -595,23 +596,6 @@ update_metrics(struct relay *r)
 	publish(r);
 }
 
-/*
- * The database conninfo names (or PGDATABASE), for outboxd_info before any
- * session connected: a standby and an instance that cannot connect say it too.
- */
-static void
-conninfo_dbname(const char *conninfo, char *out, size_t len)
-{
-	PQconninfoOption *opts = PQconninfoParse(conninfo, NULL);
-	const char *db = getenv("PGDATABASE");
-
-	for (PQconninfoOption *o = opts; o != NULL && o->keyword != NULL; o++)
-		if (strcmp(o->keyword, "dbname") == 0 && o->val != NULL && o->val[0] != '\0')
-			db = o->val;
-	snprintf(out, len, "%s", db != NULL ? db : "");
-	PQconninfoFree(opts);
-}
-
 /* ---- one session ---- */
 
 /*
@@ -1098,7 +1082,7 @@ obx_relay_run(const struct obx_config *cfg, const struct obx_run_opts *opts)
 #endif
 	snprintf(r.m.info_slot, sizeof(r.m.info_slot), "%s", cfg->slot);
 	snprintf(r.m.info_table, sizeof(r.m.info_table), "%s.%s", cfg->table_schema, cfg->table_name);
-	conninfo_dbname(cfg->conninfo, r.m.info_database, sizeof(r.m.info_database));
+	obx_pg_conninfo_dbname(cfg->conninfo, r.m.info_database, sizeof(r.m.info_database));
 	if (obx_core_init(&r.core, cfg, &relay_ops, &r, &r.m) != 0) {
 		obx_log_error("out of memory");
 		goto out;

@@ -105,11 +105,33 @@ test_histogram_buckets(void **state)
 	assert_line(b, "outboxd_commit_to_ack_seconds_count 7");
 }
 
+/* outboxd_info says the mode; outboxd_up is gone (Prometheus's own up says it). */
+static void
+test_info_and_no_up(void **state)
+{
+	struct obx_metrics m;
+	const char *b;
+
+	(void)state;
+	streaming(&m);
+	b = render(&m);
+	assert_line(b, "outboxd_info{slot=\"outboxd\",database=\"shop\",table=\"public.outbox\",mode=\"streaming\","
+	    "version=\"" OBX_VERSION "\"} 1");
+	assert_no_text(b, "outboxd_up");
+	memset(&m, 0, sizeof(m));
+	m.poll_mode = 1;
+	m.poll_pending_rows = -1;
+	snprintf(m.info_database, sizeof(m.info_database), "sh\"op");
+	b = render(&m);
+	assert_line(b, "outboxd_info{slot=\"\",database=\"sh\\\"op\",table=\"\",mode=\"poll\",version=\"" OBX_VERSION "\"} 1");
+}
+
 int
 main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_teardown(test_histogram_buckets, release),
+		cmocka_unit_test_teardown(test_info_and_no_up, release),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
