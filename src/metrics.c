@@ -58,13 +58,13 @@ obx_metrics_kafka_error(struct obx_metrics *m, const char *name)
 	m->err_counts[i]++;
 }
 
+static const char *const wal_status_names[] = { "reserved", "extended", "unreserved", "lost" };
+
 int
 obx_metrics_wal_status(const char *s)
 {
-	static const char *const names[] = { "reserved", "extended", "unreserved", "lost" };
-
 	for (int i = 0; i < 4; i++)
-		if (s != NULL && strcmp(s, names[i]) == 0)
+		if (s != NULL && strcmp(s, wal_status_names[i]) == 0)
 			return i + 1;
 	return 0;
 }
@@ -248,8 +248,10 @@ obx_metrics_render(const struct obx_metrics *m, size_t *len)
 		    "WAL that can still be written before the slot is lost (-1: unbounded, max_slot_wal_keep_size = -1)");
 		fprintf(fp, "outboxd_slot_safe_wal_size_bytes %" PRId64 "\n", m->slot_safe_wal_size_bytes);
 		family(fp, "outboxd_slot_wal_status", "gauge",
-		    "slot wal_status: 0 unknown, 1 reserved, 2 extended, 3 unreserved, 4 lost");
-		fprintf(fp, "outboxd_slot_wal_status %d\n", m->slot_wal_status);
+		    "1 for the slot's wal_status in pg_replication_slots, 0 for the others (all 0: unknown)");
+		for (int i = 0; i < 4; i++)
+			fprintf(fp, "outboxd_slot_wal_status{status=\"%s\"} %d\n", wal_status_names[i],
+			    m->slot_wal_status == i + 1);
 		family(fp, "outboxd_slot_max_wal_keep_size_bytes", "gauge",
 		    "the server's max_slot_wal_keep_size (-1: unbounded), for alerts relative to it");
 		fprintf(fp, "outboxd_slot_max_wal_keep_size_bytes %" PRId64 "\n", m->slot_max_wal_keep_size_bytes);

@@ -74,7 +74,7 @@ struct obx_metrics {
 	int has_slot;
 	int64_t slot_retained_wal_bytes;
 	int64_t slot_safe_wal_size_bytes; /* -1 when NULL (max_slot_wal_keep_size = -1) */
-	int slot_wal_status; /* 0 unknown, 1 reserved, 2 extended, 3 unreserved, 4 lost */
+	int slot_wal_status; /* 0 unknown, 1 reserved, 2 extended, 3 unreserved, 4 lost (rendered as a state set) */
 	int64_t slot_max_wal_keep_size_bytes; /* max_slot_wal_keep_size; -1 unbounded */
 	char missing_topic[250];  /* a topic waited for because the cluster does not have it; "" none */
 	double missing_topic_seconds;
@@ -105,7 +105,7 @@ void obx_metrics_observe(struct obx_metrics *m, double seconds);
 /* Counts one Kafka error under its name (the last slot collects the rest as "other"). */
 void obx_metrics_kafka_error(struct obx_metrics *m, const char *name);
 
-/* Maps pg_replication_slots.wal_status text to the gauge value. */
+/* Maps pg_replication_slots.wal_status text to slot_wal_status (0 for NULL or unknown text). */
 int obx_metrics_wal_status(const char *s);
 
 /* A printable state name ("streaming", ...). */

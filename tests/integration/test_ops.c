@@ -140,7 +140,7 @@ test_metrics_health_and_slow_clients(void **state)
 	do {
 		t0 = t0 ? t0 : t_now_ms();
 		assert_int_equal(t_http_get(port, "/metrics", body, sizeof(body)), 200);
-		if (t_metric(body, "outboxd_slot_wal_status") > 0 && t_metric(body, "outboxd_events_published_total") == 3)
+		if (t_metric(body, "outboxd_slot_wal_status{status=\"reserved\"}") == 1 && t_metric(body, "outboxd_events_published_total") == 3)
 			break;
 		usleep(200000);
 	} while (t_now_ms() - t0 < 20000);
@@ -162,7 +162,8 @@ test_metrics_health_and_slow_clients(void **state)
 	assert_true(t_metric(body, "outboxd_oldest_unacked_age_seconds") == 0);
 	assert_true(t_metric(body, "outboxd_commit_to_ack_seconds_count") == 3);
 	assert_true(t_metric(body, "outboxd_confirmed_flush_lsn") > 0);
-	assert_true(t_metric(body, "outboxd_slot_wal_status") == 1); /* reserved */
+	assert_true(t_metric(body, "outboxd_slot_wal_status{status=\"reserved\"}") == 1);
+	assert_true(t_metric(body, "outboxd_slot_wal_status{status=\"lost\"}") == 0);
 	assert_true(t_metric(body, "outboxd_slot_safe_wal_size_bytes") == -1); /* max_slot_wal_keep_size = -1 */
 	assert_true(t_metric(body, "outboxd_slot_max_wal_keep_size_bytes") == -1);
 	{

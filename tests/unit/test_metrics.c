@@ -126,12 +126,43 @@ test_info_and_no_up(void **state)
 	assert_line(b, "outboxd_info{slot=\"\",database=\"sh\\\"op\",table=\"\",mode=\"poll\",version=\"" OBX_VERSION "\"} 1");
 }
 
+/* wal_status is a state set: one series per status, 1 for the slot's; none before the slot is read. */
+static void
+test_wal_status_state_set(void **state)
+{
+	struct obx_metrics m;
+	const char *b;
+
+	(void)state;
+	streaming(&m);
+	b = render(&m);
+	assert_no_text(b, "outboxd_slot_wal_status");
+	m.has_slot = 1;
+	m.slot_wal_status = obx_metrics_wal_status("unreserved");
+	b = render(&m);
+	assert_line(b, "# TYPE outboxd_slot_wal_status gauge");
+	assert_line(b, "outboxd_slot_wal_status{status=\"reserved\"} 0");
+	assert_line(b, "outboxd_slot_wal_status{status=\"extended\"} 0");
+	assert_line(b, "outboxd_slot_wal_status{status=\"unreserved\"} 1");
+	assert_line(b, "outboxd_slot_wal_status{status=\"lost\"} 0");
+	assert_no_text(b, "outboxd_slot_wal_status 3");
+	m.slot_wal_status = obx_metrics_wal_status("lost");
+	b = render(&m);
+	assert_line(b, "outboxd_slot_wal_status{status=\"unreserved\"} 0");
+	assert_line(b, "outboxd_slot_wal_status{status=\"lost\"} 1");
+	m.slot_wal_status = obx_metrics_wal_status(NULL);
+	b = render(&m);
+	assert_line(b, "outboxd_slot_wal_status{status=\"reserved\"} 0");
+	assert_line(b, "outboxd_slot_wal_status{status=\"lost\"} 0");
+}
+
 int
 main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_teardown(test_histogram_buckets, release),
 		cmocka_unit_test_teardown(test_info_and_no_up, release),
+		cmocka_unit_test_teardown(test_wal_status_state_set, release),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
