@@ -43,19 +43,26 @@ obx_metrics_observe(struct obx_metrics *m, double seconds)
 	m->hist_sum += seconds;
 }
 
-void
+/*
+ * Delivery reports (timeouts, refusals, a missing topic or authorization),
+ * the error callback (connections, brokers), and the transaction's fencing.
+ */
+const char *const obx_kafka_error_codes[OBX_KAFKA_ERR_CODES] = {
+	"_MSG_TIMED_OUT", "_TRANSPORT", "_ALL_BROKERS_DOWN", "_FENCED", "_FATAL",
+	"MSG_SIZE_TOO_LARGE", "UNKNOWN_TOPIC_OR_PART", "_UNKNOWN_TOPIC", "TOPIC_AUTHORIZATION_FAILED",
+	"NOT_ENOUGH_REPLICAS", "NOT_ENOUGH_REPLICAS_AFTER_APPEND", "REQUEST_TIMED_OUT", "other",
+};
+
+int
 obx_metrics_kafka_error(struct obx_metrics *m, const char *name)
 {
-	size_t i;
+	int i;
 
-	for (i = 0; i < OBX_ERR_CODES - 1 && m->err_names[i][0] != '\0'; i++)
-		if (strcmp(m->err_names[i], name) == 0)
+	for (i = 0; i < OBX_KAFKA_ERR_CODES - 1; i++)
+		if (name != NULL && strcmp(obx_kafka_error_codes[i], name) == 0)
 			break;
-	if (i == OBX_ERR_CODES - 1)
-		name = "other";
-	if (m->err_names[i][0] == '\0')
-		snprintf(m->err_names[i], sizeof(m->err_names[i]), "%s", name);
-	m->err_counts[i]++;
+	m->kafka_errors[i]++;
+	return i;
 }
 
 static const char *const wal_status_names[] = { "reserved", "extended", "unreserved", "lost" };
@@ -238,9 +245,10 @@ obx_metrics_render(const struct obx_metrics *m, size_t *len)
 	family(fp, "outboxd_reconnects_total", "counter", "sessions ended by a failure, by the side that failed");
 	fprintf(fp, "outboxd_reconnects_total{target=\"postgres\"} %" PRIu64 "\n", m->reconnects_postgres);
 	fprintf(fp, "outboxd_reconnects_total{target=\"kafka\"} %" PRIu64 "\n", m->reconnects_kafka);
-	family(fp, "outboxd_kafka_errors_total", "counter", "delivery and producer errors by code");
-	for (int i = 0; i < OBX_ERR_CODES && m->err_names[i][0] != '\0'; i++)
-		fprintf(fp, "outboxd_kafka_errors_total{code=\"%s\"} %" PRIu64 "\n", m->err_names[i], m->err_counts[i]);
+	family(fp, "outboxd_kafka_errors_total", "counter", "delivery and producer errors by librdkafka code name (other: any code not listed)");
+	for (int i = 0; i < OBX_KAFKA_ERR_CODES; i++)
+		fprintf(fp, "outboxd_kafka_errors_total{code=\"%s\"} %" PRIu64 "\n", obx_kafka_error_codes[i],
+		    m->kafka_errors[i]);
 	if (m->has_slot) {
 		family(fp, "outboxd_slot_retained_wal_bytes", "gauge", "WAL the slot retains (current WAL LSN minus restart_lsn)");
 		fprintf(fp, "outboxd_slot_retained_wal_bytes %" PRId64 "\n", m->slot_retained_wal_bytes);

@@ -997,6 +997,7 @@ session(struct poller *p)
 				break;
 			}
 			p->kf_open = true;
+			p->kf.metrics = &p->m;
 		}
 		n = cycle(p);
 		if (n < 0) {

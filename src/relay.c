@@ -802,6 +802,7 @@ session_open(struct relay *r)
 		snprintf(r->reason, sizeof(r->reason), "%s", err);
 		return false;
 	}
+	r->kf.metrics = &r->m;
 	if (r->st.snap.wanted && !snapshot_then_start(r)) {
 		obx_lookup_close(&r->lk);
 		r->reports_at_us = obx_pg_now();

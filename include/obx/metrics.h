@@ -34,7 +34,14 @@ enum obx_not_ready {
 
 /* commit-to-ack buckets: fine from 5 ms to 10 s, where delivery's latency lives, then 30 s to 5 min */
 #define OBX_HIST_BUCKETS 16
-#define OBX_ERR_CODES 16
+/*
+ * The librdkafka error codes outboxd_kafka_errors_total{code} has a series
+ * for, each rendered from the start (0) so rate() sees the first error; any
+ * other code counts under "other" (the log names it).  Indexes into
+ * obx_metrics.kafka_errors, in obx_kafka_error_codes' order.
+ */
+#define OBX_KAFKA_ERR_CODES 13
+extern const char *const obx_kafka_error_codes[OBX_KAFKA_ERR_CODES];
 
 struct obx_metrics {
 	enum obx_state state;
@@ -67,9 +74,8 @@ struct obx_metrics {
 	uint64_t hist_counts[OBX_HIST_BUCKETS]; /* per bucket, not cumulative */
 	uint64_t hist_count;
 	double hist_sum;
-	/* kafka errors by code name */
-	char err_names[OBX_ERR_CODES][40];
-	uint64_t err_counts[OBX_ERR_CODES];
+	/* kafka errors by code name, one per obx_kafka_error_codes entry (the last: "other") */
+	uint64_t kafka_errors[OBX_KAFKA_ERR_CODES];
 	/* from the slot watch; has_slot = 0 until the first read that found the slot */
 	int has_slot;
 	int64_t slot_retained_wal_bytes;
@@ -102,8 +108,12 @@ extern const double obx_hist_bounds[OBX_HIST_BUCKETS];
 /* Records one commit-to-ack observation. */
 void obx_metrics_observe(struct obx_metrics *m, double seconds);
 
-/* Counts one Kafka error under its name (the last slot collects the rest as "other"). */
-void obx_metrics_kafka_error(struct obx_metrics *m, const char *name);
+/*
+ * Counts one Kafka error under its librdkafka name (rd_kafka_err2name);
+ * a name outside obx_kafka_error_codes, or NULL, counts as "other".
+ * Returns the index counted.
+ */
+int obx_metrics_kafka_error(struct obx_metrics *m, const char *name);
 
 /* Maps pg_replication_slots.wal_status text to slot_wal_status (0 for NULL or unknown text). */
 int obx_metrics_wal_status(const char *s);

@@ -175,6 +175,10 @@ test_metrics_health_and_slow_clients(void **state)
 		if (strstr(body, want) == NULL)
 			fail_msg("no %s in:\n%s", want, body);
 	}
+	/* the error codes alerts take rate() of are there before the first error */
+	assert_true(t_metric(body, "outboxd_kafka_errors_total{code=\"_MSG_TIMED_OUT\"}") == 0);
+	assert_true(t_metric(body, "outboxd_kafka_errors_total{code=\"UNKNOWN_TOPIC_OR_PART\"}") == 0);
+	assert_true(t_metric(body, "outboxd_kafka_errors_total{code=\"other\"}") >= 0);
 	expect_names_scraped("deploy/kubernetes/prometheusrule.yaml", body);
 	expect_names_scraped("deploy/grafana/outboxd-dashboard.json", body);
 
@@ -213,6 +217,10 @@ test_metrics_health_and_slow_clients(void **state)
 	assert_true(t_metric(body, "outboxd_oldest_unacked_age_seconds") >= 2);
 	assert_true(t_metric(body, "outboxd_inflight_events") == 1);
 	assert_true(t_metric(body, "outboxd_lag_bytes") > 0);
+	/* the producer's error callback counts too: deliveries never time out, connections fail */
+	if (t_metric(body, "outboxd_kafka_errors_total{code=\"_TRANSPORT\"}") +
+	    t_metric(body, "outboxd_kafka_errors_total{code=\"_ALL_BROKERS_DOWN\"}") < 1)
+		fail_msg("brokers down, no _TRANSPORT or _ALL_BROKERS_DOWN counted:\n%s", body);
 	assert_int_equal(t_http_get(port, "/healthz", body, sizeof(body)), 200); /* an outage is not a restart reason */
 	for (int b = 1; b <= 3; b++)
 		assert_int_equal(t_broker_cmd(&R.b, "up %d", b), 0);

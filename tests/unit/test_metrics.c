@@ -156,6 +156,34 @@ test_wal_status_state_set(void **state)
 	assert_line(b, "outboxd_slot_wal_status{status=\"lost\"} 0");
 }
 
+/* Every listed code has its series from the start; an unlisted one counts as other. */
+static void
+test_kafka_errors_from_zero(void **state)
+{
+	struct obx_metrics m;
+	const char *b;
+	char line[128];
+
+	(void)state;
+	streaming(&m);
+	b = render(&m);
+	for (const char *const *c = (const char *const[]){ "_MSG_TIMED_OUT", "_TRANSPORT", "_ALL_BROKERS_DOWN",
+	    "MSG_SIZE_TOO_LARGE", "UNKNOWN_TOPIC_OR_PART", "TOPIC_AUTHORIZATION_FAILED", "_FENCED", "other", NULL };
+	    *c != NULL; c++) {
+		snprintf(line, sizeof(line), "outboxd_kafka_errors_total{code=\"%s\"} 0", *c);
+		assert_line(b, line);
+	}
+	obx_metrics_kafka_error(&m, "_MSG_TIMED_OUT");
+	obx_metrics_kafka_error(&m, "_MSG_TIMED_OUT");
+	obx_metrics_kafka_error(&m, "_NO_OFFSET");
+	obx_metrics_kafka_error(&m, NULL);
+	b = render(&m);
+	assert_line(b, "outboxd_kafka_errors_total{code=\"_MSG_TIMED_OUT\"} 2");
+	assert_line(b, "outboxd_kafka_errors_total{code=\"other\"} 2");
+	assert_line(b, "outboxd_kafka_errors_total{code=\"_TRANSPORT\"} 0");
+	assert_no_text(b, "_NO_OFFSET");
+}
+
 int
 main(void)
 {
@@ -163,6 +191,7 @@ main(void)
 		cmocka_unit_test_teardown(test_histogram_buckets, release),
 		cmocka_unit_test_teardown(test_info_and_no_up, release),
 		cmocka_unit_test_teardown(test_wal_status_state_set, release),
+		cmocka_unit_test_teardown(test_kafka_errors_from_zero, release),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
