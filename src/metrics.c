@@ -30,6 +30,14 @@ obx_not_ready_text(enum obx_not_ready r)
 }
 
 void
+obx_metrics_published(struct obx_metrics *m, uint64_t published, double now_unix)
+{
+	if (published > m->events_published)
+		m->last_event_unix = now_unix;
+	m->events_published = published;
+}
+
+void
 obx_metrics_observe(struct obx_metrics *m, double seconds)
 {
 	size_t i;
@@ -217,6 +225,9 @@ obx_metrics_render(const struct obx_metrics *m, size_t *len)
 		    label_value(m->missing_topic, topic, sizeof(topic)), m->missing_topic_seconds);
 	}
 	counter_u64(fp, "outboxd_events_published_total", "events acknowledged by the broker", m->events_published);
+	family(fp, "outboxd_last_event_timestamp_seconds", "gauge",
+	    "Unix time the broker last acknowledged an event (counted in outboxd_events_published_total); 0 before the first");
+	fprintf(fp, "outboxd_last_event_timestamp_seconds %.3f\n", m->last_event_unix);
 	counter_u64(fp, "outboxd_events_dead_lettered_total", "events sent to the dead-letter topic",
 	    m->events_dead_lettered);
 	counter_u64(fp, "outboxd_dedupe_skipped_total",

@@ -190,7 +190,7 @@ on_delivery(void *ctx, uint64_t opaque, const rd_kafka_message_t *km)
 			p->m.events_dead_lettered++;
 		} else {
 			row->state = ROW_ACKED;
-			p->m.events_published++;
+			obx_metrics_published(&p->m, p->m.events_published + 1, obx_unix_seconds());
 		}
 #ifdef OBX_TEST_HOOKS
 		if (p->test_kill_after > 0 && ++p->test_acks == p->test_kill_after) {

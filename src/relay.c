@@ -586,7 +586,7 @@ update_metrics(struct relay *r)
 	r->m.stream_wal_end_lsn = c->server_wal_end > c->received ? c->server_wal_end : c->received;
 	r->m.inflight_events = c->inflight;
 	r->m.inflight_bytes = c->inflight_bytes;
-	r->m.events_published = c->published;
+	obx_metrics_published(&r->m, c->published, obx_unix_seconds());
 	r->m.kafka_txn_committed = c->eos_commits;
 	r->m.kafka_txn_aborted = c->eos_aborts;
 	r->m.oldest_unacked_age_seconds = obx_ack_oldest_time(&c->ack, &oldest) ?
@@ -902,7 +902,7 @@ session_close(struct relay *r)
 			obx_core_status_sent(&r->core, flush, obx_mono_ms());
 		obx_pgstream_flush(&r->st);
 	}
-	r->m.events_published = r->core.published;
+	obx_metrics_published(&r->m, r->core.published, obx_unix_seconds());
 	/* the generation moves on first: reports served while the producer closes count for nothing */
 	obx_core_session_end(&r->core);
 	if (r->cfg->exactly_once && r->kf.rk != NULL) {

@@ -26,4 +26,7 @@ void obx_log(enum obx_log_level level, const char *fmt, ...)
 /* Milliseconds of the monotonic clock: what every loop's deadlines and waits are counted in. */
 int64_t obx_mono_ms(void);
 
+/* Unix time in seconds (wall clock), for timestamps the metrics report. */
+double obx_unix_seconds(void);
+
 #endif

@@ -57,6 +57,7 @@ struct obx_metrics {
 	uint64_t server_read_failures; /* reads of the server that failed */
 	double oldest_unacked_age_seconds;
 	uint64_t events_published;
+	double last_event_unix;        /* Unix time the broker last acknowledged an event; 0 before the first */
 	uint64_t events_dead_lettered;
 	uint64_t dedupe_skipped;       /* events a session found in Kafka already and did not send */
 	uint64_t dedupe_fallbacks;     /* topics and partitions published without de-duplication */
@@ -104,6 +105,12 @@ struct obx_metrics {
 
 /* The histogram's upper bounds in seconds (the +Inf bucket is implicit). */
 extern const double obx_hist_bounds[OBX_HIST_BUCKETS];
+
+/*
+ * Sets events_published to published; when that is more than before, the
+ * last event's time to now_unix (Unix seconds, read by the caller).
+ */
+void obx_metrics_published(struct obx_metrics *m, uint64_t published, double now_unix);
 
 /* Records one commit-to-ack observation. */
 void obx_metrics_observe(struct obx_metrics *m, double seconds);

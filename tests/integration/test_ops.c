@@ -18,6 +18,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -115,6 +116,7 @@ test_metrics_health_and_slow_clients(void **state)
 	size_t n;
 	int64_t t0;
 	char title[512];
+	double t_start, last;
 
 	(void)state;
 	t_relay_setup(&R, "ops", 0);
@@ -122,6 +124,9 @@ test_metrics_health_and_slow_clients(void **state)
 	t_relay_start(&R, NULL, 1);
 	port = t_metrics_port(&R);
 
+	assert_int_equal(t_http_get(port, "/metrics", body, sizeof(body)), 200);
+	assert_true(t_metric(body, "outboxd_last_event_timestamp_seconds") == 0); /* none yet */
+	t_start = (double)time(NULL);
 	/* a client that sends half a request and holds the socket, and one that sends garbage */
 	slow = raw_connect(port);
 	assert_int_equal(write(slow, "GET /metr", 9), 9);
@@ -161,6 +166,9 @@ test_metrics_health_and_slow_clients(void **state)
 	assert_true(t_metric(body, "outboxd_inflight_events") == 0);
 	assert_true(t_metric(body, "outboxd_oldest_unacked_age_seconds") == 0);
 	assert_true(t_metric(body, "outboxd_commit_to_ack_seconds_count") == 3);
+	last = t_metric(body, "outboxd_last_event_timestamp_seconds");
+	if (last < t_start - 1 || last > (double)time(NULL) + 1)
+		fail_msg("outboxd_last_event_timestamp_seconds %.3f, the events went out after %.0f", last, t_start);
 	assert_true(t_metric(body, "outboxd_confirmed_flush_lsn") > 0);
 	assert_true(t_metric(body, "outboxd_slot_wal_status{status=\"reserved\"}") == 1);
 	assert_true(t_metric(body, "outboxd_slot_wal_status{status=\"lost\"}") == 0);

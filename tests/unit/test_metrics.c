@@ -184,6 +184,31 @@ test_kafka_errors_from_zero(void **state)
 	assert_no_text(b, "_NO_OFFSET");
 }
 
+/* The last event's time: 0 before the first, then when the count last grew. */
+static void
+test_last_event_timestamp(void **state)
+{
+	struct obx_metrics m;
+	const char *b;
+
+	(void)state;
+	streaming(&m);
+	b = render(&m);
+	assert_line(b, "# TYPE outboxd_last_event_timestamp_seconds gauge");
+	assert_line(b, "outboxd_last_event_timestamp_seconds 0.000");
+	obx_metrics_published(&m, 0, 1700000000.0);
+	assert_true(m.last_event_unix == 0);
+	obx_metrics_published(&m, 3, 1700000001.5);
+	obx_metrics_published(&m, 3, 1700000009.0); /* no new event: the time stays */
+	b = render(&m);
+	assert_line(b, "outboxd_last_event_timestamp_seconds 1700000001.500");
+	assert_line(b, "outboxd_events_published_total 3");
+	m.poll_mode = 1;
+	obx_metrics_published(&m, 4, 1700000010.25);
+	b = render(&m);
+	assert_line(b, "outboxd_last_event_timestamp_seconds 1700000010.250");
+}
+
 int
 main(void)
 {
@@ -192,6 +217,7 @@ main(void)
 		cmocka_unit_test_teardown(test_info_and_no_up, release),
 		cmocka_unit_test_teardown(test_wal_status_state_set, release),
 		cmocka_unit_test_teardown(test_kafka_errors_from_zero, release),
+		cmocka_unit_test_teardown(test_last_event_timestamp, release),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
