@@ -152,8 +152,39 @@ poll_metrics(FILE *fp, const struct obx_metrics *m)
 	counter_u64(fp, "outboxd_poll_batches_total", "claimed batches of at least one row", m->poll_batches);
 }
 
+/* The process_* families under the client libraries' names and help texts. */
+static void
+process_metrics(FILE *fp, const struct obx_process *p)
+{
+	if (p->cpu_seconds >= 0) {
+		family(fp, "process_cpu_seconds_total", "counter", "Total user and system CPU time spent in seconds.");
+		fprintf(fp, "process_cpu_seconds_total %.2f\n", p->cpu_seconds);
+	}
+	if (p->resident_bytes >= 0) {
+		family(fp, "process_resident_memory_bytes", "gauge", "Resident memory size in bytes.");
+		fprintf(fp, "process_resident_memory_bytes %" PRId64 "\n", p->resident_bytes);
+	}
+	if (p->virtual_bytes >= 0) {
+		family(fp, "process_virtual_memory_bytes", "gauge", "Virtual memory size in bytes.");
+		fprintf(fp, "process_virtual_memory_bytes %" PRId64 "\n", p->virtual_bytes);
+	}
+	if (p->open_fds >= 0) {
+		family(fp, "process_open_fds", "gauge", "Number of open file descriptors.");
+		fprintf(fp, "process_open_fds %" PRId64 "\n", p->open_fds);
+	}
+	if (p->max_fds >= 0) {
+		family(fp, "process_max_fds", "gauge", "Maximum number of open file descriptors.");
+		fprintf(fp, "process_max_fds %" PRId64 "\n", p->max_fds);
+	}
+	if (p->start_time_seconds >= 0) {
+		family(fp, "process_start_time_seconds", "gauge",
+		    "Start time of the process since unix epoch in seconds.");
+		fprintf(fp, "process_start_time_seconds %.2f\n", p->start_time_seconds);
+	}
+}
+
 char *
-obx_metrics_render(const struct obx_metrics *m, size_t *len)
+obx_metrics_render(const struct obx_metrics *m, const struct obx_process *proc, size_t *len)
 {
 	char *out = NULL;
 	size_t sz = 0;
@@ -275,6 +306,8 @@ obx_metrics_render(const struct obx_metrics *m, size_t *len)
 		    "the server's max_slot_wal_keep_size (-1: unbounded), for alerts relative to it");
 		fprintf(fp, "outboxd_slot_max_wal_keep_size_bytes %" PRId64 "\n", m->slot_max_wal_keep_size_bytes);
 	}
+	if (proc != NULL)
+		process_metrics(fp, proc);
 	if (fclose(fp) != 0) {
 		free(out);
 		return NULL;

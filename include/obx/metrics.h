@@ -103,6 +103,20 @@ struct obx_metrics {
 	char info_table[130];
 };
 
+/*
+ * The process's own numbers, read at scrape time (procstat.h) and rendered
+ * as the process_* metrics of the Prometheus client libraries.  -1: not
+ * read (that metric is left out).
+ */
+struct obx_process {
+	double cpu_seconds;        /* user + system CPU time */
+	int64_t resident_bytes;
+	int64_t virtual_bytes;
+	int64_t open_fds;
+	int64_t max_fds;           /* the soft limit on open descriptors */
+	double start_time_seconds; /* Unix time the process started */
+};
+
 /* The histogram's upper bounds in seconds (the +Inf bucket is implicit). */
 extern const double obx_hist_bounds[OBX_HIST_BUCKETS];
 
@@ -132,9 +146,10 @@ const char *obx_state_name(enum obx_state s);
 const char *obx_not_ready_text(enum obx_not_ready r);
 
 /*
- * Renders m as Prometheus text into a malloc'd NUL-terminated buffer
- * (caller frees).  Returns NULL when out of memory.
+ * Renders m, and proc's process_* metrics (proc NULL: none), as Prometheus
+ * text into a malloc'd NUL-terminated buffer (caller frees).  Returns NULL
+ * when out of memory.  Both are borrowed for the call.
  */
-char *obx_metrics_render(const struct obx_metrics *m, size_t *len);
+char *obx_metrics_render(const struct obx_metrics *m, const struct obx_process *proc, size_t *len);
 
 #endif

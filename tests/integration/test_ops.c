@@ -5,6 +5,7 @@
  * process title.
  */
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <inttypes.h>
 #include <math.h>
 #include <errno.h>
@@ -45,7 +46,7 @@ static const char *const families[] = {
 	"outboxd_slot_max_wal_keep_size_bytes", "outboxd_info",
 };
 
-/* Every outboxd_* metric named in file exists in the scrape body. */
+/* Every outboxd_* and process_* metric named in file exists in the scrape body. */
 static void
 expect_names_scraped(const char *relpath, const char *scrape)
 {
@@ -66,7 +67,7 @@ expect_names_scraped(const char *relpath, const char *scrape)
 	text = calloc(1, (size_t)len + 1);
 	assert_int_equal(fread(text, 1, (size_t)len, fp), (size_t)len);
 	fclose(fp);
-	assert_int_equal(regcomp(&re, "outboxd_[a-z_]+", REG_EXTENDED), 0);
+	assert_int_equal(regcomp(&re, "(outboxd|process)_[a-z_]+", REG_EXTENDED), 0);
 	for (const char *p = text; regexec(&re, p, 1, &mt, 0) == 0; p += mt.rm_eo) {
 		char name[128], type[160];
 		size_t n = (size_t)(mt.rm_eo - mt.rm_so);
@@ -92,6 +93,83 @@ expect_names_scraped(const char *relpath, const char *scrape)
 	regfree(&re);
 	free(text);
 	assert_true(names > 5);
+}
+
+/* promtool check metrics accepts the scrape: the format, and the naming conventions it lints. */
+static void
+expect_promtool_accepts(const char *scrape)
+{
+	char path[] = "/tmp/obx-scrape.XXXXXX", cmd[256], out[8192];
+	int fd = mkstemp(path);
+	size_t n, len = strlen(scrape);
+	FILE *fp;
+	int st;
+
+	assert_true(fd >= 0);
+	assert_int_equal(write(fd, scrape, len), (ssize_t)len);
+	close(fd);
+	snprintf(cmd, sizeof(cmd), "promtool check metrics < %s 2>&1", path);
+	fp = popen(cmd, "r");
+	assert_non_null(fp);
+	n = fread(out, 1, sizeof(out) - 1, fp);
+	out[n] = '\0';
+	st = pclose(fp);
+	unlink(path);
+	if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+		fail_msg("promtool check metrics (status %d): %s\non:\n%s", st, out, scrape);
+}
+
+/* The soft limit on open files in /proc/PID/limits; -1 when not found. */
+static double
+proc_max_files(pid_t pid)
+{
+	char path[64], line[256];
+	double v = -1;
+	FILE *fp;
+
+	snprintf(path, sizeof(path), "/proc/%d/limits", (int)pid);
+	fp = fopen(path, "r");
+	assert_non_null(fp);
+	while (fgets(line, sizeof(line), fp) != NULL)
+		if (strncmp(line, "Max open files", 14) == 0)
+			v = strtod(line + 14, NULL);
+	fclose(fp);
+	return v;
+}
+
+/* Descriptors open in PID, as /proc/PID/fd lists them. */
+static int
+proc_open_fds(pid_t pid)
+{
+	char path[64];
+	struct dirent *e;
+	DIR *d;
+	int n = 0;
+
+	snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
+	d = opendir(path);
+	assert_non_null(d);
+	while ((e = readdir(d)) != NULL)
+		n += e->d_name[0] != '.';
+	closedir(d);
+	return n;
+}
+
+/* The process_* metrics describe the daemon, which started shortly before started_by. */
+static void
+expect_process_metrics(const char *scrape, pid_t pid, double started_by)
+{
+	double start = t_metric(scrape, "process_start_time_seconds");
+	double fds = t_metric(scrape, "process_open_fds"), there = proc_open_fds(pid);
+
+	if (start > started_by + 1 || start < started_by - 60)
+		fail_msg("process_start_time_seconds %.2f, the daemon was running by %.0f", start, started_by);
+	if (fds < 5 || fds < there - 5 || fds > there + 5)
+		fail_msg("process_open_fds %.0f, /proc/%d/fd lists %.0f", fds, (int)pid, there);
+	assert_true(t_metric(scrape, "process_max_fds") == proc_max_files(pid));
+	assert_true(t_metric(scrape, "process_resident_memory_bytes") > 1 << 20);
+	assert_true(t_metric(scrape, "process_virtual_memory_bytes") >= t_metric(scrape, "process_resident_memory_bytes"));
+	assert_true(t_metric(scrape, "process_cpu_seconds_total") >= 0);
 }
 
 static int
@@ -187,8 +265,8 @@ test_metrics_health_and_slow_clients(void **state)
 	assert_true(t_metric(body, "outboxd_kafka_errors_total{code=\"_MSG_TIMED_OUT\"}") == 0);
 	assert_true(t_metric(body, "outboxd_kafka_errors_total{code=\"UNKNOWN_TOPIC_OR_PART\"}") == 0);
 	assert_true(t_metric(body, "outboxd_kafka_errors_total{code=\"other\"}") >= 0);
-	expect_names_scraped("deploy/kubernetes/prometheusrule.yaml", body);
-	expect_names_scraped("deploy/grafana/outboxd-dashboard.json", body);
+	expect_process_metrics(body, R.pid, t_start);
+	expect_promtool_accepts(body);
 
 	assert_int_equal(t_http_get(port, "/healthz", body, sizeof(body)), 200);
 	assert_int_equal(t_http_get(port, "/readyz", body, sizeof(body)), 200);
@@ -234,6 +312,79 @@ test_metrics_health_and_slow_clients(void **state)
 		assert_int_equal(t_broker_cmd(&R.b, "up %d", b), 0);
 	close(slow);
 	close(bad);
+}
+
+static struct t_relay P;
+
+static int
+teardown_both(void **state)
+{
+	t_relay_teardown(&P);
+	return teardown(state);
+}
+
+/* Scrapes port until series reaches want (20 s at most); the body stays in out. */
+static void
+scrape_until(int port, const char *series, double want, char *out, size_t len)
+{
+	int64_t t0 = t_now_ms();
+
+	do {
+		assert_int_equal(t_http_get(port, "/metrics", out, len), 200);
+		if (t_metric(out, series) == want)
+			return;
+		usleep(200000);
+	} while (t_now_ms() - t0 < 20000);
+	fail_msg("%s never reached %g:\n%s", series, want, out);
+}
+
+/*
+ * Every metric the alerts and the dashboard name exists: in a streaming
+ * instance's scrape (with the slot read) or a polling one's, both of which
+ * promtool accepts; the polling mode says so in outboxd_info and keeps the
+ * last event's time too.
+ */
+static void
+test_alerts_and_dashboard_name_scraped_metrics(void **state)
+{
+	static char both[2 << 20];
+	char want[512];
+	struct t_msg *m;
+	size_t n, used;
+	double t_start = (double)time(NULL);
+	int port;
+
+	(void)state;
+	t_relay_setup(&R, "opsnames", 0);
+	t_relay_config(&R, "[metrics]\nlisten = 127.0.0.1:0\n");
+	t_relay_start(&R, NULL, 1);
+	port = t_metrics_port(&R);
+	scrape_until(port, "outboxd_slot_wal_status{status=\"reserved\"}", 1, body, sizeof(body));
+	expect_promtool_accepts(body);
+	used = (size_t)snprintf(both, sizeof(both), "%s", body);
+
+	t_relay_setup(&P, "opsnamespoll", 0);
+	t_exec_file(P.pg, "sql/008_polling.sql");
+	t_relay_config(&P, "[source]\nmode = poll\n[metrics]\nlisten = 127.0.0.1:0\n");
+	t_relay_start(&P, NULL, 0);
+	port = t_metrics_port(&P);
+	t_exec(P.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('opspoll', 'k', 'T', '{}')");
+	n = t_consume(P.b.bootstrap, "outbox.event.opspoll", 1, 20000, &m);
+	assert_int_equal(n, 1);
+	t_msgs_free(m, n);
+	scrape_until(port, "outboxd_events_published_total", 1, body, sizeof(body));
+	expect_promtool_accepts(body);
+	snprintf(want, sizeof(want), "outboxd_info{slot=\"\",database=\"%s\",table=\"public.outbox\",mode=\"poll\",", P.db);
+	if (strstr(body, want) == NULL)
+		fail_msg("no %s in:\n%s", want, body);
+	if (t_metric(body, "outboxd_last_event_timestamp_seconds") < t_start - 1)
+		fail_msg("polling: outboxd_last_event_timestamp_seconds %.3f, the event went out after %.0f",
+		    t_metric(body, "outboxd_last_event_timestamp_seconds"), t_start);
+	assert_true(t_metric(body, "outboxd_poll_oldest_pending_age_seconds") >= 0);
+	snprintf(both + used, sizeof(both) - used, "%s", body);
+
+	expect_names_scraped("deploy/kubernetes/prometheusrule.yaml", both);
+	expect_names_scraped("deploy/grafana/outboxd-dashboard.json", both);
 }
 
 /* A non-blocking TCP connection from loopback address src to 127.0.0.1:port; -1 when refused at once. */
@@ -761,6 +912,7 @@ main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_teardown(test_metrics_health_and_slow_clients, teardown),
+		cmocka_unit_test_teardown(test_alerts_and_dashboard_name_scraped_metrics, teardown_both),
 		cmocka_unit_test_teardown(test_slow_clients_do_not_starve_probes, teardown),
 		cmocka_unit_test_teardown(test_standby_is_ready, teardown),
 		cmocka_unit_test_teardown(test_lag_is_the_servers, teardown),

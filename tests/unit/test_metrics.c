@@ -30,7 +30,7 @@ render(const struct obx_metrics *m)
 	size_t len = 0;
 
 	free(text);
-	text = obx_metrics_render(m, &len);
+	text = obx_metrics_render(m, NULL, &len);
 	assert_non_null(text);
 	assert_int_equal(strlen(text), len);
 	return text;
@@ -209,6 +209,37 @@ test_last_event_timestamp(void **state)
 	assert_line(b, "outboxd_last_event_timestamp_seconds 1700000010.250");
 }
 
+/* The process_* families, under the client libraries' names; a number not read is left out. */
+static void
+test_process_metrics(void **state)
+{
+	struct obx_metrics m;
+	struct obx_process p = { 12.5, 14680064, 300000000, 17, 1048576, 1700000000.25 };
+	size_t len;
+
+	(void)state;
+	streaming(&m);
+	assert_no_text(render(&m), "process_");
+	free(text);
+	text = obx_metrics_render(&m, &p, &len);
+	assert_non_null(text);
+	assert_line(text, "# TYPE process_cpu_seconds_total counter");
+	assert_line(text, "process_cpu_seconds_total 12.50");
+	assert_line(text, "# TYPE process_resident_memory_bytes gauge");
+	assert_line(text, "process_resident_memory_bytes 14680064");
+	assert_line(text, "process_virtual_memory_bytes 300000000");
+	assert_line(text, "process_open_fds 17");
+	assert_line(text, "process_max_fds 1048576");
+	assert_line(text, "process_start_time_seconds 1700000000.25");
+	p.open_fds = -1;
+	p.cpu_seconds = -1;
+	free(text);
+	text = obx_metrics_render(&m, &p, &len);
+	assert_no_text(text, "process_open_fds");
+	assert_no_text(text, "process_cpu_seconds_total");
+	assert_line(text, "process_max_fds 1048576");
+}
+
 int
 main(void)
 {
@@ -218,6 +249,7 @@ main(void)
 		cmocka_unit_test_teardown(test_wal_status_state_set, release),
 		cmocka_unit_test_teardown(test_kafka_errors_from_zero, release),
 		cmocka_unit_test_teardown(test_last_event_timestamp, release),
+		cmocka_unit_test_teardown(test_process_metrics, release),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
