@@ -11,6 +11,7 @@
 #include "obx/err.h"
 #include "obx/http.h"
 #include "obx/log.h"
+#include "obx/procstat.h"
 
 #define HEARTBEAT_STALE_MS 30000
 #define PER_CLIENT 8       /* connections one source address may hold (http.h) */
@@ -162,8 +163,12 @@ handle(void *cls, struct MHD_Connection *c, const char *url, const char *method,
 	if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0)
 		return reply(c, 405, "text/plain", "method not allowed\n", 19, false);
 	if (strcmp(url, "/metrics") == 0) {
+		struct obx_process proc;
 		size_t len;
-		char *body = obx_metrics_render(&m, &len);
+		char *body;
+
+		(void)obx_procstat_read(&proc); /* what could not be read is left out */
+		body = obx_metrics_render(&m, &proc, &len);
 
 		if (body == NULL)
 			return reply(c, 500, "text/plain", "out of memory\n", 14, false);

@@ -130,6 +130,8 @@ error_cb(rd_kafka_t *rk, int err, const char *reason, void *opaque)
 		return;
 	}
 	/* transient: librdkafka retries by itself */
+	if (k->metrics != NULL)
+		obx_metrics_kafka_error(k->metrics, rd_kafka_err2name((rd_kafka_resp_err_t)err));
 	obx_log_debug("kafka: %s: %s", rd_kafka_err2name((rd_kafka_resp_err_t)err), reason);
 }
 

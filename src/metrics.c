@@ -6,7 +6,7 @@
 #include "obx/metrics.h"
 
 const double obx_hist_bounds[OBX_HIST_BUCKETS] = {
-	0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5, 30,
+	0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 7.5, 10, 30, 60, 300,
 };
 
 static const char *const state_names[OBX_STATE_COUNT] = {
@@ -30,6 +30,14 @@ obx_not_ready_text(enum obx_not_ready r)
 }
 
 void
+obx_metrics_published(struct obx_metrics *m, uint64_t published, double now_unix)
+{
+	if (published > m->events_published)
+		m->last_event_unix = now_unix;
+	m->events_published = published;
+}
+
+void
 obx_metrics_observe(struct obx_metrics *m, double seconds)
 {
 	size_t i;
@@ -43,28 +51,35 @@ obx_metrics_observe(struct obx_metrics *m, double seconds)
 	m->hist_sum += seconds;
 }
 
-void
+/*
+ * Delivery reports (timeouts, refusals, a missing topic or authorization),
+ * the error callback (connections, brokers), and the transaction's fencing.
+ */
+const char *const obx_kafka_error_codes[OBX_KAFKA_ERR_CODES] = {
+	"_MSG_TIMED_OUT", "_TRANSPORT", "_ALL_BROKERS_DOWN", "_FENCED", "_FATAL",
+	"MSG_SIZE_TOO_LARGE", "UNKNOWN_TOPIC_OR_PART", "_UNKNOWN_TOPIC", "TOPIC_AUTHORIZATION_FAILED",
+	"NOT_ENOUGH_REPLICAS", "NOT_ENOUGH_REPLICAS_AFTER_APPEND", "REQUEST_TIMED_OUT", "other",
+};
+
+int
 obx_metrics_kafka_error(struct obx_metrics *m, const char *name)
 {
-	size_t i;
+	int i;
 
-	for (i = 0; i < OBX_ERR_CODES - 1 && m->err_names[i][0] != '\0'; i++)
-		if (strcmp(m->err_names[i], name) == 0)
+	for (i = 0; i < OBX_KAFKA_ERR_CODES - 1; i++)
+		if (name != NULL && strcmp(obx_kafka_error_codes[i], name) == 0)
 			break;
-	if (i == OBX_ERR_CODES - 1)
-		name = "other";
-	if (m->err_names[i][0] == '\0')
-		snprintf(m->err_names[i], sizeof(m->err_names[i]), "%s", name);
-	m->err_counts[i]++;
+	m->kafka_errors[i]++;
+	return i;
 }
+
+static const char *const wal_status_names[] = { "reserved", "extended", "unreserved", "lost" };
 
 int
 obx_metrics_wal_status(const char *s)
 {
-	static const char *const names[] = { "reserved", "extended", "unreserved", "lost" };
-
 	for (int i = 0; i < 4; i++)
-		if (s != NULL && strcmp(s, names[i]) == 0)
+		if (s != NULL && strcmp(s, wal_status_names[i]) == 0)
 			return i + 1;
 	return 0;
 }
@@ -110,10 +125,11 @@ info(FILE *fp, const struct obx_metrics *m)
 	char slot[2 * sizeof(m->info_slot)], db[2 * sizeof(m->info_database)];
 	char table[2 * sizeof(m->info_table)];
 
-	family(fp, "outboxd_info", "gauge", "1; the labels say which slot, database and table this instance relays");
-	fprintf(fp, "outboxd_info{slot=\"%s\",database=\"%s\",table=\"%s\",version=\"%s\"} 1\n",
+	family(fp, "outboxd_info", "gauge",
+	    "1; the labels say which slot, database and table this instance relays, in which mode (streaming or poll)");
+	fprintf(fp, "outboxd_info{slot=\"%s\",database=\"%s\",table=\"%s\",mode=\"%s\",version=\"%s\"} 1\n",
 	    label_value(m->info_slot, slot, sizeof(slot)), label_value(m->info_database, db, sizeof(db)),
-	    label_value(m->info_table, table, sizeof(table)), OBX_VERSION);
+	    label_value(m->info_table, table, sizeof(table)), m->poll_mode ? "poll" : "streaming", OBX_VERSION);
 }
 
 static void
@@ -136,8 +152,39 @@ poll_metrics(FILE *fp, const struct obx_metrics *m)
 	counter_u64(fp, "outboxd_poll_batches_total", "claimed batches of at least one row", m->poll_batches);
 }
 
+/* The process_* families under the client libraries' names and help texts. */
+static void
+process_metrics(FILE *fp, const struct obx_process *p)
+{
+	if (p->cpu_seconds >= 0) {
+		family(fp, "process_cpu_seconds_total", "counter", "Total user and system CPU time spent in seconds.");
+		fprintf(fp, "process_cpu_seconds_total %.2f\n", p->cpu_seconds);
+	}
+	if (p->resident_bytes >= 0) {
+		family(fp, "process_resident_memory_bytes", "gauge", "Resident memory size in bytes.");
+		fprintf(fp, "process_resident_memory_bytes %" PRId64 "\n", p->resident_bytes);
+	}
+	if (p->virtual_bytes >= 0) {
+		family(fp, "process_virtual_memory_bytes", "gauge", "Virtual memory size in bytes.");
+		fprintf(fp, "process_virtual_memory_bytes %" PRId64 "\n", p->virtual_bytes);
+	}
+	if (p->open_fds >= 0) {
+		family(fp, "process_open_fds", "gauge", "Number of open file descriptors.");
+		fprintf(fp, "process_open_fds %" PRId64 "\n", p->open_fds);
+	}
+	if (p->max_fds >= 0) {
+		family(fp, "process_max_fds", "gauge", "Maximum number of open file descriptors.");
+		fprintf(fp, "process_max_fds %" PRId64 "\n", p->max_fds);
+	}
+	if (p->start_time_seconds >= 0) {
+		family(fp, "process_start_time_seconds", "gauge",
+		    "Start time of the process since unix epoch in seconds.");
+		fprintf(fp, "process_start_time_seconds %.2f\n", p->start_time_seconds);
+	}
+}
+
 char *
-obx_metrics_render(const struct obx_metrics *m, size_t *len)
+obx_metrics_render(const struct obx_metrics *m, const struct obx_process *proc, size_t *len)
 {
 	char *out = NULL;
 	size_t sz = 0;
@@ -146,7 +193,6 @@ obx_metrics_render(const struct obx_metrics *m, size_t *len)
 
 	if (fp == NULL)
 		return NULL;
-	gauge_u64(fp, "outboxd_up", "1 while the process runs", 1);
 	info(fp, m);
 	family(fp, "outboxd_state", "gauge", "1 for the current state, 0 for the others");
 	for (int s = 0; s < OBX_STATE_COUNT; s++)
@@ -210,6 +256,9 @@ obx_metrics_render(const struct obx_metrics *m, size_t *len)
 		    label_value(m->missing_topic, topic, sizeof(topic)), m->missing_topic_seconds);
 	}
 	counter_u64(fp, "outboxd_events_published_total", "events acknowledged by the broker", m->events_published);
+	family(fp, "outboxd_last_event_timestamp_seconds", "gauge",
+	    "Unix time the broker last acknowledged an event (counted in outboxd_events_published_total); 0 before the first");
+	fprintf(fp, "outboxd_last_event_timestamp_seconds %.3f\n", m->last_event_unix);
 	counter_u64(fp, "outboxd_events_dead_lettered_total", "events sent to the dead-letter topic",
 	    m->events_dead_lettered);
 	counter_u64(fp, "outboxd_dedupe_skipped_total",
@@ -238,9 +287,10 @@ obx_metrics_render(const struct obx_metrics *m, size_t *len)
 	family(fp, "outboxd_reconnects_total", "counter", "sessions ended by a failure, by the side that failed");
 	fprintf(fp, "outboxd_reconnects_total{target=\"postgres\"} %" PRIu64 "\n", m->reconnects_postgres);
 	fprintf(fp, "outboxd_reconnects_total{target=\"kafka\"} %" PRIu64 "\n", m->reconnects_kafka);
-	family(fp, "outboxd_kafka_errors_total", "counter", "delivery and producer errors by code");
-	for (int i = 0; i < OBX_ERR_CODES && m->err_names[i][0] != '\0'; i++)
-		fprintf(fp, "outboxd_kafka_errors_total{code=\"%s\"} %" PRIu64 "\n", m->err_names[i], m->err_counts[i]);
+	family(fp, "outboxd_kafka_errors_total", "counter", "delivery and producer errors by librdkafka code name (other: any code not listed)");
+	for (int i = 0; i < OBX_KAFKA_ERR_CODES; i++)
+		fprintf(fp, "outboxd_kafka_errors_total{code=\"%s\"} %" PRIu64 "\n", obx_kafka_error_codes[i],
+		    m->kafka_errors[i]);
 	if (m->has_slot) {
 		family(fp, "outboxd_slot_retained_wal_bytes", "gauge", "WAL the slot retains (current WAL LSN minus restart_lsn)");
 		fprintf(fp, "outboxd_slot_retained_wal_bytes %" PRId64 "\n", m->slot_retained_wal_bytes);
@@ -248,12 +298,16 @@ obx_metrics_render(const struct obx_metrics *m, size_t *len)
 		    "WAL that can still be written before the slot is lost (-1: unbounded, max_slot_wal_keep_size = -1)");
 		fprintf(fp, "outboxd_slot_safe_wal_size_bytes %" PRId64 "\n", m->slot_safe_wal_size_bytes);
 		family(fp, "outboxd_slot_wal_status", "gauge",
-		    "slot wal_status: 0 unknown, 1 reserved, 2 extended, 3 unreserved, 4 lost");
-		fprintf(fp, "outboxd_slot_wal_status %d\n", m->slot_wal_status);
+		    "1 for the slot's wal_status in pg_replication_slots, 0 for the others (all 0: unknown)");
+		for (int i = 0; i < 4; i++)
+			fprintf(fp, "outboxd_slot_wal_status{status=\"%s\"} %d\n", wal_status_names[i],
+			    m->slot_wal_status == i + 1);
 		family(fp, "outboxd_slot_max_wal_keep_size_bytes", "gauge",
 		    "the server's max_slot_wal_keep_size (-1: unbounded), for alerts relative to it");
 		fprintf(fp, "outboxd_slot_max_wal_keep_size_bytes %" PRId64 "\n", m->slot_max_wal_keep_size_bytes);
 	}
+	if (proc != NULL)
+		process_metrics(fp, proc);
 	if (fclose(fp) != 0) {
 		free(out);
 		return NULL;

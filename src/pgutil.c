@@ -173,3 +173,16 @@ obx_pg_literal_list(PGconn *c, const struct obx_names *names, char **out)
 	*out = list;
 	return 0;
 }
+
+void
+obx_pg_conninfo_dbname(const char *conninfo, char *out, size_t len)
+{
+	PQconninfoOption *opts = PQconninfoParse(conninfo, NULL);
+	const char *db = getenv("PGDATABASE");
+
+	for (PQconninfoOption *o = opts; o != NULL && o->keyword != NULL; o++)
+		if (strcmp(o->keyword, "dbname") == 0 && o->val != NULL && o->val[0] != '\0')
+			db = o->val;
+	snprintf(out, len, "%s", db != NULL ? db : "");
+	PQconninfoFree(opts);
+}

@@ -207,7 +207,7 @@ on_delivery(void *ctx, uint64_t opaque, const rd_kafka_message_t *km)
 			p->m.events_dead_lettered++;
 		} else {
 			row->state = ROW_ACKED;
-			p->m.events_published++;
+			obx_metrics_published(&p->m, p->m.events_published + 1, obx_unix_seconds());
 		}
 #ifdef OBX_TEST_HOOKS
 		if (p->test_kill_after > 0 && ++p->test_acks == p->test_kill_after) {
@@ -1037,6 +1037,7 @@ session(struct poller *p)
 				break;
 			}
 			p->kf_open = true;
+			p->kf.metrics = &p->m;
 		}
 		n = cycle(p);
 		if (n < 0) {
@@ -1092,6 +1093,7 @@ obx_poll_run(const struct obx_config *cfg, const struct obx_run_opts *opts)
 		p.test_kill_after = atol(getenv("OBX_TEST_KILL_AFTER_ACKS"));
 #endif
 	snprintf(p.m.info_table, sizeof(p.m.info_table), "%s.%s", cfg->table_schema, cfg->table_name);
+	obx_pg_conninfo_dbname(cfg->conninfo, p.m.info_database, sizeof(p.m.info_database));
 	if (obx_poll_sql_build(&p.sql, cfg) != 0 || obx_event_builder_init(&p.eb, cfg) != 0) {
 		obx_log_error("out of memory");
 		goto out;

@@ -29,6 +29,7 @@
 #include "obx/lookup.h"
 #include "obx/metrics.h"
 #include "obx/pgstream.h"
+#include "obx/pgutil.h"
 #include "obx/progress.h"
 #include "obx/relay.h"
 #include "obx/relaycore.h"
@@ -588,7 +589,7 @@ update_metrics(struct relay *r)
 	r->m.stream_wal_end_lsn = c->server_wal_end > c->received ? c->server_wal_end : c->received;
 	r->m.inflight_events = c->inflight;
 	r->m.inflight_bytes = c->inflight_bytes;
-	r->m.events_published = c->published;
+	obx_metrics_published(&r->m, c->published, obx_unix_seconds());
 	r->m.kafka_txn_committed = c->eos_commits;
 	r->m.kafka_txn_aborted = c->eos_aborts;
 	r->m.oldest_unacked_age_seconds = obx_ack_oldest_time(&c->ack, &oldest) ?
@@ -596,23 +597,6 @@ update_metrics(struct relay *r)
 	if (r->progress_interval_ms > 0 && now - r->last_progress_ms >= r->progress_interval_ms)
 		log_progress(r, now);
 	publish(r);
-}
-
-/*
- * The database conninfo names (or PGDATABASE), for outboxd_info before any
- * session connected: a standby and an instance that cannot connect say it too.
- */
-static void
-conninfo_dbname(const char *conninfo, char *out, size_t len)
-{
-	PQconninfoOption *opts = PQconninfoParse(conninfo, NULL);
-	const char *db = getenv("PGDATABASE");
-
-	for (PQconninfoOption *o = opts; o != NULL && o->keyword != NULL; o++)
-		if (strcmp(o->keyword, "dbname") == 0 && o->val != NULL && o->val[0] != '\0')
-			db = o->val;
-	snprintf(out, len, "%s", db != NULL ? db : "");
-	PQconninfoFree(opts);
 }
 
 /* ---- one session ---- */
@@ -821,6 +805,7 @@ session_open(struct relay *r)
 		snprintf(r->reason, sizeof(r->reason), "%s", err);
 		return false;
 	}
+	r->kf.metrics = &r->m;
 	if (r->st.snap.wanted && !snapshot_then_start(r)) {
 		obx_lookup_close(&r->lk);
 		r->reports_at_us = obx_pg_now();
@@ -922,7 +907,7 @@ session_close(struct relay *r)
 			obx_core_status_sent(&r->core, flush, obx_mono_ms());
 		obx_pgstream_flush(&r->st);
 	}
-	r->m.events_published = r->core.published;
+	obx_metrics_published(&r->m, r->core.published, obx_unix_seconds());
 	/* the generation moves on first: reports served while the producer closes count for nothing */
 	obx_core_session_end(&r->core);
 	if (r->cfg->exactly_once && r->kf.rk != NULL) {
@@ -1113,7 +1098,7 @@ obx_relay_run(const struct obx_config *cfg, const struct obx_run_opts *opts)
 #endif
 	snprintf(r.m.info_slot, sizeof(r.m.info_slot), "%s", cfg->slot);
 	snprintf(r.m.info_table, sizeof(r.m.info_table), "%s.%s", cfg->table_schema, cfg->table_name);
-	conninfo_dbname(cfg->conninfo, r.m.info_database, sizeof(r.m.info_database));
+	obx_pg_conninfo_dbname(cfg->conninfo, r.m.info_database, sizeof(r.m.info_database));
 	if (obx_core_init(&r.core, cfg, &relay_ops, &r, &r.m) != 0) {
 		obx_log_error("out of memory");
 		goto out;

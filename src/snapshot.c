@@ -190,7 +190,7 @@ obx_snapshot_report(struct obx_snapshot *s, uint64_t opaque, const rd_kafka_mess
 			s->dead_lettered++;
 			s->m->events_dead_lettered++;
 		} else
-			s->m->events_published++;
+			obx_metrics_published(s->m, s->m->events_published + 1, obx_unix_seconds());
 #ifdef OBX_TEST_HOOKS
 		if (s->kill_after > 0 && s->acked >= (uint64_t)s->kill_after) {
 			obx_log_info("test hook: killing myself after %" PRIu64 " snapshot acknowledgement(s)",

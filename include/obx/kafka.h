@@ -15,6 +15,7 @@
 #include <librdkafka/rdkafka.h>
 
 #include "obx/config.h"
+#include "obx/metrics.h"
 #include "obx/event.h"
 
 /* Called from obx_kafka_poll() for each delivery report; m is borrowed. */
@@ -29,6 +30,9 @@ struct obx_kafka {
 	bool fatal;
 	bool fenced;       /* the fatal error says another producer took the transactional.id */
 	char fatal_reason[512];
+	/* counts the error callback's codes (transport, all brokers down); NULL: not counted.
+	 * Borrowed; the caller sets it after obx_kafka_open() */
+	struct obx_metrics *metrics;
 
 	/* exactly-once ([delivery] exactly_once): a transactional producer */
 	bool transactional;

@@ -94,4 +94,7 @@ char *obx_log_render(enum obx_log_format format, const char *ts, enum obx_log_le
 /* Milliseconds of the monotonic clock: what every loop's deadlines and waits are counted in. */
 int64_t obx_mono_ms(void);
 
+/* Unix time in seconds (wall clock), for timestamps the metrics report. */
+double obx_unix_seconds(void);
+
 #endif

@@ -32,8 +32,16 @@ enum obx_not_ready {
 	OBX_NOT_READY_COUNT
 };
 
-#define OBX_HIST_BUCKETS 12
-#define OBX_ERR_CODES 16
+/* commit-to-ack buckets: fine from 5 ms to 10 s, where delivery's latency lives, then 30 s to 5 min */
+#define OBX_HIST_BUCKETS 16
+/*
+ * The librdkafka error codes outboxd_kafka_errors_total{code} has a series
+ * for, each rendered from the start (0) so rate() sees the first error; any
+ * other code counts under "other" (the log names it).  Indexes into
+ * obx_metrics.kafka_errors, in obx_kafka_error_codes' order.
+ */
+#define OBX_KAFKA_ERR_CODES 13
+extern const char *const obx_kafka_error_codes[OBX_KAFKA_ERR_CODES];
 
 struct obx_metrics {
 	enum obx_state state;
@@ -49,6 +57,7 @@ struct obx_metrics {
 	uint64_t server_read_failures; /* reads of the server that failed */
 	double oldest_unacked_age_seconds;
 	uint64_t events_published;
+	double last_event_unix;        /* Unix time the broker last acknowledged an event; 0 before the first */
 	uint64_t events_dead_lettered;
 	uint64_t dedupe_skipped;       /* events a session found in Kafka already and did not send */
 	uint64_t dedupe_fallbacks;     /* topics and partitions published without de-duplication */
@@ -66,14 +75,13 @@ struct obx_metrics {
 	uint64_t hist_counts[OBX_HIST_BUCKETS]; /* per bucket, not cumulative */
 	uint64_t hist_count;
 	double hist_sum;
-	/* kafka errors by code name */
-	char err_names[OBX_ERR_CODES][40];
-	uint64_t err_counts[OBX_ERR_CODES];
+	/* kafka errors by code name, one per obx_kafka_error_codes entry (the last: "other") */
+	uint64_t kafka_errors[OBX_KAFKA_ERR_CODES];
 	/* from the slot watch; has_slot = 0 until the first read that found the slot */
 	int has_slot;
 	int64_t slot_retained_wal_bytes;
 	int64_t slot_safe_wal_size_bytes; /* -1 when NULL (max_slot_wal_keep_size = -1) */
-	int slot_wal_status; /* 0 unknown, 1 reserved, 2 extended, 3 unreserved, 4 lost */
+	int slot_wal_status; /* 0 unknown, 1 reserved, 2 extended, 3 unreserved, 4 lost (rendered as a state set) */
 	int64_t slot_max_wal_keep_size_bytes; /* max_slot_wal_keep_size; -1 unbounded */
 	char missing_topic[250];  /* a topic waited for because the cluster does not have it; "" none */
 	double missing_topic_seconds;
@@ -89,22 +97,46 @@ struct obx_metrics {
 	int64_t poll_max_attempts_pending;    /* the highest attempts among pending rows */
 	uint64_t poll_failed_attempts;        /* failures recorded (attempts + 1) by this process */
 	uint64_t poll_batches;                /* claim cycles that produced at least one row */
-	/* what these numbers describe, for outboxd_info (set once at start-up) */
+	/* what these numbers describe, for outboxd_info (set once at start-up; the mode from poll_mode) */
 	char info_slot[64];
 	char info_database[64];
 	char info_table[130];
 };
 
+/*
+ * The process's own numbers, read at scrape time (procstat.h) and rendered
+ * as the process_* metrics of the Prometheus client libraries.  -1: not
+ * read (that metric is left out).
+ */
+struct obx_process {
+	double cpu_seconds;        /* user + system CPU time */
+	int64_t resident_bytes;
+	int64_t virtual_bytes;
+	int64_t open_fds;
+	int64_t max_fds;           /* the soft limit on open descriptors */
+	double start_time_seconds; /* Unix time the process started */
+};
+
 /* The histogram's upper bounds in seconds (the +Inf bucket is implicit). */
 extern const double obx_hist_bounds[OBX_HIST_BUCKETS];
+
+/*
+ * Sets events_published to published; when that is more than before, the
+ * last event's time to now_unix (Unix seconds, read by the caller).
+ */
+void obx_metrics_published(struct obx_metrics *m, uint64_t published, double now_unix);
 
 /* Records one commit-to-ack observation. */
 void obx_metrics_observe(struct obx_metrics *m, double seconds);
 
-/* Counts one Kafka error under its name (the last slot collects the rest as "other"). */
-void obx_metrics_kafka_error(struct obx_metrics *m, const char *name);
+/*
+ * Counts one Kafka error under its librdkafka name (rd_kafka_err2name);
+ * a name outside obx_kafka_error_codes, or NULL, counts as "other".
+ * Returns the index counted.
+ */
+int obx_metrics_kafka_error(struct obx_metrics *m, const char *name);
 
-/* Maps pg_replication_slots.wal_status text to the gauge value. */
+/* Maps pg_replication_slots.wal_status text to slot_wal_status (0 for NULL or unknown text). */
 int obx_metrics_wal_status(const char *s);
 
 /* A printable state name ("streaming", ...). */
@@ -114,9 +146,10 @@ const char *obx_state_name(enum obx_state s);
 const char *obx_not_ready_text(enum obx_not_ready r);
 
 /*
- * Renders m as Prometheus text into a malloc'd NUL-terminated buffer
- * (caller frees).  Returns NULL when out of memory.
+ * Renders m, and proc's process_* metrics (proc NULL: none), as Prometheus
+ * text into a malloc'd NUL-terminated buffer (caller frees).  Returns NULL
+ * when out of memory.  Both are borrowed for the call.
  */
-char *obx_metrics_render(const struct obx_metrics *m, size_t *len);
+char *obx_metrics_render(const struct obx_metrics *m, const struct obx_process *proc, size_t *len);
 
 #endif

@@ -57,4 +57,11 @@ struct obx_pgfacts obx_pg_facts(PGconn *c);
  */
 int obx_pg_literal_list(PGconn *c, const struct obx_names *names, char **out);
 
+/*
+ * Writes the database conninfo names (or PGDATABASE, or "") to out, for
+ * outboxd_info before any session connected: a standby and an instance that
+ * cannot connect say it too.
+ */
+void obx_pg_conninfo_dbname(const char *conninfo, char *out, size_t len);
+
 #endif

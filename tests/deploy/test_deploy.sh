@@ -33,8 +33,34 @@ yaml.safe_dump({"groups": doc["spec"]["groups"]}, open(sys.argv[2], "w"))
 PY
 run "promtool accepts the alert rules" promtool check rules "$tmp/rules.yaml"
 cp "$src/tests/deploy/alerts_test.yaml" "$tmp/alerts_test.yaml"
-run "alerts: per instance and slot, WAL safety relative to max_slot_wal_keep_size (promtool test rules)" \
+run "alerts: each fires when it should and not otherwise, once per slot with two pods (promtool test rules)" \
 	promtool test rules "$tmp/alerts_test.yaml"
+run "alerts: summary, description and a runbook_url on one base with an anchor README.md has; up{job} is the PodMonitor's" \
+	python3 - "$src/deploy/kubernetes/components/monitoring/prometheusrule.yaml" "$src/README.md" "$src/deploy/kubernetes/components/monitoring/podmonitor.yaml" \
+	"$src/deploy/kubernetes/base/deployment.yaml" "$src/deploy/grafana/outboxd-dashboard.json" <<'PY'
+import re, sys, yaml
+rules = [r for g in yaml.safe_load(open(sys.argv[1]))["spec"]["groups"] for r in g["rules"]]
+readme = open(sys.argv[2]).read()
+runbook = readme[readme.index("### Alert runbook"):]
+runbook = runbook[:runbook.index("\n### ", 5)]
+anchors = {h.strip().lower() for h in re.findall(r"^#### (.+)$", runbook, re.M)}
+bases = set()
+for r in rules:
+    a = r["annotations"]
+    assert a.get("summary") and a.get("description"), r["alert"]
+    url = a["runbook_url"]
+    assert url.startswith("https://"), url
+    base, anchor = url.split("#")
+    bases.add(base)
+    assert anchor == r["alert"].lower() and anchor in anchors, (r["alert"], "no #### heading in README's Alert runbook")
+assert len(bases) == 1, bases
+pm = yaml.safe_load(open(sys.argv[3]))["spec"]
+dep = [d for d in yaml.safe_load_all(open(sys.argv[4])) if d["kind"] == "Deployment"][0]
+job = dep["spec"]["template"]["metadata"]["labels"][pm["jobLabel"]]
+text = open(sys.argv[1]).read() + open(sys.argv[5]).read()
+for sel in re.findall(r"\bup\{([^}]*)\}", text):
+    assert 'job=\\"%s\\"' % job in sel or 'job="%s"' % job in sel, sel
+PY
 
 run "deployment: 2 replicas, maxSurge 1, maxUnavailable 1, probes, grace covers the 30 s drain, PDB" \
 	python3 - "$src/deploy/kubernetes/base/deployment.yaml" <<'PY'

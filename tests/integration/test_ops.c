@@ -6,6 +6,7 @@
  * decommissioning with outboxd drop-slot.
  */
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <inttypes.h>
 #include <math.h>
 #include <errno.h>
@@ -19,6 +20,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -35,7 +37,7 @@ teardown(void **state)
 }
 
 static const char *const families[] = {
-	"outboxd_up", "outboxd_state", "outboxd_received_lsn", "outboxd_confirmed_flush_lsn",
+	"outboxd_state", "outboxd_received_lsn", "outboxd_confirmed_flush_lsn",
 	"outboxd_stream_sent_lsn", "outboxd_server_wal_lsn", "outboxd_lag_bytes",
 	"outboxd_server_read_failures_total", "outboxd_oldest_unacked_age_seconds",
 	"outboxd_commit_to_ack_seconds", "outboxd_events_published_total",
@@ -45,7 +47,7 @@ static const char *const families[] = {
 	"outboxd_slot_max_wal_keep_size_bytes", "outboxd_info",
 };
 
-/* Every outboxd_* metric named in file exists in the scrape body. */
+/* Every outboxd_* and process_* metric named in file exists in the scrape body. */
 static void
 expect_names_scraped(const char *relpath, const char *scrape)
 {
@@ -66,7 +68,7 @@ expect_names_scraped(const char *relpath, const char *scrape)
 	text = calloc(1, (size_t)len + 1);
 	assert_int_equal(fread(text, 1, (size_t)len, fp), (size_t)len);
 	fclose(fp);
-	assert_int_equal(regcomp(&re, "outboxd_[a-z_]+", REG_EXTENDED), 0);
+	assert_int_equal(regcomp(&re, "(outboxd|process)_[a-z_]+", REG_EXTENDED), 0);
 	for (const char *p = text; regexec(&re, p, 1, &mt, 0) == 0; p += mt.rm_eo) {
 		char name[128], type[160];
 		size_t n = (size_t)(mt.rm_eo - mt.rm_so);
@@ -94,6 +96,83 @@ expect_names_scraped(const char *relpath, const char *scrape)
 	assert_true(names > 5);
 }
 
+/* promtool check metrics accepts the scrape: the format, and the naming conventions it lints. */
+static void
+expect_promtool_accepts(const char *scrape)
+{
+	char path[] = "/tmp/obx-scrape.XXXXXX", cmd[256], out[8192];
+	int fd = mkstemp(path);
+	size_t n, len = strlen(scrape);
+	FILE *fp;
+	int st;
+
+	assert_true(fd >= 0);
+	assert_int_equal(write(fd, scrape, len), (ssize_t)len);
+	close(fd);
+	snprintf(cmd, sizeof(cmd), "promtool check metrics < %s 2>&1", path);
+	fp = popen(cmd, "r");
+	assert_non_null(fp);
+	n = fread(out, 1, sizeof(out) - 1, fp);
+	out[n] = '\0';
+	st = pclose(fp);
+	unlink(path);
+	if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+		fail_msg("promtool check metrics (status %d): %s\non:\n%s", st, out, scrape);
+}
+
+/* The soft limit on open files in /proc/PID/limits; -1 when not found. */
+static double
+proc_max_files(pid_t pid)
+{
+	char path[64], line[256];
+	double v = -1;
+	FILE *fp;
+
+	snprintf(path, sizeof(path), "/proc/%d/limits", (int)pid);
+	fp = fopen(path, "r");
+	assert_non_null(fp);
+	while (fgets(line, sizeof(line), fp) != NULL)
+		if (strncmp(line, "Max open files", 14) == 0)
+			v = strtod(line + 14, NULL);
+	fclose(fp);
+	return v;
+}
+
+/* Descriptors open in PID, as /proc/PID/fd lists them. */
+static int
+proc_open_fds(pid_t pid)
+{
+	char path[64];
+	struct dirent *e;
+	DIR *d;
+	int n = 0;
+
+	snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
+	d = opendir(path);
+	assert_non_null(d);
+	while ((e = readdir(d)) != NULL)
+		n += e->d_name[0] != '.';
+	closedir(d);
+	return n;
+}
+
+/* The process_* metrics describe the daemon, which started shortly before started_by. */
+static void
+expect_process_metrics(const char *scrape, pid_t pid, double started_by)
+{
+	double start = t_metric(scrape, "process_start_time_seconds");
+	double fds = t_metric(scrape, "process_open_fds"), there = proc_open_fds(pid);
+
+	if (start > started_by + 1 || start < started_by - 60)
+		fail_msg("process_start_time_seconds %.2f, the daemon was running by %.0f", start, started_by);
+	if (fds < 5 || fds < there - 5 || fds > there + 5)
+		fail_msg("process_open_fds %.0f, /proc/%d/fd lists %.0f", fds, (int)pid, there);
+	assert_true(t_metric(scrape, "process_max_fds") == proc_max_files(pid));
+	assert_true(t_metric(scrape, "process_resident_memory_bytes") > 1 << 20);
+	assert_true(t_metric(scrape, "process_virtual_memory_bytes") >= t_metric(scrape, "process_resident_memory_bytes"));
+	assert_true(t_metric(scrape, "process_cpu_seconds_total") >= 0);
+}
+
 static int
 raw_connect(int port)
 {
@@ -116,6 +195,7 @@ test_metrics_health_and_slow_clients(void **state)
 	size_t n;
 	int64_t t0;
 	char title[512];
+	double t_start, last;
 
 	(void)state;
 	t_relay_setup(&R, "ops", 0);
@@ -123,6 +203,9 @@ test_metrics_health_and_slow_clients(void **state)
 	t_relay_start(&R, NULL, 1);
 	port = t_metrics_port(&R);
 
+	assert_int_equal(t_http_get(port, "/metrics", body, sizeof(body)), 200);
+	assert_true(t_metric(body, "outboxd_last_event_timestamp_seconds") == 0); /* none yet */
+	t_start = (double)time(NULL);
 	/* a client that sends half a request and holds the socket, and one that sends garbage */
 	slow = raw_connect(port);
 	assert_int_equal(write(slow, "GET /metr", 9), 9);
@@ -141,7 +224,7 @@ test_metrics_health_and_slow_clients(void **state)
 	do {
 		t0 = t0 ? t0 : t_now_ms();
 		assert_int_equal(t_http_get(port, "/metrics", body, sizeof(body)), 200);
-		if (t_metric(body, "outboxd_slot_wal_status") > 0 && t_metric(body, "outboxd_events_published_total") == 3)
+		if (t_metric(body, "outboxd_slot_wal_status{status=\"reserved\"}") == 1 && t_metric(body, "outboxd_events_published_total") == 3)
 			break;
 		usleep(200000);
 	} while (t_now_ms() - t0 < 20000);
@@ -153,7 +236,8 @@ test_metrics_health_and_slow_clients(void **state)
 		if (strstr(body, help) == NULL || strstr(body, type) == NULL)
 			fail_msg("family %s missing from /metrics:\n%s", families[i], body);
 	}
-	assert_true(t_metric(body, "outboxd_up") == 1);
+	if (strstr(body, "outboxd_up") != NULL)
+		fail_msg("outboxd_up is still served (Prometheus's up says it):\n%s", body);
 	assert_true(t_metric(body, "outboxd_state{state=\"streaming\"}") == 1);
 	assert_true(t_metric(body, "outboxd_state{state=\"standby\"}") == 0);
 	assert_true(t_metric(body, "outboxd_events_published_total") == 3);
@@ -161,8 +245,12 @@ test_metrics_health_and_slow_clients(void **state)
 	assert_true(t_metric(body, "outboxd_inflight_events") == 0);
 	assert_true(t_metric(body, "outboxd_oldest_unacked_age_seconds") == 0);
 	assert_true(t_metric(body, "outboxd_commit_to_ack_seconds_count") == 3);
+	last = t_metric(body, "outboxd_last_event_timestamp_seconds");
+	if (last < t_start - 1 || last > (double)time(NULL) + 1)
+		fail_msg("outboxd_last_event_timestamp_seconds %.3f, the events went out after %.0f", last, t_start);
 	assert_true(t_metric(body, "outboxd_confirmed_flush_lsn") > 0);
-	assert_true(t_metric(body, "outboxd_slot_wal_status") == 1); /* reserved */
+	assert_true(t_metric(body, "outboxd_slot_wal_status{status=\"reserved\"}") == 1);
+	assert_true(t_metric(body, "outboxd_slot_wal_status{status=\"lost\"}") == 0);
 	assert_true(t_metric(body, "outboxd_slot_safe_wal_size_bytes") == -1); /* max_slot_wal_keep_size = -1 */
 	assert_true(t_metric(body, "outboxd_slot_max_wal_keep_size_bytes") == -1);
 	{
@@ -170,12 +258,16 @@ test_metrics_health_and_slow_clients(void **state)
 		char want[512];
 
 		snprintf(want, sizeof(want), "outboxd_info{slot=\"%s\",database=\"%s\",table=\"public.outbox\","
-		    "version=\"", R.slot, R.db);
+		    "mode=\"streaming\",version=\"", R.slot, R.db);
 		if (strstr(body, want) == NULL)
 			fail_msg("no %s in:\n%s", want, body);
 	}
-	expect_names_scraped("deploy/kubernetes/components/monitoring/prometheusrule.yaml", body);
-	expect_names_scraped("deploy/grafana/outboxd-dashboard.json", body);
+	/* the error codes alerts take rate() of are there before the first error */
+	assert_true(t_metric(body, "outboxd_kafka_errors_total{code=\"_MSG_TIMED_OUT\"}") == 0);
+	assert_true(t_metric(body, "outboxd_kafka_errors_total{code=\"UNKNOWN_TOPIC_OR_PART\"}") == 0);
+	assert_true(t_metric(body, "outboxd_kafka_errors_total{code=\"other\"}") >= 0);
+	expect_process_metrics(body, R.pid, t_start);
+	expect_promtool_accepts(body);
 
 	assert_int_equal(t_http_get(port, "/healthz", body, sizeof(body)), 200);
 	assert_int_equal(t_http_get(port, "/readyz", body, sizeof(body)), 200);
@@ -212,11 +304,88 @@ test_metrics_health_and_slow_clients(void **state)
 	assert_true(t_metric(body, "outboxd_oldest_unacked_age_seconds") >= 2);
 	assert_true(t_metric(body, "outboxd_inflight_events") == 1);
 	assert_true(t_metric(body, "outboxd_lag_bytes") > 0);
+	/* the producer's error callback counts too: deliveries never time out, connections fail */
+	if (t_metric(body, "outboxd_kafka_errors_total{code=\"_TRANSPORT\"}") +
+	    t_metric(body, "outboxd_kafka_errors_total{code=\"_ALL_BROKERS_DOWN\"}") < 1)
+		fail_msg("brokers down, no _TRANSPORT or _ALL_BROKERS_DOWN counted:\n%s", body);
 	assert_int_equal(t_http_get(port, "/healthz", body, sizeof(body)), 200); /* an outage is not a restart reason */
 	for (int b = 1; b <= 3; b++)
 		assert_int_equal(t_broker_cmd(&R.b, "up %d", b), 0);
 	close(slow);
 	close(bad);
+}
+
+static struct t_relay P;
+
+static int
+teardown_both(void **state)
+{
+	t_relay_teardown(&P);
+	return teardown(state);
+}
+
+/* Scrapes port until series reaches want (20 s at most); the body stays in out. */
+static void
+scrape_until(int port, const char *series, double want, char *out, size_t len)
+{
+	int64_t t0 = t_now_ms();
+
+	do {
+		assert_int_equal(t_http_get(port, "/metrics", out, len), 200);
+		if (t_metric(out, series) == want)
+			return;
+		usleep(200000);
+	} while (t_now_ms() - t0 < 20000);
+	fail_msg("%s never reached %g:\n%s", series, want, out);
+}
+
+/*
+ * Every metric the alerts and the dashboard name exists: in a streaming
+ * instance's scrape (with the slot read) or a polling one's, both of which
+ * promtool accepts; the polling mode says so in outboxd_info and keeps the
+ * last event's time too.
+ */
+static void
+test_alerts_and_dashboard_name_scraped_metrics(void **state)
+{
+	static char both[2 << 20];
+	char want[512];
+	struct t_msg *m;
+	size_t n, used;
+	double t_start = (double)time(NULL);
+	int port;
+
+	(void)state;
+	t_relay_setup(&R, "opsnames", 0);
+	t_relay_config(&R, "[metrics]\nlisten = 127.0.0.1:0\n");
+	t_relay_start(&R, NULL, 1);
+	port = t_metrics_port(&R);
+	scrape_until(port, "outboxd_slot_wal_status{status=\"reserved\"}", 1, body, sizeof(body));
+	expect_promtool_accepts(body);
+	used = (size_t)snprintf(both, sizeof(both), "%s", body);
+
+	t_relay_setup(&P, "opsnamespoll", 0);
+	t_exec_file(P.pg, "sql/008_polling.sql");
+	t_relay_config(&P, "[source]\nmode = poll\n[metrics]\nlisten = 127.0.0.1:0\n");
+	t_relay_start(&P, NULL, 0);
+	port = t_metrics_port(&P);
+	t_exec(P.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('opspoll', 'k', 'T', '{}')");
+	n = t_consume(P.b.bootstrap, "outbox.event.opspoll", 1, 20000, &m);
+	assert_int_equal(n, 1);
+	t_msgs_free(m, n);
+	scrape_until(port, "outboxd_events_published_total", 1, body, sizeof(body));
+	expect_promtool_accepts(body);
+	snprintf(want, sizeof(want), "outboxd_info{slot=\"\",database=\"%s\",table=\"public.outbox\",mode=\"poll\",", P.db);
+	if (strstr(body, want) == NULL)
+		fail_msg("no %s in:\n%s", want, body);
+	if (t_metric(body, "outboxd_last_event_timestamp_seconds") < t_start - 1)
+		fail_msg("polling: outboxd_last_event_timestamp_seconds %.3f, the event went out after %.0f",
+		    t_metric(body, "outboxd_last_event_timestamp_seconds"), t_start);
+	assert_true(t_metric(body, "outboxd_poll_oldest_pending_age_seconds") >= 0);
+	snprintf(both + used, sizeof(both) - used, "%s", body);
+
+	expect_names_scraped("deploy/kubernetes/components/monitoring/prometheusrule.yaml", both);
+	expect_names_scraped("deploy/grafana/outboxd-dashboard.json", both);
 }
 
 /* A non-blocking TCP connection from loopback address src to 127.0.0.1:port; -1 when refused at once. */
@@ -858,6 +1027,7 @@ main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_teardown(test_metrics_health_and_slow_clients, teardown),
+		cmocka_unit_test_teardown(test_alerts_and_dashboard_name_scraped_metrics, teardown_both),
 		cmocka_unit_test_teardown(test_slow_clients_do_not_starve_probes, teardown),
 		cmocka_unit_test_teardown(test_standby_is_ready, teardown),
 		cmocka_unit_test_teardown(test_lag_is_the_servers, teardown),
