@@ -494,3 +494,22 @@ obx_event_build(struct obx_event_builder *b, const struct obx_rel *rel,
 	out->nheaders = nh;
 	return 0;
 }
+
+char *
+obx_event_row_json(const struct obx_rel *rel, const struct obx_pg_tuple *t)
+{
+	json_t *o = json_object();
+	char *s;
+
+	if (o == NULL)
+		return NULL;
+	for (uint16_t i = 0; i < t->ncols && i < rel->natts; i++) {
+		const struct obx_pg_datum *d = &t->cols[i];
+
+		json_object_set_new(o, rel->cols[i].name, d->kind == 'n' || d->kind == 'u' ? json_null() :
+		    json_stringn((const char *)d->data, d->len));
+	}
+	s = json_dumps(o, JSON_COMPACT);
+	json_decref(o);
+	return s;
+}

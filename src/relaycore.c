@@ -598,26 +598,6 @@ pending_flush(struct obx_core *c)
 
 /* ---- rows and messages of a committed transaction ---- */
 
-/* Writes every column of the row as a JSON object (for a dead-lettered row). */
-static char *
-row_as_json(const struct obx_rel *rel, const struct obx_pg_tuple *t)
-{
-	json_t *o = json_object();
-	char *s;
-
-	if (o == NULL)
-		return NULL;
-	for (uint16_t i = 0; i < t->ncols && i < rel->natts; i++) {
-		const struct obx_pg_datum *d = &t->cols[i];
-
-		json_object_set_new(o, rel->cols[i].name, d->kind == 'n' || d->kind == 'u' ? json_null() :
-		    json_stringn((const char *)d->data, d->len));
-	}
-	s = json_dumps(o, JSON_COMPACT);
-	json_decref(o);
-	return s;
-}
-
 /* A row of the current transaction that cannot become an event (ticket registered): on_error. */
 static void
 poison_row(struct obx_core *c, const struct obx_rel *rel, const struct obx_pg_tuple *t,
@@ -641,7 +621,7 @@ poison_row(struct obx_core *c, const struct obx_rel *rel, const struct obx_pg_tu
 	h[1] = (struct obx_header){ "seq", seq, strlen(seq) };
 	h[2] = (struct obx_header){ "xid", xid, strlen(xid) };
 	h[3] = (struct obx_header){ "error", reason, strlen(reason) };
-	row = row_as_json(rel, t);
+	row = obx_event_row_json(rel, t);
 	if (row == NULL) {
 		fail(c, OBX_CORE_END_FATAL, "out of memory");
 		return;

@@ -26,7 +26,8 @@
 #include "obx/poll.h"
 #include "obx/snapshot.h"
 
-#define FETCH_SQL "FETCH 500 FROM outboxd_snapshot" /* rows held by libpq at a time */
+/* each FETCH is read a row at a time (single-row mode): libpq holds one row, whatever the sizes */
+#define FETCH_SQL "FETCH 500 FROM outboxd_snapshot"
 #define PROGRESS_MS 10000
 #define OP_SNAPSHOT (1ULL << 62)
 #define OP_DEAD_LETTER (1ULL << 61)
@@ -385,18 +386,19 @@ snapshot_headers(struct obx_snapshot *s, const struct obx_event *ev, size_t *n)
 	return 0;
 }
 
-/* A row that cannot become a record: dead-lettered as JSON ([delivery] on_error), or the end. */
+/*
+ * A row that cannot become a record: dead-lettered as the JSON of its
+ * columns, as the stream does ([delivery] on_error), or the end.
+ */
 static int
-bad_row(struct obx_snapshot *s, PGconn *c, const char *table_ctid, const char *why)
+bad_row(struct obx_snapshot *s, const struct obx_pg_tuple *t, const char *table_ctid, const char *why)
 {
-	const char *params[1] = { table_ctid };
-	char sql[800], err[512];
 	struct obx_header hs[2] = {
 		{ "error", why, strlen(why) },
 		{ "snapshot", s->point, strlen(s->point) },
 	};
-	PGresult *res;
 	rd_kafka_resp_err_t e;
+	char *row;
 
 	if (s->cfg->on_error != OBX_ON_ERROR_DEAD_LETTER) {
 		fail(s, OBX_ECONFIG, "snapshot of slot %s: row %s of %s.%s cannot become an event: %s "
@@ -404,17 +406,15 @@ bad_row(struct obx_snapshot *s, PGconn *c, const char *table_ctid, const char *w
 		    s->cfg->table_name, why);
 		return s->end;
 	}
-	snprintf(sql, sizeof(sql), "SELECT row_to_json(t)::text FROM %s t WHERE ctid = $1::tid", s->table);
-	res = PQexecParams(c, sql, 1, NULL, params, NULL, NULL, 0);
-	if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1) {
-		fail(s, OBX_EIO, "snapshot of slot %s: could not read row %s as JSON to dead-letter it: %s",
-		    s->cfg->slot, table_ctid, obx_pg_result_error_line(res, err, sizeof(err)));
-		PQclear(res);
+	if ((row = obx_event_row_json(&s->rel, t)) == NULL) {
+		fail(s, OBX_ENOMEM, "out of memory");
 		return s->end;
 	}
-	e = produce(s, s->cfg->dead_letter_topic, NULL, 0, PQgetvalue(res, 0, 0),
-	    (size_t)PQgetlength(res, 0, 0), 0, hs, 2, OP_SNAPSHOT | OP_DEAD_LETTER);
-	PQclear(res);
+	e = produce(s, s->cfg->dead_letter_topic, NULL, 0, row, strlen(row), 0, hs, 2,
+	    OP_SNAPSHOT | OP_DEAD_LETTER);
+	free(row);
+	if (s->stopped)
+		return OBX_ESTATE;
 	if (e != RD_KAFKA_RESP_ERR_NO_ERROR) {
 		fail(s, OBX_EIO, "snapshot of slot %s: could not dead-letter row %s: %s", s->cfg->slot,
 		    table_ctid, rd_kafka_err2str(e));
@@ -459,91 +459,134 @@ wait_reports(struct obx_snapshot *s, uint64_t limit, uint64_t limit_bytes)
 }
 
 /*
- * One FETCH, sent without blocking: delivery reports are served and the
- * tick runs while the server works (the first FETCH may sort every
- * matching row).  Returns the result (the caller clears it), or NULL with
- * *stopped set when the tick asked to stop or the query could not be sent.
+ * Waits for the connection's next result without blocking the rest:
+ * delivery reports are served and the tick runs while the server works
+ * (the first FETCH may sort every matching row).  Returns 0, or OBX_ESTATE
+ * when the tick asked to stop.
  */
-static PGresult *
-fetch(struct obx_snapshot *s, PGconn *c)
+static int
+wait_result(struct obx_snapshot *s, PGconn *c)
 {
-	PGresult *res, *extra;
-
-	if (PQsendQuery(c, FETCH_SQL) == 0)
-		return PQmakeEmptyPGresult(c, PGRES_FATAL_ERROR);
 	while (PQisBusy(c)) {
 		struct pollfd p = { PQsocket(c), POLLIN, 0 };
 
 		if (wait_reports(s, UINT64_MAX, UINT64_MAX) == OBX_ESTATE)
-			return NULL;
+			return OBX_ESTATE;
 		if (poll(&p, 1, 100) < 0 && errno != EINTR)
 			break;
 		if (PQconsumeInput(c) == 0)
-			break;
+			break; /* the connection failed: PQgetResult() says how */
 	}
-	res = PQgetResult(c);
-	while ((extra = PQgetResult(c)) != NULL)
-		PQclear(extra);
-	return res != NULL ? res : PQmakeEmptyPGresult(c, PGRES_FATAL_ERROR);
+	return 0;
 }
 
-/* Produces the rows of one FETCH.  Returns 0 or the run's end code. */
+/* Produces row 0 of res (a single-row result).  Returns 0 or the run's end code. */
 static int
-produce_rows(struct obx_snapshot *s, PGconn *c, const PGresult *res)
+produce_row(struct obx_snapshot *s, const PGresult *res)
 {
 	int nf = PQnfields(res) - 1;
 	struct obx_txninfo txn = { 0, 0, obx_pg_now() };
+	struct obx_pg_tuple t = { (uint16_t)nf, s->datums };
+	struct obx_event ev;
+	char why[512];
+	size_t nh;
+	rd_kafka_resp_err_t err;
+	int r;
 
-	for (int i = 0; i < PQntuples(res) && s->end == 0; i++) {
-		struct obx_pg_tuple t = { (uint16_t)nf, s->datums };
-		struct obx_event ev;
-		char why[512];
-		size_t nh;
-		rd_kafka_resp_err_t err;
-		int r;
-
-		for (int f = 0; f < nf; f++) {
-			s->datums[f].kind = PQgetisnull(res, i, f + 1) ? 'n' : 't';
-			s->datums[f].data = (const uint8_t *)PQgetvalue(res, i, f + 1);
-			s->datums[f].len = (uint32_t)PQgetlength(res, i, f + 1);
-		}
-		/* seq: the ordinal in this snapshot (uint32 in the mark; wraps past 4 billion rows) */
-		r = obx_event_build(&s->eb, &s->rel, &t, &txn, (uint32_t)s->rows, &ev, why, sizeof(why));
-		s->rows++;
-		if (r == OBX_ENOMEM) {
-			fail(s, OBX_ENOMEM, "out of memory");
-			break;
-		}
-		if (r != 0) {
-			if (bad_row(s, c, PQgetvalue(res, i, 0), why) != 0)
-				break;
-			continue;
-		}
-		if (snapshot_headers(s, &ev, &nh) != 0) {
-			fail(s, OBX_ENOMEM, "out of memory");
-			break;
-		}
-		/* what waits for the broker is bounded per record, as in the stream */
-		if ((r = wait_reports(s, s->window - 1, s->window_bytes - (ev.len + ev.keylen < s->window_bytes ?
-		    ev.len + ev.keylen : s->window_bytes))) != 0)
-			return r;
-		err = produce(s, ev.topic, ev.key, ev.keylen, ev.value, ev.len, ev.timestamp_ms, s->hdrs, nh,
-		    OP_SNAPSHOT);
-		if (s->stopped)
-			return OBX_ESTATE;
-		if (err == RD_KAFKA_RESP_ERR_NO_ERROR)
-			continue;
-		obx_metrics_kafka_error(s->m, rd_kafka_err2name(err));
-		if (refused_for_good(err) && s->cfg->on_error == OBX_ON_ERROR_DEAD_LETTER)
-			dead_letter(s, ev.topic, ev.key, ev.keylen, ev.value, ev.len, ev.timestamp_ms, s->hdrs,
-			    nh, rd_kafka_err2str(err), false);
-		else
-			fail(s, refused_for_good(err) ? OBX_ECONFIG : OBX_EIO, "snapshot of slot %s: could not "
-			    "publish the event of row %s (id %s) to %s: %s%s", s->cfg->slot,
-			    PQgetvalue(res, i, 0), ev.id, ev.topic, rd_kafka_err2str(err),
-			    refused_for_good(err) ? " ([delivery] on_error = stop)" : "");
+	for (int f = 0; f < nf; f++) {
+		s->datums[f].kind = PQgetisnull(res, 0, f + 1) ? 'n' : 't';
+		s->datums[f].data = (const uint8_t *)PQgetvalue(res, 0, f + 1);
+		s->datums[f].len = (uint32_t)PQgetlength(res, 0, f + 1);
 	}
+	/* seq: the ordinal in this snapshot (uint32 in the mark; wraps past 4 billion rows) */
+	r = obx_event_build(&s->eb, &s->rel, &t, &txn, (uint32_t)s->rows, &ev, why, sizeof(why));
+	s->rows++;
+	if (r == OBX_ENOMEM) {
+		fail(s, OBX_ENOMEM, "out of memory");
+		return s->end;
+	}
+	if (r != 0)
+		return bad_row(s, &t, PQgetvalue(res, 0, 0), why);
+	if (snapshot_headers(s, &ev, &nh) != 0) {
+		fail(s, OBX_ENOMEM, "out of memory");
+		return s->end;
+	}
+	/* what waits for the broker is bounded per record, as in the stream */
+	if ((r = wait_reports(s, s->window - 1, s->window_bytes - (ev.len + ev.keylen < s->window_bytes ?
+	    ev.len + ev.keylen : s->window_bytes))) != 0)
+		return r;
+	err = produce(s, ev.topic, ev.key, ev.keylen, ev.value, ev.len, ev.timestamp_ms, s->hdrs, nh,
+	    OP_SNAPSHOT);
+	if (s->stopped)
+		return OBX_ESTATE;
+	if (err == RD_KAFKA_RESP_ERR_NO_ERROR)
+		return 0;
+	obx_metrics_kafka_error(s->m, rd_kafka_err2name(err));
+	if (refused_for_good(err) && s->cfg->on_error == OBX_ON_ERROR_DEAD_LETTER)
+		dead_letter(s, ev.topic, ev.key, ev.keylen, ev.value, ev.len, ev.timestamp_ms, s->hdrs,
+		    nh, rd_kafka_err2str(err), false);
+	else
+		fail(s, refused_for_good(err) ? OBX_ECONFIG : OBX_EIO, "snapshot of slot %s: could not "
+		    "publish the event of row %s (id %s) to %s: %s%s", s->cfg->slot,
+		    PQgetvalue(res, 0, 0), ev.id, ev.topic, rd_kafka_err2str(err),
+		    refused_for_good(err) ? " ([delivery] on_error = stop)" : "");
 	return s->stopped ? OBX_ESTATE : s->end;
+}
+
+/*
+ * One FETCH in single-row mode: each row is produced as it arrives, so
+ * libpq holds one row at a time and the producer at most the in-flight
+ * bounds (docs/design.md, invariant 7), whatever the rows weigh.  *n counts
+ * the rows.  Returns 0, the run's end code, or (errbuf filled) the class of
+ * a failed read.  On a non-zero return the FETCH may be unfinished: the
+ * caller ends the run, and the connection with it.
+ */
+static int
+fetch_rows(struct obx_snapshot *s, PGconn *c, bool *built, int *n, char *errbuf, size_t errlen)
+{
+	char err[512], state[6];
+	PGresult *res;
+	int r;
+
+	*n = 0;
+	if (PQsendQuery(c, FETCH_SQL) == 0 || PQsetSingleRowMode(c) == 0) {
+		snprintf(errbuf, errlen, "snapshot of slot %s: could not read the pending rows of %s.%s: %s",
+		    s->cfg->slot, s->cfg->table_schema, s->cfg->table_name,
+		    obx_pg_error_line(c, err, sizeof(err)));
+		return OBX_EIO;
+	}
+	for (;;) {
+		if ((r = wait_result(s, c)) != 0)
+			return r;
+		if ((res = PQgetResult(c)) == NULL)
+			return 0;
+		if (PQresultStatus(res) == PGRES_SINGLE_TUPLE) {
+			if (!*built && (r = build_rel(s, res)) != 0) {
+				PQclear(res);
+				snprintf(errbuf, errlen, "out of memory");
+				return r;
+			}
+			*built = true;
+			(*n)++;
+			r = produce_row(s, res);
+			PQclear(res);
+			if (r != 0)
+				return r;
+		} else if (PQresultStatus(res) == PGRES_TUPLES_OK) {
+			PQclear(res); /* the FETCH's end; PQgetResult() says NULL next */
+		} else {
+			const char *code = PQresultErrorField(res, PG_DIAG_SQLSTATE);
+			const char *primary = PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY);
+
+			snprintf(state, sizeof(state), "%s", code != NULL ? code : "");
+			snprintf(errbuf, errlen, "snapshot of slot %s: could not read the pending rows of %s.%s: "
+			    "%s", s->cfg->slot, s->cfg->table_schema, s->cfg->table_name, primary != NULL ?
+			    primary : PQstatus(c) != CONNECTION_OK ? obx_pg_error_line(c, err, sizeof(err)) :
+			    obx_pg_result_error_line(res, err, sizeof(err)));
+			PQclear(res);
+			return sql_class(c, state);
+		}
+	}
 }
 
 int
@@ -595,36 +638,12 @@ obx_snapshot_run(struct obx_snapshot *s, PGconn *conn, bool imported, obx_lsn st
 		    "ended, and rows committed since %s that match, are published again", cfg->slot,
 		    s->point, cfg->table_schema, cfg->table_name, filter, order, s->point, s->point);
 	for (bool built = false;;) {
-		PGresult *res = fetch(s, conn);
 		int n;
 
-		if (res == NULL) {
-			r = OBX_ESTATE;
-			break;
-		}
-		if (PQresultStatus(res) != PGRES_TUPLES_OK) {
-			const char *code = PQresultErrorField(res, PG_DIAG_SQLSTATE);
-			const char *primary = PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY);
-
-			snprintf(state, sizeof(state), "%s", code != NULL ? code : "");
-			snprintf(errbuf, errlen, "snapshot of slot %s: could not read the pending rows of %s.%s: "
-			    "%s", cfg->slot, cfg->table_schema, cfg->table_name, primary != NULL ? primary :
-			    PQstatus(conn) != CONNECTION_OK ? obx_pg_error_line(conn, err, sizeof(err)) :
-			    obx_pg_result_error_line(res, err, sizeof(err)));
-			PQclear(res);
-			return sql_class(conn, state);
-		}
-		n = PQntuples(res);
-		if (n > 0 && !built) {
-			if (build_rel(s, res) != 0) {
-				PQclear(res);
-				snprintf(errbuf, errlen, "out of memory");
-				return OBX_ENOMEM;
-			}
-			built = true;
-		}
-		r = n > 0 ? produce_rows(s, conn, res) : 0;
-		PQclear(res);
+		errbuf[0] = '\0';
+		r = fetch_rows(s, conn, &built, &n, errbuf, errlen);
+		if (r != 0 && errbuf[0] != '\0')
+			return r; /* the read failed: errbuf says how */
 		if (r != 0 || n == 0)
 			break;
 	}

@@ -104,6 +104,14 @@ int obx_event_build(struct obx_event_builder *b, const struct obx_rel *rel,
     struct obx_event *out, char *why, size_t whylen);
 
 /*
+ * Every column of a row that cannot become an event as one JSON object of
+ * text values (NULL and unchanged TOAST as null), the value of its
+ * dead-letter record in every source.  A string the caller frees, or NULL
+ * when out of memory.
+ */
+char *obx_event_row_json(const struct obx_rel *rel, const struct obx_pg_tuple *t);
+
+/*
  * The header names outboxd writes itself: id, type, lsn, seq, xid and
  * commit_ts on every event (here), txn in exactly-once mode (kafka.c) and
  * snapshot on the records of a slot's snapshot (snapshot.c).  A user

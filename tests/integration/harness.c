@@ -172,6 +172,24 @@ sh_or_fail(const char *what, const char *fmt, ...)
 		fail_msg("could not %s: %s", what, cmd);
 }
 
+long
+t_vm_hwm_kb(pid_t pid)
+{
+	char path[64], line[256];
+	long kb = -1;
+	FILE *fp;
+
+	snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+	fp = fopen(path, "r");
+	if (fp == NULL)
+		return -1;
+	while (fgets(line, sizeof(line), fp) != NULL)
+		if (strncmp(line, "VmHWM:", 6) == 0)
+			kb = strtol(line + 6, NULL, 10);
+	fclose(fp);
+	return kb;
+}
+
 int
 t_run_capture(const char *cmd, char *out, size_t len)
 {

@@ -156,6 +156,9 @@ int t_wait(pid_t pid, int timeout_ms);
 /* Writes text to a new temp file; path written to buf. */
 void t_write_file(char *path, size_t len, const char *text);
 
+/* The peak resident set of pid in KiB (VmHWM), -1 when it cannot be read. */
+long t_vm_hwm_kb(pid_t pid);
+
 /* Runs cmd through the shell, what it prints into out; returns its exit status (-1: not an exit). */
 int t_run_capture(const char *cmd, char *out, size_t len);
 

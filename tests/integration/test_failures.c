@@ -191,24 +191,6 @@ test_standby_takes_over(void **state)
 	t_relay_twin_stop(&S);
 }
 
-static long
-vm_hwm_kb(pid_t pid)
-{
-	char path[64], line[256];
-	long kb = -1;
-	FILE *fp;
-
-	snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
-	fp = fopen(path, "r");
-	if (fp == NULL)
-		return -1;
-	while (fgets(line, sizeof(line), fp) != NULL)
-		if (strncmp(line, "VmHWM:", 6) == 0)
-			kb = atol(line + 6);
-	fclose(fp);
-	return kb;
-}
-
 static void
 test_long_broker_outage_memory_bound(void **state)
 {
@@ -235,7 +217,7 @@ test_long_broker_outage_memory_bound(void **state)
 		    "FROM generate_series(%d, %d) g", i, i + 99);
 		usleep(50000);
 	}
-	hwm = vm_hwm_kb(R.pid);
+	hwm = t_vm_hwm_kb(R.pid);
 	print_message("peak RSS during the outage: %ld KiB (bound %ld KiB), %d events committed\n", hwm, bound_kb, i);
 	assert_true(hwm > 0 && hwm < bound_kb);
 	assert_int_equal(t_log_count(&R, "retrying"), 0); /* the connection survived */
@@ -244,7 +226,7 @@ test_long_broker_outage_memory_bound(void **state)
 	/* drain: 4 partitions x 5 MiB of broker memory hold this topic's ~40 MiB only partly,
 	 * so check the slot instead of reading every record back */
 	assert_true(t_wait_confirmed_current(&R, 120000));
-	hwm = vm_hwm_kb(R.pid);
+	hwm = t_vm_hwm_kb(R.pid);
 	print_message("peak RSS after draining: %ld KiB\n", hwm);
 	assert_true(hwm < bound_kb);
 }

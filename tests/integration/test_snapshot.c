@@ -960,6 +960,39 @@ test_standby_takes_over(void **state)
 }
 
 /*
+ * 3b. What a snapshot holds is bounded by bytes, not rows: 100 pending rows
+ * of 512 KiB each (50 MiB) with [delivery] max_inflight_bytes = 1 MiB.  Each
+ * FETCH is read a row at a time, so the process's peak resident set (a build
+ * without sanitizers) stays far below what one FETCH of 500 rows held.
+ */
+static void
+test_snapshot_memory_bound(void **state)
+{
+	const long bound_kb = 40 * 1024;
+	uint64_t snap_lsn;
+	long logged, hwm;
+
+	(void)state;
+	t_relay_setup(&R, "snapmem", 0);
+	R.bin = getenv("OBX_OUTBOXD_PLAIN"); /* RSS of a build without sanitizers */
+	assert_non_null(R.bin);
+	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
+	    "SELECT 'snapmem', 'k' || g, 'Big', jsonb_build_object('pad', "
+	    "(SELECT string_agg(md5(random()::text || x || g), '') FROM generate_series(1, 16384) x)) "
+	    "FROM generate_series(1, 100) g");
+	t_relay_config(&R, "[source]\nsnapshot = pending\n[delivery]\nmax_inflight_bytes = 1MiB\n");
+	t_relay_start(&R, NULL, 0);
+	wait_streaming(&R, 120000);
+	hwm = t_vm_hwm_kb(R.pid);
+	assert_int_equal(t_relay_signal(&R, SIGTERM, 20000), 0);
+	assert_int_equal(snapshot_line(&R, &snap_lsn, &logged), 1);
+	assert_int_equal(logged, 100);
+	print_message("peak RSS through a snapshot of 100 rows of 512 KiB: %ld KiB (bound %ld KiB)\n", hwm,
+	    bound_kb);
+	assert_true(hwm > 0 && hwm < bound_kb);
+}
+
+/*
  * 4. A table without the polling columns (sql/001_outbox.sql alone): the
  * default filter takes every row, in created_at order (ctid for ties), as
  * check says beforehand.  The snapshot publishes each row once, numbered
@@ -1360,6 +1393,7 @@ main(void)
 		cmocka_unit_test_teardown(test_handover_kill9, teardown),
 		cmocka_unit_test_teardown(test_standby_takes_over, teardown),
 		cmocka_unit_test_teardown(test_plain_table, teardown),
+		cmocka_unit_test_teardown(test_snapshot_memory_bound, teardown),
 		cmocka_unit_test_teardown(test_sigterm_during_snapshot, teardown),
 		cmocka_unit_test_teardown(test_filter_one_condition, teardown),
 		cmocka_unit_test_teardown(test_long_slot_names, long_names_teardown),
