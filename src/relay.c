@@ -712,7 +712,7 @@ snapshot_then_start(struct relay *r)
 	enum obx_fail f;
 	int rc;
 
-	if (obx_snapshot_init(&r->snap, r->cfg, &r->kf, &r->m) != 0) {
+	if (obx_snapshot_init(&r->snap, r->cfg, &r->core, &r->kf, &r->m) != 0) {
 		r->end = OBX_CORE_END_FATAL;
 		snprintf(r->reason, sizeof(r->reason), "out of memory");
 		return false;

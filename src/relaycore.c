@@ -290,13 +290,12 @@ topic_wait_over(struct obx_core *c, const char *topic)
  * never waited for: on_error has decided already.  Returns true while
  * waiting.
  */
+/* The rule itself, for every source (obx_core_topic_missing()). */
 static bool
-wait_for_topic(struct obx_core *c, const char *topic, bool dl)
+topic_wait(struct obx_core *c, const char *topic)
 {
 	int slot = -1, oldest = 0;
 
-	if (dl)
-		return false;
 	for (int i = 0; i < OBX_CORE_MISSING_TOPICS && slot < 0; i++)
 		if (strcmp(c->missing[i].name, topic) == 0)
 			slot = i;
@@ -314,6 +313,21 @@ wait_for_topic(struct obx_core *c, const char *topic, bool dl)
 		return false;
 	}
 	missing_topics_metric(c);
+	return true;
+}
+
+bool
+obx_core_topic_missing(struct obx_core *c, const char *topic, int64_t now_ms)
+{
+	c->now_ms = now_ms;
+	return topic_wait(c, topic);
+}
+
+static bool
+wait_for_topic(struct obx_core *c, const char *topic, bool dl)
+{
+	if (dl || !topic_wait(c, topic))
+		return false;
 	c->end_kafka = true;
 	fail_at(c, OBX_CORE_END_RETRY, &(struct obx_logfields){ .topic = topic },
 	    "topic %s does not exist (yet): waiting up to %lld s for it "

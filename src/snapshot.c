@@ -24,6 +24,7 @@
 #include "obx/pgstream.h"
 #include "obx/pgutil.h"
 #include "obx/poll.h"
+#include "obx/relaycore.h"
 #include "obx/snapshot.h"
 
 /* each FETCH is read a row at a time (single-row mode): libpq holds one row, whatever the sizes */
@@ -35,11 +36,12 @@
 #define CTID_COL "outboxd_snapshot_ctid"
 
 int
-obx_snapshot_init(struct obx_snapshot *s, const struct obx_config *cfg, struct obx_kafka *kf,
-    struct obx_metrics *m)
+obx_snapshot_init(struct obx_snapshot *s, const struct obx_config *cfg, struct obx_core *core,
+    struct obx_kafka *kf, struct obx_metrics *m)
 {
 	memset(s, 0, sizeof(*s));
 	s->cfg = cfg;
+	s->core = core;
 	s->kf = kf;
 	s->m = m;
 	if (obx_event_builder_init(&s->eb, cfg) != 0)
@@ -175,6 +177,33 @@ dead_letter_report(struct obx_snapshot *s, const rd_kafka_message_t *m, bool bar
 	    rd_kafka_message_timestamp(m, NULL), hs, n, rd_kafka_err2str(m->err), bare);
 }
 
+enum missing_verdict { MISSING_WAIT, MISSING_DEAD_LETTER, MISSING_STOP };
+
+/*
+ * A record for topic, which the cluster does not have: the core's rule
+ * (obx_core_topic_missing()) says whether the wait goes on, the run then
+ * ending so that the next session starts the snapshot again, or on_error
+ * takes the record: a dead-letter copy (the caller sends it), or the end
+ * of the run with exit 1.  The run's end is set here unless the verdict is
+ * MISSING_DEAD_LETTER.
+ */
+static enum missing_verdict
+missing_topic(struct obx_snapshot *s, const char *topic)
+{
+	if (obx_core_topic_missing(s->core, topic, obx_mono_ms())) {
+		fail(s, OBX_EIO, "snapshot of slot %s: topic %s does not exist (yet): waiting up to %lld s for "
+		    "it ([delivery] missing_topic_timeout) before on_error applies; the snapshot starts again",
+		    s->cfg->slot, topic, s->cfg->missing_topic_timeout_ms / 1000);
+		return MISSING_WAIT;
+	}
+	if (s->cfg->on_error == OBX_ON_ERROR_DEAD_LETTER)
+		return MISSING_DEAD_LETTER;
+	fail(s, OBX_ECONFIG, "snapshot of slot %s: topic %s still does not exist after [delivery] "
+	    "missing_topic_timeout (%lld s): its record cannot be published ([delivery] on_error = stop)",
+	    s->cfg->slot, topic, s->cfg->missing_topic_timeout_ms / 1000);
+	return MISSING_STOP;
+}
+
 void
 obx_snapshot_report(struct obx_snapshot *s, uint64_t opaque, const rd_kafka_message_t *m)
 {
@@ -210,6 +239,11 @@ obx_snapshot_report(struct obx_snapshot *s, uint64_t opaque, const rd_kafka_mess
 			fail(s, OBX_ECONFIG, "snapshot of slot %s: the broker refused a record for %s: %s "
 			    "([delivery] on_error = stop)", s->cfg->slot, rd_kafka_topic_name(m->rkt),
 			    rd_kafka_err2str(m->err));
+		return;
+	}
+	if (!dl && obx_kafka_err_is_missing_topic(m->err) &&
+	    missing_topic(s, rd_kafka_topic_name(m->rkt)) == MISSING_DEAD_LETTER) {
+		dead_letter_report(s, m, false);
 		return;
 	}
 	/* the broker down past message.timeout.ms, a missing topic, a purge: the next session
@@ -522,6 +556,12 @@ produce_row(struct obx_snapshot *s, const PGresult *res)
 	if (err == RD_KAFKA_RESP_ERR_NO_ERROR)
 		return 0;
 	obx_metrics_kafka_error(s->m, rd_kafka_err2name(err));
+	if (obx_kafka_err_is_missing_topic(err)) {
+		if (missing_topic(s, ev.topic) == MISSING_DEAD_LETTER)
+			dead_letter(s, ev.topic, ev.key, ev.keylen, ev.value, ev.len, ev.timestamp_ms, s->hdrs,
+			    nh, rd_kafka_err2str(err), false);
+		return s->stopped ? OBX_ESTATE : s->end;
+	}
 	if (refused_for_good(err) && s->cfg->on_error == OBX_ON_ERROR_DEAD_LETTER)
 		dead_letter(s, ev.topic, ev.key, ev.keylen, ev.value, ev.len, ev.timestamp_ms, s->hdrs,
 		    nh, rd_kafka_err2str(err), false);

@@ -364,6 +364,18 @@ void obx_core_pump(struct obx_core *c, int64_t now_ms);
 /* A stop signal: the first drains (up to OBX_CORE_DRAIN_TIMEOUT_MS), the second stops at once. */
 void obx_core_signal(struct obx_core *c, int64_t now_ms);
 
+/*
+ * The missing-topic rule of every source ([delivery] missing_topic_timeout):
+ * a record for topic, which the cluster does not have (yet), was refused
+ * at now_ms (the caller's monotonic clock).  Returns true while the wait
+ * goes on, counted from the topic's first refusal and kept across sessions
+ * (the source tries again later: the stream rewinds to the slot, the
+ * snapshot of pending rows starts again); false once the timeout has
+ * passed (on_error applies to the record; the wait is forgotten).  The
+ * missing-topic gauge follows.
+ */
+bool obx_core_topic_missing(struct obx_core *c, const char *topic, int64_t now_ms);
+
 /* Ends the session for a reason found outside the core (I/O). */
 void obx_core_fail(struct obx_core *c, enum obx_core_end how, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

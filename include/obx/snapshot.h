@@ -28,8 +28,11 @@
 #include "obx/relcache.h"
 #include "obx/pgoutput.h"
 
+struct obx_core;
+
 struct obx_snapshot {
 	const struct obx_config *cfg;
+	struct obx_core *core;      /* the relay's: the missing-topic rule (relaycore.h) */
 	struct obx_kafka *kf;
 	struct obx_metrics *m;
 	struct obx_event_builder eb;
@@ -68,9 +71,12 @@ struct obx_snapshot {
 int obx_snapshot_describe(PGconn *c, const struct obx_config *cfg, char *table, size_t tlen,
     char *filter, size_t flen, char *order, size_t olen, char *errbuf, size_t errlen);
 
-/* Prepares s for one run.  Returns 0 or OBX_ENOMEM. */
-int obx_snapshot_init(struct obx_snapshot *s, const struct obx_config *cfg, struct obx_kafka *kf,
-    struct obx_metrics *m);
+/*
+ * Prepares s for one run; core (borrowed) decides how long a missing topic
+ * is waited for.  Returns 0 or OBX_ENOMEM.
+ */
+int obx_snapshot_init(struct obx_snapshot *s, const struct obx_config *cfg, struct obx_core *core,
+    struct obx_kafka *kf, struct obx_metrics *m);
 
 /*
  * Publishes every row of cfg's outbox table that matches [source]
@@ -83,7 +89,9 @@ int obx_snapshot_init(struct obx_snapshot *s, const struct obx_config *cfg, stru
  * about every 100 ms while records wait (health, signals) and returns true
  * to stop.  Returns 0 (every row acknowledged or, with on_error =
  * dead_letter, dead-lettered), OBX_EIO (a transient failure: the marker stays and
- * the next session publishes them again), OBX_ESTATE (tick asked to stop)
+ * the next session publishes them again; so does a topic the cluster does not
+ * have, until [delivery] missing_topic_timeout has passed, when on_error
+ * takes its records), OBX_ESTATE (tick asked to stop)
  * or OBX_ECONFIG (the filter, the table or a rejected record with
  * on_error = stop); errbuf says why in one line.  On success the
  * transaction stays open until the caller closes conn (after dropping the

@@ -993,6 +993,46 @@ test_snapshot_memory_bound(void **state)
 }
 
 /*
+ * 3c. A topic the cluster does not have during the snapshot: one of 1,001
+ * pending rows goes to a topic the broker answers UNKNOWN_TOPIC_OR_PART
+ * for.  The snapshot follows [delivery] missing_topic_timeout (5 s) like the
+ * stream, then on_error = dead_letter: the row's record goes to the
+ * dead-letter topic naming its topic, the others are published, the
+ * marker goes and streaming begins (it never did: the snapshot started over
+ * for ever).
+ */
+static void
+test_missing_topic_during_snapshot(void **state)
+{
+	struct t_msg *m;
+	size_t n;
+	uint64_t snap_lsn;
+	long logged;
+
+	(void)state;
+	t_relay_setup(&R, "snapmiss", 0);
+	assert_int_equal(t_broker_cmd(&R.b, "topic outbox.event.gone 2"), 0);
+	assert_int_equal(t_broker_cmd(&R.b, "topic-error outbox.event.gone UNKNOWN_TOPIC_OR_PART"), 0);
+	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
+	    "SELECT CASE WHEN g = 500 THEN 'gone' ELSE 'there' END, 'k' || (g %% 7), 'T', "
+	    "jsonb_build_object('i', g) FROM generate_series(0, 1000) g");
+	t_relay_config(&R, "[kafka]\ntopic.metadata.propagation.max.ms = 1000\n[source]\nsnapshot = pending\n"
+	    "[delivery]\nmissing_topic_timeout = 5s\non_error = dead_letter\n");
+	t_relay_start(&R, NULL, 0);
+	wait_streaming(&R, 90000);
+	assert_true(t_log_count(&R, "topic outbox.event.gone does not exist (yet): waiting up to 5 s") >= 1);
+	assert_int_equal(snapshot_line(&R, &snap_lsn, &logged), 1);
+	n = t_consume(R.b.bootstrap, "outbox.dead_letter", 1, 20000, &m);
+	assert_int_equal(n, 1);
+	assert_string_equal(t_msg_header(&m[0], "original_topic"), "outbox.event.gone");
+	t_msgs_free(m, n);
+	n = t_consume_all(R.b.bootstrap, "outbox.event.there", 20000, &m);
+	assert_true(n >= 1000); /* every other row, at least once (the runs before the timeout) */
+	t_msgs_free(m, n);
+	assert_int_equal(t_relay_signal(&R, SIGTERM, 20000), 0);
+}
+
+/*
  * 4. A table without the polling columns (sql/001_outbox.sql alone): the
  * default filter takes every row, in created_at order (ctid for ties), as
  * check says beforehand.  The snapshot publishes each row once, numbered
@@ -1394,6 +1434,7 @@ main(void)
 		cmocka_unit_test_teardown(test_standby_takes_over, teardown),
 		cmocka_unit_test_teardown(test_plain_table, teardown),
 		cmocka_unit_test_teardown(test_snapshot_memory_bound, teardown),
+		cmocka_unit_test_teardown(test_missing_topic_during_snapshot, teardown),
 		cmocka_unit_test_teardown(test_sigterm_during_snapshot, teardown),
 		cmocka_unit_test_teardown(test_filter_one_condition, teardown),
 		cmocka_unit_test_teardown(test_long_slot_names, long_names_teardown),

@@ -773,6 +773,28 @@ test_report_failures_stop_and_dead_letter_fails(void **state)
 	assert_int_equal(flush_now(), 0x100);
 }
 
+/*
+ * The same rule for a source outside the stream (the snapshot of pending
+ * rows): waited for from the first refusal, across sessions, until the
+ * timeout, then on_error (false), and forgotten.
+ */
+static void
+test_topic_missing_rule(void **state)
+{
+	(void)state;
+	set("delivery", "missing_topic_timeout", "5s");
+	start(0x100);
+	assert_true(obx_core_topic_missing(&core, "outbox.event.gone", 1000));
+	assert_string_equal(met.missing_topic, "outbox.event.gone");
+	obx_core_session_end(&core);
+	assert_true(obx_core_topic_missing(&core, "outbox.event.gone", 5999));
+	assert_true(met.missing_topic_seconds >= 4.9);
+	assert_false(obx_core_topic_missing(&core, "outbox.event.gone", 6000)); /* on_error */
+	assert_string_equal(met.missing_topic, "");
+	assert_true(obx_core_topic_missing(&core, "outbox.event.gone", 7000)); /* a new wait */
+	assert_int_equal(ended(), OBX_CORE_RUNNING); /* the rule alone ends nothing */
+}
+
 /* A topic the cluster does not have (yet) is waited for, then on_error applies. */
 static void
 test_missing_topic(void **state)
@@ -1964,6 +1986,7 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_report_failures_stop_and_dead_letter_fails, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_queue_full, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_missing_topic, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_topic_missing_rule, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_replay_wakes_the_loop, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_backpressure_and_stream_commit_resumes, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_ack_queue_bounded, setup, teardown),
