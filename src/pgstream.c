@@ -227,7 +227,7 @@ obx_pgstream_read(struct obx_pgstream *s, const uint8_t **buf, size_t *len, char
 		if (copybuf != NULL)
 			PQfreemem(copybuf);
 		snprintf(errbuf, errlen, "%s", s->pub_skipped);
-		return -1;
+		return -2;
 	}
 	if (n > 0) {
 		s->copybuf = (uint8_t *)copybuf;
@@ -239,13 +239,18 @@ obx_pgstream_read(struct obx_pgstream *s, const uint8_t **buf, size_t *len, char
 		return 0;
 	if (n == -1) {
 		PGresult *r = PQgetResult(s->conn);
+		const char *code = r != NULL ? PQresultErrorField(r, PG_DIAG_SQLSTATE) : NULL;
+		const char *primary = r != NULL ? PQresultErrorField(r, PG_DIAG_MESSAGE_PRIMARY) : NULL;
+		/* pgoutput: 'publication "%s" does not exist' (undefined_object) while decoding */
+		bool no_pub = code != NULL && strcmp(code, "42704") == 0 && primary != NULL &&
+		    strncmp(primary, "publication \"", 13) == 0;
 
 		if (r != NULL && PQresultStatus(r) != PGRES_COMMAND_OK)
 			obx_pg_result_error_line(r, errbuf, errlen);
 		else
 			snprintf(errbuf, errlen, "the server ended the replication stream");
 		PQclear(r);
-		return -1;
+		return no_pub ? -2 : -1;
 	}
 	obx_pg_error_line(s->conn, errbuf, errlen);
 	return -1;

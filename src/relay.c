@@ -346,9 +346,7 @@ read_stream(struct relay *r)
 			break;
 		}
 		if (n < 0) {
-			/* the server cannot decode the backlog: the publication was dropped (and maybe
-			 * created again) behind the slot; no retry heals that */
-			bool no_pub = strstr(err, "publication") != NULL && strstr(err, "does not exist") != NULL;
+			bool no_pub = n == -2; /* the publication dropped behind the slot (pgstream.h) */
 
 			obx_core_fail(&r->core, no_pub ? OBX_CORE_END_FATAL : OBX_CORE_END_RETRY,
 			    "replication stream lost: %s%s", err, no_pub ? "; the publication was dropped behind "

@@ -80,10 +80,12 @@ int obx_pgstream_fd(const struct obx_pgstream *s);
 /*
  * Reads the next CopyData message without blocking.  Returns 1 with
  * buf and len set (borrowed until the next call), 0 when nothing is buffered,
- * -1 when the stream ended or failed (errbuf filled).  A server that went on
- * decoding without the publication (PostgreSQL 18 warns and skips one that
- * did not exist at that point in the WAL) ends the stream at the warning,
- * with an errbuf saying that the publication does not exist there.
+ * -1 when the stream ended or failed (errbuf filled), -2 (errbuf filled) when
+ * the server cannot decode the slot's backlog because the publication does
+ * not exist at that point in the WAL: dropped (and maybe created again)
+ * behind the slot, which no retry heals.  Before PostgreSQL 18 the server
+ * ends the stream with that error; 18 warns and skips what it cannot
+ * decode, and the stream ends at the warning.
  */
 int obx_pgstream_read(struct obx_pgstream *s, const uint8_t **buf, size_t *len,
     char *errbuf, size_t errlen);
