@@ -1829,11 +1829,24 @@ ex_check_flush(void)
 		    f, bound);
 }
 
+/*
+ * A session from the confirmed position.  Before the first commit, one
+ * session in three gets a progress record of another history (rnd decides):
+ * a mark at a transaction's lsn with another commit time, or at an lsn where
+ * no transaction committed; the replay must refute it and lose nothing.
+ */
 static void
-ex_session(int64_t now)
+ex_session(int64_t now, uint64_t rnd)
 {
 	assert_int_equal(obx_core_session_start(&core, ex.confirmed, 2, 10000, now), 0);
-	obx_core_exactly_once(&core, ex.have_progress ? &ex.progress : NULL, ex.progress_time);
+	if (!ex.have_progress && rnd % 3 == 0) {
+		struct obx_dd_mark bogus = { ex_commit_lsn((int)((rnd >> 8) % EOS_TXNS)) + ((rnd >> 16) & 1),
+			(uint32_t)((rnd >> 24) % 4), 0 };
+
+		obx_core_exactly_once(&core, &bogus, (bogus.lsn & 1) ? 1000 : 999);
+	} else {
+		obx_core_exactly_once(&core, ex.have_progress ? &ex.progress : NULL, ex.progress_time);
+	}
 	ex.nopen = 0;
 	relation();
 }
@@ -1868,7 +1881,7 @@ test_eos_random(void **state)
 		obx_config_init(&cfg);
 		set("delivery", "transaction_max_events", EX_RND() % 2 ? "3" : "50");
 		assert_int_equal(obx_core_init(&core, &cfg, &ex_ops, &fk, &met), 0);
-		ex_session(now);
+		ex_session(now, EX_RND());
 		for (int step = 0; step < 40000; step++) {
 			struct obx_core_progress p;
 			uint64_t r = EX_RND() % 100;
@@ -1948,7 +1961,7 @@ test_eos_random(void **state)
 			if (ended() != OBX_CORE_RUNNING) {
 				/* the open Kafka transaction is lost; the server replays from the confirmed position */
 				obx_core_session_end(&core);
-				ex_session(now);
+				ex_session(now, EX_RND());
 				in_txn = false;
 				for (next_txn = 0; next_txn < EOS_TXNS && ex_commit_lsn(next_txn) + 0x10 <= ex.confirmed;)
 					next_txn++;
