@@ -183,7 +183,7 @@ file_reader(char *str, int num, void *stream)
 			st->in_line = false;
 			break;
 		}
-		if (st->line_len == OBX_CONFIG_MAX_LINE) {
+		if (c != '\r' && st->line_len == OBX_CONFIG_MAX_LINE) {
 			char origin[PATH_MAX + 16];
 
 			snprintf(origin, sizeof(origin), "%s:%d", st->path, st->lineno);
@@ -193,7 +193,8 @@ file_reader(char *str, int num, void *stream)
 			return NULL;
 		}
 		str[n++] = (char)c;
-		st->line_len++;
+		if (c != '\r')
+			st->line_len++; /* a CRLF file's CR is the line's end, not its content */
 	}
 	if (n == 0)
 		return NULL;

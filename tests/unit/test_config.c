@@ -251,6 +251,17 @@ test_long_lines(void **state)
 		expect_error(text, want);
 		free(line);
 	}
+	{
+		/* a line of the limit ending CRLF (a file written on Windows) is within it */
+		char *line = conninfo_line(OBX_CONFIG_MAX_LINE);
+
+		line[OBX_CONFIG_MAX_LINE] = '\0';
+		snprintf(text, OBX_CONFIG_MAX_LINE + 256, KAFKA "[source]\r\n%s\r\nslot = s1\r\n", line);
+		assert_int_equal(load(&cfg, text, NULL, NULL, 0), 0);
+		assert_string_equal(cfg.conninfo, line + strlen("conninfo = "));
+		obx_config_reset(&cfg);
+		free(line);
+	}
 	free(text);
 }
 
