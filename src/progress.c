@@ -140,3 +140,36 @@ obx_progress_trusted(const struct obx_progress *rec, const struct obx_progress_s
 		return true;
 	return false;
 }
+
+enum obx_progress_fence
+obx_progress_fenced(bool connection_ours, const char *txn_id, const char *slot, char *why, size_t whylen)
+{
+	if (connection_ours) {
+		snprintf(why, whylen, "the broker fenced transactional.id %s while this instance still holds "
+		    "slot %s (a Kafka transaction outlived transaction.timeout.ms and was aborted); starting a "
+		    "new session", txn_id, slot);
+		return OBX_PROGRESS_NEW_SESSION;
+	}
+	snprintf(why, whylen, "fenced: another instance took over transactional.id %s (the broker refuses "
+	    "this producer's epoch and the replication connection is gone); stopping without publishing "
+	    "anything more", txn_id);
+	return OBX_PROGRESS_STOP;
+}
+
+bool
+obx_progress_taken_over(bool fenced_before, bool slot_in_use, const char *txn_id, const char *slot,
+    char *why, size_t whylen)
+{
+	if (!fenced_before || !slot_in_use)
+		return false;
+	snprintf(why, whylen, "fenced: another instance took over transactional.id %s (the broker refuses "
+	    "this producer's epoch and slot %s is in use by another instance); stopping without "
+	    "publishing anything more", txn_id, slot);
+	return true;
+}
+
+int32_t
+obx_progress_partition(const char *txn_id, int32_t nparts)
+{
+	return nparts > 0 ? obx_dd_partition(txn_id, strlen(txn_id), nparts) : -1;
+}

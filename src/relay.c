@@ -197,28 +197,19 @@ on_delivery(void *ctx, uint64_t opaque, const rd_kafka_message_t *m)
 }
 
 /*
- * The broker refused this producer's epoch (exactly-once).  Another
- * instance that took the transactional.id must have taken the slot first,
- * which ends this instance's replication connection: then stop at once
- * (exit 1).  While the connection is still ours nobody can have taken over:
- * the transaction outlived transaction.timeout.ms and the broker aborted it;
- * a new session goes on.  why gets the line.
+ * The broker refused this producer's epoch (exactly-once): whether the
+ * replication connection is still ours decides (obx_progress_fenced()).
+ * why gets the line.
  */
 static enum obx_core_end
 fenced_verdict(struct relay *r, char *why, size_t whylen)
 {
 	char err[512];
+	bool ours = PQstatus(r->st.conn) == CONNECTION_OK &&
+	    obx_pgstream_consume(&r->st, err, sizeof(err)) == 0;
 
-	if (PQstatus(r->st.conn) == CONNECTION_OK && obx_pgstream_consume(&r->st, err, sizeof(err)) == 0) {
-		snprintf(why, whylen, "the broker fenced transactional.id %s while this instance still holds "
-		    "slot %s (a Kafka transaction outlived transaction.timeout.ms and was aborted); starting a "
-		    "new session", r->kf.txn_id, r->cfg->slot);
-		return OBX_CORE_END_RETRY;
-	}
-	snprintf(why, whylen, "fenced: another instance took over transactional.id %s (the broker refuses "
-	    "this producer's epoch and the replication connection is gone); stopping without publishing "
-	    "anything more", r->kf.txn_id);
-	return OBX_CORE_END_FATAL;
+	return obx_progress_fenced(ours, r->kf.txn_id, r->cfg->slot, why, whylen) == OBX_PROGRESS_STOP ?
+	    OBX_CORE_END_FATAL : OBX_CORE_END_RETRY;
 }
 
 /* Serves delivery reports; a producer fatal error ends the session (recreate and rewind). */
@@ -680,8 +671,7 @@ eos_open(struct relay *r, bool *have, struct obx_progress *floor)
 		return false;
 	}
 	/* the record goes to the key's own partition, where the next session reads first */
-	r->progress_partition = nparts > 0 ? obx_dd_partition(r->kf.txn_id, strlen(r->kf.txn_id), nparts) :
-	    RD_KAFKA_PARTITION_UA;
+	r->progress_partition = obx_progress_partition(r->kf.txn_id, nparts);
 	*have = rc == 1;
 	if (*have && !obx_progress_trusted(floor, &r->eos_source, r->st.server_lsn, why, sizeof(why))) {
 		obx_log_warn("exactly-once: the last progress record of transactional.id %s %s: not "
@@ -774,15 +764,11 @@ session_open(struct relay *r)
 		r->standby = f == OBX_FAIL_SLOT_IN_USE;
 		r->end = f == OBX_FAIL_FATAL ? OBX_CORE_END_FATAL : OBX_CORE_END_RETRY;
 		snprintf(r->reason, sizeof(r->reason), "%s", err);
-		if (r->standby && r->fenced_before) {
-			/* fenced, and now another instance holds the slot: it took over (README,
-			 * "Exactly-once"); stop instead of waiting as a standby */
+		/* fenced, and now another instance holds the slot: it took over (README, "Exactly-once") */
+		if (obx_progress_taken_over(r->fenced_before, r->standby, r->fenced_id, r->cfg->slot, r->reason,
+		    sizeof(r->reason))) {
 			r->standby = false;
 			r->end = OBX_CORE_END_FATAL;
-			snprintf(r->reason, sizeof(r->reason), "fenced: another instance took over "
-			    "transactional.id %s (the broker refuses this producer's epoch and slot %s is in "
-			    "use by another instance); stopping without publishing anything more", r->fenced_id,
-			    r->cfg->slot);
 		}
 		return false;
 	}

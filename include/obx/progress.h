@@ -84,4 +84,33 @@ int obx_progress_parse(const void *value, size_t len, const char *slot, struct o
 bool obx_progress_trusted(const struct obx_progress *rec, const struct obx_progress_source *now,
     obx_lsn server_lsn, char *why, size_t whylen);
 
+/*
+ * The broker refused this producer's epoch (exactly-once).  Another
+ * instance that took the transactional.id must have taken the slot first,
+ * which ends this instance's replication connection: then the process
+ * stops at once (OBX_PROGRESS_STOP, exit 1).  While the connection is still
+ * ours (connection_ours) nobody can have taken over: a transaction outlived
+ * transaction.timeout.ms and the broker aborted it, and a new session goes
+ * on (OBX_PROGRESS_NEW_SESSION).  why gets the line.
+ */
+enum obx_progress_fence { OBX_PROGRESS_NEW_SESSION, OBX_PROGRESS_STOP };
+enum obx_progress_fence obx_progress_fenced(bool connection_ours, const char *txn_id, const char *slot,
+    char *why, size_t whylen);
+
+/*
+ * The session after a fence that looked like an aborted transaction
+ * (obx_progress_fenced() said NEW_SESSION) finds the slot in use by another
+ * instance: it was a takeover after all, and the process stops (true, why
+ * filled) instead of waiting as a hot standby.
+ */
+bool obx_progress_taken_over(bool fenced_before, bool slot_in_use, const char *txn_id, const char *slot,
+    char *why, size_t whylen);
+
+/*
+ * The partition of the progress topic a transactional.id's records go to:
+ * the key's own (murmur2, as the next session reads first), or -1 (the
+ * partitioner's choice) while the topic's partition count is unknown.
+ */
+int32_t obx_progress_partition(const char *txn_id, int32_t nparts);
+
 #endif

@@ -689,6 +689,31 @@ test_progress_record(void **state)
 	assert_int_equal(q.mark.lsn, 0x10);
 }
 
+/* What a fenced producer means, and where the progress record goes (exactly-once's verdicts). */
+static void
+test_progress_fence_and_partition(void **state)
+{
+	char why[512];
+
+	(void)state;
+	/* the connection still ours: nobody took over, a transaction was aborted; a new session */
+	assert_int_equal(obx_progress_fenced(true, "t1", "s1", why, sizeof(why)), OBX_PROGRESS_NEW_SESSION);
+	assert_non_null(strstr(why, "while this instance still holds slot s1"));
+	/* the connection gone: another instance took the slot, then the id */
+	assert_int_equal(obx_progress_fenced(false, "t1", "s1", why, sizeof(why)), OBX_PROGRESS_STOP);
+	assert_non_null(strstr(why, "fenced: another instance took over transactional.id t1"));
+	/* a fence that looked like an abort, then the slot in use: a takeover after all */
+	why[0] = '\0';
+	assert_false(obx_progress_taken_over(false, true, "t1", "s1", why, sizeof(why)));
+	assert_false(obx_progress_taken_over(true, false, "t1", "s1", why, sizeof(why)));
+	assert_string_equal(why, "");
+	assert_true(obx_progress_taken_over(true, true, "t1", "s1", why, sizeof(why)));
+	assert_non_null(strstr(why, "slot s1 is in use by another instance"));
+	/* the key's own partition, as librdkafka's murmur2 puts it; the partitioner's while unknown */
+	assert_int_equal(obx_progress_partition("outboxd-1-db-s1", 6), obx_dd_partition("outboxd-1-db-s1", 15, 6));
+	assert_int_equal(obx_progress_partition("outboxd-1-db-s1", 0), -1);
+}
+
 /* A record is trusted only for its own history, and never beyond the server's WAL. */
 static void
 test_progress_trusted(void **state)
@@ -740,6 +765,7 @@ main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_marks),
 		cmocka_unit_test(test_progress_trusted),
+		cmocka_unit_test(test_progress_fence_and_partition),
 		cmocka_unit_test(test_murmur2_matches_java),
 		cmocka_unit_test(test_partitioner_supported),
 		cmocka_unit_test(test_window_protocol),
