@@ -277,13 +277,6 @@ build_rel(struct poller *p, const PGresult *res)
 	return 0;
 }
 
-static bool
-key_equal(const PGresult *res, int a, int b, int col)
-{
-	return PQgetlength(res, a, col) == PQgetlength(res, b, col) &&
-	    memcmp(PQgetvalue(res, a, col), PQgetvalue(res, b, col), (size_t)PQgetlength(res, a, col)) == 0;
-}
-
 /*
  * Copies the builder's headers, keeping id and type and the [outbox]
  * header.* and headers-column ones; lsn, xid and commit_ts do not exist
@@ -429,13 +422,13 @@ produce_batch(struct poller *p, const PGresult *res)
 {
 	const struct obx_config *c = p->cfg;
 	int n = PQntuples(res), nf = PQnfields(res);
-	int kcol, r, *failed; /* the rows that failed so far: their keys hold the later rows back */
-	size_t nfailed = 0;
+	int kcol, r;
+	struct obx_poll_holds holds = { 0 }; /* the keys of the rows that failed so far */
 	char quoted[256] = "";
 
 	obx_poll_quote_ident(c->col_key, quoted, sizeof(quoted));
 	kcol = PQfnumber(res, quoted);
-	if (grow_rows(p, (size_t)n) != 0 || (failed = calloc((size_t)n, sizeof(*failed))) == NULL)
+	if (grow_rows(p, (size_t)n) != 0)
 		return OBX_ENOMEM;
 	p->nrows = (size_t)n;
 	for (int i = 0; i < n; i++) {
@@ -450,16 +443,14 @@ produce_batch(struct poller *p, const PGresult *res)
 		struct obx_txninfo txn = { 0, 0, 0 };
 		struct obx_event ev;
 		const char *seq = PQgetvalue(res, i, 0);
+		const char *key = kcol >= 0 && !PQgetisnull(res, i, kcol) ? PQgetvalue(res, i, kcol) : NULL;
+		size_t keylen = key != NULL ? (size_t)PQgetlength(res, i, kcol) : 0;
 		char why[512];
-		bool held = false, exhausted = row->attempts >= c->poll_max_attempts;
 		rd_kafka_resp_err_t err;
 		size_t nh;
 
-		/* held back behind an earlier row of its key that failed in this batch */
-		for (size_t f = 0; f < nfailed && kcol >= 0 && !held; f++)
-			held = key_equal(res, i, failed[f], kcol);
-		if (held)
-			continue;
+		if (obx_poll_held(&holds, key, keylen))
+			continue; /* behind an earlier row of its key that failed in this batch */
 		if (p->signals > 0)
 			break; /* stopping: the rest of the claim stays pending, unsent */
 		for (int f = 0; f < nf; f++) {
@@ -475,36 +466,40 @@ produce_batch(struct poller *p, const PGresult *res)
 		r = obx_event_build(&p->eb, &p->rel, &t, &txn, 0, &ev, why, sizeof(why));
 		if (r == OBX_ENOMEM)
 			goto out;
-		if (exhausted) {
-			if (c->poll_exhausted == OBX_POLL_EXHAUSTED_MARK) {
-				char text[640];
+		switch (obx_poll_row_action(c, row->attempts, false, r == 0)) {
+		case OBX_POLL_HOLD:
+			continue;
+		case OBX_POLL_GIVE_UP: {
+			char text[640];
 
-				snprintf(text, sizeof(text), "given up after %lld attempt(s): %s", row->attempts,
-				    row->error != NULL ? row->error : "unknown");
-				obx_log_f(OBX_LOG_WARN, &(struct obx_logfields){ .event_id = r == 0 ? ev.id : NULL,
-				    .topic = r == 0 ? ev.topic : NULL },
-				    "row seq %s (id %s) failed %lld time(s): marked published without "
-				    "sending ([poll] exhausted = mark): %s", seq, r == 0 ? ev.id : "?",
-				    row->attempts, row->error != NULL ? row->error : "unknown");
-				free(row->error);
-				row->error = strdup(text);
-				row->state = ROW_GIVEN_UP;
-				continue;
-			}
-			obx_log_f(OBX_LOG_WARN, &(struct obx_logfields){ .event_id = r == 0 ? ev.id : NULL,
-			    .topic = r == 0 ? ev.topic : NULL },
-			    "row seq %s (id %s) failed %lld time(s): dead-lettering it to %s: %s", seq,
-			    r == 0 ? ev.id : "?", row->attempts, c->dead_letter_topic,
+			snprintf(text, sizeof(text), "given up after %lld attempt(s): %s", row->attempts,
 			    row->error != NULL ? row->error : "unknown");
-			dead_letter(p, (size_t)i, &ev, r == 0, seq);
+			obx_log_f(OBX_LOG_WARN, &(struct obx_logfields){ .event_id = r == 0 ? ev.id : NULL,
+			    .topic = r == 0 ? ev.topic : NULL }, "row seq %s (id %s) failed %lld time(s): "
+			    "marked published without sending ([poll] exhausted = mark): %s", seq,
+			    r == 0 ? ev.id : "?",
+			    row->attempts, row->error != NULL ? row->error : "unknown");
+			free(row->error);
+			row->error = strdup(text);
+			row->state = ROW_GIVEN_UP;
 			continue;
 		}
-		if (r != 0) {
+		case OBX_POLL_DEAD_LETTER:
+			obx_log_f(OBX_LOG_WARN, &(struct obx_logfields){ .event_id = r == 0 ? ev.id : NULL,
+			    .topic = r == 0 ? ev.topic : NULL }, "row seq %s (id %s) failed %lld time(s): "
+			    "dead-lettering it to %s: %s", seq, r == 0 ? ev.id : "?", row->attempts,
+			    c->dead_letter_topic, row->error != NULL ? row->error : "unknown");
+			dead_letter(p, (size_t)i, &ev, r == 0, seq);
+			continue;
+		case OBX_POLL_FAIL:
 			free(row->error);
 			row->error = strdup(why);
 			row->state = ROW_FAILED;
-			failed[nfailed++] = i;
+			if ((r = obx_poll_hold_add(&holds, key, keylen)) != 0)
+				goto out;
 			continue;
+		case OBX_POLL_SEND:
+			break;
 		}
 		if ((r = poll_headers(p, &ev, seq, &nh)) != 0)
 			goto out;
@@ -518,7 +513,8 @@ produce_batch(struct poller *p, const PGresult *res)
 			free(row->error);
 			row->error = strdup(why);
 			row->state = ROW_FAILED;
-			failed[nfailed++] = i;
+			if ((r = obx_poll_hold_add(&holds, key, keylen)) != 0)
+				goto out;
 			continue;
 		}
 		row->state = ROW_INFLIGHT;
@@ -526,10 +522,9 @@ produce_batch(struct poller *p, const PGresult *res)
 	}
 	r = 0;
 out:
-	free(failed);
+	obx_poll_holds_reset(&holds);
 	return r;
 }
-
 
 /* Appends "v" to a PostgreSQL array literal under construction ("{a,b"). */
 static int

@@ -239,10 +239,48 @@ test_statements(void **state)
 	obx_config_reset(&c);
 }
 
+/* Each claimed row's fate, and the hold-back of the later rows of a key that failed. */
+static void
+test_row_action_and_holds(void **state)
+{
+	struct obx_config c;
+	struct obx_poll_holds h = { 0 };
+	const char *res_keys = "k1k2k10";
+
+	(void)state;
+	obx_config_init(&c);
+	assert_int_equal(set(&c, "poll", "max_attempts", "3"), 0);
+	assert_int_equal(obx_poll_row_action(&c, 0, false, true), OBX_POLL_SEND);
+	assert_int_equal(obx_poll_row_action(&c, 2, false, false), OBX_POLL_FAIL);
+	assert_int_equal(obx_poll_row_action(&c, 0, true, true), OBX_POLL_HOLD); /* held wins */
+	assert_int_equal(obx_poll_row_action(&c, 3, true, true), OBX_POLL_HOLD);
+	assert_int_equal(obx_poll_row_action(&c, 3, false, true), OBX_POLL_DEAD_LETTER);
+	assert_int_equal(obx_poll_row_action(&c, 4, false, false), OBX_POLL_DEAD_LETTER);
+	assert_int_equal(set(&c, "poll", "exhausted", "mark"), 0);
+	assert_int_equal(obx_poll_row_action(&c, 3, false, true), OBX_POLL_GIVE_UP);
+
+	/* keys compared as bytes (borrowed views of the batch), NULL holds nothing */
+	assert_false(obx_poll_held(&h, res_keys, 2));
+	assert_int_equal(obx_poll_hold_add(&h, res_keys, 2), 0);          /* k1 */
+	assert_int_equal(obx_poll_hold_add(&h, NULL, 0), 0);
+	assert_true(obx_poll_held(&h, "k1", 2));
+	assert_false(obx_poll_held(&h, res_keys + 2, 2));                 /* k2 */
+	assert_false(obx_poll_held(&h, res_keys + 4, 3));                 /* k10 is not k1 */
+	assert_false(obx_poll_held(&h, NULL, 0));
+	for (int i = 0; i < 40; i++)
+		assert_int_equal(obx_poll_hold_add(&h, res_keys + 2, 2), 0); /* grows */
+	assert_true(obx_poll_held(&h, "k2", 2));
+	obx_poll_holds_reset(&h);
+	assert_false(obx_poll_held(&h, "k1", 2));
+	obx_poll_holds_reset(&h); /* a zeroed one is a no-op */
+	obx_config_reset(&c);
+}
+
 int
 main(void)
 {
 	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_row_action_and_holds),
 		cmocka_unit_test(test_defaults),
 		cmocka_unit_test(test_keys),
 		cmocka_unit_test(test_key_errors),
