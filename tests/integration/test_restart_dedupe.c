@@ -727,6 +727,100 @@ test_restored_data_directory_publishes(void **state)
 	assert_int_equal(t_log_count(&R, "is of another history"), 1);
 }
 
+static struct t_relay Q;     /* a relay on a second cluster (test_shared_transactional_id) */
+static char qstate[128];
+
+static int
+teardown_two_clusters(void **state)
+{
+	Q.b.pid = 0; /* R's broker, stopped with R */
+	t_relay_teardown(&Q);
+	memset(&Q, 0, sizeof(Q));
+	if (qstate[0] != '\0') {
+		t_stack_stop_extra(qstate);
+		rmdir(qstate);
+		qstate[0] = '\0';
+	}
+	return teardown(state);
+}
+
+/*
+ * Two databases on two servers share one explicit [delivery]
+ * transactional_id and the slot name (the default, say): the last progress
+ * record is the other database's, with a mark far beyond this server's
+ * positions.  It names another system and database, so this session skips
+ * nothing: every one of its 100 events is in committed transactions (they
+ * were all skipped as "replayed" before).
+ */
+static void
+test_shared_transactional_id(void **state)
+{
+	char eos[256];
+	const char *saved = getenv("OBX_STACK_ENV");
+	char *keep = saved != NULL ? strdup(saved) : NULL, env[160];
+	uint64_t b_lsn, a_mark;
+	char *v;
+
+	(void)state;
+	t_relay_setup(&R, "eosshare", 0);
+	/* the id holds the slot's name, which the tests' read-back of progress records matches */
+	snprintf(eos, sizeof(eos), "[delivery]\nexactly_once = on\ntransactional_id = shared-%s\n", R.slot);
+	t_relay_config(&R, eos);
+	/* this server's positions well beyond the second one's: four WAL segments on */
+	t_exec(R.pg, "CREATE TABLE walpad (x int)");
+	for (int i = 0; i < 4; i++) {
+		t_exec(R.pg, "INSERT INTO walpad VALUES (%d)", i);
+		free(t_query1(R.pg, "SELECT pg_switch_wal()::text"));
+	}
+	t_relay_start(&R, NULL, 1);
+	insert_txn("sharea", 50, 5);
+	assert_true(t_wait_confirmed_current(&R, 30000));
+	assert_int_equal(t_relay_signal(&R, SIGTERM, 30000), 0);
+	R.pid = 0;
+	v = t_query1(R.pg, "SELECT pg_current_wal_lsn()::text");
+	a_mark = t_lsn(v);
+	free(v);
+
+	/* the second server: a database, the same slot name, the same broker and transactional_id */
+	snprintf(qstate, sizeof(qstate), "/tmp/obx-eosq-%d", (int)getpid());
+	t_stack_start_extra(&Q.st, qstate, NULL);
+	snprintf(env, sizeof(env), "%s/env", qstate);
+	setenv("OBX_STACK_ENV", env, 1);
+	t_relay_setup(&Q, "eosshareb", 0);
+	if (keep != NULL)
+		setenv("OBX_STACK_ENV", keep, 1);
+	free(keep);
+	t_broker_stop(&Q.b);
+	Q.b = R.b;
+	snprintf(Q.slot, sizeof(Q.slot), "%s", R.slot);
+	t_relay_config(&Q, eos);
+	t_relay_start(&Q, NULL, 1); /* creates the slot: nothing to skip */
+	assert_int_equal(t_relay_signal(&Q, SIGTERM, 30000), 0);
+	Q.pid = 0;
+	for (int i = 0; i < 20; i++)
+		t_exec(Q.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) SELECT 'shareb', "
+		    "'k' || g, 'T', jsonb_build_object('i', g) FROM generate_series(1, 5) g");
+	v = t_query1(Q.pg, "SELECT pg_current_wal_lsn()::text");
+	b_lsn = t_lsn(v);
+	free(v);
+	assert_true(b_lsn < a_mark); /* the other server's mark lies beyond every event here */
+
+	t_relay_start(&Q, NULL, 1);
+	if (!t_wait_confirmed_current(&Q, 30000)) {
+		t_log_dump(&Q);
+		fail_msg("the second database's relay did not catch up");
+	}
+	{
+		/* its events, read back through R's helpers (the same broker and slot name) */
+		struct t_relay keep_r = R;
+
+		R.pg = Q.pg;
+		expect_agg_committed("shareb", 100, true);
+		R = keep_r;
+	}
+	assert_int_equal(t_log_count(&Q, "was written for system "), 1);
+}
+
 /*
  * [source] messages toggled between two sessions changes what the seq
  * ordinals of a transaction count.  A transaction of a row, a message and
@@ -957,6 +1051,7 @@ main(void)
 		cmocka_unit_test_teardown(test_zombie_is_fenced, teardown),
 		cmocka_unit_test_teardown(test_restored_data_directory_publishes, teardown),
 		cmocka_unit_test_teardown(test_messages_toggled_keeps_every_row, teardown),
+		cmocka_unit_test_teardown(test_shared_transactional_id, teardown_two_clusters),
 		cmocka_unit_test_teardown(test_abortable_transaction_rewinds, teardown),
 		cmocka_unit_test_teardown(test_fenced_while_holding_the_slot, teardown),
 		cmocka_unit_test_teardown(test_crash_loop_dedupe_off_duplicates, teardown),
