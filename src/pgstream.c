@@ -241,9 +241,12 @@ obx_pgstream_read(struct obx_pgstream *s, const uint8_t **buf, size_t *len, char
 		PGresult *r = PQgetResult(s->conn);
 		const char *code = r != NULL ? PQresultErrorField(r, PG_DIAG_SQLSTATE) : NULL;
 		const char *primary = r != NULL ? PQresultErrorField(r, PG_DIAG_MESSAGE_PRIMARY) : NULL;
-		/* pgoutput: 'publication "%s" does not exist' (undefined_object) while decoding */
-		bool no_pub = code != NULL && strcmp(code, "42704") == 0 && primary != NULL &&
-		    strncmp(primary, "publication \"", 13) == 0;
+		const char *fn = r != NULL ? PQresultErrorField(r, PG_DIAG_SOURCE_FUNCTION) : NULL;
+		/* pgoutput: 'publication "%s" does not exist' (undefined_object) while decoding, raised by
+		 * GetPublicationByName(): the function's name is never translated, the message may be */
+		bool no_pub = code != NULL && strcmp(code, "42704") == 0 &&
+		    ((fn != NULL && strcmp(fn, "GetPublicationByName") == 0) ||
+		    (primary != NULL && strncmp(primary, "publication \"", 13) == 0));
 
 		if (r != NULL && PQresultStatus(r) != PGRES_COMMAND_OK)
 			obx_pg_result_error_line(r, errbuf, errlen);

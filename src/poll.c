@@ -320,9 +320,10 @@ opaque_for(struct poller *p, size_t i, bool dl)
 }
 
 /*
- * Produces, waiting while the producer's queue is full (a claim is cut to
- * [delivery] max_inflight rows, which the queue holds twice, so only
- * dead-letter copies could fill it), with signals read and the heartbeat
+ * Produces, waiting while the producer's queue is full (a claim sends at
+ * most [delivery] max_inflight rows, which the queue holds twice over by
+ * count; its bytes, cut by the rows' stored size, can still fill it with
+ * payloads that compress well), with signals read and the heartbeat
  * published meanwhile.  Returns librdkafka's result; QUEUE_FULL once a stop
  * signal came (the row is then left pending).
  */
@@ -376,7 +377,8 @@ dead_letter(struct poller *p, size_t i, const struct obx_event *ev, bool built, 
 		hs[nh++] = (struct obx_header){ "error", last, strlen(last) };
 		err = produce(p, p->cfg->dead_letter_topic, ev->key, ev->keylen, ev->value, ev->len,
 		    ev->timestamp_ms, hs, nh, opaque_for(p, i, true));
-		if (err != RD_KAFKA_RESP_ERR_NO_ERROR) /* too large, say: the headers alone */
+		if (err != RD_KAFKA_RESP_ERR_NO_ERROR && !(err == RD_KAFKA_RESP_ERR__QUEUE_FULL && p->signals > 0))
+			/* too large, say: the headers alone */
 			err = produce(p, p->cfg->dead_letter_topic, NULL, 0, NULL, 0, ev->timestamp_ms, hs,
 			    nh, opaque_for(p, i, true));
 		free(hs);
@@ -403,6 +405,10 @@ dead_letter(struct poller *p, size_t i, const struct obx_event *ev, bool built, 
 	if (err == RD_KAFKA_RESP_ERR_NO_ERROR) {
 		row->state = ROW_INFLIGHT;
 		p->outstanding++;
+		return;
+	}
+	if (err == RD_KAFKA_RESP_ERR__QUEUE_FULL && p->signals > 0) {
+		row->dead_letter = false; /* a stop signal while the queue was full: pending, no attempt */
 		return;
 	}
 	snprintf(why, sizeof(why), "dead-letter copy: %s", rd_kafka_err2str(err));
@@ -794,11 +800,16 @@ wait_acks(struct poller *p)
 			return r;
 		if (fds[1].revents & POLLIN)
 			read_signals(p);
-		if (abandoned(p)) {
-			snprintf(p->reason, sizeof(p->reason), "stopped: %zu event(s) of the batch unacknowledged%s, "
-			    "their rows stay pending", p->outstanding, p->signals > 1 ? "" :
-			    " at the drain deadline");
+		if (p->signals > 1) {
+			snprintf(p->reason, sizeof(p->reason), "stopped: %zu event(s) of the batch unacknowledged, "
+			    "their rows stay pending", p->outstanding);
 			return OBX_ESTATE;
+		}
+		if (abandoned(p)) {
+			/* the drain deadline: what was acknowledged is marked, the rest stays pending */
+			obx_log_warn("stopping at the drain deadline: %zu event(s) of the batch unacknowledged, "
+			    "their rows stay pending; the acknowledged ones are marked", p->outstanding);
+			break;
 		}
 		if (p->kf.fatal) {
 			snprintf(p->reason, sizeof(p->reason), "the Kafka producer failed: %s", p->kf.fatal_reason);
@@ -816,7 +827,7 @@ wait_acks(struct poller *p)
 		publish(p);
 	}
 	p->m.inflight_events = 0;
-	if (slow) {
+	if (slow && p->outstanding == 0) {
 		obx_log_info("the broker acknowledged the batch after %.1f s", (double)(obx_mono_ms() - start) / 1000.0);
 		set_state(p, OBX_STATE_STREAMING, OBX_NOT_READY_NONE, NULL);
 	}
@@ -1012,8 +1023,10 @@ session(struct poller *p)
 		session_close(p);
 		return r;
 	}
-	obx_log_info("polling %s.%s: batches of %lld, every %d ms when idle%s%s", p->cfg->table_schema,
-	    p->cfg->table_name, p->cfg->poll_batch, p->cfg->poll_interval_ms,
+	obx_log_info("polling %s.%s: claims of up to %lld rows, %lld of them sent at a time, every %d ms "
+	    "when idle%s%s", p->cfg->table_schema, p->cfg->table_name, p->cfg->poll_batch,
+	    obx_poll_claim_rows(p->cfg),
+	    p->cfg->poll_interval_ms,
 	    p->listening ? ", woken by NOTIFY on " : "", p->listening ? p->cfg->poll_notify_channel : "");
 	set_state(p, OBX_STATE_STREAMING, OBX_NOT_READY_NONE, NULL);
 	stats(p);

@@ -169,8 +169,8 @@ obx_poll_sql_build(struct obx_poll_sql *s, const struct obx_config *cfg)
 	 * replica holds; keep a row only when every older pending row of its
 	 * key is among the rows locked here, and only as many as fit in
 	 * [delivery] max_inflight_bytes of stored payload (the first always
-	 * does), never more rows than [delivery] max_inflight
-	 * (obx_poll_claim_rows()) (docs/design.md, "Polling mode")
+	 * does) and no more than [delivery] max_inflight (obx_poll_claim_rows())
+	 * (docs/design.md, "Polling mode")
 	 */
 	memset(&b, 0, sizeof(b));
 	put(&b, "BEGIN; WITH c AS MATERIALIZED (SELECT ");
@@ -203,7 +203,7 @@ obx_poll_sql_build(struct obx_poll_sql *s, const struct obx_config *cfg)
 	put(&b, " <= now() ORDER BY ");
 	col(&b, "o", cfg->col_seq);
 	put(&b, " LIMIT %lld FOR UPDATE SKIP LOCKED), k AS (SELECT *, sum(obx_size) OVER (ORDER BY obx_seq) "
-	    "AS obx_bytes FROM c WHERE NOT EXISTS (SELECT 1 FROM ", obx_poll_claim_rows(cfg));
+	    "AS obx_bytes FROM c WHERE NOT EXISTS (SELECT 1 FROM ", cfg->poll_batch);
 	table(&b, cfg);
 	put(&b, " p WHERE ");
 	col(&b, "p", cfg->col_key);
@@ -215,9 +215,10 @@ obx_poll_sql_build(struct obx_poll_sql *s, const struct obx_config *cfg)
 	col(&b, "p", cfg->col_published_at);
 	put(&b, " IS NULL AND NOT EXISTS (SELECT 1 FROM c c2 WHERE c2.obx_seq = ");
 	col(&b, "p", cfg->col_seq);
-	/* the bytes bound: rows past it stay locked but unsent, pending for the next claim */
-	put(&b, "))) SELECT * FROM k WHERE coalesce(obx_bytes - obx_size, 0) < %lld ORDER BY obx_seq",
-	    cfg->max_inflight_bytes);
+	/* the bounds of what is sent, bytes and rows: rows past them stay locked but unsent, pending
+	 * for the next claim; the rows held back per key are dropped before the row bound counts */
+	put(&b, "))) SELECT * FROM k WHERE coalesce(obx_bytes - obx_size, 0) < %lld ORDER BY obx_seq "
+	    "LIMIT %lld", cfg->max_inflight_bytes, obx_poll_claim_rows(cfg));
 	if ((r = finish(&b, &s->claim)) != 0)
 		goto out;
 

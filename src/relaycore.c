@@ -307,13 +307,20 @@ topic_wait(struct obx_core *c, const char *topic)
 			slot = oldest;
 		snprintf(c->missing[slot].name, sizeof(c->missing[slot].name), "%s", topic);
 		c->missing[slot].since_ms = c->now_ms;
+		c->missing[slot].expired = false;
 	}
-	if (c->now_ms - c->missing[slot].since_ms >= c->cfg->missing_topic_timeout_ms) {
-		topic_wait_over(c, topic);
-		return false;
-	}
+	/* past the timeout it stays so: every record of the topic meets on_error at once (a fresh
+	 * wait per record would end each session again and never get past them) */
+	if (c->missing[slot].expired || c->now_ms - c->missing[slot].since_ms >= c->cfg->missing_topic_timeout_ms)
+		c->missing[slot].expired = true;
 	missing_topics_metric(c);
-	return true;
+	return !c->missing[slot].expired;
+}
+
+void
+obx_core_topic_present(struct obx_core *c, const char *topic)
+{
+	topic_wait_over(c, topic);
 }
 
 bool

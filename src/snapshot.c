@@ -148,10 +148,11 @@ dead_letter(struct obx_snapshot *s, const char *topic, const void *key, size_t k
 		if (bare || s->stopped || !refused_for_good(err))
 			break;
 	}
+	/* a missing dead-letter topic is not waited for: on_error has decided */
 	if (!s->stopped)
-		fail(s, refused_for_good(err) ? OBX_ECONFIG : OBX_EIO, "snapshot of slot %s: could not "
-		    "dead-letter a record for %s that was refused (%s): %s", s->cfg->slot, topic, why,
-		    rd_kafka_err2str(err));
+		fail(s, refused_for_good(err) || obx_kafka_err_is_missing_topic(err) ? OBX_ECONFIG : OBX_EIO,
+		    "snapshot of slot %s: could not dead-letter a record for %s that was refused (%s): %s",
+		    s->cfg->slot, topic, why, rd_kafka_err2str(err));
 }
 
 /* Dead-letters the record of a delivery report that failed for good. */
@@ -175,6 +176,22 @@ dead_letter_report(struct obx_snapshot *s, const rd_kafka_message_t *m, bool bar
 		}
 	dead_letter(s, topic, m->key, m->key_len, m->payload, m->len,
 	    rd_kafka_message_timestamp(m, NULL), hs, n, rd_kafka_err2str(m->err), bare);
+}
+
+/* The original topic a dead-letter copy names in its header, into buf ("?" when it has none). */
+static const char *
+topic_of_copy(const rd_kafka_message_t *m, char *buf, size_t len)
+{
+	rd_kafka_headers_t *h = NULL;
+	const void *v = NULL;
+	size_t sz = 0;
+
+	if (rd_kafka_message_headers(m, &h) != 0 ||
+	    rd_kafka_header_get_last(h, "original_topic", &v, &sz) != RD_KAFKA_RESP_ERR_NO_ERROR || v == NULL)
+		snprintf(buf, len, "?");
+	else
+		snprintf(buf, len, "%.*s", (int)sz, (const char *)v);
+	return buf;
 }
 
 enum missing_verdict { MISSING_WAIT, MISSING_DEAD_LETTER, MISSING_STOP };
@@ -219,8 +236,10 @@ obx_snapshot_report(struct obx_snapshot *s, uint64_t opaque, const rd_kafka_mess
 		if (dl) {
 			s->dead_lettered++;
 			s->m->events_dead_lettered++;
-		} else
+		} else {
 			obx_metrics_published(s->m, s->m->events_published + 1, obx_unix_seconds());
+			obx_core_topic_present(s->core, rd_kafka_topic_name(m->rkt)); /* a wait for it is over */
+		}
 #ifdef OBX_TEST_HOOKS
 		if (s->kill_after > 0 && s->acked >= (uint64_t)s->kill_after) {
 			obx_log_info("test hook: killing myself after %" PRIu64 " snapshot acknowledgement(s)",
@@ -231,6 +250,15 @@ obx_snapshot_report(struct obx_snapshot *s, uint64_t opaque, const rd_kafka_mess
 		return;
 	}
 	obx_metrics_kafka_error(s->m, rd_kafka_err2name(m->err));
+	if (dl && obx_kafka_err_is_missing_topic(m->err)) {
+		char orig[256];
+
+		/* the dead-letter topic itself is missing: nothing is waited for once on_error decided */
+		fail(s, OBX_ECONFIG, "snapshot of slot %s: the dead-letter topic %s does not exist: a record "
+		    "for %s cannot be set aside (create the topic, see [delivery] dead_letter_topic)",
+		    s->cfg->slot, rd_kafka_topic_name(m->rkt), topic_of_copy(m, orig, sizeof(orig)));
+		return;
+	}
 	if (refused_for_good(m->err) && (opaque & OP_BARE) == 0) {
 		if (s->cfg->on_error == OBX_ON_ERROR_DEAD_LETTER)
 			/* a refused dead-letter copy goes again as its headers alone */
@@ -495,17 +523,18 @@ wait_reports(struct obx_snapshot *s, uint64_t limit, uint64_t limit_bytes)
 /*
  * Waits for the connection's next result without blocking the rest:
  * delivery reports are served and the tick runs while the server works
- * (the first FETCH may sort every matching row).  Returns 0, or OBX_ESTATE
- * when the tick asked to stop.
+ * (the first FETCH may sort every matching row).  Returns 0, OBX_ESTATE
+ * when the tick asked to stop, or the run's end code once a report ended it.
  */
 static int
 wait_result(struct obx_snapshot *s, PGconn *c)
 {
 	while (PQisBusy(c)) {
 		struct pollfd p = { PQsocket(c), POLLIN, 0 };
+		int r = wait_reports(s, UINT64_MAX, UINT64_MAX);
 
-		if (wait_reports(s, UINT64_MAX, UINT64_MAX) == OBX_ESTATE)
-			return OBX_ESTATE;
+		if (r != 0)
+			return r; /* stopped, or the run ended (a report): the FETCH is not waited for */
 		if (poll(&p, 1, 100) < 0 && errno != EINTR)
 			break;
 		if (PQconsumeInput(c) == 0)
@@ -689,6 +718,8 @@ obx_snapshot_run(struct obx_snapshot *s, PGconn *conn, bool imported, obx_lsn st
 	}
 	if (r == 0)
 		r = wait_reports(s, 0, 0);
+	if (r == 0 && s->stopped)
+		r = OBX_ESTATE; /* a stop while a copy waited for the queue: not every row is accounted for */
 	if (r == OBX_ESTATE) {
 		snprintf(errbuf, errlen, "stopped during the snapshot of slot %s: %" PRIu64 " of its rows "
 		    "acknowledged; the next start publishes its pending rows again", cfg->slot, s->acked);

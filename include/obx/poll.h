@@ -56,9 +56,11 @@ void obx_poll_sql_reset(struct obx_poll_sql *s);
 int obx_poll_quote_ident(const char *name, char *buf, size_t len);
 
 /*
- * How many rows one claim locks at most: [poll] batch, cut to [delivery]
+ * How many rows one claim sends at most: [poll] batch, cut to [delivery]
  * max_inflight, the in-flight bound of every source (the producer's queue
- * holds twice that, so a claim never meets a full queue).
+ * holds twice that many records).  The claim locks up to [poll] batch rows,
+ * so that rows held back behind a failing row of their key do not crowd the
+ * other keys out; those past the cut stay pending for the next claim.
  */
 long long obx_poll_claim_rows(const struct obx_config *cfg);
 

@@ -228,6 +228,7 @@ struct obx_core {
 	struct {
 		char name[250];
 		int64_t since_ms;
+		bool expired;         /* waited for the whole timeout: on_error applies until one is acknowledged */
 	} missing[OBX_CORE_MISSING_TOPICS];
 	int64_t now_ms;               /* the caller's clock at the last pump or session start */
 
@@ -371,10 +372,14 @@ void obx_core_signal(struct obx_core *c, int64_t now_ms);
  * goes on, counted from the topic's first refusal and kept across sessions
  * (the source tries again later: the stream rewinds to the slot, the
  * snapshot of pending rows starts again); false once the timeout has
- * passed (on_error applies to the record; the wait is forgotten).  The
- * missing-topic gauge follows.
+ * passed (on_error applies to the record, and to every later one of the
+ * topic at once, until a record of it is acknowledged).  The missing-topic
+ * gauge follows.
  */
 bool obx_core_topic_missing(struct obx_core *c, const char *topic, int64_t now_ms);
+
+/* A record of topic was acknowledged (by a source outside the stream): its wait is over. */
+void obx_core_topic_present(struct obx_core *c, const char *topic);
 
 /* Ends the session for a reason found outside the core (I/O). */
 void obx_core_fail(struct obx_core *c, enum obx_core_end how, const char *fmt, ...)

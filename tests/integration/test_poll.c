@@ -340,7 +340,7 @@ test_broker_down_sigterm(void **state)
 	}
 	R.pid = 0;
 	assert_true(t_now_ms() - t0 < 35000);
-	assert_int_equal(t_log_count(&R, "at the drain deadline, their rows stay pending"), 1);
+	assert_int_equal(t_log_count(&R, "stopping at the drain deadline: "), 1);
 	left = t_query1(R.pg, "SELECT count(*) FROM outbox WHERE published_at IS NULL");
 	assert_string_equal(left, "12000");
 	free(left);

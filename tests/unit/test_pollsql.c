@@ -194,15 +194,15 @@ test_statements(void **state)
 	(void)state;
 	obx_config_init(&c);
 	assert_int_equal(obx_poll_sql_build(&s, &c), 0);
-	/* locks due rows in order, skipping locked ones, at most batch cut to max_inflight (4,000) */
+	/* locks due rows in order, skipping locked ones, at most batch */
 	assert_non_null(strstr(s.claim, "BEGIN; WITH c AS MATERIALIZED (SELECT o.\"seq\" AS obx_seq, "
 	    "o.\"attempts\" AS obx_attempts, o.\"last_error\"::text AS obx_last_error, "
 	    "(extract(epoch FROM o.\"created_at\") * 1000000)::bigint AS obx_created_us, "
 	    "pg_column_size(o.\"payload\")::bigint AS obx_size, o.\"id\", "
 	    "o.\"aggregateid\", o.\"type\", o.\"payload\", o.\"aggregatetype\" FROM \"public\".\"outbox\" o "
 	    "WHERE o.\"published_at\" IS NULL AND o.\"next_attempt_at\" <= now() ORDER BY o.\"seq\" "
-	    "LIMIT 4000 FOR UPDATE SKIP LOCKED)"));
-	assert_int_equal(obx_poll_claim_rows(&c), 4000);
+	    "LIMIT 10000 FOR UPDATE SKIP LOCKED)"));
+	assert_int_equal(obx_poll_claim_rows(&c), 4000); /* sends at most max_inflight */
 	/* keeps a row only when no older pending row of its key is outside the batch */
 	assert_non_null(strstr(s.claim, "k AS (SELECT *, sum(obx_size) OVER (ORDER BY obx_seq) AS obx_bytes "
 	    "FROM c WHERE NOT EXISTS (SELECT 1 FROM \"public\".\"outbox\" p "
@@ -210,7 +210,7 @@ test_statements(void **state)
 	    "AND NOT EXISTS (SELECT 1 FROM c c2 WHERE c2.obx_seq = p.\"seq\")))"));
 	/* no more payload than max_inflight_bytes, but always the first row */
 	assert_non_null(strstr(s.claim, "SELECT * FROM k WHERE coalesce(obx_bytes - obx_size, 0) < 4194304 "
-	    "ORDER BY obx_seq"));
+	    "ORDER BY obx_seq LIMIT 4000"));
 	assert_string_equal(s.mark_head, "UPDATE \"public\".\"outbox\" SET \"published_at\" = now() "
 	    "WHERE \"published_at\" IS NULL AND \"seq\" = ANY ('{");
 	assert_string_equal(s.mark_tail, "}'::bigint[])");

@@ -790,9 +790,58 @@ test_topic_missing_rule(void **state)
 	assert_true(obx_core_topic_missing(&core, "outbox.event.gone", 5999));
 	assert_true(met.missing_topic_seconds >= 4.9);
 	assert_false(obx_core_topic_missing(&core, "outbox.event.gone", 6000)); /* on_error */
+	/* every later record of the topic too, at once: no fresh wait per record */
+	assert_false(obx_core_topic_missing(&core, "outbox.event.gone", 7000));
+	assert_false(obx_core_topic_missing(&core, "outbox.event.gone", 900000));
+	assert_string_equal(met.missing_topic, "outbox.event.gone"); /* still missing */
+	/* one acknowledged: the topic exists, a later refusal waits again */
+	obx_core_topic_present(&core, "outbox.event.gone");
 	assert_string_equal(met.missing_topic, "");
-	assert_true(obx_core_topic_missing(&core, "outbox.event.gone", 7000)); /* a new wait */
+	assert_true(obx_core_topic_missing(&core, "outbox.event.gone", 901000));
 	assert_int_equal(ended(), OBX_CORE_RUNNING); /* the rule alone ends nothing */
+}
+
+/*
+ * Two events of a missing topic in one transaction, past the timeout with
+ * on_error = dead_letter: each is dead-lettered once and the session goes
+ * on (a fresh wait for the second ended every session again, for ever).
+ */
+static void
+test_missing_topic_two_events(void **state)
+{
+	(void)state;
+	set("delivery", "missing_topic_timeout", "5s");
+	set("delivery", "on_error", "dead_letter");
+	start(0x100);
+	obx_core_pump(&core, 1000);
+	relation();
+	begin(0x200, 7);
+	insert("e1", "k");
+	insert("e2", "k");
+	commit(0x200, 0x210);
+	report(0, OBX_REPORT_MISSING_TOPIC); /* the wait begins: rewind */
+	assert_int_equal(ended(), OBX_CORE_END_RETRY);
+	obx_core_session_end(&core);
+
+	assert_int_equal(obx_core_session_start(&core, 0x100, 2, 10000, 7000), 0);
+	obx_core_pump(&core, 7000);
+	relation();
+	begin(0x200, 7);
+	insert("e1", "k");
+	insert("e2", "k");
+	commit(0x200, 0x210);
+	assert_int_equal(fk.n, 4);
+	report(2, OBX_REPORT_MISSING_TOPIC);
+	report(3, OBX_REPORT_MISSING_TOPIC);
+	assert_int_equal(ended(), OBX_CORE_RUNNING);
+	assert_int_equal(fk.n, 6); /* one dead-letter copy each */
+	assert_string_equal(fk.recs[4].topic, "outbox.dead_letter");
+	assert_string_equal(fk.recs[5].topic, "outbox.dead_letter");
+	report(4, OBX_REPORT_OK);
+	report(5, OBX_REPORT_OK);
+	obx_core_pump(&core, 7100);
+	assert_int_equal(flush_now(), 0x210);
+	assert_int_equal(met.events_dead_lettered, 2);
 }
 
 /* A topic the cluster does not have (yet) is waited for, then on_error applies. */
@@ -851,7 +900,8 @@ test_missing_topic(void **state)
 	insert("e2", "k");
 	assert_int_equal(ended(), OBX_CORE_END_FATAL);
 	assert_non_null(strstr(reason(), "event id=e2"));
-	assert_string_equal(met.missing_topic, ""); /* on_error took it: no wait to show */
+	/* on_error took it; the topic is still missing and the gauge says so until one is acknowledged */
+	assert_string_equal(met.missing_topic, "outbox.event.order");
 	obx_core_reset(&core);
 
 	/* a missing dead-letter topic is never waited for: on_error decided already */
@@ -2000,6 +2050,7 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_queue_full, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_missing_topic, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_topic_missing_rule, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_missing_topic_two_events, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_replay_wakes_the_loop, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_backpressure_and_stream_commit_resumes, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_ack_queue_bounded, setup, teardown),
