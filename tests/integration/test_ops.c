@@ -102,21 +102,16 @@ expect_promtool_accepts(const char *scrape)
 {
 	char path[] = "/tmp/obx-scrape.XXXXXX", cmd[256], out[8192];
 	int fd = mkstemp(path);
-	size_t n, len = strlen(scrape);
-	FILE *fp;
+	size_t len = strlen(scrape);
 	int st;
 
 	assert_true(fd >= 0);
 	assert_int_equal(write(fd, scrape, len), (ssize_t)len);
 	close(fd);
 	snprintf(cmd, sizeof(cmd), "promtool check metrics < %s 2>&1", path);
-	fp = popen(cmd, "r");
-	assert_non_null(fp);
-	n = fread(out, 1, sizeof(out) - 1, fp);
-	out[n] = '\0';
-	st = pclose(fp);
+	st = t_run_capture(cmd, out, sizeof(out));
 	unlink(path);
-	if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+	if (st != 0)
 		fail_msg("promtool check metrics (status %d): %s\non:\n%s", st, out, scrape);
 }
 
