@@ -31,7 +31,6 @@
 
 #include "obx/err.h"
 #include "obx/event.h"
-#include "obx/http.h"
 #include "obx/kafka.h"
 #include "obx/log.h"
 #include "obx/metrics.h"
@@ -39,10 +38,9 @@
 #include "obx/poll.h"
 #include "obx/relaycore.h"
 #include "obx/relcache.h"
+#include "obx/runner.h"
 #include "obx/walmsg.h"
 
-#define RECONNECT_MIN_MS 200
-#define RECONNECT_MAX_MS 30000
 #define STATS_INTERVAL_MS 5000
 #define SLOW_ACK_MS 5000
 #define OP_DEAD_LETTER (1ULL << 63)
@@ -85,32 +83,57 @@ struct poller {
 	bool pg_busy;             /* an early marking UPDATE is running (wait_acks) */
 	uint32_t gen;             /* per batch: delivery reports of an earlier one are ignored */
 	struct obx_metrics m;
-	struct obx_http http;
-	bool http_on;
-	int signals;              /* stop signals received */
-	int64_t stop_ms;          /* when the first one came */
+	struct obx_runner run;    /* HTTP, heartbeat, title, signals, the session loop */
+	int signals;              /* stop signals received: the runner's count, kept here for the batch */
+	int rc;                   /* how the session ended: 0 stopped, else a negative OBX_E* */
+	uint64_t published_at_open;
 	bool listening;
 	int64_t next_stats_ms;
 	char reason[1024];
 	enum obx_log_level log_level;
-	enum obx_state title_state;
 #ifdef OBX_TEST_HOOKS
 	long test_kill_after;     /* OBX_TEST_KILL_AFTER_ACKS: SIGKILL itself after that many acks */
 	long test_acks;
 #endif
 };
 
+/* ---- signals and title: the runner's (runner.h) ---- */
+
+/* SIGHUP: the log level takes effect at once; the runner names the other changes. */
+static const char *const poll_live[] = { "[log] level" };
+
 static void
-publish(struct poller *p)
+poll_reload(void *ctx, const struct obx_config *fresh)
 {
-	p->m.heartbeat_ms = obx_mono_ms();
-	if (p->http_on)
-		obx_http_publish(&p->http, &p->m);
-	if (p->m.state != p->title_state) {
-		setproctitle("%s (polling %s.%s)", obx_state_name(p->m.state), p->cfg->table_schema,
-		    p->cfg->table_name);
-		p->title_state = p->m.state;
+	struct poller *p = ctx;
+
+	if (fresh->log_level != p->log_level) {
+		p->log_level = fresh->log_level;
+		obx_log_setup(p->log_level, p->cfg->log_format);
+		obx_log_info("SIGHUP: log level %s", obx_log_level_name(p->log_level));
 	}
+}
+
+/* A stop signal: the first finishes the claimed batch (abandoned() says until when). */
+static void
+poll_stop(void *ctx, enum obx_stop_verdict v, int64_t now_ms)
+{
+	struct poller *p = ctx;
+
+	(void)now_ms;
+	p->signals = obx_runner_stops(&p->run);
+	if (v == OBX_STOP_DRAIN)
+		obx_log_info("stopping: finishing the claimed batch for up to %d s (a second signal "
+		    "abandons it)", OBX_CORE_DRAIN_TIMEOUT_MS / 1000);
+}
+
+static void
+poll_title(void *ctx, char *buf, size_t len)
+{
+	struct poller *p = ctx;
+
+	snprintf(buf, len, "%s (polling %s.%s)", obx_state_name(p->m.state), p->cfg->table_schema,
+	    p->cfg->table_name);
 }
 
 /* Sets the state, /readyz's phrase for it and the full reason (logged by the caller). */
@@ -121,51 +144,7 @@ set_state(struct poller *p, enum obx_state s, enum obx_not_ready why, const char
 	p->m.not_ready = why;
 	snprintf(p->m.state_reason, sizeof(p->m.state_reason), "%.*s", (int)sizeof(p->m.state_reason) - 1,
 	    reason != NULL ? reason : "");
-	publish(p);
-}
-
-/* SIGHUP: the log level takes effect at once; other changes need a restart. */
-static void
-reload(struct poller *p)
-{
-	struct obx_config fresh;
-	static const char *const live[] = { "[log] level" };
-	char err[1024];
-
-	if (p->opts->reload == NULL)
-		return;
-	if (p->opts->reload(p->opts->reload_ctx, &fresh, err, sizeof(err)) != 0) {
-		obx_log_warn("SIGHUP: could not re-read the configuration, the running one stays: %s", err);
-		obx_config_reset(&fresh);
-		return;
-	}
-	if (fresh.log_level != p->log_level) {
-		p->log_level = fresh.log_level;
-		obx_log_setup(p->log_level, p->cfg->log_format);
-		obx_log_info("SIGHUP: log level %s", obx_log_level_name(p->log_level));
-	}
-	obx_relay_report_reload(p->cfg, &fresh, live, sizeof(live) / sizeof(live[0]));
-	obx_config_reset(&fresh);
-}
-
-static void
-read_signals(struct poller *p)
-{
-	char buf[16];
-	ssize_t n;
-
-	while ((n = read(p->opts->signal_fd, buf, sizeof(buf))) > 0)
-		for (ssize_t i = 0; i < n; i++) {
-			if (buf[i] == SIGHUP) {
-				reload(p);
-				continue;
-			}
-			if (++p->signals == 1) {
-				p->stop_ms = obx_mono_ms();
-				obx_log_info("stopping: finishing the claimed batch for up to %d s (a second signal "
-				    "abandons it)", OBX_CORE_DRAIN_TIMEOUT_MS / 1000);
-			}
-		}
+	obx_runner_publish(&p->run);
 }
 
 /*
@@ -176,8 +155,7 @@ read_signals(struct poller *p)
 static bool
 abandoned(const struct poller *p)
 {
-	return p->signals > 1 ||
-	    (p->signals == 1 && obx_mono_ms() - p->stop_ms >= OBX_CORE_DRAIN_TIMEOUT_MS);
+	return obx_runner_abandoned(&p->run, OBX_CORE_DRAIN_TIMEOUT_MS);
 }
 
 /* ---- delivery reports ---- */
@@ -339,8 +317,8 @@ produce(struct poller *p, const char *topic, const void *key, size_t keylen, con
 
 		obx_kafka_poll(&p->kf, 0);
 		if (poll(&fd, 1, 100) > 0)
-			read_signals(p);
-		publish(p); /* the loop is turning: /healthz stays green */
+			obx_runner_read_signals(&p->run);
+		obx_runner_publish(&p->run); /* the loop is turning: /healthz stays green */
 		if (p->signals > 0)
 			break;
 	}
@@ -799,7 +777,7 @@ wait_acks(struct poller *p)
 		if ((fds[2].revents & (POLLIN | POLLERR | POLLHUP)) && (r = mark_result(p, false)) != 0)
 			return r;
 		if (fds[1].revents & POLLIN)
-			read_signals(p);
+			obx_runner_read_signals(&p->run);
 		if (p->signals > 1) {
 			snprintf(p->reason, sizeof(p->reason), "stopped: %zu event(s) of the batch unacknowledged, "
 			    "their rows stay pending", p->outstanding);
@@ -824,7 +802,7 @@ wait_acks(struct poller *p)
 			set_state(p, OBX_STATE_BACKPRESSURED, OBX_NOT_READY_NONE, why);
 		}
 		p->m.inflight_events = p->outstanding;
-		publish(p);
+		obx_runner_publish(&p->run);
 	}
 	p->m.inflight_events = 0;
 	if (slow && p->outstanding == 0) {
@@ -939,7 +917,7 @@ idle_wait(struct poller *p, int ms)
 			return OBX_EIO;
 		}
 		if (fds[1].revents & POLLIN)
-			read_signals(p);
+			obx_runner_read_signals(&p->run);
 		if (fds[2].revents & POLLIN)
 			obx_kafka_poll(&p->kf, 0);
 		if (fds[0].revents & (POLLIN | POLLERR | POLLHUP)) {
@@ -955,7 +933,7 @@ idle_wait(struct poller *p, int ms)
 			woken = true;
 			PQfreemem(nt);
 		}
-		publish(p);
+		obx_runner_publish(&p->run);
 	}
 	return 0;
 }
@@ -1013,16 +991,16 @@ session_close(struct poller *p)
 	p->pg_busy = false;
 }
 
-/* One connection's life.  Returns 0 on a clean stop, a negative code otherwise. */
-static int
-session(struct poller *p)
-{
-	int r, n;
+/* ---- one session, as the runner drives it ---- */
 
-	if ((r = session_open(p)) != 0) {
-		session_close(p);
-		return r;
-	}
+static bool
+poll_open(void *ctx)
+{
+	struct poller *p = ctx;
+
+	p->published_at_open = p->m.events_published;
+	if ((p->rc = session_open(p)) != 0)
+		return false;
 	obx_log_info("polling %s.%s: claims of up to %lld rows, %lld of them sent at a time, every %d ms "
 	    "when idle%s%s", p->cfg->table_schema, p->cfg->table_name, p->cfg->poll_batch,
 	    obx_poll_claim_rows(p->cfg),
@@ -1030,6 +1008,16 @@ session(struct poller *p)
 	    p->listening ? ", woken by NOTIFY on " : "", p->listening ? p->cfg->poll_notify_channel : "");
 	set_state(p, OBX_STATE_STREAMING, OBX_NOT_READY_NONE, NULL);
 	stats(p);
+	return true;
+}
+
+/* One connection's life: p->rc becomes 0 on a clean stop, a negative code otherwise. */
+static void
+poll_run(void *ctx)
+{
+	struct poller *p = ctx;
+	int r, n;
+
 	for (;;) {
 		if (p->signals > 0) {
 			snprintf(p->reason, sizeof(p->reason), "stopped");
@@ -1054,43 +1042,57 @@ session(struct poller *p)
 		}
 		if (obx_mono_ms() >= p->next_stats_ms)
 			stats(p);
-		publish(p);
+		obx_runner_publish(&p->run);
 		if (n == 0 && (r = idle_wait(p, p->cfg->poll_interval_ms)) != 0)
 			break;
 	}
-	session_close(p);
-	return r;
+	p->rc = r;
 }
 
-/* Sleeps until the backoff has passed or a signal arrives. */
 static void
-backoff(struct poller *p, int attempt)
+poll_close(void *ctx, bool opened, struct obx_session_result *out)
 {
-	int64_t d = obx_poll_backoff_ms(attempt + 1, RECONNECT_MIN_MS, RECONNECT_MAX_MS, arc4random());
-	int64_t until = obx_mono_ms() + d;
+	struct poller *p = ctx;
 
-	while (obx_mono_ms() < until && p->signals == 0) {
-		struct pollfd fd = { p->opts->signal_fd, POLLIN, 0 };
-		int64_t left = until - obx_mono_ms();
-
-		if (poll(&fd, 1, (int)(left < 1000 ? left : 1000)) > 0)
-			read_signals(p);
-		publish(p);
+	(void)opened;
+	session_close(p);
+	out->broker = p->kf_open && p->kf.fatal; /* read before the close clears it */
+	if (p->kf_open && (p->rc != 0 || p->signals > 0)) {
+		/* rows not yet marked stay pending: whatever is still queued is dropped */
+		obx_kafka_close(&p->kf, 1000);
+		p->kf_open = false;
 	}
+	out->end = p->rc == 0 ? OBX_RUN_STOP : p->rc == OBX_ECONFIG || p->rc == OBX_ENOMEM ?
+	    OBX_RUN_FATAL : OBX_RUN_RETRY;
+	out->reason = p->reason;
+	out->published = p->m.events_published;
+	out->progressed = p->m.events_published > p->published_at_open;
 }
+
+static const struct obx_runner_ops poll_runner_ops = {
+	.open = poll_open,
+	.run = poll_run,
+	.close = poll_close,
+	.stop = poll_stop,
+	.reload = poll_reload,
+	.live = poll_live,
+	.nlive = sizeof(poll_live) / sizeof(poll_live[0]),
+	.title = poll_title,
+	.interrupted_names_reason = true,
+};
+
+/* ---- the process ---- */
 
 int
 obx_poll_run(const struct obx_config *cfg, const struct obx_run_opts *opts)
 {
 	struct poller p;
-	char err[512], last[1024] = "";
-	int attempt = 0, rc = 1, r;
+	int rc = 1;
 
 	memset(&p, 0, sizeof(p));
 	p.cfg = cfg;
 	p.opts = opts;
 	p.log_level = cfg->log_level;
-	p.title_state = OBX_STATE_COUNT;
 	p.m.poll_mode = 1;
 	p.m.poll_pending_rows = -1;
 	p.m.state = OBX_STATE_CONNECTING;
@@ -1106,58 +1108,13 @@ obx_poll_run(const struct obx_config *cfg, const struct obx_run_opts *opts)
 		obx_log_error("out of memory");
 		goto out;
 	}
-	if (obx_http_start(&p.http, cfg, err, sizeof(err)) != 0) {
-		obx_log_error("%s", err);
+	if (obx_runner_init(&p.run, cfg, opts, &p.m, &poll_runner_ops, &p) != 0)
 		goto out;
-	}
-	p.http_on = true;
-	obx_log_info("metrics and health on %s:%d (/metrics, /healthz, /readyz)", cfg->metrics_host,
-	    p.http.port);
-	for (;;) {
-		int64_t published = (int64_t)p.m.events_published;
-		bool broker;
-
-		r = session(&p);
-		broker = p.kf_open && p.kf.fatal; /* read before the close clears it */
-		if (p.kf_open && (r != 0 || p.signals > 0)) {
-			/* rows not yet marked stay pending: whatever is still queued is dropped */
-			obx_kafka_close(&p.kf, 1000);
-			p.kf_open = false;
-		}
-		if (r == 0) {
-			obx_log_info("stopped; %" PRIu64 " event(s) published", p.m.events_published);
-			rc = 0;
-			break;
-		}
-		if (r == OBX_ECONFIG || r == OBX_ENOMEM) {
-			obx_log_error("%s", p.reason);
-			break;
-		}
-		if (p.signals > 0) {
-			obx_log_info("%s; stopped", p.reason);
-			rc = 0;
-			break;
-		}
-		if ((int64_t)p.m.events_published > published)
-			attempt = 0;
-		p.m.reconnects_postgres++;
-		set_state(&p, OBX_STATE_CONNECTING, broker ? OBX_NOT_READY_BROKER : OBX_NOT_READY_POSTGRES,
-		    p.reason);
-		if (strcmp(last, p.reason) != 0)
-			obx_log_warn("%s; retrying", p.reason);
-		snprintf(last, sizeof(last), "%s", p.reason);
-		backoff(&p, attempt++);
-		if (p.signals > 0) {
-			obx_log_info("stopped while reconnecting");
-			rc = 0;
-			break;
-		}
-	}
+	rc = obx_runner_run(&p.run);
 out:
 	if (p.kf_open)
 		obx_kafka_close(&p.kf, 1000);
-	if (p.http_on)
-		obx_http_stop(&p.http);
+	obx_runner_reset(&p.run);
 	clear_rows(&p);
 	free(p.rows);
 	free(p.hdrs);

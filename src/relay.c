@@ -23,7 +23,6 @@
 
 #include "obx/acktrack.h"
 #include "obx/err.h"
-#include "obx/http.h"
 #include "obx/kafka.h"
 #include "obx/log.h"
 #include "obx/lookup.h"
@@ -33,13 +32,12 @@
 #include "obx/progress.h"
 #include "obx/relay.h"
 #include "obx/relaycore.h"
+#include "obx/runner.h"
 #include "obx/slotwatch.h"
 #include "obx/snapshot.h"
 #include "obx/walmsg.h"
 
 #define READ_BATCH 2000
-#define BACKOFF_MIN_MS 200
-#define BACKOFF_MAX_MS 30000
 #define MAX_REPORT_HEADERS 64
 #define COMMIT_SLICE_MS 500
 #define IDLE_MESSAGES 32
@@ -56,8 +54,7 @@ struct relay {
 	struct obx_lookup lk;   /* reads topics back for restart de-duplication */
 	struct obx_core core;
 	struct obx_metrics m;
-	struct obx_http http;
-	bool http_on;
+	struct obx_runner run;   /* HTTP, heartbeat, title, signals, the session loop */
 	struct obx_pgsetup_ctx setup; /* lines said once, the tick while the setup waits */
 
 	enum obx_core_end end;  /* how the last session ended */
@@ -67,7 +64,6 @@ struct relay {
 	bool slot_seen;         /* some session of this process found or created the slot */
 	bool standby;           /* the slot is in use by another instance */
 	bool end_kafka;         /* the last session ended because of the broker side */
-	bool was_standby;
 	bool first_message;     /* logged once per process */
 	int announced_interval; /* the status interval the last session used */
 	int64_t last_rx_ms;     /* the last message from the server (or the last time we were not reading) */
@@ -80,7 +76,6 @@ struct relay {
 	int64_t last_progress_ms;
 	uint64_t progress_events;
 	uint64_t progress_txns;
-	enum obx_state title_state;
 	bool committing;        /* exactly-once: a commit is under way (obx_kafka_txn_commit again) */
 	int32_t progress_partition; /* exactly-once: where the progress records go */
 	struct obx_progress_source eos_source; /* exactly-once: the history this session's records name */
@@ -427,86 +422,46 @@ drive_commit(struct relay *r, bool idle)
 #endif
 }
 
-void
-obx_relay_report_reload(const struct obx_config *running, const struct obx_config *fresh,
-    const char *const *live, size_t nlive)
-{
-	const char *names[48];
-	char later[1024] = "";
-	size_t n = obx_config_diff(running, fresh, names, sizeof(names) / sizeof(names[0]));
-
-	for (size_t i = 0; i < n; i++) {
-		bool applied = false;
-
-		for (size_t j = 0; j < nlive && !applied; j++)
-			applied = strcmp(names[i], live[j]) == 0;
-		if (!applied)
-			snprintf(later + strlen(later), sizeof(later) - strlen(later), "%s%s",
-			    later[0] ? ", " : "", names[i]);
-	}
-	if (later[0] != '\0')
-		obx_log_warn("SIGHUP: changed settings that take effect only after a restart: %s", later);
-	else
-		obx_log_info("SIGHUP: configuration re-read");
-}
+/* ---- signals, metrics, title: the runner's (runner.h) ---- */
 
 /*
- * SIGHUP: re-reads the configuration.  The log level and the progress
- * interval take effect at once; every other change is named as needing a
- * restart (the running settings stay as they are).
+ * SIGHUP: the log level and the progress interval take effect at once;
+ * the runner names every other change as needing a restart.
  */
-static void
-reload(struct relay *r)
-{
-	struct obx_config fresh;
-	static const char *const live[] = { "[log] level", "[log] progress_interval" };
-	char err[1024];
+static const char *const relay_live[] = { "[log] level", "[log] progress_interval" };
 
-	if (r->opts->reload == NULL)
-		return;
-	if (r->opts->reload(r->opts->reload_ctx, &fresh, err, sizeof(err)) != 0) {
-		obx_log_warn("SIGHUP: could not re-read the configuration, the running one stays: %s", err);
-		obx_config_reset(&fresh);
-		return;
-	}
-	if (fresh.log_level != r->log_level || fresh.progress_interval_ms != r->progress_interval_ms) {
-		r->log_level = fresh.log_level;
-		r->progress_interval_ms = fresh.progress_interval_ms;
+static void
+relay_reload(void *ctx, const struct obx_config *fresh)
+{
+	struct relay *r = ctx;
+
+	if (fresh->log_level != r->log_level || fresh->progress_interval_ms != r->progress_interval_ms) {
+		r->log_level = fresh->log_level;
+		r->progress_interval_ms = fresh->progress_interval_ms;
 		obx_log_setup(r->log_level, r->cfg->log_format);
 		obx_log_info("SIGHUP: log level %s, progress every %d ms", obx_log_level_name(r->log_level),
 		    r->progress_interval_ms);
 	}
-	obx_relay_report_reload(r->cfg, &fresh, live, sizeof(live) / sizeof(live[0]));
-	obx_config_reset(&fresh);
 }
 
-/* Serves the signal pipe: stop signals go to the core (it counts them), SIGHUP re-reads the configuration. */
+/* A stop signal: the core counts it (the first drains, the second stops at once). */
 static void
-read_signals(struct relay *r)
+relay_stop(void *ctx, enum obx_stop_verdict v, int64_t now_ms)
 {
-	char buf[16];
-	ssize_t n;
+	struct relay *r = ctx;
 
-	while ((n = read(r->opts->signal_fd, buf, sizeof(buf))) > 0)
-		for (ssize_t i = 0; i < n; i++) {
-			if (buf[i] == SIGHUP) {
-				reload(r);
-				continue;
-			}
-			obx_core_signal(&r->core, obx_mono_ms());
-		}
+	(void)v;
+	obx_core_signal(&r->core, now_ms);
 }
 
-/* ---- metrics, health, title ---- */
-
 static void
-set_title(struct relay *r)
+relay_title(void *ctx, char *buf, size_t len)
 {
+	struct relay *r = ctx;
 	char a[OBX_LSN_STRLEN];
 
-	setproctitle("%s slot %s confirmed %s", obx_state_name(r->m.state), r->cfg->slot,
+	snprintf(buf, len, "%s slot %s confirmed %s", obx_state_name(r->m.state), r->cfg->slot,
 	    obx_lsn_format(r->core.sent_flush, a, sizeof(a)));
-	r->title_state = r->m.state;
 }
 
 /* The server's own numbers (slotwatch.h) into the metrics. */
@@ -531,14 +486,9 @@ watch_metrics(struct relay *r)
 }
 
 static void
-publish(struct relay *r)
+relay_refresh(void *ctx)
 {
-	r->m.heartbeat_ms = obx_mono_ms();
-	watch_metrics(r);
-	if (r->http_on)
-		obx_http_publish(&r->http, &r->m);
-	if (r->m.state != r->title_state)
-		set_title(r);
+	watch_metrics(ctx);
 }
 
 static void
@@ -559,7 +509,7 @@ log_progress(struct relay *r, int64_t now)
 	r->last_progress_ms = now;
 	r->progress_events = r->m.events_published;
 	r->progress_txns = r->m.transactions;
-	set_title(r);
+	obx_runner_title(&r->run);
 }
 
 /* Copies the core's numbers into the metrics, logs progress, publishes. */
@@ -585,7 +535,7 @@ update_metrics(struct relay *r)
 	    (double)(obx_pg_now() - oldest) / 1e6 : 0;
 	if (r->progress_interval_ms > 0 && now - r->last_progress_ms >= r->progress_interval_ms)
 		log_progress(r, now);
-	publish(r);
+	obx_runner_publish(&r->run);
 }
 
 /* ---- one session ---- */
@@ -600,9 +550,7 @@ setup_tick(void *arg)
 {
 	struct relay *r = arg;
 
-	publish(r);
-	read_signals(r);
-	return r->core.signals > 0;
+	return obx_runner_tick(&r->run);
 }
 
 /*
@@ -712,7 +660,7 @@ snapshot_then_start(struct relay *r)
 	r->m.not_ready = OBX_NOT_READY_SNAPSHOT;
 	snprintf(r->m.state_reason, sizeof(r->m.state_reason), "publishing the rows pending at the "
 	    "creation of slot %s before streaming", r->cfg->slot);
-	publish(r);
+	obx_runner_publish(&r->run);
 	r->reports_at_us = obx_pg_now();
 	rc = obx_snapshot_run(&r->snap, r->st.snap.conn, r->st.snap.imported, r->st.start_confirmed,
 	    setup_tick, r, err, sizeof(err));
@@ -752,7 +700,7 @@ session_open(struct relay *r)
 	r->m.state = OBX_STATE_CONNECTING;
 	if (r->m.not_ready == OBX_NOT_READY_NONE) /* else the last failure's side, until streaming */
 		r->m.not_ready = OBX_NOT_READY_POSTGRES;
-	publish(r);
+	obx_runner_publish(&r->run);
 	/* --recreate-slot is for the slot missing at start-up: once a session has found or
 	 * created the slot (also as a standby), one lost later is refused as usual */
 	f = obx_pgstream_open(&r->st, r->cfg, r->opts->recreate_slot && !r->slot_seen,
@@ -832,9 +780,9 @@ session_open(struct relay *r)
 	snprintf(r->m.info_database, sizeof(r->m.info_database), "%s", PQdb(r->st.conn));
 	r->streamed = true;
 	r->last_rx_ms = obx_mono_ms();
-	if (r->was_standby)
+	if (r->run.was_standby)
 		obx_log_info("taking over slot %s from the previous instance", r->cfg->slot);
-	r->was_standby = false;
+	r->run.was_standby = false;
 	r->last_progress_ms = obx_mono_ms();
 	r->progress_events = r->core.published;
 	r->progress_txns = r->m.transactions;
@@ -921,18 +869,28 @@ session_close(struct relay *r)
 	obx_kafka_close(&r->kf, 5000);
 }
 
-static void
-session(struct relay *r)
+/* ---- one session, as the runner drives it ---- */
+
+static bool
+relay_open(void *ctx)
 {
+	struct relay *r = ctx;
+
 	r->standby = r->end_kafka = false;
 	obx_logfields_keep(&r->reason_fields, NULL);
-	if (!session_open(r))
-		return;
+	return session_open(r);
+}
+
+static void
+relay_run(void *ctx)
+{
+	struct relay *r = ctx;
+
 	for (;;) {
 		int flushing;
 		bool idle;
 
-		read_signals(r);
+		obx_runner_read_signals(&r->run);
 		serve_reports(r);
 		serve_lookups(r);
 		obx_core_pump(&r->core, obx_mono_ms());
@@ -953,35 +911,50 @@ session(struct relay *r)
 		}
 		wait_for_input(r, flushing);
 	}
-	session_close(r);
 }
 
-/* ---- the process: sessions with backoff ---- */
+static void
+relay_close(void *ctx, bool opened, struct obx_session_result *out)
+{
+	struct relay *r = ctx;
+
+	if (opened)
+		session_close(r);
+	out->end = r->end == OBX_CORE_END_STOP ? OBX_RUN_STOP : r->end == OBX_CORE_END_FATAL ?
+	    OBX_RUN_FATAL : OBX_RUN_RETRY;
+	out->reason = r->reason;
+	out->fields = obx_logfields_of(&r->reason_fields);
+	out->published = r->core.published;
+	out->broker = r->end_kafka;
+	out->standby = r->standby;
+	out->progressed = r->streamed || r->standby;
+	r->streamed = false;
+}
 
 /*
  * A hot standby waits while another instance streams from the slot: the
  * slot watch reads pg_replication_slots every second on its ordinary
  * connection, so the server sees no replication session and logs no
- * refused START_REPLICATION.  Returns (true on a signal), at the earliest
- * a second after it began, once a fresh read finds the slot free or gone
- * (another instance publishing its snapshot holds the slot inactive: then
- * a session a second, as before), or when the server cannot be read or no
- * read came for 3 s, so that the session finds out.
+ * refused START_REPLICATION.  Returns (true on a stop signal), at the
+ * earliest a second after it began, once a fresh read finds the slot free
+ * or gone (another instance publishing its snapshot holds the slot
+ * inactive: then a session a second, as before), or when the server cannot
+ * be read or no read came for 3 s, so that the session finds out.  Without
+ * the slot watch, the standby's backoff.
  */
 static bool
-standby_wait(struct relay *r)
+relay_standby_wait(void *ctx)
 {
+	struct relay *r = ctx;
 	int64_t since = obx_mono_ms();
-	bool said = false;
+	bool said = false, stop = false;
 
+	if (!r->watch.running)
+		return obx_runner_sleep(&r->run, obx_reconnect_delay_ms(0, true, arc4random()));
 	obx_slotwatch_fast(&r->watch, true);
-	for (;;) {
-		struct pollfd p = { r->opts->signal_fd, POLLIN, 0 };
+	while (!(stop = obx_runner_sleep(&r->run, 250))) {
 		struct obx_slotview v;
 
-		if (poll(&p, 1, 250) > 0)
-			break;
-		publish(r); /* the loop is turning: /healthz stays green */
 		obx_slotwatch_read(&r->watch, &v);
 		if (obx_mono_ms() - since < 1000)
 			continue; /* a session at most every second, as before */
@@ -997,77 +970,33 @@ standby_wait(struct relay *r)
 		}
 	}
 	obx_slotwatch_fast(&r->watch, false);
-	read_signals(r);
-	return r->core.signals > 0;
+	return stop;
 }
 
-/* Sleeps until the backoff has passed or a signal arrives.  Returns true on a signal. */
-static bool
-backoff(struct relay *r, int attempt)
-{
-	int64_t cap = r->standby ? 1000 : BACKOFF_MIN_MS << (attempt < 8 ? attempt : 8);
-	int64_t delay = cap > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : cap;
-	int64_t until;
+static const struct obx_runner_ops relay_runner_ops = {
+	.open = relay_open,
+	.run = relay_run,
+	.close = relay_close,
+	.stop = relay_stop,
+	.reload = relay_reload,
+	.live = relay_live,
+	.nlive = sizeof(relay_live) / sizeof(relay_live[0]),
+	.title = relay_title,
+	.refresh = relay_refresh,
+	.standby_wait = relay_standby_wait,
+};
 
-	if (r->standby && r->watch.running)
-		return standby_wait(r);
-	delay = delay / 2 + arc4random_uniform((uint32_t)(delay / 2 + 1));
-	until = obx_mono_ms() + delay;
-	while (obx_mono_ms() < until) {
-		struct pollfd p = { r->opts->signal_fd, POLLIN, 0 };
-		int64_t left = until - obx_mono_ms();
-
-		if (poll(&p, 1, (int)(left < 1000 ? left : 1000)) > 0)
-			break;
-		publish(r); /* the loop is turning: /healthz stays green */
-	}
-	read_signals(r);
-	return r->core.signals > 0;
-}
-
-/* Says why the session ended and sets the state for /readyz; logs once per distinct failure. */
-static void
-report_failure(struct relay *r, char *last, size_t lastlen, int attempt)
-{
-	struct obx_logfields f = obx_logfields_of(&r->reason_fields);
-
-	if (r->end_kafka)
-		r->m.reconnects_kafka++;
-	else if (!r->standby)
-		r->m.reconnects_postgres++;
-	r->m.state = r->standby ? OBX_STATE_STANDBY : OBX_STATE_CONNECTING;
-	r->m.not_ready = r->standby ? OBX_NOT_READY_NONE : r->end_kafka ? OBX_NOT_READY_BROKER :
-	    OBX_NOT_READY_POSTGRES;
-	snprintf(r->m.state_reason, sizeof(r->m.state_reason), "%.*s", (int)sizeof(r->m.state_reason) - 1,
-	    r->reason);
-	r->m.inflight_events = r->m.inflight_bytes = 0;
-	r->m.oldest_unacked_age_seconds = 0;
-	publish(r);
-	if (r->standby) {
-		/* a hot standby: poll the slot often so a takeover takes seconds */
-		if (!r->was_standby)
-			obx_log_info("standby: %s; holding no events, retrying every second", r->reason);
-		r->was_standby = true;
-	} else if (strcmp(last, r->reason) != 0) {
-		obx_log_f(OBX_LOG_WARN, &f, "%s; retrying", r->reason);
-	} else {
-		obx_log_f(OBX_LOG_DEBUG, &f, "still failing (attempt %d): %s", attempt + 1, r->reason);
-	}
-	snprintf(last, lastlen, "%s", r->reason);
-}
+/* ---- the process ---- */
 
 int
 obx_relay_run(const struct obx_config *cfg, const struct obx_run_opts *opts)
 {
 	struct relay r;
-	char last[1024] = "", err[512];
-	int attempt = 0;
 	int rc = 1;
 
 	memset(&r, 0, sizeof(r));
 	r.cfg = cfg;
 	r.opts = opts;
-	r.title_state = OBX_STATE_COUNT;
 	r.silence_factor = 1;
 	r.log_level = cfg->log_level;
 	r.progress_interval_ms = cfg->progress_interval_ms;
@@ -1087,48 +1016,15 @@ obx_relay_run(const struct obx_config *cfg, const struct obx_run_opts *opts)
 		obx_log_error("out of memory");
 		goto out;
 	}
-	if (obx_http_start(&r.http, cfg, err, sizeof(err)) != 0) {
-		obx_log_error("%s", err);
+	if (obx_runner_init(&r.run, cfg, opts, &r.m, &relay_runner_ops, &r) != 0)
 		goto out;
-	}
-	r.http_on = true;
-	obx_log_info("metrics and health on %s:%d (/metrics, /healthz, /readyz)", cfg->metrics_host,
-	    r.http.port);
 	if (obx_slotwatch_start(&r.watch, cfg, cfg->status_interval_ms) != 0)
 		obx_log_warn("could not start reading the slot's lag from the server: outboxd_lag_bytes "
 		    "stays NaN");
-	for (;;) {
-		session(&r);
-		if (r.end == OBX_CORE_END_STOP) {
-			obx_log_info("%s; %" PRIu64 " event(s) published", r.reason, r.core.published);
-			rc = 0;
-			break;
-		}
-		if (r.end == OBX_CORE_END_FATAL) {
-			struct obx_logfields f = obx_logfields_of(&r.reason_fields);
-
-			obx_log_f(OBX_LOG_ERROR, &f, "%s", r.reason);
-			break;
-		}
-		if (r.core.signals > 0) {
-			obx_log_info("stopped while reconnecting");
-			rc = 0;
-			break;
-		}
-		if (r.streamed || r.standby)
-			attempt = 0;
-		r.streamed = false;
-		report_failure(&r, last, sizeof(last), attempt);
-		if (backoff(&r, attempt++)) {
-			obx_log_info("stopped while reconnecting");
-			rc = 0;
-			break;
-		}
-	}
+	rc = obx_runner_run(&r.run);
 out:
 	obx_slotwatch_stop(&r.watch);
-	if (r.http_on)
-		obx_http_stop(&r.http);
+	obx_runner_reset(&r.run);
 	obx_core_reset(&r.core);
 	return rc;
 }

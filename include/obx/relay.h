@@ -23,12 +23,4 @@ struct obx_run_opts {
 /* Runs until stopped.  Returns the exit status: 0 clean stop, 1 failure. */
 int obx_relay_run(const struct obx_config *cfg, const struct obx_run_opts *opts);
 
-/*
- * SIGHUP: logs which settings changed between running and fresh and take
- * effect only after a restart (every one but the nlive names in live,
- * which the caller applied), or that the configuration was re-read.
- */
-void obx_relay_report_reload(const struct obx_config *running, const struct obx_config *fresh,
-    const char *const *live, size_t nlive);
-
 #endif
