@@ -86,7 +86,7 @@ struct poller {
 	struct obx_runner run;    /* HTTP, heartbeat, title, signals, the session loop */
 	int signals;              /* stop signals received: the runner's count, kept here for the batch */
 	int rc;                   /* how the session ended: 0 stopped, else a negative OBX_E* */
-	uint64_t published_at_open;
+	uint64_t published_at_open; /* events published when the session opened: did it progress */
 	bool listening;
 	int64_t next_stats_ms;
 	char reason[1024];
