@@ -117,16 +117,10 @@ do_produce(void *ctx, const struct obx_record *rec, uint64_t opaque, char *why, 
 
 	err = obx_kafka_produce(&r->kf, rec->topic, RD_KAFKA_PARTITION_UA, rec->key, rec->keylen,
 	    rec->value, rec->len, rec->timestamp_ms, rec->headers, rec->nheaders, NULL, NULL, opaque);
-	if (err != RD_KAFKA_RESP_ERR_NO_ERROR)
+	if (err != RD_KAFKA_RESP_ERR_NO_ERROR) {
 		produce_error(r, err, why, whylen);
-	if (err == RD_KAFKA_RESP_ERR__QUEUE_FULL)
-		return OBX_PRODUCE_QUEUE_FULL;
-	if (obx_kafka_err_is_missing_topic(err))
-		return OBX_PRODUCE_MISSING_TOPIC;
-	if (obx_kafka_err_is_permanent(err) || err == RD_KAFKA_RESP_ERR__INVALID_ARG)
-		return OBX_PRODUCE_PERMANENT;
-	if (err != RD_KAFKA_RESP_ERR_NO_ERROR)
-		return OBX_PRODUCE_TRANSIENT;
+		return obx_kafka_produce_result(err);
+	}
 #ifdef OBX_TEST_HOOKS
 	/* test builds only: provoke a producer fatal error after N events (OBX_TEST_FATAL_AFTER) */
 	if (r->test_fatal_after > 0 && ++r->test_produced == r->test_fatal_after) {
@@ -155,44 +149,28 @@ do_lookup(void *ctx, const char *topic, const struct obx_dd_mark *floor, uint32_
 
 static const struct obx_core_ops relay_ops = { do_produce, do_note, do_lookup };
 
-/* A delivery report, handed to the core with the record as the producer held it. */
+/* A delivery report, handed to its source with the record as the producer held it. */
 static void
 on_delivery(void *ctx, uint64_t opaque, const rd_kafka_message_t *m)
 {
 	struct relay *r = ctx;
 	struct obx_header hs[MAX_REPORT_HEADERS];
-	struct obx_report rep = { .opaque = opaque, .now_us = r->reports_at_us };
-	rd_kafka_headers_t *h = NULL;
-	const char *name;
-	const void *v;
-	size_t sz, n = 0;
+	struct obx_report rep;
+	struct obx_dlv_tag t;
 
-	if (r->snapshotting) {
-		obx_snapshot_report(&r->snap, opaque, m);
-		return;
-	}
-	if (opaque == OBX_KAFKA_OPAQUE_PROGRESS) {
+	if (!obx_dlv_untag(opaque, &t)) {
 		/* a progress record: its transaction's commit says how it went */
 		if (m->err != RD_KAFKA_RESP_ERR_NO_ERROR)
 			obx_log_debug("progress record not delivered: %s", rd_kafka_err2str(m->err));
 		return;
 	}
-	/* the core reads a record's headers only to name a failed event */
-	if (m->err != RD_KAFKA_RESP_ERR_NO_ERROR && rd_kafka_message_headers(m, &h) == 0)
-		for (size_t i = 0; n < MAX_REPORT_HEADERS && rd_kafka_header_get_all(h, i, &name, &v, &sz) == 0; i++)
-			hs[n++] = (struct obx_header){ name, v, sz };
-	rep.record = (struct obx_record){ rd_kafka_topic_name(m->rkt), m->key, m->key_len, m->payload,
-		m->len, rd_kafka_message_timestamp(m, NULL), hs, n };
-	if (m->err == RD_KAFKA_RESP_ERR_NO_ERROR)
-		rep.status = OBX_REPORT_OK;
-	else if (m->err == RD_KAFKA_RESP_ERR__PURGE_QUEUE || m->err == RD_KAFKA_RESP_ERR__PURGE_INFLIGHT)
-		rep.status = OBX_REPORT_PURGED;
-	else if (obx_kafka_err_is_missing_topic(m->err))
-		rep.status = OBX_REPORT_MISSING_TOPIC;
-	else
-		rep.status = obx_kafka_err_is_permanent(m->err) ? OBX_REPORT_PERMANENT : OBX_REPORT_TRANSIENT;
-	rep.error = rd_kafka_err2str(m->err);
-	rep.error_name = rd_kafka_err2name(m->err);
+	if (t.src == OBX_DLV_SNAPSHOT) {
+		if (r->snapshotting)
+			obx_snapshot_report(&r->snap, opaque, m);
+		return;
+	}
+	obx_kafka_report(m, opaque, hs, MAX_REPORT_HEADERS, &rep);
+	rep.now_us = r->reports_at_us;
 	obx_core_report(&r->core, &rep);
 }
 
@@ -576,8 +554,8 @@ update_metrics(struct relay *r)
 	r->m.received_lsn = c->received;
 	r->m.confirmed_flush_lsn = c->sent_flush;
 	r->m.stream_wal_end_lsn = c->server_wal_end > c->received ? c->server_wal_end : c->received;
-	r->m.inflight_events = c->inflight;
-	r->m.inflight_bytes = c->inflight_bytes;
+	r->m.inflight_events = c->dlv.inflight;
+	r->m.inflight_bytes = c->dlv.inflight_bytes;
 	obx_metrics_published(&r->m, c->published, obx_unix_seconds());
 	r->m.kafka_txn_committed = c->eos_commits;
 	r->m.kafka_txn_aborted = c->eos_aborts;

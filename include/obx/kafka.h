@@ -15,6 +15,7 @@
 #include <librdkafka/rdkafka.h>
 
 #include "obx/config.h"
+#include "obx/delivery.h"
 #include "obx/metrics.h"
 #include "obx/event.h"
 
@@ -137,5 +138,21 @@ bool obx_kafka_err_is_missing_topic(rd_kafka_resp_err_t err);
 
 /* True for errors that will never succeed on retry (the event is poison). */
 bool obx_kafka_err_is_permanent(rd_kafka_resp_err_t err);
+
+/*
+ * The one classification of the broker's and the producer's refusals for
+ * the delivery policy (delivery.h), used by every source: what a produce
+ * call's result means, and how a delivery report ended.
+ */
+enum obx_produce_result obx_kafka_produce_result(rd_kafka_resp_err_t err);
+enum obx_report_status obx_kafka_report_status(rd_kafka_resp_err_t err);
+
+/*
+ * A delivery report as the delivery policy reads it: *rep describes m,
+ * tagged opaque, with up to nhs of its headers in hs (read only when it
+ * failed: they name the event).  rep borrows m and hs.
+ */
+void obx_kafka_report(const rd_kafka_message_t *m, uint64_t opaque, struct obx_header *hs, size_t nhs,
+    struct obx_report *rep);
 
 #endif

@@ -38,6 +38,7 @@
 #include "obx/acktrack.h"
 #include "obx/config.h"
 #include "obx/dedupe.h"
+#include "obx/delivery.h"
 #include "obx/event.h"
 #include "obx/log.h"
 #include "obx/lsn.h"
@@ -48,52 +49,10 @@
 
 /* Status updates go out at most this often when only the flush position moved. */
 #define OBX_CORE_STATUS_MIN_GAP_MS 100
-/* SIGTERM: how long to wait for outstanding acknowledgements. */
-#define OBX_CORE_DRAIN_TIMEOUT_MS 30000
-/* Topics waited for at once (the cluster does not have them yet). */
-#define OBX_CORE_MISSING_TOPICS 8
+/* SIGTERM: how long to wait for outstanding acknowledgements (every source's drain). */
+#define OBX_CORE_DRAIN_TIMEOUT_MS OBX_DRAIN_TIMEOUT_MS
 /* The most keys a logical decoding message's JSON object may have. */
 #define OBX_CORE_MESSAGE_KEYS 64
-
-/* A Kafka record as the core hands it over; every pointer is borrowed for the call. */
-struct obx_record {
-	const char *topic;
-	const void *key;
-	size_t keylen;
-	const void *value; /* NULL: tombstone */
-	size_t len;
-	int64_t timestamp_ms;
-	const struct obx_header *headers;
-	size_t nheaders;
-};
-
-/* What the producer said to one produce call. */
-enum obx_produce_result {
-	OBX_PRODUCE_OK,         /* queued; a delivery report will follow */
-	OBX_PRODUCE_QUEUE_FULL, /* not queued; try the same record again later */
-	OBX_PRODUCE_PERMANENT,  /* this record can never be produced (too large, invalid) */
-	OBX_PRODUCE_TRANSIENT,  /* not queued, for a reason a new session may cure */
-	OBX_PRODUCE_MISSING_TOPIC, /* not queued: the cluster does not have the topic (yet) */
-};
-
-/* How a delivery report ended. */
-enum obx_report_status {
-	OBX_REPORT_OK,        /* acknowledged by the broker */
-	OBX_REPORT_PURGED,    /* dropped by the producer while a session is torn down */
-	OBX_REPORT_TRANSIENT, /* failed, a retry in a new session may succeed: rewind */
-	OBX_REPORT_PERMANENT, /* the broker will never accept it: on_error decides */
-	OBX_REPORT_MISSING_TOPIC, /* the cluster does not have the topic (yet): waited for, then on_error */
-};
-
-/* One delivery report; every pointer is borrowed for the call. */
-struct obx_report {
-	uint64_t opaque;                 /* as given to produce */
-	enum obx_report_status status;
-	const char *error;               /* text of the error (not OK) */
-	const char *error_name;          /* its short code name, for the metrics (not OK) */
-	struct obx_record record;        /* the record as the producer held it */
-	int64_t now_us;                  /* PostgreSQL-epoch microseconds now, for the latency histogram */
-};
 
 /*
  * The actions.  produce hands a record to the producer (which copies it)
@@ -142,20 +101,6 @@ enum obx_core_end {
 	OBX_CORE_END_FATAL, /* cannot heal: exit 1 */
 };
 
-/* A record the producer's queue refused, copied until it is accepted. */
-struct obx_core_pending {
-	bool dead_letter;     /* the copy is already the dead-letter record */
-	uint64_t ticket;
-	char *topic;
-	void *key, *value;    /* value NULL with has_value false: tombstone */
-	bool has_value;
-	size_t keylen, len;
-	int64_t timestamp_ms;
-	struct obx_header *headers;
-	char **hstore;        /* owned copies of the header names and values */
-	size_t nheaders;
-};
-
 /* A logical decoding message seen as a row of a relation with the message's keys. */
 struct obx_core_msgrow {
 	struct obx_rel rel;
@@ -198,8 +143,8 @@ struct obx_core {
 	size_t replay_next;
 	obx_lsn replay_end_lsn;
 
-	struct obx_core_pending *pend; /* records the producer's queue refused, in order */
-	size_t npend, pend_cap;
+	struct obx_delivery dlv;      /* the delivery policy: pending records, in-flight counts, on_error */
+	struct obx_topic_waits waits; /* topics the cluster does not have (kept across sessions, shared with the snapshot) */
 
 	struct obx_dedupe dd;         /* restart de-duplication of this session (dedupe.h) */
 	bool dd_noted;                /* said once why de-duplication is off */
@@ -213,8 +158,6 @@ struct obx_core {
 	bool status_now;              /* the server asked for a reply */
 	int status_interval_ms;
 
-	uint64_t inflight;            /* records handed to the producer, no report yet */
-	uint64_t inflight_bytes;
 	uint64_t published;           /* events acknowledged (not counting dead-lettered ones) */
 	bool paused;                  /* the in-flight caps stop reading */
 	int64_t last_pause_note_ms;   /* backpressure lines at info at most every 10 s */
@@ -224,12 +167,6 @@ struct obx_core {
 	bool draining;
 	int64_t drain_deadline_ms;
 
-	/* topics the cluster does not have, each waited for up to [delivery] missing_topic_timeout */
-	struct {
-		char name[250];
-		int64_t since_ms;
-		bool expired;         /* waited for the whole timeout: on_error applies until one is acknowledged */
-	} missing[OBX_CORE_MISSING_TOPICS];
 	int64_t now_ms;               /* the caller's clock at the last pump or session start */
 
 	/* exactly-once ([delivery] exactly_once; docs/design.md, "Exactly-once") */
@@ -365,22 +302,6 @@ void obx_core_pump(struct obx_core *c, int64_t now_ms);
 /* A stop signal: the first drains (up to OBX_CORE_DRAIN_TIMEOUT_MS), the second stops at once. */
 void obx_core_signal(struct obx_core *c, int64_t now_ms);
 
-/*
- * The missing-topic rule of every source ([delivery] missing_topic_timeout):
- * a record for topic, which the cluster does not have (yet), was refused
- * at now_ms (the caller's monotonic clock).  Returns true while the wait
- * goes on, counted from the topic's first refusal and kept across sessions
- * (the source tries again later: the stream rewinds to the slot, the
- * snapshot of pending rows starts again); false once the timeout has
- * passed (on_error applies to the record, and to every later one of the
- * topic at once, until a record of it is acknowledged).  The missing-topic
- * gauge follows.
- */
-bool obx_core_topic_missing(struct obx_core *c, const char *topic, int64_t now_ms);
-
-/* A record of topic was acknowledged (by a source outside the stream): its wait is over. */
-void obx_core_topic_present(struct obx_core *c, const char *topic);
-
 /* Ends the session for a reason found outside the core (I/O). */
 void obx_core_fail(struct obx_core *c, enum obx_core_end how, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -412,7 +333,7 @@ int64_t obx_core_wait_ms(const struct obx_core *c, int64_t now_ms);
 /* OBX_CORE_RUNNING, or how the session ended; *reason (borrowed) says why. */
 enum obx_core_end obx_core_ended(const struct obx_core *c, const char **reason);
 
-/* The opaque carried by a record: bit 63 dead-letter copy, bits 48..62 generation, 0..47 ticket. */
+/* The opaque carried by a stream record (delivery.h, obx_dlv_opaque()). */
 uint64_t obx_core_opaque(uint32_t gen, uint64_t ticket, bool dead_letter);
 
 #endif
