@@ -1308,3 +1308,57 @@ obx_core_commit_done(struct obx_core *c, enum obx_core_commit how, const char *w
 	c->eos_commits++;
 	batch_clear(c);
 }
+
+void
+obx_core_progress_record(const struct obx_core_progress *p, const struct obx_progress_source *src,
+    struct obx_progress *out)
+{
+	*out = (struct obx_progress){ .mark = p->mark, .mark_commit_time = p->mark_commit_time,
+		.has_source = true, .src = *src, .end_lsn = p->end_lsn, .commit_time = p->commit_time,
+		.records = p->records };
+}
+
+enum obx_core_end
+obx_core_txn_init_end(enum obx_txn_result res, const char *txn_id, int budget_ms, char *why,
+    size_t whylen)
+{
+	if (res == OBX_TXN_OK)
+		return OBX_CORE_RUNNING;
+	if (res == OBX_TXN_PENDING)
+		snprintf(why, whylen, "Kafka transactions for transactional.id %s not initialised within %d s",
+		    txn_id, budget_ms / 1000);
+	return res == OBX_TXN_FENCED ? OBX_CORE_END_FATAL : OBX_CORE_END_RETRY;
+}
+
+enum obx_core_end
+obx_core_fenced_end(bool connection_ours, const char *txn_id, const char *slot, char *why, size_t whylen)
+{
+	return obx_progress_fenced(connection_ours, txn_id, slot, why, whylen) == OBX_PROGRESS_STOP ?
+	    OBX_CORE_END_FATAL : OBX_CORE_END_RETRY;
+}
+
+enum obx_core_commit
+obx_core_commit_verdict(enum obx_txn_result res, bool connection_ours, const char *txn_id,
+    const char *slot, char *why, size_t whylen)
+{
+	switch (res) {
+	case OBX_TXN_OK:
+		return OBX_CORE_COMMIT_OK;
+	case OBX_TXN_ABORT:
+		return OBX_CORE_COMMIT_ABORT;
+	case OBX_TXN_FENCED:
+		/* a new session goes on through the rewind of a FATAL commit */
+		return obx_core_fenced_end(connection_ours, txn_id, slot, why, whylen) == OBX_CORE_END_FATAL ?
+		    OBX_CORE_COMMIT_FENCED : OBX_CORE_COMMIT_FATAL;
+	default:
+		return OBX_CORE_COMMIT_FATAL;
+	}
+}
+
+int
+obx_core_status_interval(int status_interval_ms, int wal_sender_timeout_ms)
+{
+	if (wal_sender_timeout_ms > 0 && wal_sender_timeout_ms / 3 < status_interval_ms)
+		return wal_sender_timeout_ms / 3;
+	return status_interval_ms;
+}

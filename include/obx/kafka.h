@@ -18,6 +18,7 @@
 #include "obx/delivery.h"
 #include "obx/metrics.h"
 #include "obx/event.h"
+#include "obx/progress.h" /* enum obx_txn_result */
 
 /* Called from obx_kafka_poll() for each delivery report; m is borrowed. */
 typedef void (*obx_delivery_fn)(void *ctx, uint64_t opaque, const rd_kafka_message_t *m);
@@ -47,15 +48,6 @@ struct obx_kafka {
 
 /* The opaque of a progress record: its delivery report is not an event's. */
 #define OBX_KAFKA_OPAQUE_PROGRESS UINT64_MAX
-
-/* How a transactional call ended. */
-enum obx_txn_result {
-	OBX_TXN_OK,
-	OBX_TXN_PENDING,   /* still under way (a retriable time-out): call again */
-	OBX_TXN_ABORT,     /* the transaction cannot commit: abort it and rewind */
-	OBX_TXN_FENCED,    /* another producer with the same transactional.id took over */
-	OBX_TXN_FATAL,     /* the producer is unusable: recreate it and rewind */
-};
 
 /*
  * Builds the producer configuration from cfg: outboxd's defaults

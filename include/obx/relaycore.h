@@ -44,6 +44,7 @@
 #include "obx/lsn.h"
 #include "obx/metrics.h"
 #include "obx/pgoutput.h"
+#include "obx/progress.h"
 #include "obx/relcache.h"
 #include "obx/streambuf.h"
 
@@ -255,6 +256,54 @@ bool obx_core_commit_due(struct obx_core *c, int64_t now_ms, bool idle, struct o
  */
 void obx_core_commit_done(struct obx_core *c, enum obx_core_commit how, const char *why,
     int64_t now_us);
+
+/*
+ * Exactly-once: the progress record of the transaction *p describes
+ * (obx_core_commit_due()), in the history src of the session, into *out.
+ */
+void obx_core_progress_record(const struct obx_core_progress *p, const struct obx_progress_source *src,
+    struct obx_progress *out);
+
+/*
+ * Exactly-once: how a session's start goes on after init_transactions
+ * ended with res.  Returns OBX_CORE_RUNNING on OBX_TXN_OK;
+ * OBX_CORE_END_FATAL when fenced (another producer of the id is newer:
+ * never publish beside it); else OBX_CORE_END_RETRY.  why holds the
+ * producer's words on entry and is rewritten for a time-out (PENDING after
+ * budget_ms, or a stop that cut the wait short).
+ */
+enum obx_core_end obx_core_txn_init_end(enum obx_txn_result res, const char *txn_id, int budget_ms,
+    char *why, size_t whylen);
+
+/*
+ * Exactly-once: the broker refused this producer's epoch, and
+ * connection_ours says whether the replication connection is still this
+ * instance's (obx_progress_fenced()).  Returns OBX_CORE_END_FATAL (another
+ * instance took over: stop, exit 1) or OBX_CORE_END_RETRY (a transaction
+ * outlived transaction.timeout.ms: a new session goes on).  why gets the
+ * line.
+ */
+enum obx_core_end obx_core_fenced_end(bool connection_ours, const char *txn_id, const char *slot,
+    char *why, size_t whylen);
+
+/*
+ * Exactly-once: how a commit call that ended (res is not OBX_TXN_PENDING:
+ * the commit goes on) is reported to obx_core_commit_done().  A fence
+ * while the replication connection is still ours (connection_ours, only
+ * looked at for OBX_TXN_FENCED) is FATAL (a new session), else FENCED
+ * (stop); why holds the producer's words on entry and gets the fence's line
+ * for OBX_TXN_FENCED.
+ */
+enum obx_core_commit obx_core_commit_verdict(enum obx_txn_result res, bool connection_ours,
+    const char *txn_id, const char *slot, char *why, size_t whylen);
+
+/*
+ * The status interval of a session: [source] status_interval
+ * (status_interval_ms), or a third of the server's wal_sender_timeout when
+ * that is sooner (0: no timeout), so that an idle stream is never ended
+ * by the server.
+ */
+int obx_core_status_interval(int status_interval_ms, int wal_sender_timeout_ms);
 
 /*
  * The session is over (whatever the reason): forgets its transactions,
