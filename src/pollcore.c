@@ -200,14 +200,16 @@ obx_pollcore_give_up(struct obx_pollcore *pc, size_t i)
 }
 
 enum obx_poll_report
-obx_pollcore_report(struct obx_pollcore *pc, uint64_t opaque, const char *err_name, const char *err_text)
+obx_pollcore_report(struct obx_pollcore *pc, uint64_t opaque, const char *err_name,
+    const char *err_text)
 {
 	uint32_t gen = (uint32_t)(opaque >> 32) & OPAQUE_GEN_MASK;
 	size_t i = (size_t)(opaque & 0xffffffffU);
 	struct obx_prow *row;
 	char text[640], why[512];
 
-	if (gen != (pc->gen & OPAQUE_GEN_MASK) || i >= pc->nrows || pc->rows[i].state != OBX_PROW_INFLIGHT)
+	if (gen != (pc->gen & OPAQUE_GEN_MASK) || i >= pc->nrows ||
+	    pc->rows[i].state != OBX_PROW_INFLIGHT)
 		return OBX_POLL_REPORT_STALE; /* an abandoned batch's report */
 	row = &pc->rows[i];
 	pc->outstanding--;

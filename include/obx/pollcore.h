@@ -78,7 +78,7 @@ void obx_poll_holds_reset(struct obx_poll_holds *h);
 
 /* Where a claimed row stands in its batch, and so what the COMMIT does with it. */
 enum obx_prow_state {
-	OBX_PROW_SKIPPED,  /* neither produced nor marked: stays pending (held behind its key, or unsent) */
+	OBX_PROW_SKIPPED,  /* neither produced nor marked: stays pending (held back, or unsent) */
 	OBX_PROW_INFLIGHT, /* handed to the producer: stays pending unless its report comes */
 	OBX_PROW_ACKED,    /* acknowledged: marked published */
 	OBX_PROW_FAILED,   /* recorded as a failure: attempts + 1, last_error, backoff */
@@ -110,7 +110,7 @@ enum obx_poll_report {
 enum obx_poll_drain {
 	OBX_POLL_DRAIN_WAIT,     /* keep waiting */
 	OBX_POLL_DRAIN_ABANDON,  /* a second stop signal: nothing more is marked, the batch is dropped */
-	OBX_POLL_DRAIN_DEADLINE, /* the drain deadline passed: mark what was acknowledged, the rest stays pending */
+	OBX_POLL_DRAIN_DEADLINE, /* past the drain deadline: mark the acknowledged, the rest stays pending */
 };
 
 /* Why a row failed in the produce step (obx_pollcore_failed()). */
@@ -137,8 +137,9 @@ struct obx_pollcore {
 };
 
 /*
- * Starts a batch of up to n rows for cfg, dropping the previous one; reports
- * of every earlier batch are stale from now on.  Returns 0 or OBX_ENOMEM.
+ * Starts a batch for cfg with room for n rows (obx_pollcore_add() grows
+ * it), dropping the previous one; reports of every earlier batch are stale
+ * from now on.  Returns 0 or OBX_ENOMEM.
  */
 int obx_pollcore_begin(struct obx_pollcore *pc, const struct obx_config *cfg, size_t n);
 
@@ -216,7 +217,7 @@ bool obx_pollcore_mark_early(const struct obx_pollcore *pc);
 /*
  * True when row i is acknowledged and not taken for marking yet; it is
  * then taken (a marking statement of this batch's transaction carries
- * it).  Nothing else is ever marked published on an acknowledgement.
+ * it).  No other row is ever marked published this way.
  */
 bool obx_pollcore_take_mark(struct obx_pollcore *pc, size_t i);
 
@@ -230,7 +231,7 @@ int64_t obx_pollcore_backoff_ms(const struct obx_pollcore *pc, size_t i, uint32_
 /* Counts the rows in each state into count[OBX_PROW_NSTATES]. */
 void obx_pollcore_count(const struct obx_pollcore *pc, size_t count[OBX_PROW_NSTATES]);
 
-/* Drops the batch: its rows are forgotten, its reports stale from the next begin on. */
+/* Drops the batch: its rows are forgotten and every report of it is stale. */
 void obx_pollcore_end(struct obx_pollcore *pc);
 
 /* Frees what pc owns and zeroes it, keeping nothing; a zeroed one is a no-op. */
