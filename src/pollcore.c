@@ -7,13 +7,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "obx/delivery.h"
 #include "obx/err.h"
 #include "obx/poll.h"
 #include "obx/pollcore.h"
 #include "obx/relaycore.h"
 
-#define OPAQUE_DEAD_LETTER (1ULL << 63)
-#define OPAQUE_GEN_MASK 0x7fffffffU
+#define OPAQUE_GEN_MASK 0xffffU /* the generation bits of the one opaque layout (delivery.h) */
 
 long long
 obx_poll_claim_rows(const struct obx_config *cfg)
@@ -163,8 +163,7 @@ obx_pollcore_decide(const struct obx_pollcore *pc, size_t i, bool buildable)
 uint64_t
 obx_pollcore_opaque(const struct obx_pollcore *pc, size_t i, bool dead_letter)
 {
-	return (dead_letter ? OPAQUE_DEAD_LETTER : 0) | ((uint64_t)(pc->gen & OPAQUE_GEN_MASK) << 32) |
-	    (uint64_t)i;
+	return obx_dlv_opaque(&(struct obx_dlv_tag){ OBX_DLV_POLL, pc->gen, i, dead_letter, false });
 }
 
 void
@@ -187,6 +186,18 @@ obx_pollcore_failed(struct obx_pollcore *pc, size_t i, enum obx_poll_failure wha
 	return obx_poll_hold_add(&pc->holds, row->key, row->keylen);
 }
 
+int
+obx_pollcore_wait_topic(struct obx_pollcore *pc, size_t i)
+{
+	struct obx_prow *row = &pc->rows[i];
+
+	if (row->state == OBX_PROW_INFLIGHT)
+		pc->outstanding--;
+	row->state = OBX_PROW_SKIPPED;
+	row->dead_letter = false;
+	return obx_poll_hold_add(&pc->holds, row->key, row->keylen);
+}
+
 void
 obx_pollcore_give_up(struct obx_pollcore *pc, size_t i)
 {
@@ -203,12 +214,15 @@ enum obx_poll_report
 obx_pollcore_report(struct obx_pollcore *pc, uint64_t opaque, const char *err_name,
     const char *err_text)
 {
-	uint32_t gen = (uint32_t)(opaque >> 32) & OPAQUE_GEN_MASK;
-	size_t i = (size_t)(opaque & 0xffffffffU);
+	struct obx_dlv_tag t;
+	size_t i;
 	struct obx_prow *row;
 	char text[640], why[512];
 
-	if (gen != (pc->gen & OPAQUE_GEN_MASK) || i >= pc->nrows ||
+	if (!obx_dlv_untag(opaque, &t) || t.src != OBX_DLV_POLL)
+		return OBX_POLL_REPORT_STALE;
+	i = (size_t)t.ticket;
+	if (t.gen != (pc->gen & OPAQUE_GEN_MASK) || i >= pc->nrows ||
 	    pc->rows[i].state != OBX_PROW_INFLIGHT)
 		return OBX_POLL_REPORT_STALE; /* an abandoned batch's report */
 	row = &pc->rows[i];

@@ -170,7 +170,11 @@ bool obx_pollcore_next(struct obx_pollcore *pc, size_t *i);
  */
 enum obx_poll_action obx_pollcore_decide(const struct obx_pollcore *pc, size_t i, bool buildable);
 
-/* The produce call's opaque for row i (its dead-letter copy when dead_letter): batch and row. */
+/*
+ * The produce call's opaque for row i (its dead-letter copy when
+ * dead_letter): the one layout of every source (delivery.h), with the
+ * batch as generation and the row as ticket.
+ */
 uint64_t obx_pollcore_opaque(const struct obx_pollcore *pc, size_t i, bool dead_letter);
 
 /* The producer took row i's record (or its dead-letter copy): in flight. */
@@ -184,6 +188,14 @@ void obx_pollcore_sent(struct obx_pollcore *pc, size_t i, bool dead_letter);
  * Returns 0 or OBX_ENOMEM.
  */
 int obx_pollcore_failed(struct obx_pollcore *pc, size_t i, enum obx_poll_failure what, const char *why);
+
+/*
+ * Row i's topic does not exist (yet) and the wait for it goes on
+ * ([delivery] missing_topic_timeout, delivery.h): the row stays pending,
+ * no attempt counted, whether it was in flight or not yet sent, and holds
+ * back the later rows of its key in this batch.  Returns 0 or OBX_ENOMEM.
+ */
+int obx_pollcore_wait_topic(struct obx_pollcore *pc, size_t i);
 
 /* Row i is given up ([poll] exhausted = mark): published without a send, with why in last_error. */
 void obx_pollcore_give_up(struct obx_pollcore *pc, size_t i);

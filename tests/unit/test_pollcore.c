@@ -142,6 +142,40 @@ test_hold_back_per_key(void **state)
 }
 
 /* max_attempts reached: the dead-letter copy (its acknowledgement gives the row up), or only the mark. */
+/* A row whose topic is missing while the wait goes on: pending, no attempt, its key held back. */
+static void
+test_wait_topic(void **state)
+{
+	struct obx_config c;
+	struct obx_pollcore pc = { 0 };
+
+	(void)state;
+	obx_config_init(&c);
+	assert_int_equal(obx_pollcore_begin(&pc, &c, 4), 0);
+	add(&pc, 10, 2, "a", NULL);
+	add(&pc, 11, 0, "a", NULL);
+	add(&pc, 12, 0, "b", NULL);
+	add(&pc, 13, 0, "a", NULL);
+	assert_int_equal(next(&pc), 0);
+	obx_pollcore_sent(&pc, 0, false);
+	/* in flight, then refused for its missing topic */
+	assert_int_equal(obx_pollcore_wait_topic(&pc, 0), 0);
+	assert_int_equal(obx_pollcore_row(&pc, 0)->state, OBX_PROW_SKIPPED);
+	assert_int_equal(obx_pollcore_row(&pc, 0)->attempts, 2); /* no attempt counted */
+	assert_true(obx_pollcore_finished(&pc));
+	assert_int_equal(next(&pc), 2); /* 11 and 13 (a) wait behind it */
+	obx_pollcore_sent(&pc, 2, false);
+	assert_int_equal(next(&pc), -1);
+	/* its late report is stale: the row is no longer in flight */
+	assert_int_equal(obx_pollcore_report(&pc, obx_pollcore_opaque(&pc, 0, false), NULL, NULL),
+	    OBX_POLL_REPORT_STALE);
+	assert_int_equal(obx_pollcore_report(&pc, obx_pollcore_opaque(&pc, 2, false), NULL, NULL),
+	    OBX_POLL_REPORT_ACKED);
+	assert_false(obx_pollcore_take_mark(&pc, 0));
+	obx_pollcore_reset(&pc);
+	obx_config_reset(&c);
+}
+
 static void
 test_exhausted(void **state)
 {
@@ -1075,6 +1109,7 @@ main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_claim_rows),
 		cmocka_unit_test(test_hold_back_per_key),
+		cmocka_unit_test(test_wait_topic),
 		cmocka_unit_test(test_exhausted),
 		cmocka_unit_test(test_stale_report),
 		cmocka_unit_test(test_drain_deadline),
