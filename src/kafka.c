@@ -417,3 +417,47 @@ obx_kafka_err_is_permanent(rd_kafka_resp_err_t err)
 		return false;
 	}
 }
+
+enum obx_produce_result
+obx_kafka_produce_result(rd_kafka_resp_err_t err)
+{
+	if (err == RD_KAFKA_RESP_ERR_NO_ERROR)
+		return OBX_PRODUCE_OK;
+	if (err == RD_KAFKA_RESP_ERR__QUEUE_FULL)
+		return OBX_PRODUCE_QUEUE_FULL;
+	if (obx_kafka_err_is_missing_topic(err))
+		return OBX_PRODUCE_MISSING_TOPIC;
+	if (obx_kafka_err_is_permanent(err) || err == RD_KAFKA_RESP_ERR__INVALID_ARG)
+		return OBX_PRODUCE_PERMANENT;
+	return OBX_PRODUCE_TRANSIENT;
+}
+
+enum obx_report_status
+obx_kafka_report_status(rd_kafka_resp_err_t err)
+{
+	if (err == RD_KAFKA_RESP_ERR_NO_ERROR)
+		return OBX_REPORT_OK;
+	if (err == RD_KAFKA_RESP_ERR__PURGE_QUEUE || err == RD_KAFKA_RESP_ERR__PURGE_INFLIGHT)
+		return OBX_REPORT_PURGED;
+	if (obx_kafka_err_is_missing_topic(err))
+		return OBX_REPORT_MISSING_TOPIC;
+	return obx_kafka_err_is_permanent(err) ? OBX_REPORT_PERMANENT : OBX_REPORT_TRANSIENT;
+}
+
+void
+obx_kafka_report(const rd_kafka_message_t *m, uint64_t opaque, struct obx_header *hs, size_t nhs,
+    struct obx_report *rep)
+{
+	rd_kafka_headers_t *h = NULL;
+	const char *name;
+	const void *v;
+	size_t sz, n = 0;
+
+	if (m->err != RD_KAFKA_RESP_ERR_NO_ERROR && rd_kafka_message_headers(m, &h) == 0)
+		for (size_t i = 0; n < nhs && rd_kafka_header_get_all(h, i, &name, &v, &sz) == 0; i++)
+			hs[n++] = (struct obx_header){ name, v, sz };
+	*rep = (struct obx_report){ .opaque = opaque, .status = obx_kafka_report_status(m->err),
+		.error = rd_kafka_err2str(m->err), .error_name = rd_kafka_err2name(m->err),
+		.record = { rd_kafka_topic_name(m->rkt), m->key, m->key_len, m->payload, m->len,
+		    rd_kafka_message_timestamp(m, NULL), hs, n } };
+}

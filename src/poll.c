@@ -16,6 +16,10 @@
  * marked) on its next claim.  A crash anywhere before the COMMIT leaves the
  * rows pending and unlocked: the next claim publishes them again (the only
  * duplicates), each with its id header.
+ *
+ * pollcore.c (pure) decides each row's fate, what a delivery report does,
+ * when the wait ends and what is marked; this file performs it with libpq
+ * and librdkafka.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -36,6 +40,7 @@
 #include "obx/metrics.h"
 #include "obx/pgutil.h"
 #include "obx/poll.h"
+#include "obx/pollcore.h"
 #include "obx/relaycore.h"
 #include "obx/relcache.h"
 #include "obx/runner.h"
@@ -43,26 +48,6 @@
 
 #define STATS_INTERVAL_MS 5000
 #define SLOW_ACK_MS 5000
-#define OP_DEAD_LETTER (1ULL << 63)
-#define MARK_EARLY_MIN 64 /* acknowledged rows worth an early marking UPDATE */
-
-enum row_state {
-	ROW_SKIPPED,   /* neither produced nor marked: stays pending (held behind its key) */
-	ROW_INFLIGHT,  /* handed to the producer */
-	ROW_ACKED,     /* acknowledged: mark published */
-	ROW_FAILED,    /* record a failure (attempts + 1) */
-	ROW_GIVEN_UP,  /* dead-letter copy acknowledged, or mark-only: published with last_error */
-};
-
-struct prow {
-	int64_t seq;
-	long long attempts;
-	enum row_state state;
-	bool dead_letter; /* this cycle sends its dead-letter copy */
-	bool marked;      /* acknowledged and already marked by an UPDATE of this transaction */
-	char *error;      /* malloc'd: why it failed, or what became of it */
-};
-
 struct poller {
 	const struct obx_config *cfg;
 	const struct obx_run_opts *opts;
@@ -77,14 +62,12 @@ struct poller {
 	struct obx_pg_datum *datums;
 	struct obx_header *hdrs;
 	size_t hdr_cap;
-	struct prow *rows;
-	size_t nrows, rows_cap;
-	size_t outstanding;
+	struct obx_pollcore pc;   /* the claimed batch and its decisions */
 	bool pg_busy;             /* an early marking UPDATE is running (wait_acks) */
-	uint32_t gen;             /* per batch: delivery reports of an earlier one are ignored */
 	struct obx_metrics m;
 	struct obx_runner run;    /* HTTP, heartbeat, title, signals, the session loop */
 	int signals;              /* stop signals received: the runner's count, kept here for the batch */
+	int64_t stop_ms;          /* when the first one came (the runner's, for the batch) */
 	int rc;                   /* how the session ended: 0 stopped, else a negative OBX_E* */
 	uint64_t published_at_open; /* events published when the session opened: did it progress */
 	bool listening;
@@ -114,17 +97,18 @@ poll_reload(void *ctx, const struct obx_config *fresh)
 	}
 }
 
-/* A stop signal: the first finishes the claimed batch (abandoned() says until when). */
+/* A stop signal: the first finishes the claimed batch (obx_pollcore_drain() says until when). */
 static void
 poll_stop(void *ctx, enum obx_stop_verdict v, int64_t now_ms)
 {
 	struct poller *p = ctx;
 
-	(void)now_ms;
 	p->signals = obx_runner_stops(&p->run);
-	if (v == OBX_STOP_DRAIN)
-		obx_log_info("stopping: finishing the claimed batch for up to %d s (a second signal "
-		    "abandons it)", OBX_CORE_DRAIN_TIMEOUT_MS / 1000);
+	if (v != OBX_STOP_DRAIN)
+		return;
+	p->stop_ms = now_ms;
+	obx_log_info("stopping: finishing the claimed batch for up to %d s (a second signal "
+	    "abandons it)", OBX_CORE_DRAIN_TIMEOUT_MS / 1000);
 }
 
 static void
@@ -147,86 +131,37 @@ set_state(struct poller *p, enum obx_state s, enum obx_not_ready why, const char
 	obx_runner_publish(&p->run);
 }
 
-/*
- * True when the claimed batch is abandoned: a second stop signal, or the
- * drain deadline past since the first (the broker is down or slow); the rows
- * not acknowledged stay pending, none counts as an attempt.
- */
-static bool
-abandoned(const struct poller *p)
-{
-	return obx_runner_abandoned(&p->run, OBX_CORE_DRAIN_TIMEOUT_MS);
-}
-
 /* ---- delivery reports ---- */
 
 static void
 on_delivery(void *ctx, uint64_t opaque, const rd_kafka_message_t *km)
 {
 	struct poller *p = ctx;
-	uint32_t gen = (uint32_t)(opaque >> 32) & 0x7fffffffU;
-	size_t i = (size_t)(opaque & 0xffffffffU);
-	struct prow *row;
-	char why[512];
+	bool ok = km->err == RD_KAFKA_RESP_ERR_NO_ERROR;
 
-	if (gen != p->gen || i >= p->nrows || p->rows[i].state != ROW_INFLIGHT)
+	switch (obx_pollcore_report(&p->pc, opaque, ok ? NULL : rd_kafka_err2name(km->err),
+	    ok ? NULL : rd_kafka_err2str(km->err))) {
+	case OBX_POLL_REPORT_STALE:
 		return; /* an abandoned batch's report */
-	row = &p->rows[i];
-	p->outstanding--;
-	if (km->err == RD_KAFKA_RESP_ERR_NO_ERROR) {
-		if (row->dead_letter) {
-			char text[640];
-
-			snprintf(text, sizeof(text), "dead-lettered to %s after %lld attempt(s): %s",
-			    p->cfg->dead_letter_topic, row->attempts, row->error != NULL ? row->error : "unknown");
-			free(row->error);
-			row->error = strdup(text);
-			row->state = ROW_GIVEN_UP;
-			p->m.events_dead_lettered++;
-		} else {
-			row->state = ROW_ACKED;
-			obx_metrics_published(&p->m, p->m.events_published + 1, obx_unix_seconds());
-		}
-#ifdef OBX_TEST_HOOKS
-		if (p->test_kill_after > 0 && ++p->test_acks == p->test_kill_after) {
-			obx_log_info("test hook: killing myself after %ld acknowledgement(s)", p->test_acks);
-			raise(SIGKILL);
-		}
-#endif
+	case OBX_POLL_REPORT_FAILED:
+		obx_metrics_kafka_error(&p->m, rd_kafka_err2name(km->err));
 		return;
+	case OBX_POLL_REPORT_DEAD_LETTERED:
+		p->m.events_dead_lettered++;
+		break;
+	case OBX_POLL_REPORT_ACKED:
+		obx_metrics_published(&p->m, p->m.events_published + 1, obx_unix_seconds());
+		break;
 	}
-	obx_metrics_kafka_error(&p->m, rd_kafka_err2name(km->err));
-	snprintf(why, sizeof(why), "%s%s: %s", row->dead_letter ? "dead-letter copy: " : "",
-	    rd_kafka_err2name(km->err), rd_kafka_err2str(km->err));
-	free(row->error);
-	row->error = strdup(why);
-	row->state = ROW_FAILED;
+#ifdef OBX_TEST_HOOKS
+	if (p->test_kill_after > 0 && ++p->test_acks == p->test_kill_after) {
+		obx_log_info("test hook: killing myself after %ld acknowledgement(s)", p->test_acks);
+		raise(SIGKILL);
+	}
+#endif
 }
 
 /* ---- one batch ---- */
-
-static int
-grow_rows(struct poller *p, size_t n)
-{
-	if (n > p->rows_cap) {
-		struct prow *r = reallocarray(p->rows, n, sizeof(*r));
-
-		if (r == NULL)
-			return OBX_ENOMEM;
-		p->rows = r;
-		p->rows_cap = n;
-	}
-	return 0;
-}
-
-static void
-clear_rows(struct poller *p)
-{
-	for (size_t i = 0; i < p->nrows; i++)
-		free(p->rows[i].error);
-	p->nrows = 0;
-	p->outstanding = 0;
-}
 
 /* The claim's result columns as a relation the event builder resolves by name. */
 static int
@@ -291,12 +226,6 @@ poll_headers(struct poller *p, const struct obx_event *ev, const char *seq, size
 	return 0;
 }
 
-static uint64_t
-opaque_for(struct poller *p, size_t i, bool dl)
-{
-	return (dl ? OP_DEAD_LETTER : 0) | ((uint64_t)(p->gen & 0x7fffffffU) << 32) | (uint64_t)i;
-}
-
 /*
  * Produces, waiting while the producer's queue is full (a claim sends at
  * most [delivery] max_inflight rows, which the queue holds twice over by
@@ -334,13 +263,12 @@ produce(struct poller *p, const char *topic, const void *key, size_t keylen, con
 static void
 dead_letter(struct poller *p, size_t i, const struct obx_event *ev, bool built, const char *seq)
 {
-	struct prow *row = &p->rows[i];
+	const struct obx_prow *row = obx_pollcore_row(&p->pc, i);
 	const char *last = row->error != NULL ? row->error : "unknown";
 	char why[512];
 	rd_kafka_resp_err_t err;
 	size_t nh = 0;
 
-	row->dead_letter = true;
 	if (built) {
 		struct obx_header *hs = calloc(ev->nheaders + 2, sizeof(*hs));
 		int r = hs == NULL ? OBX_ENOMEM : poll_headers(p, ev, seq, &nh);
@@ -354,11 +282,11 @@ dead_letter(struct poller *p, size_t i, const struct obx_event *ev, bool built, 
 		hs[nh++] = (struct obx_header){ "original_topic", ev->topic, strlen(ev->topic) };
 		hs[nh++] = (struct obx_header){ "error", last, strlen(last) };
 		err = produce(p, p->cfg->dead_letter_topic, ev->key, ev->keylen, ev->value, ev->len,
-		    ev->timestamp_ms, hs, nh, opaque_for(p, i, true));
+		    ev->timestamp_ms, hs, nh, obx_pollcore_opaque(&p->pc, i, true));
 		if (err != RD_KAFKA_RESP_ERR_NO_ERROR && !(err == RD_KAFKA_RESP_ERR__QUEUE_FULL && p->signals > 0))
 			/* too large, say: the headers alone */
 			err = produce(p, p->cfg->dead_letter_topic, NULL, 0, NULL, 0, ev->timestamp_ms, hs,
-			    nh, opaque_for(p, i, true));
+			    nh, obx_pollcore_opaque(&p->pc, i, true));
 		free(hs);
 	} else {
 		const char *params[1] = { seq };
@@ -377,137 +305,133 @@ dead_letter(struct poller *p, size_t i, const struct obx_event *ev, bool built, 
 			goto failed;
 		}
 		err = produce(p, p->cfg->dead_letter_topic, NULL, 0, PQgetvalue(res, 0, 0),
-		    (size_t)PQgetlength(res, 0, 0), 0, hs, 2, opaque_for(p, i, true));
+		    (size_t)PQgetlength(res, 0, 0), 0, hs, 2, obx_pollcore_opaque(&p->pc, i, true));
 		PQclear(res);
 	}
 	if (err == RD_KAFKA_RESP_ERR_NO_ERROR) {
-		row->state = ROW_INFLIGHT;
-		p->outstanding++;
+		obx_pollcore_sent(&p->pc, i, true);
 		return;
 	}
-	if (err == RD_KAFKA_RESP_ERR__QUEUE_FULL && p->signals > 0) {
-		row->dead_letter = false; /* a stop signal while the queue was full: pending, no attempt */
-		return;
-	}
+	if (err == RD_KAFKA_RESP_ERR__QUEUE_FULL && p->signals > 0)
+		return; /* a stop signal while the queue was full: pending, no attempt */
 	snprintf(why, sizeof(why), "dead-letter copy: %s", rd_kafka_err2str(err));
 failed:
-	free(row->error);
-	row->error = strdup(why);
-	row->state = ROW_FAILED;
+	(void)obx_pollcore_failed(&p->pc, i, OBX_POLL_FAILED_DEAD_LETTER, why);
+}
+
+/* The warning for an exhausted row: dead-lettered (dl), or marked without a send. */
+static void
+log_exhausted(const struct poller *p, const struct obx_prow *row, const struct obx_event *ev,
+    const char *seq, bool dl)
+{
+	struct obx_logfields lf = { .event_id = ev != NULL ? ev->id : NULL,
+		.topic = ev != NULL ? ev->topic : NULL };
+	const char *last = row->error != NULL ? row->error : "unknown";
+
+	if (dl)
+		obx_log_f(OBX_LOG_WARN, &lf, "row seq %s (id %s) failed %lld time(s): dead-lettering it to "
+		    "%s: %s", seq, ev != NULL ? ev->id : "?", row->attempts, p->cfg->dead_letter_topic, last);
+	else
+		obx_log_f(OBX_LOG_WARN, &lf, "row seq %s (id %s) failed %lld time(s): marked published "
+		    "without sending ([poll] exhausted = mark): %s", seq, ev != NULL ? ev->id : "?",
+		    row->attempts, last);
 }
 
 /*
- * Produces every claimed row of res.  A row that cannot be built or whose
- * produce call fails holds back the later rows of its key in this batch
- * (they stay pending and are claimed after it).
+ * Builds row i of res and performs what pollcore decides for it: produce
+ * its record or its dead-letter copy, give it up, or record its failure.
+ * Returns 0 or OBX_ENOMEM.
+ */
+static int
+produce_row(struct poller *p, const PGresult *res, size_t i)
+{
+	const struct obx_prow *row = obx_pollcore_row(&p->pc, i);
+	int k = (int)i, nf = PQnfields(res), r;
+	struct obx_pg_tuple t = { (uint16_t)nf, p->datums };
+	struct obx_txninfo txn = { 0, 0, 0 };
+	struct obx_event ev;
+	const char *seq = PQgetvalue(res, k, 0);
+	char why[512];
+	rd_kafka_resp_err_t err;
+	size_t nh;
+
+	for (int f = 0; f < nf; f++) {
+		p->datums[f].kind = PQgetisnull(res, k, f) ? 'n' : 't';
+		p->datums[f].data = (const uint8_t *)PQgetvalue(res, k, f);
+		p->datums[f].len = (uint32_t)PQgetlength(res, k, f);
+	}
+	/* no commit time here: the row's created_at, else now, unless [outbox] timestamp says */
+	if (!PQgetisnull(res, k, 3))
+		txn.commit_time = strtoll(PQgetvalue(res, k, 3), NULL, 10) - OBX_PG_EPOCH_OFFSET_US;
+	else
+		txn.commit_time = (int64_t)time(NULL) * 1000000 - OBX_PG_EPOCH_OFFSET_US;
+	if ((r = obx_event_build(&p->eb, &p->rel, &t, &txn, 0, &ev, why, sizeof(why))) == OBX_ENOMEM)
+		return r;
+	switch (obx_pollcore_decide(&p->pc, i, r == 0)) {
+	case OBX_POLL_HOLD: /* never: obx_pollcore_next() passed the held rows over */
+		return 0;
+	case OBX_POLL_GIVE_UP:
+		log_exhausted(p, row, r == 0 ? &ev : NULL, seq, false);
+		obx_pollcore_give_up(&p->pc, i);
+		return 0;
+	case OBX_POLL_DEAD_LETTER:
+		log_exhausted(p, row, r == 0 ? &ev : NULL, seq, true);
+		dead_letter(p, i, &ev, r == 0, seq);
+		return 0;
+	case OBX_POLL_FAIL:
+		return obx_pollcore_failed(&p->pc, i, OBX_POLL_FAILED_BUILD, why);
+	case OBX_POLL_SEND:
+		break;
+	}
+	if ((r = poll_headers(p, &ev, seq, &nh)) != 0)
+		return r;
+	err = produce(p, ev.topic, ev.key, ev.keylen, ev.value, ev.len, ev.timestamp_ms, p->hdrs, nh,
+	    obx_pollcore_opaque(&p->pc, i, false));
+	if (err == RD_KAFKA_RESP_ERR__QUEUE_FULL)
+		return 0; /* a stop signal while the queue was full: pending, not an attempt */
+	if (err != RD_KAFKA_RESP_ERR_NO_ERROR) {
+		obx_metrics_kafka_error(&p->m, rd_kafka_err2name(err));
+		snprintf(why, sizeof(why), "%s: %s", rd_kafka_err2name(err), rd_kafka_err2str(err));
+		return obx_pollcore_failed(&p->pc, i, OBX_POLL_FAILED_PRODUCE, why);
+	}
+	obx_pollcore_sent(&p->pc, i, false);
+	return 0;
+}
+
+/*
+ * Starts the batch of res's rows and produces them, in seq order, as
+ * pollcore decides: a row that cannot be built or whose produce call fails
+ * holds back the later rows of its key in this batch (they stay pending and
+ * are claimed after it); a stop signal leaves the rest unsent.  Returns 0
+ * or OBX_ENOMEM.
  */
 static int
 produce_batch(struct poller *p, const PGresult *res)
 {
-	const struct obx_config *c = p->cfg;
-	int n = PQntuples(res), nf = PQnfields(res);
-	int kcol, r;
-	struct obx_poll_holds holds = { 0 }; /* the keys of the rows that failed so far */
+	int n = PQntuples(res), kcol, r;
 	char quoted[256] = "";
+	size_t i;
 
-	obx_poll_quote_ident(c->col_key, quoted, sizeof(quoted));
+	obx_poll_quote_ident(p->cfg->col_key, quoted, sizeof(quoted));
 	kcol = PQfnumber(res, quoted);
-	if (grow_rows(p, (size_t)n) != 0)
-		return OBX_ENOMEM;
-	p->nrows = (size_t)n;
-	for (int i = 0; i < n; i++) {
-		p->rows[i] = (struct prow){ strtoll(PQgetvalue(res, i, 0), NULL, 10),
-			strtoll(PQgetvalue(res, i, 1), NULL, 10), ROW_SKIPPED, false, false, NULL };
-		if (!PQgetisnull(res, i, 2))
-			p->rows[i].error = strdup(PQgetvalue(res, i, 2));
-	}
-	for (int i = 0; i < n; i++) {
-		struct prow *row = &p->rows[i];
-		struct obx_pg_tuple t = { (uint16_t)nf, p->datums };
-		struct obx_txninfo txn = { 0, 0, 0 };
-		struct obx_event ev;
-		const char *seq = PQgetvalue(res, i, 0);
-		const char *key = kcol >= 0 && !PQgetisnull(res, i, kcol) ? PQgetvalue(res, i, kcol) : NULL;
-		size_t keylen = key != NULL ? (size_t)PQgetlength(res, i, kcol) : 0;
-		char why[512];
-		rd_kafka_resp_err_t err;
-		size_t nh;
+	if ((r = obx_pollcore_begin(&p->pc, p->cfg, (size_t)n)) != 0)
+		return r;
+	for (int k = 0; k < n; k++) {
+		const char *key = kcol >= 0 && !PQgetisnull(res, k, kcol) ? PQgetvalue(res, k, kcol) : NULL;
 
-		if (obx_poll_held(&holds, key, keylen))
-			continue; /* behind an earlier row of its key that failed in this batch */
-		if (p->signals > 0)
-			break; /* stopping: the rest of the claim stays pending, unsent */
-		for (int f = 0; f < nf; f++) {
-			p->datums[f].kind = PQgetisnull(res, i, f) ? 'n' : 't';
-			p->datums[f].data = (const uint8_t *)PQgetvalue(res, i, f);
-			p->datums[f].len = (uint32_t)PQgetlength(res, i, f);
-		}
-		/* no commit time here: the row's created_at, else now, unless [outbox] timestamp says */
-		if (!PQgetisnull(res, i, 3))
-			txn.commit_time = strtoll(PQgetvalue(res, i, 3), NULL, 10) - OBX_PG_EPOCH_OFFSET_US;
-		else
-			txn.commit_time = (int64_t)time(NULL) * 1000000 - OBX_PG_EPOCH_OFFSET_US;
-		r = obx_event_build(&p->eb, &p->rel, &t, &txn, 0, &ev, why, sizeof(why));
-		if (r == OBX_ENOMEM)
-			goto out;
-		switch (obx_poll_row_action(c, row->attempts, false, r == 0)) {
-		case OBX_POLL_HOLD:
-			continue;
-		case OBX_POLL_GIVE_UP: {
-			char text[640];
-
-			snprintf(text, sizeof(text), "given up after %lld attempt(s): %s", row->attempts,
-			    row->error != NULL ? row->error : "unknown");
-			obx_log_f(OBX_LOG_WARN, &(struct obx_logfields){ .event_id = r == 0 ? ev.id : NULL,
-			    .topic = r == 0 ? ev.topic : NULL }, "row seq %s (id %s) failed %lld time(s): "
-			    "marked published without sending ([poll] exhausted = mark): %s", seq,
-			    r == 0 ? ev.id : "?",
-			    row->attempts, row->error != NULL ? row->error : "unknown");
-			free(row->error);
-			row->error = strdup(text);
-			row->state = ROW_GIVEN_UP;
-			continue;
-		}
-		case OBX_POLL_DEAD_LETTER:
-			obx_log_f(OBX_LOG_WARN, &(struct obx_logfields){ .event_id = r == 0 ? ev.id : NULL,
-			    .topic = r == 0 ? ev.topic : NULL }, "row seq %s (id %s) failed %lld time(s): "
-			    "dead-lettering it to %s: %s", seq, r == 0 ? ev.id : "?", row->attempts,
-			    c->dead_letter_topic, row->error != NULL ? row->error : "unknown");
-			dead_letter(p, (size_t)i, &ev, r == 0, seq);
-			continue;
-		case OBX_POLL_FAIL:
-			free(row->error);
-			row->error = strdup(why);
-			row->state = ROW_FAILED;
-			if ((r = obx_poll_hold_add(&holds, key, keylen)) != 0)
-				goto out;
-			continue;
-		case OBX_POLL_SEND:
-			break;
-		}
-		if ((r = poll_headers(p, &ev, seq, &nh)) != 0)
-			goto out;
-		err = produce(p, ev.topic, ev.key, ev.keylen, ev.value, ev.len, ev.timestamp_ms, p->hdrs, nh,
-		    opaque_for(p, (size_t)i, false));
-		if (err == RD_KAFKA_RESP_ERR__QUEUE_FULL)
-			break; /* a stop signal while the queue was full: pending, not an attempt */
-		if (err != RD_KAFKA_RESP_ERR_NO_ERROR) {
-			obx_metrics_kafka_error(&p->m, rd_kafka_err2name(err));
-			snprintf(why, sizeof(why), "%s: %s", rd_kafka_err2name(err), rd_kafka_err2str(err));
-			free(row->error);
-			row->error = strdup(why);
-			row->state = ROW_FAILED;
-			if ((r = obx_poll_hold_add(&holds, key, keylen)) != 0)
-				goto out;
-			continue;
-		}
-		row->state = ROW_INFLIGHT;
-		p->outstanding++;
+		if ((r = obx_pollcore_add(&p->pc, strtoll(PQgetvalue(res, k, 0), NULL, 10),
+		    strtoll(PQgetvalue(res, k, 1), NULL, 10), key,
+		    key != NULL ? (size_t)PQgetlength(res, k, kcol) : 0,
+		    PQgetisnull(res, k, 2) ? NULL : PQgetvalue(res, k, 2))) != 0)
+			return r;
 	}
-	r = 0;
-out:
-	obx_poll_holds_reset(&holds);
-	return r;
+	obx_pollcore_stop(&p->pc, p->signals, p->stop_ms);
+	while (obx_pollcore_next(&p->pc, &i)) {
+		if ((r = produce_row(p, res, i)) != 0)
+			return r;
+		obx_pollcore_stop(&p->pc, p->signals, p->stop_ms); /* produce() reads signals */
+	}
+	return 0;
 }
 
 /* Appends "v" to a PostgreSQL array literal under construction ("{a,b"). */
@@ -556,7 +480,7 @@ array_text(const char *s)
 
 /* Runs stmt with the rows in state as arrays (seq, error[, delay]).  Returns 0 or OBX_EIO. */
 static int
-record_rows(struct poller *p, const char *stmt, enum row_state state, bool with_delay)
+record_rows(struct poller *p, const char *stmt, enum obx_prow_state state, bool with_delay)
 {
 	char *a[3] = { NULL, NULL, NULL };
 	size_t len[3] = { 0, 0, 0 }, cap[3] = { 0, 0, 0 };
@@ -566,8 +490,8 @@ record_rows(struct poller *p, const char *stmt, enum row_state state, bool with_
 	PGresult *res;
 	int r = OBX_ENOMEM;
 
-	for (size_t i = 0; i < p->nrows; i++) {
-		struct prow *row = &p->rows[i];
+	for (size_t i = 0; i < p->pc.nrows; i++) {
+		const struct obx_prow *row = obx_pollcore_row(&p->pc, i);
 		char *t;
 
 		if (row->state != state)
@@ -582,8 +506,7 @@ record_rows(struct poller *p, const char *stmt, enum row_state state, bool with_
 		}
 		free(t);
 		if (with_delay) {
-			int64_t d = obx_poll_backoff_ms(row->attempts + 1, p->cfg->poll_backoff_min_ms,
-			    p->cfg->poll_backoff_max_ms, arc4random());
+			int64_t d = obx_pollcore_backoff_ms(&p->pc, i, arc4random());
 
 			snprintf(num, sizeof(num), "%" PRId64, d);
 			if (array_add(&a[2], &len[2], &cap[2], num) != 0)
@@ -638,18 +561,18 @@ static char *
 mark_statement(struct poller *p, bool commit, size_t *count)
 {
 	size_t head = strlen(p->sql.mark_head), tail = strlen(p->sql.mark_tail);
-	size_t cap = head + tail + p->nrows * 21 + 16, len = head;
+	size_t cap = head + tail + p->pc.nrows * 21 + 16, len = head;
 	char *q = malloc(cap);
 
 	*count = 0;
 	if (q == NULL)
 		return NULL;
 	memcpy(q, p->sql.mark_head, head);
-	for (size_t i = 0; i < p->nrows; i++) {
-		if (p->rows[i].state != ROW_ACKED || p->rows[i].marked)
+	for (size_t i = 0; i < p->pc.nrows; i++) {
+		if (!obx_pollcore_take_mark(&p->pc, i))
 			continue;
-		len += (size_t)snprintf(q + len, cap - len, "%s%" PRId64, *count > 0 ? "," : "", p->rows[i].seq);
-		p->rows[i].marked = true;
+		len += (size_t)snprintf(q + len, cap - len, "%s%" PRId64, *count > 0 ? "," : "",
+		    obx_pollcore_row(&p->pc, i)->seq);
 		(*count)++;
 	}
 	snprintf(q + len, cap - len, "%s%s", p->sql.mark_tail, commit ? "; COMMIT" : "");
@@ -698,15 +621,10 @@ mark_result(struct poller *p, bool block)
 static int
 mark_early(struct poller *p)
 {
-	size_t acked = 0, count;
+	size_t count;
 	char *q, err[512];
 
-	if (p->pg_busy)
-		return 0;
-	for (size_t i = 0; i < p->nrows; i++)
-		if (p->rows[i].state == ROW_ACKED && !p->rows[i].marked)
-			acked++;
-	if (acked < MARK_EARLY_MIN)
+	if (p->pg_busy || !obx_pollcore_mark_early(&p->pc))
 		return 0;
 	if ((q = mark_statement(p, false, &count)) == NULL)
 		return OBX_ENOMEM;
@@ -757,12 +675,13 @@ wait_acks(struct poller *p)
 	bool slow = false;
 
 	obx_kafka_poll(&p->kf, 0);
-	while (p->outstanding > 0) {
+	while (!obx_pollcore_finished(&p->pc)) {
 		struct pollfd fds[3] = {
 			{ obx_kafka_fd(&p->kf), POLLIN, 0 },
 			{ p->opts->signal_fd, POLLIN, 0 },
 			{ p->pg_busy ? PQsocket(p->pg) : -1, POLLIN, 0 },
 		};
+		enum obx_poll_drain d;
 		int r;
 
 		if ((r = mark_early(p)) != 0)
@@ -778,15 +697,16 @@ wait_acks(struct poller *p)
 			return r;
 		if (fds[1].revents & POLLIN)
 			obx_runner_read_signals(&p->run);
-		if (p->signals > 1) {
+		obx_pollcore_stop(&p->pc, p->signals, p->stop_ms);
+		if ((d = obx_pollcore_drain(&p->pc, obx_mono_ms())) == OBX_POLL_DRAIN_ABANDON) {
 			snprintf(p->reason, sizeof(p->reason), "stopped: %zu event(s) of the batch unacknowledged, "
-			    "their rows stay pending", p->outstanding);
+			    "their rows stay pending", p->pc.outstanding);
 			return OBX_ESTATE;
 		}
-		if (abandoned(p)) {
+		if (d == OBX_POLL_DRAIN_DEADLINE) {
 			/* the drain deadline: what was acknowledged is marked, the rest stays pending */
 			obx_log_warn("stopping at the drain deadline: %zu event(s) of the batch unacknowledged, "
-			    "their rows stay pending; the acknowledged ones are marked", p->outstanding);
+			    "their rows stay pending; the acknowledged ones are marked", p->pc.outstanding);
 			break;
 		}
 		if (p->kf.fatal) {
@@ -797,15 +717,16 @@ wait_acks(struct poller *p)
 			char why[160];
 
 			slow = true;
-			snprintf(why, sizeof(why), "waiting for the broker to acknowledge %zu event(s)", p->outstanding);
+			snprintf(why, sizeof(why), "waiting for the broker to acknowledge %zu event(s)",
+			    p->pc.outstanding);
 			obx_log_warn("%s; the claimed rows stay locked until then", why);
 			set_state(p, OBX_STATE_BACKPRESSURED, OBX_NOT_READY_NONE, why);
 		}
-		p->m.inflight_events = p->outstanding;
+		p->m.inflight_events = p->pc.outstanding;
 		obx_runner_publish(&p->run);
 	}
 	p->m.inflight_events = 0;
-	if (slow && p->outstanding == 0) {
+	if (slow && obx_pollcore_finished(&p->pc)) {
 		obx_log_info("the broker acknowledged the batch after %.1f s", (double)(obx_mono_ms() - start) / 1000.0);
 		set_state(p, OBX_STATE_STREAMING, OBX_NOT_READY_NONE, NULL);
 	}
@@ -846,7 +767,6 @@ cycle(struct poller *p)
 		snprintf(p->reason, sizeof(p->reason), "out of memory");
 		return r;
 	}
-	p->gen++;
 	p->m.poll_batches++;
 	r = produce_batch(p, res);
 	PQclear(res);
@@ -855,22 +775,22 @@ cycle(struct poller *p)
 	if (r == 0)
 		r = mark_result(p, true); /* an early marking UPDATE still running */
 	if (r == 0)
-		r = record_rows(p, p->sql.fail, ROW_FAILED, true);
+		r = record_rows(p, p->sql.fail, OBX_PROW_FAILED, true);
 	if (r == 0)
-		r = record_rows(p, p->sql.give_up, ROW_GIVEN_UP, false);
+		r = record_rows(p, p->sql.give_up, OBX_PROW_GIVEN_UP, false);
 	if (r == 0)
 		r = mark_and_commit(p);
 	if (r == 0 && obx_log_enabled(OBX_LOG_DEBUG)) {
-		size_t count[ROW_GIVEN_UP + 1] = { 0 };
+		size_t count[OBX_PROW_NSTATES];
 
-		for (size_t i = 0; i < p->nrows; i++)
-			count[p->rows[i].state]++;
+		obx_pollcore_count(&p->pc, count);
 		obx_log_debug("committed: %zu published, %zu failed, %zu given up, %zu held back",
-		    count[ROW_ACKED], count[ROW_FAILED], count[ROW_GIVEN_UP], count[ROW_SKIPPED]);
+		    count[OBX_PROW_ACKED], count[OBX_PROW_FAILED], count[OBX_PROW_GIVEN_UP],
+		    count[OBX_PROW_SKIPPED]);
 	}
 	if (r == OBX_ENOMEM)
 		snprintf(p->reason, sizeof(p->reason), "out of memory");
-	clear_rows(p);
+	obx_pollcore_end(&p->pc);
 	return r < 0 ? r : n;
 }
 
@@ -1115,8 +1035,7 @@ out:
 	if (p.kf_open)
 		obx_kafka_close(&p.kf, 1000);
 	obx_runner_reset(&p.run);
-	clear_rows(&p);
-	free(p.rows);
+	obx_pollcore_reset(&p.pc);
 	free(p.hdrs);
 	free(p.datums);
 	obx_rel_free(&p.rel);

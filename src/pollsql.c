@@ -327,12 +327,6 @@ obx_poll_sql_reset(struct obx_poll_sql *s)
 	memset(s, 0, sizeof(*s));
 }
 
-long long
-obx_poll_claim_rows(const struct obx_config *cfg)
-{
-	return cfg->poll_batch < cfg->max_inflight ? cfg->poll_batch : cfg->max_inflight;
-}
-
 int64_t
 obx_poll_backoff_ms(long long attempts, int min_ms, int max_ms, uint32_t rnd)
 {
@@ -348,56 +342,4 @@ obx_poll_backoff_ms(long long attempts, int min_ms, int max_ms, uint32_t rnd)
 	half = d / 2;
 	d = half + (int64_t)(rnd % (uint64_t)(d - half + 1));
 	return d > 0 ? d : 1;
-}
-
-enum obx_poll_action
-obx_poll_row_action(const struct obx_config *cfg, long long attempts, bool held, bool buildable)
-{
-	if (held)
-		return OBX_POLL_HOLD;
-	if (attempts >= cfg->poll_max_attempts)
-		return cfg->poll_exhausted == OBX_POLL_EXHAUSTED_MARK ? OBX_POLL_GIVE_UP : OBX_POLL_DEAD_LETTER;
-	return buildable ? OBX_POLL_SEND : OBX_POLL_FAIL;
-}
-
-int
-obx_poll_hold_add(struct obx_poll_holds *h, const char *key, size_t len)
-{
-	if (key == NULL)
-		return 0;
-	if (h->n == h->cap) {
-		size_t cap = h->cap ? h->cap * 2 : 16;
-		const char **keys = reallocarray(h->keys, cap, sizeof(*keys));
-		size_t *lens;
-
-		if (keys == NULL)
-			return OBX_ENOMEM;
-		h->keys = keys;
-		if ((lens = reallocarray(h->lens, cap, sizeof(*lens))) == NULL)
-			return OBX_ENOMEM;
-		h->lens = lens;
-		h->cap = cap;
-	}
-	h->keys[h->n] = key;
-	h->lens[h->n++] = len;
-	return 0;
-}
-
-bool
-obx_poll_held(const struct obx_poll_holds *h, const char *key, size_t len)
-{
-	if (key == NULL)
-		return false;
-	for (size_t i = 0; i < h->n; i++)
-		if (h->lens[i] == len && memcmp(h->keys[i], key, len) == 0)
-			return true;
-	return false;
-}
-
-void
-obx_poll_holds_reset(struct obx_poll_holds *h)
-{
-	free(h->keys);
-	free(h->lens);
-	memset(h, 0, sizeof(*h));
 }

@@ -21,6 +21,16 @@ obx_progress_events(struct obx_progress_source *src, const char *schema, const c
 	    messages ? prefix : "");
 }
 
+void
+obx_progress_source_init(struct obx_progress_source *src, const char *system_id, const char *database,
+    uint32_t timeline, obx_lsn slot_created, const struct obx_config *cfg)
+{
+	*src = (struct obx_progress_source){ .timeline = timeline, .slot_created = slot_created };
+	strlcpy(src->system_id, system_id, sizeof(src->system_id));
+	strlcpy(src->database, database, sizeof(src->database));
+	obx_progress_events(src, cfg->table_schema, cfg->table_name, cfg->messages, cfg->message_prefix);
+}
+
 char *
 obx_progress_encode(const struct obx_progress *p, const char *slot, const char *txn_id)
 {
@@ -172,4 +182,37 @@ int32_t
 obx_progress_partition(const char *txn_id, int32_t nparts)
 {
 	return nparts > 0 ? obx_dd_partition(txn_id, strlen(txn_id), nparts) : -1;
+}
+
+enum obx_progress_floor
+obx_progress_floor(const struct obx_config *cfg, const char *txn_id, const struct obx_progress_source *now,
+    obx_lsn server_lsn, bool slot_made, int read_rc, const char *read_why, const struct obx_progress *rec,
+    char *line, size_t linelen)
+{
+	char a[OBX_LSN_STRLEN], why[768];
+
+	if (slot_made) {
+		/* a slot made now streams only what commits from now on: no progress can apply */
+		snprintf(line, linelen, "exactly-once: transactional.id %s; a new slot, nothing to skip", txn_id);
+		return OBX_PROGRESS_FLOOR_NEW_SLOT;
+	}
+	if (read_rc < 0) {
+		snprintf(line, linelen, "could not read the progress of slot %s from %s: %s", cfg->slot,
+		    cfg->progress_topic, read_why);
+		return OBX_PROGRESS_FLOOR_UNREADABLE;
+	}
+	if (read_rc == 0) {
+		snprintf(line, linelen, "exactly-once: transactional.id %s; no progress record of it in %s yet",
+		    txn_id, cfg->progress_topic);
+		return OBX_PROGRESS_FLOOR_NONE;
+	}
+	if (!obx_progress_trusted(rec, now, server_lsn, why, sizeof(why))) {
+		snprintf(line, linelen, "exactly-once: the last progress record of transactional.id %s %s: not "
+		    "skipping anything this session (events may be published again)", txn_id, why);
+		return OBX_PROGRESS_FLOOR_UNTRUSTED;
+	}
+	snprintf(line, linelen, "exactly-once: transactional.id %s; the last committed Kafka transaction ends "
+	    "at event lsn %s seq %" PRIu32 ": replayed events up to it are not sent again once the replay "
+	    "meets that transaction", txn_id, obx_lsn_format(rec->mark.lsn, a, sizeof(a)), rec->mark.seq);
+	return OBX_PROGRESS_FLOOR_TRUSTED;
 }

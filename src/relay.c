@@ -31,6 +31,7 @@
 #include "obx/pgutil.h"
 #include "obx/progress.h"
 #include "obx/relay.h"
+#include "obx/relay_eos.h"
 #include "obx/relaycore.h"
 #include "obx/runner.h"
 #include "obx/slotwatch.h"
@@ -39,11 +40,7 @@
 
 #define READ_BATCH 2000
 #define MAX_REPORT_HEADERS 64
-#define COMMIT_SLICE_MS 500
 #define IDLE_MESSAGES 32
-/* exactly-once: how long a session start may take to initialise transactions, and to read progress */
-#define TXN_INIT_MS 15000
-#define PROGRESS_READ_MS 30000
 
 struct relay {
 	struct obx_slotwatch watch;  /* the slot as the server sees it: lag, and a standby's wait */
@@ -76,14 +73,9 @@ struct relay {
 	int64_t last_progress_ms;
 	uint64_t progress_events;
 	uint64_t progress_txns;
-	bool committing;        /* exactly-once: a commit is under way (obx_kafka_txn_commit again) */
-	int32_t progress_partition; /* exactly-once: where the progress records go */
-	struct obx_progress_source eos_source; /* exactly-once: the history this session's records name */
-	int64_t eos_status_ms;  /* exactly-once: the last status update while a session starts */
+	struct obx_relay_eos eos; /* exactly-once: the session's transactions (relay_eos.h) */
 	struct obx_snapshot snap; /* [source] snapshot = pending: the run under way */
 	bool snapshotting;      /* delivery reports go to snap */
-	bool fenced_before;     /* exactly-once: the last session was fenced while its connection looked alive */
-	char fenced_id[256];    /* its transactional.id */
 #ifdef OBX_TEST_HOOKS
 	long test_fatal_after;
 	long test_produced;
@@ -112,16 +104,10 @@ do_produce(void *ctx, const struct obx_record *rec, uint64_t opaque, char *why, 
 
 	err = obx_kafka_produce(&r->kf, rec->topic, RD_KAFKA_PARTITION_UA, rec->key, rec->keylen,
 	    rec->value, rec->len, rec->timestamp_ms, rec->headers, rec->nheaders, NULL, NULL, opaque);
-	if (err != RD_KAFKA_RESP_ERR_NO_ERROR)
+	if (err != RD_KAFKA_RESP_ERR_NO_ERROR) {
 		produce_error(r, err, why, whylen);
-	if (err == RD_KAFKA_RESP_ERR__QUEUE_FULL)
-		return OBX_PRODUCE_QUEUE_FULL;
-	if (obx_kafka_err_is_missing_topic(err))
-		return OBX_PRODUCE_MISSING_TOPIC;
-	if (obx_kafka_err_is_permanent(err) || err == RD_KAFKA_RESP_ERR__INVALID_ARG)
-		return OBX_PRODUCE_PERMANENT;
-	if (err != RD_KAFKA_RESP_ERR_NO_ERROR)
-		return OBX_PRODUCE_TRANSIENT;
+		return obx_kafka_produce_result(err);
+	}
 #ifdef OBX_TEST_HOOKS
 	/* test builds only: provoke a producer fatal error after N events (OBX_TEST_FATAL_AFTER) */
 	if (r->test_fatal_after > 0 && ++r->test_produced == r->test_fatal_after) {
@@ -150,61 +136,29 @@ do_lookup(void *ctx, const char *topic, const struct obx_dd_mark *floor, uint32_
 
 static const struct obx_core_ops relay_ops = { do_produce, do_note, do_lookup };
 
-/* A delivery report, handed to the core with the record as the producer held it. */
+/* A delivery report, handed to its source with the record as the producer held it. */
 static void
 on_delivery(void *ctx, uint64_t opaque, const rd_kafka_message_t *m)
 {
 	struct relay *r = ctx;
 	struct obx_header hs[MAX_REPORT_HEADERS];
-	struct obx_report rep = { .opaque = opaque, .now_us = r->reports_at_us };
-	rd_kafka_headers_t *h = NULL;
-	const char *name;
-	const void *v;
-	size_t sz, n = 0;
+	struct obx_report rep;
+	struct obx_dlv_tag t;
 
-	if (r->snapshotting) {
-		obx_snapshot_report(&r->snap, opaque, m);
-		return;
-	}
-	if (opaque == OBX_KAFKA_OPAQUE_PROGRESS) {
+	if (!obx_dlv_untag(opaque, &t)) {
 		/* a progress record: its transaction's commit says how it went */
 		if (m->err != RD_KAFKA_RESP_ERR_NO_ERROR)
 			obx_log_debug("progress record not delivered: %s", rd_kafka_err2str(m->err));
 		return;
 	}
-	/* the core reads a record's headers only to name a failed event */
-	if (m->err != RD_KAFKA_RESP_ERR_NO_ERROR && rd_kafka_message_headers(m, &h) == 0)
-		for (size_t i = 0; n < MAX_REPORT_HEADERS && rd_kafka_header_get_all(h, i, &name, &v, &sz) == 0; i++)
-			hs[n++] = (struct obx_header){ name, v, sz };
-	rep.record = (struct obx_record){ rd_kafka_topic_name(m->rkt), m->key, m->key_len, m->payload,
-		m->len, rd_kafka_message_timestamp(m, NULL), hs, n };
-	if (m->err == RD_KAFKA_RESP_ERR_NO_ERROR)
-		rep.status = OBX_REPORT_OK;
-	else if (m->err == RD_KAFKA_RESP_ERR__PURGE_QUEUE || m->err == RD_KAFKA_RESP_ERR__PURGE_INFLIGHT)
-		rep.status = OBX_REPORT_PURGED;
-	else if (obx_kafka_err_is_missing_topic(m->err))
-		rep.status = OBX_REPORT_MISSING_TOPIC;
-	else
-		rep.status = obx_kafka_err_is_permanent(m->err) ? OBX_REPORT_PERMANENT : OBX_REPORT_TRANSIENT;
-	rep.error = rd_kafka_err2str(m->err);
-	rep.error_name = rd_kafka_err2name(m->err);
+	if (t.src == OBX_DLV_SNAPSHOT) {
+		if (r->snapshotting)
+			obx_snapshot_report(&r->snap, opaque, m);
+		return;
+	}
+	obx_kafka_report(m, opaque, hs, MAX_REPORT_HEADERS, &rep);
+	rep.now_us = r->reports_at_us;
 	obx_core_report(&r->core, &rep);
-}
-
-/*
- * The broker refused this producer's epoch (exactly-once): whether the
- * replication connection is still ours decides (obx_progress_fenced()).
- * why gets the line.
- */
-static enum obx_core_end
-fenced_verdict(struct relay *r, char *why, size_t whylen)
-{
-	char err[512];
-	bool ours = PQstatus(r->st.conn) == CONNECTION_OK &&
-	    obx_pgstream_consume(&r->st, err, sizeof(err)) == 0;
-
-	return obx_progress_fenced(ours, r->kf.txn_id, r->cfg->slot, why, whylen) == OBX_PROGRESS_STOP ?
-	    OBX_CORE_END_FATAL : OBX_CORE_END_RETRY;
 }
 
 /* Serves delivery reports; a producer fatal error ends the session (recreate and rewind). */
@@ -221,11 +175,8 @@ serve_reports(struct relay *r)
 		raise(SIGKILL);
 #endif
 	if (r->kf.fenced && obx_core_ended(&r->core, NULL) == OBX_CORE_RUNNING) {
-		char why[768];
-
 		r->end_kafka = true;
-		obx_metrics_kafka_error(&r->m, "_FENCED");
-		obx_core_fail(&r->core, fenced_verdict(r, why, sizeof(why)), "%s", why);
+		obx_relay_eos_fenced(&r->eos);
 	}
 	if (r->kf.fatal && obx_core_ended(&r->core, NULL) == OBX_CORE_RUNNING) {
 		r->end_kafka = true;
@@ -357,69 +308,11 @@ read_stream(struct relay *r)
 	return drained && got <= IDLE_MESSAGES && obx_core_can_read(&r->core);
 }
 
-/*
- * Exactly-once: when the core says the open Kafka transaction should
- * commit, adds its progress record and commits it, a slice of at most
- * COMMIT_SLICE_MS per turn so that status updates, health and signals are
- * served while the broker answers (docs/design.md, "Exactly-once").
- */
+/* Exactly-once: the open Kafka transaction's commit, when the core says (relay_eos.h). */
 static void
 drive_commit(struct relay *r, bool idle)
 {
-	struct obx_core_progress p;
-	struct obx_progress pr;
-	enum obx_txn_result res;
-	char why[768];
-	char *value;
-	rd_kafka_resp_err_t err;
-
-	if (!r->committing) {
-		if (!obx_core_commit_due(&r->core, obx_mono_ms(), idle, &p))
-			return;
-		pr = (struct obx_progress){ .mark = p.mark, .mark_commit_time = p.mark_commit_time,
-			.has_source = true, .src = r->eos_source, .end_lsn = p.end_lsn,
-			.commit_time = p.commit_time, .records = p.records };
-		value = obx_progress_encode(&pr, r->cfg->slot, r->kf.txn_id);
-		if (value == NULL) {
-			obx_core_commit_done(&r->core, OBX_CORE_COMMIT_FATAL, "out of memory", obx_pg_now());
-			return;
-		}
-		err = obx_kafka_produce(&r->kf, r->cfg->progress_topic, r->progress_partition, r->kf.txn_id,
-		    strlen(r->kf.txn_id), value, strlen(value), (obx_pg_now() + OBX_PG_EPOCH_OFFSET_US) / 1000,
-		    NULL, 0, NULL, NULL, OBX_KAFKA_OPAQUE_PROGRESS);
-		free(value);
-		if (err != RD_KAFKA_RESP_ERR_NO_ERROR) {
-			char text[256];
-
-			produce_error(r, err, text, sizeof(text));
-			snprintf(why, sizeof(why), "could not produce the progress record to %s: %s",
-			    r->cfg->progress_topic, text);
-			obx_core_commit_done(&r->core, OBX_CORE_COMMIT_ABORT, why, obx_pg_now());
-			return;
-		}
-		r->committing = true;
-	}
-	r->reports_at_us = obx_pg_now(); /* delivery reports are served from inside the commit */
-	res = obx_kafka_txn_commit(&r->kf, COMMIT_SLICE_MS, why, sizeof(why));
-	if (res == OBX_TXN_PENDING)
-		return;
-	r->committing = false;
-	if (res == OBX_TXN_FENCED) {
-		obx_metrics_kafka_error(&r->m, "_FENCED");
-		obx_core_commit_done(&r->core, fenced_verdict(r, why, sizeof(why)) == OBX_CORE_END_FATAL ?
-		    OBX_CORE_COMMIT_FENCED : OBX_CORE_COMMIT_FATAL, why, obx_pg_now());
-		return;
-	}
-	if (res == OBX_TXN_OK)
-		obx_log_debug("committed Kafka transaction %s (%" PRIu64 " record(s))", r->kf.txn_name,
-		    r->core.batch_records);
-	obx_core_commit_done(&r->core, res == OBX_TXN_OK ? OBX_CORE_COMMIT_OK :
-	    res == OBX_TXN_ABORT ? OBX_CORE_COMMIT_ABORT : OBX_CORE_COMMIT_FATAL, why, obx_pg_now());
-#ifdef OBX_TEST_HOOKS
-	/* test builds only: die right after the commit, before its status update */
-	if (r->test_kill_after > 0 && r->core.published >= (uint64_t)r->test_kill_after)
-		raise(SIGKILL);
-#endif
+	obx_relay_eos_commit(&r->eos, idle);
 }
 
 /* ---- signals, metrics, title: the runner's (runner.h) ---- */
@@ -526,8 +419,8 @@ update_metrics(struct relay *r)
 	r->m.received_lsn = c->received;
 	r->m.confirmed_flush_lsn = c->sent_flush;
 	r->m.stream_wal_end_lsn = c->server_wal_end > c->received ? c->server_wal_end : c->received;
-	r->m.inflight_events = c->inflight;
-	r->m.inflight_bytes = c->inflight_bytes;
+	r->m.inflight_events = c->dlv.inflight;
+	r->m.inflight_bytes = c->dlv.inflight_bytes;
 	obx_metrics_published(&r->m, c->published, obx_unix_seconds());
 	r->m.kafka_txn_committed = c->eos_commits;
 	r->m.kafka_txn_aborted = c->eos_aborts;
@@ -553,87 +446,24 @@ setup_tick(void *arg)
 	return obx_runner_tick(&r->run);
 }
 
-/*
- * While a session's exactly-once set-up waits on the broker, the stream has
- * started: status updates at the start position keep the server from ending
- * it at wal_sender_timeout.  Then as setup_tick().
- */
-static bool
-eos_tick(void *arg)
+/* The words of produce_error() for the exactly-once part's progress record. */
+static void
+eos_produce_error(void *ctx, rd_kafka_resp_err_t err, char *why, size_t whylen)
 {
-	struct relay *r = arg;
-	char err[512];
-
-	if (obx_mono_ms() - r->eos_status_ms >= 1000) {
-		if (obx_pgstream_send_status(&r->st, r->st.start_confirmed, r->st.start_confirmed, false, err,
-		    sizeof(err)) == 0)
-			(void)obx_pgstream_flush(&r->st);
-		r->eos_status_ms = obx_mono_ms();
-	}
-	return setup_tick(arg);
+	produce_error(ctx, err, why, whylen);
 }
 
-/*
- * Exactly-once, once the slot is ours: init_transactions (fencing every
- * older producer of the transactional.id and ending its open transaction),
- * then the last committed progress record of the slot.  Returns false with
- * r->end and r->reason set when the session cannot go on.
- */
+/* Exactly-once, once the slot is ours (relay_eos.h).  Returns false with r->end and r->reason set. */
 static bool
-eos_open(struct relay *r, bool *have, struct obx_progress *floor)
+eos_open(struct relay *r)
 {
-	char why[768], a[OBX_LSN_STRLEN];
-	enum obx_txn_result res;
-	int32_t nparts = 0;
-	int rc;
+	struct obx_relay_eos_io io = { r->cfg, &r->st, &r->kf, &r->core, &r->m, &r->reports_at_us,
+		setup_tick, r, eos_produce_error, r, 0 };
 
-	r->progress_partition = RD_KAFKA_PARTITION_UA;
-	res = obx_kafka_txn_init(&r->kf, TXN_INIT_MS, eos_tick, r, why, sizeof(why));
-	if (res != OBX_TXN_OK) {
-		r->end = res == OBX_TXN_FENCED ? OBX_CORE_END_FATAL : OBX_CORE_END_RETRY;
-		if (res == OBX_TXN_PENDING)
-			snprintf(why, sizeof(why), "Kafka transactions for transactional.id %s not initialised "
-			    "within %d s", r->kf.txn_id, TXN_INIT_MS / 1000);
-		snprintf(r->reason, sizeof(r->reason), "%s", why);
-		return false;
-	}
-	r->eos_source = (struct obx_progress_source){ .timeline = (uint32_t)r->st.timeline,
-		.slot_created = r->st.slot_created };
-	strlcpy(r->eos_source.system_id, r->st.sysid, sizeof(r->eos_source.system_id));
-	strlcpy(r->eos_source.database, PQdb(r->st.conn), sizeof(r->eos_source.database));
-	obx_progress_events(&r->eos_source, r->cfg->table_schema, r->cfg->table_name, r->cfg->messages,
-	    r->cfg->message_prefix);
-	if (r->st.slot_made) {
-		/* a slot made now streams only what commits from now on: no progress can apply */
-		*have = false;
-		obx_log_info("exactly-once: transactional.id %s; a new slot, nothing to skip", r->kf.txn_id);
-		return true;
-	}
-	rc = obx_lookup_progress(r->cfg, r->kf.txn_id, PROGRESS_READ_MS, eos_tick, r, floor, &nparts, why,
-	    sizeof(why));
-	if (rc < 0) {
-		/* never guess: without the record a replay would publish committed events again */
-		r->end = OBX_CORE_END_RETRY;
-		snprintf(r->reason, sizeof(r->reason), "could not read the progress of slot %s from %s: %s",
-		    r->cfg->slot, r->cfg->progress_topic, why);
-		return false;
-	}
-	/* the record goes to the key's own partition, where the next session reads first */
-	r->progress_partition = obx_progress_partition(r->kf.txn_id, nparts);
-	*have = rc == 1;
-	if (*have && !obx_progress_trusted(floor, &r->eos_source, r->st.server_lsn, why, sizeof(why))) {
-		obx_log_warn("exactly-once: the last progress record of transactional.id %s %s: not "
-		    "skipping anything this session (events may be published again)", r->kf.txn_id, why);
-		*have = false;
-	} else if (*have)
-		obx_log_info("exactly-once: transactional.id %s; the last committed Kafka transaction ends "
-		    "at event lsn %s seq %" PRIu32 ": replayed events up to it are not sent again once the "
-		    "replay meets that transaction", r->kf.txn_id, obx_lsn_format(floor->mark.lsn, a,
-		    sizeof(a)), floor->mark.seq);
-	else
-		obx_log_info("exactly-once: transactional.id %s; no progress record of it in %s yet",
-		    r->kf.txn_id, r->cfg->progress_topic);
-	return true;
+#ifdef OBX_TEST_HOOKS
+	io.kill_after = r->test_kill_after;
+#endif
+	return obx_relay_eos_open(&r->eos, &io, &r->end, r->reason, sizeof(r->reason));
 }
 
 /*
@@ -693,8 +523,6 @@ session_open(struct relay *r)
 	const char *partitioner;
 	enum obx_fail f;
 	int interval;
-	struct obx_progress floor = { 0 };
-	bool have_floor = false;
 	char txn_id[256];
 
 	r->m.state = OBX_STATE_CONNECTING;
@@ -713,14 +541,14 @@ session_open(struct relay *r)
 		r->end = f == OBX_FAIL_FATAL ? OBX_CORE_END_FATAL : OBX_CORE_END_RETRY;
 		snprintf(r->reason, sizeof(r->reason), "%s", err);
 		/* fenced, and now another instance holds the slot: it took over (README, "Exactly-once") */
-		if (obx_progress_taken_over(r->fenced_before, r->standby, r->fenced_id, r->cfg->slot, r->reason,
-		    sizeof(r->reason))) {
+		if (obx_progress_taken_over(r->eos.fenced_before, r->standby, r->eos.fenced_id, r->cfg->slot,
+		    r->reason, sizeof(r->reason))) {
 			r->standby = false;
 			r->end = OBX_CORE_END_FATAL;
 		}
 		return false;
 	}
-	r->fenced_before = false;
+	r->eos.fenced_before = false;
 	/* the read-backs of restart de-duplication get their consumer connected meanwhile; should
 	 * that fail, the first read-back tries again, and a topic it cannot read is published */
 	obx_lookup_init(&r->lk, r->cfg);
@@ -747,7 +575,7 @@ session_open(struct relay *r)
 		obx_pgstream_close(&r->st);
 		return false;
 	}
-	if (r->cfg->exactly_once && !eos_open(r, &have_floor, &floor)) {
+	if (r->cfg->exactly_once && !eos_open(r)) {
 		obx_lookup_close(&r->lk);
 		r->reports_at_us = obx_pg_now();
 		obx_kafka_close(&r->kf, 0);
@@ -755,14 +583,11 @@ session_open(struct relay *r)
 		r->end_kafka = r->end != OBX_CORE_END_FATAL;
 		return false;
 	}
-	interval = r->cfg->status_interval_ms;
-	if (r->st.wal_sender_timeout_ms > 0 && r->st.wal_sender_timeout_ms / 3 < interval) {
-		interval = r->st.wal_sender_timeout_ms / 3;
-		if (interval != r->announced_interval)
-			obx_log_info("status updates every %d ms: a third of the server's wal_sender_timeout "
-			    "(%d ms), sooner than [source] status_interval (%d ms)", interval,
-			    r->st.wal_sender_timeout_ms, r->cfg->status_interval_ms);
-	}
+	interval = obx_core_status_interval(r->cfg->status_interval_ms, r->st.wal_sender_timeout_ms);
+	if (interval != r->cfg->status_interval_ms && interval != r->announced_interval)
+		obx_log_info("status updates every %d ms: a third of the server's wal_sender_timeout "
+		    "(%d ms), sooner than [source] status_interval (%d ms)", interval,
+		    r->st.wal_sender_timeout_ms, r->cfg->status_interval_ms);
 	r->announced_interval = interval;
 	if (obx_core_session_start(&r->core, r->st.start_confirmed, r->st.proto_version, interval,
 	    obx_mono_ms()) != 0) {
@@ -775,8 +600,7 @@ session_open(struct relay *r)
 		return false;
 	}
 	if (r->cfg->exactly_once)
-		obx_core_exactly_once(&r->core, have_floor ? &floor.mark : NULL, floor.mark_commit_time);
-	r->committing = false;
+		obx_relay_eos_start(&r->eos);
 	snprintf(r->m.info_database, sizeof(r->m.info_database), "%s", PQdb(r->st.conn));
 	r->streamed = true;
 	r->last_rx_ms = obx_mono_ms();
@@ -842,25 +666,11 @@ session_close(struct relay *r)
 	obx_metrics_published(&r->m, r->core.published, obx_unix_seconds());
 	/* the generation moves on first: reports served while the producer closes count for nothing */
 	obx_core_session_end(&r->core);
-	if (r->cfg->exactly_once && r->kf.rk != NULL) {
-		/* what the transaction holds is purged; a new session starts from the slot */
-		r->reports_at_us = obx_pg_now();
-		if ((obx_kafka_txn_abort(&r->kf, 5000, err, sizeof(err)) == OBX_TXN_FENCED || r->kf.fenced) &&
-		    r->end != OBX_CORE_END_FATAL) {
-			char why[768];
-
-			if (fenced_verdict(r, why, sizeof(why)) == OBX_CORE_END_FATAL) {
-				r->end = OBX_CORE_END_FATAL;
-				snprintf(r->reason, sizeof(r->reason), "%s", why);
-				obx_logfields_keep(&r->reason_fields, NULL);
-			} else {
-				/* the connection looked alive: if the next session finds the slot taken,
-				 * the fence was a takeover after all */
-				r->fenced_before = true;
-				snprintf(r->fenced_id, sizeof(r->fenced_id), "%s", r->kf.txn_id);
-			}
-		}
-		r->committing = false;
+	/* exactly-once: the open transaction is aborted; a fence may stop the run (relay_eos.h) */
+	if (r->cfg->exactly_once && r->kf.rk != NULL &&
+	    obx_relay_eos_close(&r->eos, r->end, r->reason, sizeof(r->reason))) {
+		r->end = OBX_CORE_END_FATAL;
+		obx_logfields_keep(&r->reason_fields, NULL);
 	}
 	r->m.kafka_txn_aborted = r->core.eos_aborts;
 	obx_lookup_close(&r->lk);

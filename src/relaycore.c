@@ -24,11 +24,6 @@
 #include "obx/relaycore.h"
 #include "obx/walmsg.h"
 
-#define OP_DEAD_LETTER (1ULL << 63)
-#define OP_GEN_SHIFT 48
-#define OP_GEN_MASK 0x7fffULL
-#define OP_TICKET_MASK ((1ULL << 48) - 1)
-#define MAX_HEADERS 64
 #define PENDING_WAIT_MS 50
 #define DRAIN_CHECK_MS 100
 #define BACKPRESSURE_NOTE_MS 10000
@@ -38,8 +33,7 @@ static void publish_row(struct obx_core *c, const struct obx_rel *rel, const str
 uint64_t
 obx_core_opaque(uint32_t gen, uint64_t ticket, bool dead_letter)
 {
-	return (dead_letter ? OP_DEAD_LETTER : 0) | ((uint64_t)(gen & OP_GEN_MASK) << OP_GEN_SHIFT) |
-	    (ticket & OP_TICKET_MASK);
+	return obx_dlv_opaque(&(struct obx_dlv_tag){ OBX_DLV_STREAM, gen, ticket, dead_letter, false });
 }
 
 /* A line for the log about f (NULL: nothing in particular). */
@@ -106,313 +100,44 @@ ending(const struct obx_core *c)
 	return c->end != OBX_CORE_RUNNING;
 }
 
-/* The last value of header name in rec as text into buf; false ("" in buf) when absent. */
-static bool
-header_find(const struct obx_record *rec, const char *name, char *buf, size_t len)
-{
-	buf[0] = '\0';
-	for (size_t i = rec->nheaders; i-- > 0;) {
-		const struct obx_header *h = &rec->headers[i];
+/* ---- producing: the delivery policy (delivery.h) decides, the stream acts on its outcomes ---- */
 
-		if (strcmp(h->name, name) == 0 && h->value != NULL) {
-			snprintf(buf, len, "%.*s", (int)h->len, (const char *)h->value);
-			return true;
-		}
-	}
-	return false;
-}
-
-/* The last value of header name in rec as text, "?" when absent. */
-static const char *
-header_text(const struct obx_record *rec, const char *name, char *buf, size_t len)
-{
-	if (!header_find(rec, name, buf, len))
-		snprintf(buf, len, "?");
-	return buf;
-}
-
-/* What a line about rec (an event or its dead-letter copy) names, and the text it borrows. */
-struct record_fields {
-	struct obx_logfields f;
-	char id[128], topic[256];
-};
-
-/* Fills rf from rec's headers (lsn, xid, id; original_topic of a copy) and topic; returns &rf->f. */
-static const struct obx_logfields *
-record_fields(const struct obx_record *rec, struct record_fields *rf)
-{
-	char lsn[OBX_LSN_STRLEN + 8], xid[16];
-	const char *err;
-
-	rf->f = (struct obx_logfields){ .event_id = rf->id, .topic = rf->topic };
-	header_find(rec, "id", rf->id, sizeof(rf->id));
-	if (!header_find(rec, "original_topic", rf->topic, sizeof(rf->topic)))
-		snprintf(rf->topic, sizeof(rf->topic), "%s", rec->topic != NULL ? rec->topic : "");
-	if (header_find(rec, "lsn", lsn, sizeof(lsn)) && obx_lsn_parse(lsn, &rf->f.lsn) != 0)
-		rf->f.lsn = OBX_LSN_INVALID;
-	if (header_find(rec, "xid", xid, sizeof(xid)))
-		rf->f.xid = (uint32_t)strtonum(xid, 0, UINT32_MAX, &err);
-	return &rf->f;
-}
-
-/* ---- pending records: what the producer's queue refused, in order ---- */
-
+/* What an outcome of the delivery policy means for the session (report: of a delivery report). */
 static void
-pending_free(struct obx_core_pending *p)
+delivered(struct obx_core *c, enum obx_dlv_outcome o, const struct obx_dlv_result *res, bool report)
 {
-	for (size_t i = 0; i < p->nheaders * 2; i++)
-		free(p->hstore[i]);
-	free(p->hstore);
-	free(p->headers);
-	free(p->topic);
-	free(p->key);
-	free(p->value);
-	memset(p, 0, sizeof(*p));
-}
-
-static void *
-dup_bytes(const void *p, size_t len)
-{
-	void *d = malloc(len ? len : 1);
-
-	if (d != NULL && len > 0)
-		memcpy(d, p, len);
-	return d;
-}
-
-static int
-pending_copy(struct obx_core_pending *p, const struct obx_record *rec, uint64_t ticket, bool dl)
-{
-	memset(p, 0, sizeof(*p));
-	p->dead_letter = dl;
-	p->ticket = ticket;
-	p->topic = strdup(rec->topic);
-	p->key = rec->key != NULL ? dup_bytes(rec->key, rec->keylen) : NULL;
-	p->keylen = rec->keylen;
-	p->has_value = rec->value != NULL;
-	p->value = p->has_value ? dup_bytes(rec->value, rec->len) : NULL;
-	p->len = rec->len;
-	p->timestamp_ms = rec->timestamp_ms;
-	p->headers = calloc(rec->nheaders ? rec->nheaders : 1, sizeof(*p->headers));
-	p->hstore = calloc(rec->nheaders * 2 + 1, sizeof(*p->hstore));
-	if (p->topic == NULL || (rec->key != NULL && p->key == NULL) || (p->has_value && p->value == NULL) ||
-	    p->headers == NULL || p->hstore == NULL)
-		return OBX_ENOMEM;
-	for (size_t i = 0; i < rec->nheaders; i++) {
-		const struct obx_header *h = &rec->headers[i];
-
-		p->nheaders = i + 1;
-		p->hstore[2 * i] = strdup(h->name);
-		p->hstore[2 * i + 1] = h->value != NULL ? dup_bytes(h->value, h->len) : NULL;
-		if (p->hstore[2 * i] == NULL || (h->value != NULL && p->hstore[2 * i + 1] == NULL))
-			return OBX_ENOMEM;
-		p->headers[i] = (struct obx_header){ p->hstore[2 * i], p->hstore[2 * i + 1], h->len };
-	}
-	return 0;
-}
-
-static struct obx_record
-pending_record(const struct obx_core_pending *p)
-{
-	return (struct obx_record){ p->topic, p->key, p->keylen, p->has_value ? p->value : NULL, p->len,
-		p->timestamp_ms, p->headers, p->nheaders };
-}
-
-static void
-pending_push(struct obx_core *c, const struct obx_record *rec, uint64_t ticket, bool dl)
-{
-	struct obx_core_pending *grown;
-
-	if (c->npend == c->pend_cap) {
-		size_t cap = c->pend_cap ? c->pend_cap * 2 : 4;
-
-		grown = reallocarray(c->pend, cap, sizeof(*grown));
-		if (grown == NULL) {
-			fail(c, OBX_CORE_END_FATAL, "out of memory");
-			return;
-		}
-		c->pend = grown;
-		c->pend_cap = cap;
-	}
-	if (pending_copy(&c->pend[c->npend], rec, ticket, dl) != 0) {
-		pending_free(&c->pend[c->npend]);
-		fail(c, OBX_CORE_END_FATAL, "out of memory");
+	switch (o) {
+	case OBX_DLV_SENT:
+	case OBX_DLV_SETTLED:
+	case OBX_DLV_ACKED:
+	case OBX_DLV_IGNORED:
+	case OBX_DLV_REJECTED: /* obx_core_report() remembers the record */
+		return;
+	case OBX_DLV_WAIT_TOPIC:
+		/* nothing is confirmed past the event: the next session tries it again */
+		c->end_kafka = true;
+		fail_at(c, OBX_CORE_END_RETRY, &(struct obx_logfields){ .topic = res->f_topic },
+		    "%s, rewinding to the slot", res->why);
+		return;
+	case OBX_DLV_RETRY:
+		c->end_kafka = c->end_kafka || report;
+		fail_at(c, OBX_CORE_END_RETRY, &res->f, report ? "%s; rewinding to the slot" : "%s", res->why);
+		return;
+	case OBX_DLV_STOP:
+		fail_at(c, OBX_CORE_END_FATAL, &res->f, "%s", res->why);
 		return;
 	}
-	c->npend++;
 }
 
-static void
-pending_clear(struct obx_core *c)
-{
-	for (size_t i = 0; i < c->npend; i++)
-		pending_free(&c->pend[i]);
-	c->npend = 0;
-}
-
-/* ---- producing, and on_error for what cannot be produced ---- */
-
-/* Shows the longest wait in the metrics (none: no series). */
-static void
-missing_topics_metric(struct obx_core *c)
-{
-	int oldest = -1;
-
-	for (int i = 0; i < OBX_CORE_MISSING_TOPICS; i++)
-		if (c->missing[i].name[0] != '\0' &&
-		    (oldest < 0 || c->missing[i].since_ms < c->missing[oldest].since_ms))
-			oldest = i;
-	if (oldest < 0) {
-		c->m->missing_topic[0] = '\0';
-		c->m->missing_topic_seconds = 0;
-		return;
-	}
-	snprintf(c->m->missing_topic, sizeof(c->m->missing_topic), "%s", c->missing[oldest].name);
-	c->m->missing_topic_seconds = (double)(c->now_ms - c->missing[oldest].since_ms) / 1000.0;
-}
-
-/* Forgets the wait for topic: it exists, or on_error took its event. */
-static void
-topic_wait_over(struct obx_core *c, const char *topic)
-{
-	for (int i = 0; i < OBX_CORE_MISSING_TOPICS; i++)
-		if (strcmp(c->missing[i].name, topic) == 0)
-			c->missing[i].name[0] = '\0';
-	missing_topics_metric(c);
-}
-
-/*
- * A record for a topic the cluster does not have (yet): a topic created by a
- * pipeline after the service began writing, an operator's step not done.
- * For [delivery] missing_topic_timeout, counted per topic from its first
- * refusal, the session ends and rewinds to try again (nothing is confirmed
- * past the event); after that on_error decides.  A dead-letter copy is
- * never waited for: on_error has decided already.  Returns true while
- * waiting.
- */
-/* The rule itself, for every source (obx_core_topic_missing()). */
-static bool
-topic_wait(struct obx_core *c, const char *topic)
-{
-	int slot = -1, oldest = 0;
-
-	for (int i = 0; i < OBX_CORE_MISSING_TOPICS && slot < 0; i++)
-		if (strcmp(c->missing[i].name, topic) == 0)
-			slot = i;
-	if (slot < 0) {
-		for (int i = 0; i < OBX_CORE_MISSING_TOPICS; i++)
-			if (c->missing[i].name[0] == '\0' || c->missing[i].since_ms < c->missing[oldest].since_ms)
-				oldest = c->missing[i].name[0] == '\0' ? (slot = i) : i;
-		if (slot < 0)
-			slot = oldest;
-		snprintf(c->missing[slot].name, sizeof(c->missing[slot].name), "%s", topic);
-		c->missing[slot].since_ms = c->now_ms;
-		c->missing[slot].expired = false;
-	}
-	/* past the timeout it stays so: every record of the topic meets on_error at once (a fresh
-	 * wait per record would end each session again and never get past them) */
-	if (c->missing[slot].expired || c->now_ms - c->missing[slot].since_ms >= c->cfg->missing_topic_timeout_ms)
-		c->missing[slot].expired = true;
-	missing_topics_metric(c);
-	return !c->missing[slot].expired;
-}
-
-void
-obx_core_topic_present(struct obx_core *c, const char *topic)
-{
-	topic_wait_over(c, topic);
-}
-
-bool
-obx_core_topic_missing(struct obx_core *c, const char *topic, int64_t now_ms)
-{
-	c->now_ms = now_ms;
-	return topic_wait(c, topic);
-}
-
-static bool
-wait_for_topic(struct obx_core *c, const char *topic, bool dl)
-{
-	if (dl || !topic_wait(c, topic))
-		return false;
-	c->end_kafka = true;
-	fail_at(c, OBX_CORE_END_RETRY, &(struct obx_logfields){ .topic = topic },
-	    "topic %s does not exist (yet): waiting up to %lld s for it "
-	    "([delivery] missing_topic_timeout) before on_error applies, rewinding to the slot", topic,
-	    c->cfg->missing_topic_timeout_ms / 1000);
-	return true;
-}
-
-static void produce_now(struct obx_core *c, const struct obx_record *rec, uint64_t ticket, bool dl);
-
-/* Hands rec to the producer, behind any record the queue refused before (order). */
+/* Hands rec to the delivery policy (dl: rec is a dead-letter record already). */
 static void
 send_record(struct obx_core *c, const struct obx_record *rec, uint64_t ticket, bool dl)
 {
+	struct obx_dlv_result res;
+
 	if (ending(c))
 		return;
-	if (c->npend > 0) {
-		pending_push(c, rec, ticket, dl);
-		return;
-	}
-	produce_now(c, rec, ticket, dl);
-}
-
-/* Sends the dead-letter copy of rec: its headers, original_topic and error. */
-static void
-dead_letter_record(struct obx_core *c, const struct obx_record *rec, uint64_t ticket,
-    const char *reason)
-{
-	struct obx_header hs[MAX_HEADERS + 2];
-	struct obx_record dl = *rec;
-	size_t n = 0;
-
-	for (size_t i = 0; i < rec->nheaders && n < MAX_HEADERS; i++)
-		hs[n++] = rec->headers[i];
-	hs[n++] = (struct obx_header){ "original_topic", rec->topic, strlen(rec->topic) };
-	hs[n++] = (struct obx_header){ "error", reason, strlen(reason) };
-	dl.topic = c->cfg->dead_letter_topic;
-	dl.headers = hs;
-	dl.nheaders = n;
-	send_record(c, &dl, ticket, true);
-}
-
-/*
- * The producer refused rec for good.  An event goes to on_error; a
- * dead-letter copy is sent again with the headers alone (key and value
- * dropped); when even that is refused the run stops.
- */
-static void
-refused(struct obx_core *c, const struct obx_record *rec, uint64_t ticket, bool dl, const char *why)
-{
-	char id[128], lsn[32], xid[16];
-	struct record_fields rf;
-	const struct obx_logfields *f = record_fields(rec, &rf);
-
-	header_text(rec, "id", id, sizeof(id));
-	header_text(rec, "lsn", lsn, sizeof(lsn));
-	if (!dl && c->cfg->on_error == OBX_ON_ERROR_STOP) {
-		fail_at(c, OBX_CORE_END_FATAL, f, "event id=%s at lsn %s (xid %s) cannot be published: %s "
-		    "(on_error = stop: nothing after it is confirmed)", id, lsn,
-		    header_text(rec, "xid", xid, sizeof(xid)), why);
-		return;
-	}
-	if (!dl) {
-		note(c, OBX_LOG_WARN, f, "event id=%s at lsn %s cannot be published (%s): dead-lettering it to %s",
-		    id, lsn, why, c->cfg->dead_letter_topic);
-		dead_letter_record(c, rec, ticket, why);
-		return;
-	}
-	if (rec->key != NULL || rec->value != NULL) {
-		struct obx_record bare = *rec;
-
-		bare.key = bare.value = NULL;
-		bare.keylen = bare.len = 0;
-		send_record(c, &bare, ticket, true);
-		return;
-	}
-	fail_at(c, OBX_CORE_END_FATAL, f, "could not dead-letter event id=%s at lsn %s to %s: %s", id, lsn,
-	    c->cfg->dead_letter_topic, why);
+	delivered(c, obx_dlv_send(&c->dlv, rec, ticket, dl, c->now_ms, &res), &res, false);
 }
 
 /* An event found in Kafka: acknowledged by the next obx_core_pump(), never from here. */
@@ -542,79 +267,61 @@ batch_clear(struct obx_core *c)
 	memset(&c->batch, 0, sizeof(c->batch));
 }
 
-static void
-produce_now(struct obx_core *c, const struct obx_record *rec, uint64_t ticket, bool dl)
+/* Before each produce: a record rejected inside an aborted Kafka transaction, or de-duplication. */
+static enum obx_dlv_gate
+dlv_gate(void *ctx, const struct obx_record *rec, uint64_t ticket, bool dl, char *why, size_t whylen)
 {
-	char why[512] = "";
-	char id[128];
+	struct obx_core *c = ctx;
 	const char *was;
 
 	if (c->eos && (was = rejected_before(c, rec, dl)) != NULL) {
 		/* the broker rejected it inside a transaction that was aborted: on_error now */
-		refused(c, rec, ticket, dl, was);
-		return;
+		snprintf(why, whylen, "%s", was);
+		return OBX_DLV_GATE_REFUSED;
 	}
 	switch (dedupe(c, rec)) {
 	case OBX_DD_SKIP:
 		skip(c, ticket);
-		return;
+		return OBX_DLV_GATE_SETTLED;
 	case OBX_DD_WAIT:
-		pending_push(c, rec, ticket, dl); /* tried again by obx_core_pump(), in order */
-		return;
+		return OBX_DLV_GATE_HOLD; /* tried again by obx_core_pump(), in order */
 	default:
-		break;
-	}
-	switch (c->ops->produce(c->ctx, rec, obx_core_opaque(c->gen, ticket, dl), why, sizeof(why))) {
-	case OBX_PRODUCE_OK:
-		c->inflight++;
-		c->inflight_bytes += rec->len + rec->keylen;
-		if (c->eos)
-			batch_add(c, rec, ticket, dl);
-		return;
-	case OBX_PRODUCE_QUEUE_FULL:
-		pending_push(c, rec, ticket, dl); /* tried again by obx_core_pump(), in order */
-		return;
-	case OBX_PRODUCE_MISSING_TOPIC:
-		if (wait_for_topic(c, rec->topic, dl))
-			return;
-		refused(c, rec, ticket, dl, why);
-		return;
-	case OBX_PRODUCE_PERMANENT:
-		refused(c, rec, ticket, dl, why);
-		return;
-	case OBX_PRODUCE_TRANSIENT:
-		fail(c, OBX_CORE_END_RETRY, "could not produce event id=%s: %s",
-		    header_text(rec, "id", id, sizeof(id)), why);
-		return;
+		return OBX_DLV_GATE_SEND;
 	}
 }
+
+static enum obx_produce_result
+dlv_produce(void *ctx, const struct obx_record *rec, uint64_t opaque, char *why, size_t whylen)
+{
+	struct obx_core *c = ctx;
+
+	return c->ops->produce(c->ctx, rec, opaque, why, whylen);
+}
+
+static void
+dlv_accepted(void *ctx, const struct obx_record *rec, uint64_t ticket, bool dl)
+{
+	struct obx_core *c = ctx;
+
+	if (c->eos)
+		batch_add(c, rec, ticket, dl);
+}
+
+static void
+dlv_note(void *ctx, enum obx_log_level level, const struct obx_logfields *f, const char *line)
+{
+	note(ctx, level, f, "%s", line);
+}
+
+static const struct obx_delivery_ops core_dlv_ops = { dlv_gate, dlv_produce, dlv_accepted, dlv_note };
 
 /* Sends pending records in order until the queue refuses one again. */
 static void
 pending_flush(struct obx_core *c)
 {
-	while (c->npend > 0 && !ending(c)) {
-		struct obx_core_pending p = c->pend[0];
-		struct obx_record rec = pending_record(&p);
-		size_t before;
+	struct obx_dlv_result res;
 
-		memmove(&c->pend[0], &c->pend[1], (c->npend - 1) * sizeof(c->pend[0]));
-		c->npend--;
-		/* one attempt queues at most one record (this one, or its dead-letter copy):
-		 * refused by the producer's queue, or waiting for its topic's read-back */
-		before = c->npend;
-		produce_now(c, &rec, p.ticket, p.dead_letter);
-		if (c->npend > before) {
-			/* refused again: it goes back to the front, where it was */
-			struct obx_core_pending back = c->pend[c->npend - 1];
-
-			memmove(&c->pend[1], &c->pend[0], (c->npend - 1) * sizeof(c->pend[0]));
-			c->pend[0] = back;
-			pending_free(&p);
-			return;
-		}
-		pending_free(&p);
-	}
+	delivered(c, obx_dlv_pump(&c->dlv, c->now_ms, &res), &res, false);
 }
 
 /* ---- rows and messages of a committed transaction ---- */
@@ -834,7 +541,7 @@ static void check_floor(struct obx_core *c, obx_lsn commit_lsn, int64_t commit_t
 static void
 batch_txn_done(struct obx_core *c, obx_lsn end_lsn)
 {
-	if (!c->eos || c->npend > 0 || c->batch_records == 0)
+	if (!c->eos || obx_dlv_pending(&c->dlv) || c->batch_records == 0)
 		return;
 	c->batch.end_lsn = end_lsn;
 	c->batch.commit_time = c->txn.commit_time;
@@ -847,7 +554,7 @@ replay(struct obx_core *c)
 	const struct obx_sbuf_txn *t = obx_streambuf_get(&c->sbuf, c->replay_xid);
 	char a[OBX_LSN_STRLEN];
 
-	while (t != NULL && c->replay_next < t->nrows && !ending(c) && c->npend == 0 && !backpressured(c)) {
+	while (t != NULL && c->replay_next < t->nrows && !ending(c) && !obx_dlv_pending(&c->dlv) && !backpressured(c)) {
 		const struct obx_sbuf_row *row = &t->rows[c->replay_next++];
 
 		if (row->rel == OBX_SBUF_MESSAGE)
@@ -1175,84 +882,38 @@ obx_core_copydata(struct obx_core *c, const uint8_t *buf, size_t len)
 void
 obx_core_report(struct obx_core *c, const struct obx_report *r)
 {
-	uint64_t ticket = r->opaque & OP_TICKET_MASK;
-	bool dl = (r->opaque & OP_DEAD_LETTER) != 0;
-	char id[128], lsn[32];
-	struct record_fields rf;
-	const struct obx_logfields *f;
+	struct obx_dlv_result res;
+	enum obx_dlv_outcome o;
 	int64_t committed;
 
-	if (!c->active || ((r->opaque >> OP_GEN_SHIFT) & OP_GEN_MASK) != (c->gen & OP_GEN_MASK))
+	if (!c->active)
 		return; /* an earlier stream's report: never an ack now (docs/design.md, invariant 8) */
-	if (c->inflight > 0)
-		c->inflight--;
-	c->inflight_bytes -= c->inflight_bytes < r->record.len + r->record.keylen ? c->inflight_bytes :
-	    r->record.len + r->record.keylen;
-	switch (r->status) {
-	case OBX_REPORT_OK:
-		if (c->eos) {
-			topic_wait_over(c, r->record.topic);
-			return; /* acknowledged when its Kafka transaction commits (obx_core_commit_done) */
-		}
-		committed = obx_ack_ticket_time(&c->ack, ticket);
-		if (committed != 0)
-			obx_metrics_observe(c->m, (double)(r->now_us - committed) / 1e6);
-		if (obx_ack_ack(&c->ack, ticket) != 0) {
-			fail(c, OBX_CORE_END_FATAL, "delivery report for unknown ticket %" PRIu64, ticket);
-			return;
-		}
-		if (dl)
-			c->m->events_dead_lettered++;
-		else
-			c->published++;
-		topic_wait_over(c, r->record.topic);
-		return;
-	case OBX_REPORT_PURGED:
-		return; /* the session is being torn down */
-	case OBX_REPORT_MISSING_TOPIC:
-		if (wait_for_topic(c, r->record.topic, dl)) {
-			obx_metrics_kafka_error(c->m, r->error_name);
-			return;
-		}
-		break;
-	case OBX_REPORT_TRANSIENT:
-	case OBX_REPORT_PERMANENT:
-		break;
-	}
-	obx_metrics_kafka_error(c->m, r->error_name);
-	f = record_fields(&r->record, &rf);
-	header_text(&r->record, "id", id, sizeof(id));
-	header_text(&r->record, "lsn", lsn, sizeof(lsn));
-	if (r->status == OBX_REPORT_TRANSIENT) {
-		/* timeouts (a user-set message.timeout.ms) and the like: rewind, never skip */
+	o = obx_dlv_report(&c->dlv, r, c->now_ms, &res);
+	if (o == OBX_DLV_REJECTED) {
+		/* on_error applies to it in the next transaction, at the replay */
+		remember_rejected(c, &r->record, res.dead_letter, r->error);
 		c->end_kafka = true;
-		fail_at(c, OBX_CORE_END_RETRY, f, "delivery of event id=%s lsn=%s failed: %s; rewinding to the slot",
-		    id, lsn, r->error);
+		fail_at(c, OBX_CORE_END_RETRY, &res.f, "%s: aborting it and rewinding to the slot; on_error "
+		    "applies at the replay", res.why);
 		return;
 	}
-	if (c->eos && (dl || c->cfg->on_error == OBX_ON_ERROR_DEAD_LETTER)) {
-		/* a rejected record makes its Kafka transaction abortable: on_error applies to it
-		 * in the next transaction, at the replay (docs/design.md, "Exactly-once") */
-		remember_rejected(c, &r->record, dl, r->error);
-		c->end_kafka = true;
-		fail_at(c, OBX_CORE_END_RETRY, f, "%s id=%s lsn=%s rejected by the broker for %s (%s) inside a "
-		    "Kafka transaction: aborting it and rewinding to the slot; on_error applies at the replay",
-		    dl ? "dead-letter copy of event" : "event", id, lsn, r->record.topic, r->error);
+	if (o != OBX_DLV_ACKED) {
+		delivered(c, o, &res, true);
 		return;
 	}
-	if (dl) {
-		/* the broker rejects the copy too (the same size limit, say): the headers alone, then stop */
-		refused(c, &r->record, ticket, true, r->error);
+	if (c->eos)
+		return; /* acknowledged when its Kafka transaction commits (obx_core_commit_done) */
+	committed = obx_ack_ticket_time(&c->ack, res.ticket);
+	if (committed != 0)
+		obx_metrics_observe(c->m, (double)(r->now_us - committed) / 1e6);
+	if (obx_ack_ack(&c->ack, res.ticket) != 0) {
+		fail(c, OBX_CORE_END_FATAL, "delivery report for unknown ticket %" PRIu64, res.ticket);
 		return;
 	}
-	if (c->cfg->on_error == OBX_ON_ERROR_DEAD_LETTER) {
-		note(c, OBX_LOG_WARN, f, "event id=%s lsn=%s rejected by the broker for %s (%s): dead-lettering "
-		    "it to %s", id, lsn, r->record.topic, r->error, c->cfg->dead_letter_topic);
-		dead_letter_record(c, &r->record, ticket, r->error);
-		return;
-	}
-	fail_at(c, OBX_CORE_END_FATAL, f, "event id=%s lsn=%s rejected by the broker for topic %s: %s "
-	    "(on_error = stop: nothing after it is confirmed)", id, lsn, r->record.topic, r->error);
+	if (res.dead_letter)
+		c->m->events_dead_lettered++;
+	else
+		c->published++;
 }
 
 /* ---- restart de-duplication ---- */
@@ -1297,12 +958,10 @@ dd_note(void *ctx, enum obx_log_level level, const char *line)
 static bool
 backpressured(const struct obx_core *c)
 {
-	if (c->inflight == 0)
+	if (c->dlv.inflight == 0)
 		return false; /* always allow one event, however large */
 	/* the ack queue too: a stalled partition must not let acked transactions pile up behind it */
-	return c->inflight >= (uint64_t)c->cfg->max_inflight ||
-	    c->inflight_bytes >= (uint64_t)c->cfg->max_inflight_bytes ||
-	    c->ack.count >= (size_t)c->cfg->max_inflight;
+	return obx_dlv_capped(&c->dlv) || c->ack.count >= (size_t)c->cfg->max_inflight;
 }
 
 bool
@@ -1316,7 +975,7 @@ obx_core_can_read(const struct obx_core *c)
 {
 	/* when stopping, read on to the end of an open transaction: stopping inside one
 	 * would leave its acknowledged events unconfirmed, to be sent again */
-	return c->active && !ending(c) && c->npend == 0 && !c->replaying && !backpressured(c) &&
+	return c->active && !ending(c) && !obx_dlv_pending(&c->dlv) && !c->replaying && !backpressured(c) &&
 	    !c->committing && !c->commit_wanted && !(c->draining && !c->in_txn);
 }
 
@@ -1324,7 +983,7 @@ void
 obx_core_pump(struct obx_core *c, int64_t now_ms)
 {
 	c->now_ms = now_ms;
-	missing_topics_metric(c);
+	obx_topic_gauge(&c->waits, now_ms, c->m);
 	if (!c->active || ending(c))
 		return;
 	apply_skips(c);
@@ -1339,7 +998,7 @@ obx_core_pump(struct obx_core *c, int64_t now_ms)
 		return;
 	}
 	pending_flush(c);
-	if (c->replaying && c->npend == 0)
+	if (c->replaying && !obx_dlv_pending(&c->dlv))
 		replay(c);
 	if (ending(c))
 		return;
@@ -1357,14 +1016,14 @@ obx_core_pump(struct obx_core *c, int64_t now_ms)
 		level = c->pause_noted ? OBX_LOG_INFO : OBX_LOG_DEBUG;
 		if (c->paused)
 			note(c, level, NULL, "backpressure: %" PRIu64 " event(s), %" PRIu64 " byte(s) in flight, "
-			    "%zu transaction(s) unconfirmed; pausing the replication stream", c->inflight,
-			    c->inflight_bytes, c->ack.count);
+			    "%zu transaction(s) unconfirmed; pausing the replication stream", c->dlv.inflight,
+			    c->dlv.inflight_bytes, c->ack.count);
 		else
 			note(c, level, NULL, "backpressure released: resuming the replication stream");
 	}
 	if (!c->draining)
 		return;
-	if (c->ack.outstanding == 0 && !c->in_txn && c->npend == 0) {
+	if (c->ack.outstanding == 0 && !c->in_txn && !obx_dlv_pending(&c->dlv)) {
 		fail(c, OBX_CORE_END_STOP, "stopped");
 	} else if (now_ms >= c->drain_deadline_ms) {
 		note(c, OBX_LOG_WARN, NULL, "stopping with %" PRIu64 " event(s) unacknowledged after %d s "
@@ -1435,9 +1094,9 @@ obx_core_wait_ms(const struct obx_core *c, int64_t now_ms)
 		w = c->last_status_ms + OBX_CORE_STATUS_MIN_GAP_MS - now_ms;
 	if (c->draining && w > DRAIN_CHECK_MS)
 		w = DRAIN_CHECK_MS;
-	if (c->npend > 0 && w > PENDING_WAIT_MS)
+	if (obx_dlv_pending(&c->dlv) && w > PENDING_WAIT_MS)
 		w = PENDING_WAIT_MS; /* nothing wakes the loop when the producer's queue has room */
-	if (c->replaying && c->npend == 0 && !backpressured(c))
+	if (c->replaying && !obx_dlv_pending(&c->dlv) && !backpressured(c))
 		w = 0; /* reports served meanwhile let the Stream Commit go on: pump at once */
 	if (c->nskips > 0)
 		w = 0; /* events found in Kafka wait for their acknowledgement */
@@ -1479,6 +1138,7 @@ obx_core_init(struct obx_core *c, const struct obx_config *cfg, const struct obx
 	obx_relcache_init(&c->rels);
 	obx_ack_init(&c->ack, 0);
 	obx_streambuf_init(&c->sbuf, (size_t)cfg->stream_buffer_bytes);
+	obx_dlv_init(&c->dlv, cfg, OBX_DLV_STREAM, OBX_DLV_ON_ERROR, &core_dlv_ops, c, m, &c->waits);
 	return obx_event_builder_init(&c->eb, cfg);
 }
 
@@ -1489,7 +1149,7 @@ obx_core_reset(struct obx_core *c)
 	obx_event_builder_reset(&c->eb);
 	obx_pgoutput_reset(&c->dec);
 	message_row_free(c);
-	free(c->pend);
+	obx_dlv_reset(&c->dlv);
 	free(c->skips);
 	free(c->batch_tickets);
 	free(c->rejected);
@@ -1530,6 +1190,7 @@ obx_core_session_start(struct obx_core *c, obx_lsn start, int proto, int status_
 	obx_pgoutput_init(&c->dec, proto);
 	obx_ack_init(&c->ack, start);
 	obx_dedupe_init(&c->dd, dedupe_on(c), dd_note, c);
+	obx_dlv_begin(&c->dlv, c->gen, false);
 	c->received = c->sent_flush = c->server_wal_end = start;
 	c->last_status_ms = now_ms;
 	c->status_now = false;
@@ -1547,8 +1208,7 @@ obx_core_session_end(struct obx_core *c)
 		c->gen++; /* reports served while the producer closes belong to no session */
 	c->active = false;
 	c->in_txn = c->in_stream = c->replaying = false;
-	c->inflight = c->inflight_bytes = 0;
-	pending_clear(c);
+	obx_dlv_begin(&c->dlv, c->gen, false); /* nothing pending, nothing in flight */
 	c->nskips = 0;
 	if (c->eos && (c->batch_records > 0 || c->committing))
 		c->eos_aborts++; /* ended without its commit: the next init_transactions aborts it */
@@ -1572,6 +1232,7 @@ obx_core_exactly_once(struct obx_core *c, const struct obx_dd_mark *floor, int64
 	char a[OBX_LSN_STRLEN];
 
 	c->eos = true;
+	c->dlv.transactional = true;
 	batch_clear(c);
 	/* the progress record does what the read-back would: de-duplication is off */
 	obx_dedupe_reset(&c->dd);
@@ -1606,7 +1267,7 @@ obx_core_commit_due(struct obx_core *c, int64_t now_ms, bool idle, struct obx_co
 	 * record of it is acknowledged, so that no broker, consumer or crash ever sees the record
 	 * of a transaction without all of its events in the log ("Exactly-once") */
 	c->commit_wanted = true;
-	if (c->inflight > 0)
+	if (c->dlv.inflight > 0)
 		return false;
 	c->commit_wanted = false;
 	c->committing = true;
@@ -1629,7 +1290,8 @@ obx_core_commit_done(struct obx_core *c, enum obx_core_commit how, const char *w
 		return;
 	}
 	for (size_t i = 0; i < c->nbatch; i++) {
-		uint64_t ticket = c->batch_tickets[i] & OP_TICKET_MASK;
+		struct obx_dlv_tag t;
+		uint64_t ticket = obx_dlv_untag(c->batch_tickets[i], &t) ? t.ticket : 0;
 		int64_t committed = obx_ack_ticket_time(&c->ack, ticket);
 
 		if (committed != 0)
@@ -1638,11 +1300,65 @@ obx_core_commit_done(struct obx_core *c, enum obx_core_commit how, const char *w
 			fail(c, OBX_CORE_END_FATAL, "committed event with unknown ticket %" PRIu64, ticket);
 			return;
 		}
-		if (c->batch_tickets[i] & OP_DEAD_LETTER)
+		if (t.dead_letter)
 			c->m->events_dead_lettered++;
 		else
 			c->published++;
 	}
 	c->eos_commits++;
 	batch_clear(c);
+}
+
+void
+obx_core_progress_record(const struct obx_core_progress *p, const struct obx_progress_source *src,
+    struct obx_progress *out)
+{
+	*out = (struct obx_progress){ .mark = p->mark, .mark_commit_time = p->mark_commit_time,
+		.has_source = true, .src = *src, .end_lsn = p->end_lsn, .commit_time = p->commit_time,
+		.records = p->records };
+}
+
+enum obx_core_end
+obx_core_txn_init_end(enum obx_txn_result res, const char *txn_id, int budget_ms, char *why,
+    size_t whylen)
+{
+	if (res == OBX_TXN_OK)
+		return OBX_CORE_RUNNING;
+	if (res == OBX_TXN_PENDING)
+		snprintf(why, whylen, "Kafka transactions for transactional.id %s not initialised within %d s",
+		    txn_id, budget_ms / 1000);
+	return res == OBX_TXN_FENCED ? OBX_CORE_END_FATAL : OBX_CORE_END_RETRY;
+}
+
+enum obx_core_end
+obx_core_fenced_end(bool connection_ours, const char *txn_id, const char *slot, char *why, size_t whylen)
+{
+	return obx_progress_fenced(connection_ours, txn_id, slot, why, whylen) == OBX_PROGRESS_STOP ?
+	    OBX_CORE_END_FATAL : OBX_CORE_END_RETRY;
+}
+
+enum obx_core_commit
+obx_core_commit_verdict(enum obx_txn_result res, bool connection_ours, const char *txn_id,
+    const char *slot, char *why, size_t whylen)
+{
+	switch (res) {
+	case OBX_TXN_OK:
+		return OBX_CORE_COMMIT_OK;
+	case OBX_TXN_ABORT:
+		return OBX_CORE_COMMIT_ABORT;
+	case OBX_TXN_FENCED:
+		/* a new session goes on through the rewind of a FATAL commit */
+		return obx_core_fenced_end(connection_ours, txn_id, slot, why, whylen) == OBX_CORE_END_FATAL ?
+		    OBX_CORE_COMMIT_FENCED : OBX_CORE_COMMIT_FATAL;
+	default:
+		return OBX_CORE_COMMIT_FATAL;
+	}
+}
+
+int
+obx_core_status_interval(int status_interval_ms, int wal_sender_timeout_ms)
+{
+	if (wal_sender_timeout_ms > 0 && wal_sender_timeout_ms / 3 < status_interval_ms)
+		return wal_sender_timeout_ms / 3;
+	return status_interval_ms;
 }

@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "obx/delivery.h"
 #include "obx/err.h"
 #include "obx/log.h"
 #include "obx/pgstream.h"
@@ -30,10 +31,9 @@
 /* each FETCH is read a row at a time (single-row mode): libpq holds one row, whatever the sizes */
 #define FETCH_SQL "FETCH 500 FROM outboxd_snapshot"
 #define PROGRESS_MS 10000
-#define OP_SNAPSHOT (1ULL << 62)
-#define OP_DEAD_LETTER (1ULL << 61)
-#define OP_BARE (1ULL << 60) /* a dead-letter copy of headers only */
 #define CTID_COL "outboxd_snapshot_ctid"
+
+static const struct obx_delivery_ops snapshot_ops;
 
 int
 obx_snapshot_init(struct obx_snapshot *s, const struct obx_config *cfg, struct obx_core *core,
@@ -47,6 +47,9 @@ obx_snapshot_init(struct obx_snapshot *s, const struct obx_config *cfg, struct o
 	if (obx_event_builder_init(&s->eb, cfg) != 0)
 		return OBX_ENOMEM;
 	s->eb_ready = true;
+	/* the stream's missing-topic waits: one rule and one gauge for the process */
+	obx_dlv_init(&s->dlv, cfg, OBX_DLV_SNAPSHOT, OBX_DLV_ON_ERROR, &snapshot_ops, s, m, &core->waits);
+	obx_dlv_begin(&s->dlv, core->gen, false);
 	return 0;
 }
 
@@ -58,6 +61,7 @@ obx_snapshot_reset(struct obx_snapshot *s)
 	obx_rel_free(&s->rel);
 	free(s->datums);
 	free(s->hdrs);
+	obx_dlv_reset(&s->dlv);
 	memset(s, 0, sizeof(*s));
 }
 
@@ -78,207 +82,88 @@ fail(struct obx_snapshot *s, int end, const char *fmt, ...)
 	va_end(ap);
 }
 
-/*
- * Produces, waiting while the producer's queue is full (the tick runs
- * meanwhile: a stop signal ends the wait).  Returns librdkafka's result.
- */
-static rd_kafka_resp_err_t
-produce(struct obx_snapshot *s, const char *topic, const void *key, size_t keylen, const void *value,
-    size_t len, int64_t ts, const struct obx_header *h, size_t nh, uint64_t opaque)
+/* ---- the delivery policy's actions (delivery.h) ---- */
+
+static enum obx_produce_result
+snap_produce(void *ctx, const struct obx_record *rec, uint64_t opaque, char *why, size_t whylen)
 {
+	struct obx_snapshot *s = ctx;
 	rd_kafka_resp_err_t err;
 
-	while ((err = obx_kafka_produce(s->kf, topic, RD_KAFKA_PARTITION_UA, key, keylen, value, len, ts, h,
-	    nh, NULL, NULL, opaque)) == RD_KAFKA_RESP_ERR__QUEUE_FULL) {
-		obx_kafka_poll(s->kf, 100);
-		if (s->tick != NULL && s->tick(s->tick_arg)) {
-			s->stopped = true;
-			return RD_KAFKA_RESP_ERR__QUEUE_FULL;
-		}
+	err = obx_kafka_produce(s->kf, rec->topic, RD_KAFKA_PARTITION_UA, rec->key, rec->keylen, rec->value,
+	    rec->len, rec->timestamp_ms, rec->headers, rec->nheaders, NULL, NULL, opaque);
+	if (err != RD_KAFKA_RESP_ERR_NO_ERROR && err != RD_KAFKA_RESP_ERR__QUEUE_FULL) {
+		obx_metrics_kafka_error(s->m, rd_kafka_err2name(err));
+		snprintf(why, whylen, "%s", rd_kafka_err2str(err));
 	}
-	if (err == RD_KAFKA_RESP_ERR_NO_ERROR) {
-		s->outstanding++;
-		s->outstanding_bytes += len + keylen;
-	}
-	return err;
+	return obx_kafka_produce_result(err);
 }
 
-static bool
-refused_for_good(rd_kafka_resp_err_t err)
+static void
+snap_note(void *ctx, enum obx_log_level level, const struct obx_logfields *f, const char *line)
 {
-	return (obx_kafka_err_is_permanent(err) || err == RD_KAFKA_RESP_ERR__INVALID_ARG ||
-	    err == RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE) && !obx_kafka_err_is_missing_topic(err);
+	struct obx_snapshot *s = ctx;
+
+	obx_log_f(level, f, "snapshot of slot %s: %s", s->cfg->slot, line);
 }
+
+static const struct obx_delivery_ops snapshot_ops = { NULL, snap_produce, NULL, snap_note };
 
 /*
- * The dead-letter copy of a record refused for good ([delivery] on_error =
- * dead_letter, as for streamed events): the record with its headers plus
- * original_topic and error; when that copy is refused too (the record is
- * too large, say), its headers alone (bare).  A bare copy refused ends the
- * run: nothing more can be done with the row.
+ * What an outcome of the delivery policy means for the run: a wait for a
+ * topic or a transient failure ends it so that the next session starts the
+ * snapshot again; what on_error cannot take ends it with exit 1.  Returns
+ * 0 or the run's end code.
  */
-static void
-dead_letter(struct obx_snapshot *s, const char *topic, const void *key, size_t keylen,
-    const void *value, size_t len, int64_t ts, const struct obx_header *hdrs, size_t nh,
-    const char *why, bool bare)
+static int
+delivered(struct obx_snapshot *s, enum obx_dlv_outcome o, const struct obx_dlv_result *res)
 {
-	struct obx_header hs[66];
-	size_t n = 0;
-	rd_kafka_resp_err_t err;
-	char id[128] = "";
-	struct obx_logfields f = { .topic = topic, .event_id = id };
-
-	for (size_t i = 0; i < nh; i++)
-		if (strcmp(hdrs[i].name, "id") == 0 && hdrs[i].value != NULL)
-			snprintf(id, sizeof(id), "%.*s", (int)hdrs[i].len, (const char *)hdrs[i].value);
-	for (size_t i = 0; i < nh && n < 64; i++)
-		if (strcmp(hdrs[i].name, "original_topic") != 0 && strcmp(hdrs[i].name, "error") != 0)
-			hs[n++] = hdrs[i];
-	hs[n++] = (struct obx_header){ "original_topic", topic, strlen(topic) };
-	hs[n++] = (struct obx_header){ "error", why, strlen(why) };
-	for (;; bare = true) {
-		err = produce(s, s->cfg->dead_letter_topic, bare ? NULL : key, bare ? 0 : keylen,
-		    bare ? NULL : value, bare ? 0 : len, ts, hs, n,
-		    OP_SNAPSHOT | OP_DEAD_LETTER | (bare ? OP_BARE : 0));
-		if (err == RD_KAFKA_RESP_ERR_NO_ERROR) {
-			obx_log_f(OBX_LOG_WARN, &f, "snapshot of slot %s: a record for %s was refused (%s): dead-lettered to %s%s",
-			    s->cfg->slot, topic, why, s->cfg->dead_letter_topic, bare ? " (headers only)" : "");
-			return;
-		}
-		if (bare || s->stopped || !refused_for_good(err))
-			break;
+	switch (o) {
+	case OBX_DLV_SENT:
+	case OBX_DLV_SETTLED:
+	case OBX_DLV_ACKED:
+	case OBX_DLV_IGNORED:
+		return 0;
+	case OBX_DLV_WAIT_TOPIC:
+	case OBX_DLV_RETRY:
+		fail(s, OBX_EIO, "snapshot of slot %s: %s; the snapshot starts again", s->cfg->slot, res->why);
+		break;
+	case OBX_DLV_REJECTED:
+	case OBX_DLV_STOP:
+		fail(s, OBX_ECONFIG, "snapshot of slot %s: %s", s->cfg->slot, res->why);
+		break;
 	}
-	/* a missing dead-letter topic is not waited for: on_error has decided */
-	if (!s->stopped)
-		fail(s, refused_for_good(err) || obx_kafka_err_is_missing_topic(err) ? OBX_ECONFIG : OBX_EIO,
-		    "snapshot of slot %s: could not dead-letter a record for %s that was refused (%s): %s",
-		    s->cfg->slot, topic, why, rd_kafka_err2str(err));
-}
-
-/* Dead-letters the record of a delivery report that failed for good. */
-static void
-dead_letter_report(struct obx_snapshot *s, const rd_kafka_message_t *m, bool bare)
-{
-	struct obx_header hs[64];
-	rd_kafka_headers_t *h = NULL;
-	const char *name;
-	const void *v;
-	size_t sz, n = 0;
-	char topic[256];
-
-	snprintf(topic, sizeof(topic), "%s", rd_kafka_topic_name(m->rkt));
-	if (rd_kafka_message_headers(m, &h) == 0)
-		for (size_t i = 0; n < 64 && rd_kafka_header_get_all(h, i, &name, &v, &sz) == 0; i++) {
-			hs[n++] = (struct obx_header){ name, v, sz };
-			/* a dead-letter copy names the record's own topic */
-			if (bare && strcmp(name, "original_topic") == 0 && v != NULL)
-				snprintf(topic, sizeof(topic), "%.*s", (int)sz, (const char *)v);
-		}
-	dead_letter(s, topic, m->key, m->key_len, m->payload, m->len,
-	    rd_kafka_message_timestamp(m, NULL), hs, n, rd_kafka_err2str(m->err), bare);
-}
-
-/* The original topic a dead-letter copy names in its header, into buf ("?" when it has none). */
-static const char *
-topic_of_copy(const rd_kafka_message_t *m, char *buf, size_t len)
-{
-	rd_kafka_headers_t *h = NULL;
-	const void *v = NULL;
-	size_t sz = 0;
-
-	if (rd_kafka_message_headers(m, &h) != 0 ||
-	    rd_kafka_header_get_last(h, "original_topic", &v, &sz) != RD_KAFKA_RESP_ERR_NO_ERROR || v == NULL)
-		snprintf(buf, len, "?");
-	else
-		snprintf(buf, len, "%.*s", (int)sz, (const char *)v);
-	return buf;
-}
-
-enum missing_verdict { MISSING_WAIT, MISSING_DEAD_LETTER, MISSING_STOP };
-
-/*
- * A record for topic, which the cluster does not have: the core's rule
- * (obx_core_topic_missing()) says whether the wait goes on, the run then
- * ending so that the next session starts the snapshot again, or on_error
- * takes the record: a dead-letter copy (the caller sends it), or the end
- * of the run with exit 1.  The run's end is set here unless the verdict is
- * MISSING_DEAD_LETTER.
- */
-static enum missing_verdict
-missing_topic(struct obx_snapshot *s, const char *topic)
-{
-	if (obx_core_topic_missing(s->core, topic, obx_mono_ms())) {
-		fail(s, OBX_EIO, "snapshot of slot %s: topic %s does not exist (yet): waiting up to %lld s for "
-		    "it ([delivery] missing_topic_timeout) before on_error applies; the snapshot starts again",
-		    s->cfg->slot, topic, s->cfg->missing_topic_timeout_ms / 1000);
-		return MISSING_WAIT;
-	}
-	if (s->cfg->on_error == OBX_ON_ERROR_DEAD_LETTER)
-		return MISSING_DEAD_LETTER;
-	fail(s, OBX_ECONFIG, "snapshot of slot %s: topic %s still does not exist after [delivery] "
-	    "missing_topic_timeout (%lld s): its record cannot be published ([delivery] on_error = stop)",
-	    s->cfg->slot, topic, s->cfg->missing_topic_timeout_ms / 1000);
-	return MISSING_STOP;
+	return s->end;
 }
 
 void
 obx_snapshot_report(struct obx_snapshot *s, uint64_t opaque, const rd_kafka_message_t *m)
 {
-	bool dl = (opaque & OP_DEAD_LETTER) != 0;
+	struct obx_header hs[OBX_DLV_MAX_HEADERS];
+	struct obx_report rep;
+	struct obx_dlv_result res;
+	enum obx_dlv_outcome o;
 
-	if ((opaque & OP_SNAPSHOT) == 0 || s->outstanding == 0)
+	obx_kafka_report(m, opaque, hs, OBX_DLV_MAX_HEADERS, &rep);
+	o = obx_dlv_report(&s->dlv, &rep, obx_mono_ms(), &res);
+	if (o != OBX_DLV_ACKED) {
+		(void)delivered(s, o, &res);
 		return;
-	s->outstanding--;
-	s->outstanding_bytes -= s->outstanding_bytes < m->len + m->key_len ? s->outstanding_bytes :
-	    m->len + m->key_len;
-	if (m->err == RD_KAFKA_RESP_ERR_NO_ERROR) {
-		s->acked++;
-		if (dl) {
-			s->dead_lettered++;
-			s->m->events_dead_lettered++;
-		} else {
-			obx_metrics_published(s->m, s->m->events_published + 1, obx_unix_seconds());
-			obx_core_topic_present(s->core, rd_kafka_topic_name(m->rkt)); /* a wait for it is over */
-		}
+	}
+	s->acked++;
+	if (res.dead_letter) {
+		s->dead_lettered++;
+		s->m->events_dead_lettered++;
+	} else {
+		obx_metrics_published(s->m, s->m->events_published + 1, obx_unix_seconds());
+	}
 #ifdef OBX_TEST_HOOKS
-		if (s->kill_after > 0 && s->acked >= (uint64_t)s->kill_after) {
-			obx_log_info("test hook: killing myself after %" PRIu64 " snapshot acknowledgement(s)",
-			    s->acked);
-			raise(SIGKILL);
-		}
+	if (s->kill_after > 0 && s->acked >= (uint64_t)s->kill_after) {
+		obx_log_info("test hook: killing myself after %" PRIu64 " snapshot acknowledgement(s)",
+		    s->acked);
+		raise(SIGKILL);
+	}
 #endif
-		return;
-	}
-	obx_metrics_kafka_error(s->m, rd_kafka_err2name(m->err));
-	if (dl && obx_kafka_err_is_missing_topic(m->err)) {
-		char orig[256];
-
-		/* the dead-letter topic itself is missing: nothing is waited for once on_error decided */
-		fail(s, OBX_ECONFIG, "snapshot of slot %s: the dead-letter topic %s does not exist: a record "
-		    "for %s cannot be set aside (create the topic, see [delivery] dead_letter_topic)",
-		    s->cfg->slot, rd_kafka_topic_name(m->rkt), topic_of_copy(m, orig, sizeof(orig)));
-		return;
-	}
-	if (refused_for_good(m->err) && (opaque & OP_BARE) == 0) {
-		if (s->cfg->on_error == OBX_ON_ERROR_DEAD_LETTER)
-			/* a refused dead-letter copy goes again as its headers alone */
-			dead_letter_report(s, m, dl);
-		else
-			fail(s, OBX_ECONFIG, "snapshot of slot %s: the broker refused a record for %s: %s "
-			    "([delivery] on_error = stop)", s->cfg->slot, rd_kafka_topic_name(m->rkt),
-			    rd_kafka_err2str(m->err));
-		return;
-	}
-	if (!dl && obx_kafka_err_is_missing_topic(m->err) &&
-	    missing_topic(s, rd_kafka_topic_name(m->rkt)) == MISSING_DEAD_LETTER) {
-		dead_letter_report(s, m, false);
-		return;
-	}
-	/* the broker down past message.timeout.ms, a missing topic, a purge: the next session
-	 * publishes the pending rows again; a bare dead-letter copy refused: nothing more to do */
-	fail(s, refused_for_good(m->err) ? OBX_ECONFIG : OBX_EIO, "snapshot of slot %s: could not "
-	    "publish a record to %s%s: %s", s->cfg->slot, rd_kafka_topic_name(m->rkt),
-	    dl ? " (dead-letter copy)" : "", rd_kafka_err2str(m->err));
 }
 
 /* ---- reading the rows ---- */
@@ -459,8 +344,10 @@ bad_row(struct obx_snapshot *s, const struct obx_pg_tuple *t, const char *table_
 		{ "error", why, strlen(why) },
 		{ "snapshot", s->point, strlen(s->point) },
 	};
-	rd_kafka_resp_err_t e;
+	struct obx_dlv_result res;
+	struct obx_record rec;
 	char *row;
+	int r;
 
 	if (s->cfg->on_error != OBX_ON_ERROR_DEAD_LETTER) {
 		fail(s, OBX_ECONFIG, "snapshot of slot %s: row %s of %s.%s cannot become an event: %s "
@@ -472,35 +359,31 @@ bad_row(struct obx_snapshot *s, const struct obx_pg_tuple *t, const char *table_
 		fail(s, OBX_ENOMEM, "out of memory");
 		return s->end;
 	}
-	e = produce(s, s->cfg->dead_letter_topic, NULL, 0, row, strlen(row), 0, hs, 2,
-	    OP_SNAPSHOT | OP_DEAD_LETTER);
+	rec = (struct obx_record){ s->cfg->dead_letter_topic, NULL, 0, row, strlen(row), 0, hs, 2 };
+	r = delivered(s, obx_dlv_send(&s->dlv, &rec, s->rows, true, obx_mono_ms(), &res), &res);
 	free(row);
-	if (s->stopped)
-		return OBX_ESTATE;
-	if (e != RD_KAFKA_RESP_ERR_NO_ERROR) {
-		fail(s, OBX_EIO, "snapshot of slot %s: could not dead-letter row %s: %s", s->cfg->slot,
-		    table_ctid, rd_kafka_err2str(e));
-		return s->end;
-	}
-	obx_log_warn("snapshot of slot %s: row %s of %s.%s cannot become an event (%s): dead-lettered to "
-	    "%s", s->cfg->slot, table_ctid, s->cfg->table_schema, s->cfg->table_name, why,
-	    s->cfg->dead_letter_topic);
-	return 0;
+	if (r == 0)
+		obx_log_warn("snapshot of slot %s: row %s of %s.%s cannot become an event (%s): dead-lettering "
+		    "it to %s", s->cfg->slot, table_ctid, s->cfg->table_schema, s->cfg->table_name, why,
+		    s->cfg->dead_letter_topic);
+	return r;
 }
 
 /*
- * Serves delivery reports until at most limit records (limit_bytes bytes)
- * are outstanding; the tick runs about every 100 ms, also when nothing has
- * to wait.  Returns 0, the run's end code, or OBX_ESTATE when the tick
+ * Serves delivery reports, and moves on what the producer's queue refused,
+ * until room(s) holds; the tick runs about every 100 ms, also when nothing
+ * has to wait.  Returns 0, the run's end code, or OBX_ESTATE when the tick
  * asks to stop.
  */
 static int
-wait_reports(struct obx_snapshot *s, uint64_t limit, uint64_t limit_bytes)
+wait_reports(struct obx_snapshot *s, bool (*room)(const struct obx_snapshot *, size_t), size_t bytes)
 {
-	while (s->end == 0) {
-		bool over = s->outstanding > limit || s->outstanding_bytes > limit_bytes;
+	struct obx_dlv_result res;
 
-		obx_kafka_poll(s->kf, over ? 100 : 0);
+	while (s->end == 0) {
+		obx_kafka_poll(s->kf, room(s, bytes) ? 0 : 100);
+		if (delivered(s, obx_dlv_pump(&s->dlv, obx_mono_ms(), &res), &res) != 0)
+			break;
 		if (s->tick != NULL && obx_mono_ms() - s->ticked_ms >= 100) {
 			s->ticked_ms = obx_mono_ms();
 			if (s->tick(s->tick_arg)) {
@@ -508,7 +391,7 @@ wait_reports(struct obx_snapshot *s, uint64_t limit, uint64_t limit_bytes)
 				return OBX_ESTATE;
 			}
 		}
-		if ((s->outstanding <= limit && s->outstanding_bytes <= limit_bytes) || s->end != 0)
+		if (room(s, bytes) || s->end != 0)
 			break;
 		if (obx_mono_ms() >= s->next_note_ms) {
 			obx_log_info("snapshot of slot %s: %" PRIu64 " row(s) read, %" PRIu64 " acknowledged, "
@@ -518,6 +401,29 @@ wait_reports(struct obx_snapshot *s, uint64_t limit, uint64_t limit_bytes)
 		}
 	}
 	return s->end;
+}
+
+/* Room for a record of bytes: the in-flight bounds hold with it (one record always goes). */
+static bool
+room_for(const struct obx_snapshot *s, size_t bytes)
+{
+	return obx_dlv_room_for(&s->dlv, bytes);
+}
+
+/* Nothing waits: every record produced has its report. */
+static bool
+all_reported(const struct obx_snapshot *s, size_t bytes)
+{
+	(void)bytes;
+	return !obx_dlv_pending(&s->dlv) && s->dlv.inflight == 0;
+}
+
+/* Anything: a turn of the loop while the server works. */
+static bool
+any(const struct obx_snapshot *s, size_t bytes)
+{
+	(void)s, (void)bytes;
+	return true;
 }
 
 /*
@@ -531,7 +437,7 @@ wait_result(struct obx_snapshot *s, PGconn *c)
 {
 	while (PQisBusy(c)) {
 		struct pollfd p = { PQsocket(c), POLLIN, 0 };
-		int r = wait_reports(s, UINT64_MAX, UINT64_MAX);
+		int r = wait_reports(s, any, 0);
 
 		if (r != 0)
 			return r; /* stopped, or the run ended (a report): the FETCH is not waited for */
@@ -551,9 +457,10 @@ produce_row(struct obx_snapshot *s, const PGresult *res)
 	struct obx_txninfo txn = { 0, 0, obx_pg_now() };
 	struct obx_pg_tuple t = { (uint16_t)nf, s->datums };
 	struct obx_event ev;
+	struct obx_record rec;
+	struct obx_dlv_result dres;
 	char why[512];
 	size_t nh;
-	rd_kafka_resp_err_t err;
 	int r;
 
 	for (int f = 0; f < nf; f++) {
@@ -575,31 +482,10 @@ produce_row(struct obx_snapshot *s, const PGresult *res)
 		return s->end;
 	}
 	/* what waits for the broker is bounded per record, as in the stream */
-	if ((r = wait_reports(s, s->window - 1, s->window_bytes - (ev.len + ev.keylen < s->window_bytes ?
-	    ev.len + ev.keylen : s->window_bytes))) != 0)
+	if ((r = wait_reports(s, room_for, ev.len + ev.keylen)) != 0)
 		return r;
-	err = produce(s, ev.topic, ev.key, ev.keylen, ev.value, ev.len, ev.timestamp_ms, s->hdrs, nh,
-	    OP_SNAPSHOT);
-	if (s->stopped)
-		return OBX_ESTATE;
-	if (err == RD_KAFKA_RESP_ERR_NO_ERROR)
-		return 0;
-	obx_metrics_kafka_error(s->m, rd_kafka_err2name(err));
-	if (obx_kafka_err_is_missing_topic(err)) {
-		if (missing_topic(s, ev.topic) == MISSING_DEAD_LETTER)
-			dead_letter(s, ev.topic, ev.key, ev.keylen, ev.value, ev.len, ev.timestamp_ms, s->hdrs,
-			    nh, rd_kafka_err2str(err), false);
-		return s->stopped ? OBX_ESTATE : s->end;
-	}
-	if (refused_for_good(err) && s->cfg->on_error == OBX_ON_ERROR_DEAD_LETTER)
-		dead_letter(s, ev.topic, ev.key, ev.keylen, ev.value, ev.len, ev.timestamp_ms, s->hdrs,
-		    nh, rd_kafka_err2str(err), false);
-	else
-		fail(s, refused_for_good(err) ? OBX_ECONFIG : OBX_EIO, "snapshot of slot %s: could not "
-		    "publish the event of row %s (id %s) to %s: %s%s", s->cfg->slot,
-		    PQgetvalue(res, 0, 0), ev.id, ev.topic, rd_kafka_err2str(err),
-		    refused_for_good(err) ? " ([delivery] on_error = stop)" : "");
-	return s->stopped ? OBX_ESTATE : s->end;
+	rec = (struct obx_record){ ev.topic, ev.key, ev.keylen, ev.value, ev.len, ev.timestamp_ms, s->hdrs, nh };
+	return delivered(s, obx_dlv_send(&s->dlv, &rec, s->rows, false, obx_mono_ms(), &dres), &dres);
 }
 
 /*
@@ -668,9 +554,7 @@ obx_snapshot_run(struct obx_snapshot *s, PGconn *conn, bool imported, obx_lsn st
 	int r;
 
 	/* [delivery] max_inflight and max_inflight_bytes bound what waits for the broker, as in
-	 * the stream (docs/design.md, invariant 7) */
-	s->window = (uint64_t)cfg->max_inflight;
-	s->window_bytes = (uint64_t)cfg->max_inflight_bytes; /* at least 1024 (config.c) */
+	 * the stream (docs/design.md, invariant 7): obx_dlv_room_for() */
 	s->tick = tick;
 	s->tick_arg = arg;
 	s->started_ms = obx_mono_ms();
@@ -717,9 +601,7 @@ obx_snapshot_run(struct obx_snapshot *s, PGconn *conn, bool imported, obx_lsn st
 			break;
 	}
 	if (r == 0)
-		r = wait_reports(s, 0, 0);
-	if (r == 0 && s->stopped)
-		r = OBX_ESTATE; /* a stop while a copy waited for the queue: not every row is accounted for */
+		r = wait_reports(s, all_reported, 0);
 	if (r == OBX_ESTATE) {
 		snprintf(errbuf, errlen, "stopped during the snapshot of slot %s: %" PRIu64 " of its rows "
 		    "acknowledged; the next start publishes its pending rows again", cfg->slot, s->acked);

@@ -15,8 +15,10 @@
 #include <librdkafka/rdkafka.h>
 
 #include "obx/config.h"
+#include "obx/delivery.h"
 #include "obx/metrics.h"
 #include "obx/event.h"
+#include "obx/progress.h" /* enum obx_txn_result */
 
 /* Called from obx_kafka_poll() for each delivery report; m is borrowed. */
 typedef void (*obx_delivery_fn)(void *ctx, uint64_t opaque, const rd_kafka_message_t *m);
@@ -46,15 +48,6 @@ struct obx_kafka {
 
 /* The opaque of a progress record: its delivery report is not an event's. */
 #define OBX_KAFKA_OPAQUE_PROGRESS UINT64_MAX
-
-/* How a transactional call ended. */
-enum obx_txn_result {
-	OBX_TXN_OK,
-	OBX_TXN_PENDING,   /* still under way (a retriable time-out): call again */
-	OBX_TXN_ABORT,     /* the transaction cannot commit: abort it and rewind */
-	OBX_TXN_FENCED,    /* another producer with the same transactional.id took over */
-	OBX_TXN_FATAL,     /* the producer is unusable: recreate it and rewind */
-};
 
 /*
  * Builds the producer configuration from cfg: outboxd's defaults
@@ -137,5 +130,21 @@ bool obx_kafka_err_is_missing_topic(rd_kafka_resp_err_t err);
 
 /* True for errors that will never succeed on retry (the event is poison). */
 bool obx_kafka_err_is_permanent(rd_kafka_resp_err_t err);
+
+/*
+ * The one classification of the broker's and the producer's refusals for
+ * the delivery policy (delivery.h), used by every source: what a produce
+ * call's result means, and how a delivery report ended.
+ */
+enum obx_produce_result obx_kafka_produce_result(rd_kafka_resp_err_t err);
+enum obx_report_status obx_kafka_report_status(rd_kafka_resp_err_t err);
+
+/*
+ * A delivery report as the delivery policy reads it: *rep describes m,
+ * tagged opaque, with up to nhs of its headers in hs (read only when it
+ * failed: they name the event).  rep borrows m and hs.
+ */
+void obx_kafka_report(const rd_kafka_message_t *m, uint64_t opaque, struct obx_header *hs, size_t nhs,
+    struct obx_report *rep);
 
 #endif

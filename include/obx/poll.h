@@ -5,8 +5,9 @@
  * mark what the broker acknowledged published in the transaction that
  * holds the row locks, and record failures with capped exponential backoff.
  *
- * Two halves: the SQL text and the backoff arithmetic are pure (pollsql.c,
- * in the core library, unit-tested); the loop is I/O (poll.c).
+ * Three parts: the SQL text and the backoff arithmetic are pure (pollsql.c,
+ * in the core library, unit-tested), so are the decisions for a claimed
+ * batch (pollcore.h); the loop is I/O (poll.c).
  */
 #ifndef OBX_POLL_H
 #define OBX_POLL_H
@@ -14,6 +15,7 @@
 #include <stdint.h>
 
 #include "obx/config.h"
+#include "obx/pollcore.h"
 #include "obx/relay.h"
 
 /*
@@ -54,52 +56,6 @@ void obx_poll_sql_reset(struct obx_poll_sql *s);
  * (buf then holds a truncated, unusable prefix).
  */
 int obx_poll_quote_ident(const char *name, char *buf, size_t len);
-
-/*
- * How many rows one claim sends at most: [poll] batch, cut to [delivery]
- * max_inflight, the in-flight bound of every source (the producer's queue
- * holds twice that many records).  The claim locks up to [poll] batch rows,
- * so that rows held back behind a failing row of their key do not crowd the
- * other keys out; those past the cut stay pending for the next claim.
- */
-long long obx_poll_claim_rows(const struct obx_config *cfg);
-
-/* What polling does with one claimed row (obx_poll_row_action()). */
-enum obx_poll_action {
-	OBX_POLL_SEND,        /* produce its record */
-	OBX_POLL_HOLD,        /* leave it pending, untouched: an earlier row of its key failed in this batch */
-	OBX_POLL_FAIL,        /* it cannot become a record: an attempt, retried after the backoff */
-	OBX_POLL_DEAD_LETTER, /* attempts exhausted, [poll] exhausted = dead_letter: its copy goes aside */
-	OBX_POLL_GIVE_UP,     /* attempts exhausted, [poll] exhausted = mark: marked without sending */
-};
-
-/*
- * The decision for a claimed row that has failed attempts times before:
- * held back when an earlier row of its key failed in this batch (per-key
- * order), else exhausted past [poll] max_attempts (dead-letter or mark,
- * as [poll] exhausted says), else a failure when it cannot become a record
- * (buildable false), else sent.
- */
-enum obx_poll_action obx_poll_row_action(const struct obx_config *cfg, long long attempts, bool held,
-    bool buildable);
-
-/*
- * The keys of the rows that failed in one batch, which hold back the later
- * rows of the same key.  Keys are borrowed (the batch's result) and
- * compared as bytes; a NULL key holds nothing back.
- */
-struct obx_poll_holds {
-	const char **keys;
-	size_t *lens;
-	size_t n, cap;
-};
-
-/* Adds key (len bytes).  Returns 0 or OBX_ENOMEM. */
-int obx_poll_hold_add(struct obx_poll_holds *h, const char *key, size_t len);
-/* True when a row of key (len bytes) is held back. */
-bool obx_poll_held(const struct obx_poll_holds *h, const char *key, size_t len);
-/* Forgets the keys and frees what h owns (a zeroed one is a no-op). */
-void obx_poll_holds_reset(struct obx_poll_holds *h);
 
 /*
  * The delay before the next attempt of a row that has now failed attempts

@@ -26,8 +26,21 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "obx/config.h"
 #include "obx/dedupe.h"
 #include "obx/lsn.h"
+
+/*
+ * How a transactional call of the producer ended (kafka.h makes the calls;
+ * relaycore.h turns the result into the session's verdict).
+ */
+enum obx_txn_result {
+	OBX_TXN_OK,
+	OBX_TXN_PENDING,   /* still under way (a retriable time-out): call again */
+	OBX_TXN_ABORT,     /* the transaction cannot commit: abort it and rewind */
+	OBX_TXN_FENCED,    /* another producer with the same transactional.id took over */
+	OBX_TXN_FATAL,     /* the producer is unusable: recreate it and rewind */
+};
 
 /* The history a progress record belongs to. */
 struct obx_progress_source {
@@ -55,6 +68,15 @@ struct obx_progress {
  */
 void obx_progress_events(struct obx_progress_source *src, const char *schema, const char *table,
     bool messages, const char *prefix);
+
+/*
+ * Fills *src with the history a session decodes: the server's system_id
+ * and timeline (IDENTIFY_SYSTEM), the database, the slot's creation point
+ * (0: unknown) and what cfg's table and [source] messages make the seq
+ * ordinals count (obx_progress_events()).  Strings are copied, cut to fit.
+ */
+void obx_progress_source_init(struct obx_progress_source *src, const char *system_id,
+    const char *database, uint32_t timeline, obx_lsn slot_created, const struct obx_config *cfg);
 
 /*
  * The record's value for slot and transactional_id (p->src is written when
@@ -112,5 +134,29 @@ bool obx_progress_taken_over(bool fenced_before, bool slot_in_use, const char *t
  * partitioner's choice) while the topic's partition count is unknown.
  */
 int32_t obx_progress_partition(const char *txn_id, int32_t nparts);
+
+/* Where a session's replay starts skipping (obx_progress_floor()). */
+enum obx_progress_floor {
+	OBX_PROGRESS_FLOOR_NEW_SLOT,   /* the slot was made this session: nothing read, nothing to skip */
+	OBX_PROGRESS_FLOOR_UNREADABLE, /* the record could not be read: the session ends and retries */
+	OBX_PROGRESS_FLOOR_NONE,       /* no record of the transactional.id yet: nothing to skip */
+	OBX_PROGRESS_FLOOR_UNTRUSTED,  /* a record of another history: nothing to skip this session */
+	OBX_PROGRESS_FLOOR_TRUSTED,    /* the record's mark is the floor (obx_core_exactly_once()) */
+};
+
+/*
+ * The floor of a session on source now whose server's WAL position is
+ * server_lsn, for transactional.id txn_id and cfg's slot and progress
+ * topic.  slot_made: the slot was created this session, so nothing was
+ * read (read_rc, read_why and rec are then not looked at); else read_rc
+ * is obx_lookup_progress()'s return (lookup.h: 1 with *rec, 0 none,
+ * negative with read_why) and rec the record read.  Never guesses: a read
+ * that failed is UNREADABLE, since without the record a replay would
+ * publish committed events again.  line gets what to say: the session's
+ * end reason for UNREADABLE, a warning for UNTRUSTED, else an info line.
+ */
+enum obx_progress_floor obx_progress_floor(const struct obx_config *cfg, const char *txn_id,
+    const struct obx_progress_source *now, obx_lsn server_lsn, bool slot_made, int read_rc,
+    const char *read_why, const struct obx_progress *rec, char *line, size_t linelen);
 
 #endif

@@ -38,62 +38,22 @@
 #include "obx/acktrack.h"
 #include "obx/config.h"
 #include "obx/dedupe.h"
+#include "obx/delivery.h"
 #include "obx/event.h"
 #include "obx/log.h"
 #include "obx/lsn.h"
 #include "obx/metrics.h"
 #include "obx/pgoutput.h"
+#include "obx/progress.h"
 #include "obx/relcache.h"
 #include "obx/streambuf.h"
 
 /* Status updates go out at most this often when only the flush position moved. */
 #define OBX_CORE_STATUS_MIN_GAP_MS 100
-/* SIGTERM: how long to wait for outstanding acknowledgements. */
-#define OBX_CORE_DRAIN_TIMEOUT_MS 30000
-/* Topics waited for at once (the cluster does not have them yet). */
-#define OBX_CORE_MISSING_TOPICS 8
+/* SIGTERM: how long to wait for outstanding acknowledgements (every source's drain). */
+#define OBX_CORE_DRAIN_TIMEOUT_MS OBX_DRAIN_TIMEOUT_MS
 /* The most keys a logical decoding message's JSON object may have. */
 #define OBX_CORE_MESSAGE_KEYS 64
-
-/* A Kafka record as the core hands it over; every pointer is borrowed for the call. */
-struct obx_record {
-	const char *topic;
-	const void *key;
-	size_t keylen;
-	const void *value; /* NULL: tombstone */
-	size_t len;
-	int64_t timestamp_ms;
-	const struct obx_header *headers;
-	size_t nheaders;
-};
-
-/* What the producer said to one produce call. */
-enum obx_produce_result {
-	OBX_PRODUCE_OK,         /* queued; a delivery report will follow */
-	OBX_PRODUCE_QUEUE_FULL, /* not queued; try the same record again later */
-	OBX_PRODUCE_PERMANENT,  /* this record can never be produced (too large, invalid) */
-	OBX_PRODUCE_TRANSIENT,  /* not queued, for a reason a new session may cure */
-	OBX_PRODUCE_MISSING_TOPIC, /* not queued: the cluster does not have the topic (yet) */
-};
-
-/* How a delivery report ended. */
-enum obx_report_status {
-	OBX_REPORT_OK,        /* acknowledged by the broker */
-	OBX_REPORT_PURGED,    /* dropped by the producer while a session is torn down */
-	OBX_REPORT_TRANSIENT, /* failed, a retry in a new session may succeed: rewind */
-	OBX_REPORT_PERMANENT, /* the broker will never accept it: on_error decides */
-	OBX_REPORT_MISSING_TOPIC, /* the cluster does not have the topic (yet): waited for, then on_error */
-};
-
-/* One delivery report; every pointer is borrowed for the call. */
-struct obx_report {
-	uint64_t opaque;                 /* as given to produce */
-	enum obx_report_status status;
-	const char *error;               /* text of the error (not OK) */
-	const char *error_name;          /* its short code name, for the metrics (not OK) */
-	struct obx_record record;        /* the record as the producer held it */
-	int64_t now_us;                  /* PostgreSQL-epoch microseconds now, for the latency histogram */
-};
 
 /*
  * The actions.  produce hands a record to the producer (which copies it)
@@ -142,20 +102,6 @@ enum obx_core_end {
 	OBX_CORE_END_FATAL, /* cannot heal: exit 1 */
 };
 
-/* A record the producer's queue refused, copied until it is accepted. */
-struct obx_core_pending {
-	bool dead_letter;     /* the copy is already the dead-letter record */
-	uint64_t ticket;
-	char *topic;
-	void *key, *value;    /* value NULL with has_value false: tombstone */
-	bool has_value;
-	size_t keylen, len;
-	int64_t timestamp_ms;
-	struct obx_header *headers;
-	char **hstore;        /* owned copies of the header names and values */
-	size_t nheaders;
-};
-
 /* A logical decoding message seen as a row of a relation with the message's keys. */
 struct obx_core_msgrow {
 	struct obx_rel rel;
@@ -198,8 +144,8 @@ struct obx_core {
 	size_t replay_next;
 	obx_lsn replay_end_lsn;
 
-	struct obx_core_pending *pend; /* records the producer's queue refused, in order */
-	size_t npend, pend_cap;
+	struct obx_delivery dlv;      /* the delivery policy: pending records, in-flight counts, on_error */
+	struct obx_topic_waits waits; /* topics the cluster does not have (kept across sessions, shared with the snapshot) */
 
 	struct obx_dedupe dd;         /* restart de-duplication of this session (dedupe.h) */
 	bool dd_noted;                /* said once why de-duplication is off */
@@ -213,8 +159,6 @@ struct obx_core {
 	bool status_now;              /* the server asked for a reply */
 	int status_interval_ms;
 
-	uint64_t inflight;            /* records handed to the producer, no report yet */
-	uint64_t inflight_bytes;
 	uint64_t published;           /* events acknowledged (not counting dead-lettered ones) */
 	bool paused;                  /* the in-flight caps stop reading */
 	int64_t last_pause_note_ms;   /* backpressure lines at info at most every 10 s */
@@ -224,12 +168,6 @@ struct obx_core {
 	bool draining;
 	int64_t drain_deadline_ms;
 
-	/* topics the cluster does not have, each waited for up to [delivery] missing_topic_timeout */
-	struct {
-		char name[250];
-		int64_t since_ms;
-		bool expired;         /* waited for the whole timeout: on_error applies until one is acknowledged */
-	} missing[OBX_CORE_MISSING_TOPICS];
 	int64_t now_ms;               /* the caller's clock at the last pump or session start */
 
 	/* exactly-once ([delivery] exactly_once; docs/design.md, "Exactly-once") */
@@ -320,6 +258,54 @@ void obx_core_commit_done(struct obx_core *c, enum obx_core_commit how, const ch
     int64_t now_us);
 
 /*
+ * Exactly-once: the progress record of the transaction *p describes
+ * (obx_core_commit_due()), in the history src of the session, into *out.
+ */
+void obx_core_progress_record(const struct obx_core_progress *p, const struct obx_progress_source *src,
+    struct obx_progress *out);
+
+/*
+ * Exactly-once: how a session's start goes on after init_transactions
+ * ended with res.  Returns OBX_CORE_RUNNING on OBX_TXN_OK;
+ * OBX_CORE_END_FATAL when fenced (another producer of the id is newer:
+ * never publish beside it); else OBX_CORE_END_RETRY.  why holds the
+ * producer's words on entry and is rewritten for a time-out (PENDING after
+ * budget_ms, or a stop that cut the wait short).
+ */
+enum obx_core_end obx_core_txn_init_end(enum obx_txn_result res, const char *txn_id, int budget_ms,
+    char *why, size_t whylen);
+
+/*
+ * Exactly-once: the broker refused this producer's epoch, and
+ * connection_ours says whether the replication connection is still this
+ * instance's (obx_progress_fenced()).  Returns OBX_CORE_END_FATAL (another
+ * instance took over: stop, exit 1) or OBX_CORE_END_RETRY (a transaction
+ * outlived transaction.timeout.ms: a new session goes on).  why gets the
+ * line.
+ */
+enum obx_core_end obx_core_fenced_end(bool connection_ours, const char *txn_id, const char *slot,
+    char *why, size_t whylen);
+
+/*
+ * Exactly-once: how a commit call that ended (res is not OBX_TXN_PENDING:
+ * the commit goes on) is reported to obx_core_commit_done().  A fence
+ * while the replication connection is still ours (connection_ours, only
+ * looked at for OBX_TXN_FENCED) is FATAL (a new session), else FENCED
+ * (stop); why holds the producer's words on entry and gets the fence's line
+ * for OBX_TXN_FENCED.
+ */
+enum obx_core_commit obx_core_commit_verdict(enum obx_txn_result res, bool connection_ours,
+    const char *txn_id, const char *slot, char *why, size_t whylen);
+
+/*
+ * The status interval of a session: [source] status_interval
+ * (status_interval_ms), or a third of the server's wal_sender_timeout when
+ * that is sooner (0: no timeout), so that an idle stream is never ended
+ * by the server.
+ */
+int obx_core_status_interval(int status_interval_ms, int wal_sender_timeout_ms);
+
+/*
  * The session is over (whatever the reason): forgets its transactions,
  * buffered rows, pending record and relations, and bumps the generation so
  * that reports served while the producer closes are ignored.
@@ -365,22 +351,6 @@ void obx_core_pump(struct obx_core *c, int64_t now_ms);
 /* A stop signal: the first drains (up to OBX_CORE_DRAIN_TIMEOUT_MS), the second stops at once. */
 void obx_core_signal(struct obx_core *c, int64_t now_ms);
 
-/*
- * The missing-topic rule of every source ([delivery] missing_topic_timeout):
- * a record for topic, which the cluster does not have (yet), was refused
- * at now_ms (the caller's monotonic clock).  Returns true while the wait
- * goes on, counted from the topic's first refusal and kept across sessions
- * (the source tries again later: the stream rewinds to the slot, the
- * snapshot of pending rows starts again); false once the timeout has
- * passed (on_error applies to the record, and to every later one of the
- * topic at once, until a record of it is acknowledged).  The missing-topic
- * gauge follows.
- */
-bool obx_core_topic_missing(struct obx_core *c, const char *topic, int64_t now_ms);
-
-/* A record of topic was acknowledged (by a source outside the stream): its wait is over. */
-void obx_core_topic_present(struct obx_core *c, const char *topic);
-
 /* Ends the session for a reason found outside the core (I/O). */
 void obx_core_fail(struct obx_core *c, enum obx_core_end how, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -412,7 +382,7 @@ int64_t obx_core_wait_ms(const struct obx_core *c, int64_t now_ms);
 /* OBX_CORE_RUNNING, or how the session ended; *reason (borrowed) says why. */
 enum obx_core_end obx_core_ended(const struct obx_core *c, const char **reason);
 
-/* The opaque carried by a record: bit 63 dead-letter copy, bits 48..62 generation, 0..47 ticket. */
+/* The opaque carried by a stream record (delivery.h, obx_dlv_opaque()). */
 uint64_t obx_core_opaque(uint32_t gen, uint64_t ticket, bool dead_letter);
 
 #endif

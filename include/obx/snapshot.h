@@ -21,6 +21,7 @@
 #include <librdkafka/rdkafka.h>
 
 #include "obx/config.h"
+#include "obx/delivery.h"
 #include "obx/event.h"
 #include "obx/kafka.h"
 #include "obx/lsn.h"
@@ -32,7 +33,8 @@ struct obx_core;
 
 struct obx_snapshot {
 	const struct obx_config *cfg;
-	struct obx_core *core;      /* the relay's: the missing-topic rule (relaycore.h) */
+	struct obx_core *core;      /* the relay's: its missing-topic waits and generation (relaycore.h) */
+	struct obx_delivery dlv;    /* the delivery policy (delivery.h): in flight, pending, on_error */
 	struct obx_kafka *kf;
 	struct obx_metrics *m;
 	struct obx_event_builder eb;
@@ -44,14 +46,10 @@ struct obx_snapshot {
 	char point[32];             /* the slot's creation point: the snapshot header */
 	char table[600];            /* the outbox table, quoted and schema-qualified */
 	uint64_t rows;              /* rows read */
-	uint64_t outstanding;       /* records not yet reported */
-	uint64_t outstanding_bytes; /* their keys and values */
 	uint64_t acked;             /* records acknowledged (dead-letter copies included) */
 	uint64_t dead_lettered;
 	int end;                    /* 0, or how the run failed: OBX_EIO (retry) or OBX_ECONFIG (stop) */
 	char reason[768];           /* why, when end != 0 */
-	uint64_t window;            /* [delivery] max_inflight */
-	uint64_t window_bytes;      /* [delivery] max_inflight_bytes */
 	bool (*tick)(void *);       /* the caller's, while records or the server are waited for */
 	void *tick_arg;
 	bool stopped;               /* the tick asked to stop */

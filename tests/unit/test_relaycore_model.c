@@ -1494,7 +1494,7 @@ drain(void)
 			obx_core_pump(&core, M.now);
 		M.now += 5;
 		after_step();
-		if (wire_len() == 0 && M.nout == 0 && core.npend == 0 && !core.replaying && !core.in_txn &&
+		if (wire_len() == 0 && M.nout == 0 && !obx_dlv_pending(&core.dlv) && !core.replaying && !core.in_txn &&
 		    obx_core_ended(&core, NULL) == OBX_CORE_RUNNING && obx_core_can_read(&core))
 			break;
 	}
@@ -1502,7 +1502,7 @@ drain(void)
 		return;
 	if (rounds == 20000) {
 		violation("drain did not settle: wire %zu, in flight %zu, pending %zu", wire_len(), M.nout,
-		    core.npend);
+		    core.dlv.npend);
 		return;
 	}
 	(void)obx_core_status_due(&core, M.now, &w, &f, &reply);
