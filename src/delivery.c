@@ -42,22 +42,6 @@ obx_dlv_untag(uint64_t opaque, struct obx_dlv_tag *t)
 	return t->src <= OBX_DLV_POLL;
 }
 
-/* ---- the drain ---- */
-
-int
-obx_drain_signal(struct obx_drain *d, int64_t now_ms)
-{
-	if (++d->signals == 1)
-		d->deadline_ms = now_ms + OBX_DRAIN_TIMEOUT_MS;
-	return d->signals;
-}
-
-bool
-obx_drain_over(const struct obx_drain *d, int64_t now_ms)
-{
-	return d->signals > 1 || (d->signals == 1 && now_ms >= d->deadline_ms);
-}
-
 /* ---- missing topics ---- */
 
 void

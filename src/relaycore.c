@@ -989,7 +989,7 @@ obx_core_pump(struct obx_core *c, int64_t now_ms)
 	apply_skips(c);
 	if (c->committing || c->commit_wanted) {
 		/* nothing is produced while a Kafka transaction commits; a drain still ends in time */
-		if (c->draining && now_ms >= c->drain_deadline_ms) {
+		if (c->draining && obx_stops_abandoned(&c->stops, now_ms, OBX_CORE_DRAIN_TIMEOUT_MS)) {
 			note(c, OBX_LOG_WARN, NULL, "stopping with a Kafka transaction of %" PRIu64 " record(s) not "
 			    "committed after %d s (it is aborted; its events are re-sent from the slot)",
 			    c->batch_records, OBX_CORE_DRAIN_TIMEOUT_MS / 1000);
@@ -1025,7 +1025,7 @@ obx_core_pump(struct obx_core *c, int64_t now_ms)
 		return;
 	if (c->ack.outstanding == 0 && !c->in_txn && !obx_dlv_pending(&c->dlv)) {
 		fail(c, OBX_CORE_END_STOP, "stopped");
-	} else if (now_ms >= c->drain_deadline_ms) {
+	} else if (obx_stops_abandoned(&c->stops, now_ms, OBX_CORE_DRAIN_TIMEOUT_MS)) {
 		note(c, OBX_LOG_WARN, NULL, "stopping with %" PRIu64 " event(s) unacknowledged after %d s "
 		    "(they will be re-sent from the slot)", c->ack.outstanding,
 		    OBX_CORE_DRAIN_TIMEOUT_MS / 1000);
@@ -1036,14 +1036,12 @@ obx_core_pump(struct obx_core *c, int64_t now_ms)
 void
 obx_core_signal(struct obx_core *c, int64_t now_ms)
 {
-	c->signals++;
-	if (c->signals >= 2) {
+	if (obx_stops_add(&c->stops, now_ms) == OBX_STOP_NOW) {
 		fail(c, OBX_CORE_END_STOP, "second signal: stopping at once with %" PRIu64
 		    " event(s) unacknowledged (they will be re-sent from the slot)", c->ack.outstanding);
 		return;
 	}
 	c->draining = true;
-	c->drain_deadline_ms = now_ms + OBX_CORE_DRAIN_TIMEOUT_MS;
 	if (c->active)
 		note(c, OBX_LOG_INFO, NULL, "stopping: waiting up to %d s for %" PRIu64 " outstanding event(s)",
 		    OBX_CORE_DRAIN_TIMEOUT_MS / 1000, c->ack.outstanding);

@@ -11,7 +11,8 @@
  *   - on_error: stop, or the dead-letter copy (the record with its headers
  *     plus original_topic and error), and that copy's headers alone when
  *     the copy is refused too;
- *   - the drain after a stop signal and its deadline (struct obx_drain).
+ * The drain after a stop signal and its deadline are runpolicy.h's
+ * (struct obx_stops), OBX_DRAIN_TIMEOUT_MS is their deadline.
  * A source keeps what is its own (acknowledging an LSN, marking a row) and
  * acts on the outcomes it gets back.  docs/design.md, "Where a decision
  * goes", gives the split.
@@ -98,18 +99,6 @@ struct obx_dlv_tag {
 uint64_t obx_dlv_opaque(const struct obx_dlv_tag *t);
 /* Fills *t from opaque; false for an opaque no source made (the progress record's). */
 bool obx_dlv_untag(uint64_t opaque, struct obx_dlv_tag *t);
-
-/* ---- the drain: a stop signal, its deadline ---- */
-
-struct obx_drain {
-	int signals;
-	int64_t deadline_ms;
-};
-
-/* A stop signal at now_ms.  Returns 1 for the first (drain until the deadline), 2+ for later ones (stop at once). */
-int obx_drain_signal(struct obx_drain *d, int64_t now_ms);
-/* True when what is in flight is given up: a second signal, or the first one's deadline passed. */
-bool obx_drain_over(const struct obx_drain *d, int64_t now_ms);
 
 /* ---- topics the cluster does not have, shared by the sources of one process ---- */
 

@@ -46,6 +46,7 @@
 #include "obx/pgoutput.h"
 #include "obx/progress.h"
 #include "obx/relcache.h"
+#include "obx/runpolicy.h"
 #include "obx/streambuf.h"
 
 /* Status updates go out at most this often when only the flush position moved. */
@@ -164,9 +165,8 @@ struct obx_core {
 	int64_t last_pause_note_ms;   /* backpressure lines at info at most every 10 s */
 	bool pause_noted;             /* the current pause was logged at info */
 
-	int signals;
+	struct obx_stops stops;       /* stop signals (runpolicy.h): the first drains, a later one stops */
 	bool draining;
-	int64_t drain_deadline_ms;
 
 	int64_t now_ms;               /* the caller's clock at the last pump or session start */
 

@@ -482,24 +482,6 @@ test_gate(void **state)
 	assert_string_equal(fk.recs[0].error, "refused by the gate");
 }
 
-/* ---- the drain ---- */
-
-static void
-test_drain(void **state)
-{
-	struct obx_drain d = { 0 };
-
-	(void)state;
-	assert_false(obx_drain_over(&d, 0));
-	assert_int_equal(obx_drain_signal(&d, 1000), 1);
-	assert_false(obx_drain_over(&d, 1000 + OBX_DRAIN_TIMEOUT_MS - 1));
-	assert_true(obx_drain_over(&d, 1000 + OBX_DRAIN_TIMEOUT_MS));
-	d = (struct obx_drain){ 0 };
-	obx_drain_signal(&d, 1000);
-	assert_int_equal(obx_drain_signal(&d, 1001), 2);
-	assert_true(obx_drain_over(&d, 1001)); /* the second stops at once */
-}
-
 int
 main(void)
 {
@@ -515,7 +497,6 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_reports_of_others_ignored, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_transactional_rejection, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_gate, setup, teardown),
-		cmocka_unit_test(test_drain),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1345,10 +1345,10 @@ session_close(void)
 	if (end == OBX_CORE_END_STOP && M.signals == 1 && core.ack.outstanding == 0 && f < M.fed_commit_end)
 		violation("drained stop confirms only %s, but every transaction read (to %s) was acknowledged",
 		    LSN(f), LSN(M.fed_commit_end));
-	if (end == OBX_CORE_END_STOP && M.signals == 1 && M.now < core.drain_deadline_ms && M.plain_open)
+	if (end == OBX_CORE_END_STOP && M.signals == 1 && M.now < core.stops.first_ms + OBX_CORE_DRAIN_TIMEOUT_MS && M.plain_open)
 		violation("drained stop inside an open transaction (Begin read, Commit not yet)");
 	/* the broker answers within a few steps here: a drain that needs its 30 s is stuck */
-	if (end == OBX_CORE_END_STOP && M.signals == 1 && M.now >= core.drain_deadline_ms)
+	if (end == OBX_CORE_END_STOP && M.signals == 1 && M.now >= core.stops.first_ms + OBX_CORE_DRAIN_TIMEOUT_MS)
 		violation("the drain ran into its %d s deadline although the broker kept answering",
 		    OBX_CORE_DRAIN_TIMEOUT_MS / 1000);
 	obx_core_status_sent(&core, f, M.now);
