@@ -12,6 +12,7 @@
 #include "obx/poll.h"
 #include "obx/pollcore.h"
 #include "obx/relaycore.h"
+#include "obx/runpolicy.h"
 
 #define OPAQUE_GEN_MASK 0xffffU /* the generation bits of the one opaque layout (delivery.h) */
 
@@ -261,11 +262,12 @@ obx_pollcore_finished(const struct obx_pollcore *pc)
 enum obx_poll_drain
 obx_pollcore_drain(const struct obx_pollcore *pc, int64_t now_ms)
 {
-	if (pc->signals > 1)
-		return OBX_POLL_DRAIN_ABANDON;
-	if (pc->signals == 1 && now_ms - pc->stop_ms >= OBX_CORE_DRAIN_TIMEOUT_MS)
-		return OBX_POLL_DRAIN_DEADLINE;
-	return OBX_POLL_DRAIN_WAIT;
+	struct obx_stops st = { pc->signals, pc->stop_ms };
+
+	/* the runner's rule (runpolicy.h); a second signal drops the batch, the deadline marks it */
+	if (!obx_stops_abandoned(&st, now_ms, OBX_CORE_DRAIN_TIMEOUT_MS))
+		return OBX_POLL_DRAIN_WAIT;
+	return pc->signals > 1 ? OBX_POLL_DRAIN_ABANDON : OBX_POLL_DRAIN_DEADLINE;
 }
 
 bool
