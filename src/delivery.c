@@ -489,6 +489,7 @@ obx_dlv_send(struct obx_delivery *d, const struct obx_record *rec, uint64_t tick
 	struct obx_dlv_tag t = { d->src, d->gen, ticket, dl, false };
 
 	d->now_ms = now_ms;
+	describe(res, rec, ticket, dl);
 	return enqueue(d, rec, &t, res);
 }
 
@@ -505,6 +506,7 @@ enum obx_dlv_outcome
 obx_dlv_pump(struct obx_delivery *d, int64_t now_ms, struct obx_dlv_result *res)
 {
 	d->now_ms = now_ms;
+	memset(res, 0, sizeof(*res));
 	while (d->npend > 0) {
 		struct obx_dlv_pending p = d->pend[0];
 		struct obx_record rec = pending_record(&p);
@@ -516,6 +518,7 @@ obx_dlv_pump(struct obx_delivery *d, int64_t now_ms, struct obx_dlv_result *res)
 		d->npend--;
 		/* one attempt queues at most one record (this one, or its dead-letter copy) */
 		before = d->npend;
+		describe(res, &rec, p.ticket, p.dead_letter);
 		o = produce_now(d, &rec, &t, res);
 		if (d->npend > before) {
 			/* refused again: it goes back to the front, where it was */
@@ -541,6 +544,7 @@ obx_dlv_report(struct obx_delivery *d, const struct obx_report *r, int64_t now_m
 	size_t bytes = r->record.len + r->record.keylen;
 
 	d->now_ms = now_ms;
+	memset(res, 0, sizeof(*res));
 	if (!obx_dlv_untag(r->opaque, &t) || t.src != d->src || t.gen != (d->gen & OP_GEN_MASK))
 		return OBX_DLV_IGNORED; /* an earlier generation's: never an ack now (docs/design.md, invariant 8) */
 	if (d->inflight > 0)

@@ -17,7 +17,8 @@
  * rows pending and unlocked: the next claim publishes them again (the only
  * duplicates), each with its id header.
  *
- * pollcore.c (pure) decides each row's fate, what a delivery report does,
+ * poll_mark.c records and marks the batch's rows; poll_session.c runs the
+ * connections and the process.  pollcore.c (pure) decides each row's fate, what a delivery report does,
  * when the wait ends and what is marked; this file performs it with libpq
  * and librdkafka.
  */
@@ -34,124 +35,53 @@
 #include <libpq-fe.h>
 
 #include "obx/err.h"
-#include "obx/event.h"
-#include "obx/kafka.h"
 #include "obx/log.h"
-#include "obx/metrics.h"
 #include "obx/pgutil.h"
-#include "obx/poll.h"
-#include "obx/pollcore.h"
+#include "obx/poll_int.h"
 #include "obx/relaycore.h"
-#include "obx/relcache.h"
-#include "obx/runner.h"
 #include "obx/walmsg.h"
 
-#define STATS_INTERVAL_MS 5000
 #define SLOW_ACK_MS 5000
-struct poller {
-	const struct obx_config *cfg;
-	const struct obx_run_opts *opts;
-	PGconn *pg;
-	struct obx_kafka kf;
-	bool kf_open;
-	struct obx_event_builder eb;
-	struct obx_poll_sql sql;
-	struct obx_rel rel;       /* the claim's result columns, built once per connection */
-	bool rel_built;
-	unsigned rel_version;
-	struct obx_pg_datum *datums;
-	struct obx_header *hdrs;
-	size_t hdr_cap;
-	struct obx_pollcore pc;   /* the claimed batch and its decisions */
-	bool pg_busy;             /* an early marking UPDATE is running (wait_acks) */
-	struct obx_metrics m;
-	struct obx_runner run;    /* HTTP, heartbeat, title, signals, the session loop */
-	int signals;              /* stop signals received: the runner's count, kept here for the batch */
-	int64_t stop_ms;          /* when the first one came (the runner's, for the batch) */
-	int rc;                   /* how the session ended: 0 stopped, else a negative OBX_E* */
-	uint64_t published_at_open; /* events published when the session opened: did it progress */
-	bool listening;
-	int64_t next_stats_ms;
-	char reason[1024];
-	enum obx_log_level log_level;
-#ifdef OBX_TEST_HOOKS
-	long test_kill_after;     /* OBX_TEST_KILL_AFTER_ACKS: SIGKILL itself after that many acks */
-	long test_acks;
-#endif
-};
 
-/* ---- signals and title: the runner's (runner.h) ---- */
+/* ---- the delivery policy's actions (delivery.h), and what its outcomes do to a row ---- */
 
-/* SIGHUP: the log level takes effect at once; the runner names the other changes. */
-static const char *const poll_live[] = { "[log] level" };
-
-static void
-poll_reload(void *ctx, const struct obx_config *fresh)
+static enum obx_produce_result
+poll_produce(void *ctx, const struct obx_record *rec, uint64_t opaque, char *why, size_t whylen)
 {
 	struct poller *p = ctx;
+	rd_kafka_resp_err_t err;
 
-	if (fresh->log_level != p->log_level) {
-		p->log_level = fresh->log_level;
-		obx_log_setup(p->log_level, p->cfg->log_format);
-		obx_log_info("SIGHUP: log level %s", obx_log_level_name(p->log_level));
+	err = obx_kafka_produce(&p->kf, rec->topic, RD_KAFKA_PARTITION_UA, rec->key, rec->keylen, rec->value,
+	    rec->len, rec->timestamp_ms, rec->headers, rec->nheaders, NULL, NULL, opaque);
+	if (err != RD_KAFKA_RESP_ERR_NO_ERROR && err != RD_KAFKA_RESP_ERR__QUEUE_FULL) {
+		obx_metrics_kafka_error(&p->m, rd_kafka_err2name(err));
+		snprintf(why, whylen, "%s: %s", rd_kafka_err2name(err), rd_kafka_err2str(err));
 	}
-}
-
-/* A stop signal: the first finishes the claimed batch (obx_pollcore_drain() says until when). */
-static void
-poll_stop(void *ctx, enum obx_stop_verdict v, int64_t now_ms)
-{
-	struct poller *p = ctx;
-
-	p->signals = obx_runner_stops(&p->run);
-	if (v != OBX_STOP_DRAIN)
-		return;
-	p->stop_ms = now_ms;
-	obx_log_info("stopping: finishing the claimed batch for up to %d s (a second signal "
-	    "abandons it)", OBX_CORE_DRAIN_TIMEOUT_MS / 1000);
+	return obx_kafka_produce_result(err);
 }
 
 static void
-poll_title(void *ctx, char *buf, size_t len)
+poll_note(void *ctx, enum obx_log_level level, const struct obx_logfields *f, const char *line)
 {
-	struct poller *p = ctx;
-
-	snprintf(buf, len, "%s (polling %s.%s)", obx_state_name(p->m.state), p->cfg->table_schema,
-	    p->cfg->table_name);
+	(void)ctx;
+	obx_log_f(level, f, "%s", line);
 }
 
-/* Sets the state, /readyz's phrase for it and the full reason (logged by the caller). */
+const struct obx_delivery_ops obx_poll_dlv_ops = { NULL, poll_produce, NULL, poll_note };
+
+/* A row's record (or its copy) acknowledged, as pollcore counts it. */
 static void
-set_state(struct poller *p, enum obx_state s, enum obx_not_ready why, const char *reason)
+acked(struct poller *p, uint64_t opaque)
 {
-	p->m.state = s;
-	p->m.not_ready = why;
-	snprintf(p->m.state_reason, sizeof(p->m.state_reason), "%.*s", (int)sizeof(p->m.state_reason) - 1,
-	    reason != NULL ? reason : "");
-	obx_runner_publish(&p->run);
-}
-
-/* ---- delivery reports ---- */
-
-static void
-on_delivery(void *ctx, uint64_t opaque, const rd_kafka_message_t *km)
-{
-	struct poller *p = ctx;
-	bool ok = km->err == RD_KAFKA_RESP_ERR_NO_ERROR;
-
-	switch (obx_pollcore_report(&p->pc, opaque, ok ? NULL : rd_kafka_err2name(km->err),
-	    ok ? NULL : rd_kafka_err2str(km->err))) {
-	case OBX_POLL_REPORT_STALE:
-		return; /* an abandoned batch's report */
-	case OBX_POLL_REPORT_FAILED:
-		obx_metrics_kafka_error(&p->m, rd_kafka_err2name(km->err));
-		return;
+	switch (obx_pollcore_report(&p->pc, opaque, NULL, NULL)) {
 	case OBX_POLL_REPORT_DEAD_LETTERED:
 		p->m.events_dead_lettered++;
 		break;
 	case OBX_POLL_REPORT_ACKED:
 		obx_metrics_published(&p->m, p->m.events_published + 1, obx_unix_seconds());
 		break;
+	default:
+		return; /* an abandoned batch's report */
 	}
 #ifdef OBX_TEST_HOOKS
 	if (p->test_kill_after > 0 && ++p->test_acks == p->test_kill_after) {
@@ -161,34 +91,69 @@ on_delivery(void *ctx, uint64_t opaque, const rd_kafka_message_t *km)
 #endif
 }
 
-/* ---- one batch ---- */
-
-/* The claim's result columns as a relation the event builder resolves by name. */
+/*
+ * What an outcome of the delivery policy does to row res->ticket: with the
+ * producer, waiting for its topic (pending, no attempt), or failed (an
+ * attempt).  in_flight: the row was counted in flight already (a report,
+ * a pending record produced later).  Returns 0 or OBX_ENOMEM.
+ */
 static int
-build_rel(struct poller *p, const PGresult *res)
+delivered(struct poller *p, enum obx_dlv_outcome o, const struct obx_dlv_result *res, bool in_flight,
+    const char *err_name)
 {
-	int n = PQnfields(res);
+	size_t i = (size_t)res->ticket;
+	uint64_t opaque = obx_pollcore_opaque(&p->pc, i, res->dead_letter);
 
-	obx_rel_free(&p->rel);
-	free(p->datums);
-	p->datums = NULL;
-	p->rel.cols = calloc((size_t)n, sizeof(*p->rel.cols));
-	p->rel.nspname = strdup(p->cfg->table_schema);
-	p->rel.relname = strdup(p->cfg->table_name);
-	p->datums = calloc((size_t)n, sizeof(*p->datums));
-	if (p->rel.cols == NULL || p->rel.nspname == NULL || p->rel.relname == NULL || p->datums == NULL)
-		return OBX_ENOMEM;
-	p->rel.natts = (uint16_t)n;
-	for (int i = 0; i < n; i++) {
-		if ((p->rel.cols[i].name = strdup(PQfname(res, i))) == NULL)
-			return OBX_ENOMEM;
-		p->rel.cols[i].type_oid = PQftype(res, i);
+	switch (o) {
+	case OBX_DLV_IGNORED:
+	case OBX_DLV_SETTLED:
+		return 0;
+	case OBX_DLV_SENT:
+		if (!in_flight)
+			obx_pollcore_sent(&p->pc, i, res->dead_letter);
+		return 0;
+	case OBX_DLV_ACKED:
+		acked(p, opaque);
+		return 0;
+	case OBX_DLV_WAIT_TOPIC:
+		obx_log_debug("row %zu of the batch stays pending: %s", i, res->why);
+		return obx_pollcore_wait_topic(&p->pc, i);
+	case OBX_DLV_RETRY:
+	case OBX_DLV_REJECTED:
+	case OBX_DLV_STOP:
+		break;
 	}
-	p->rel.version = ++p->rel_version;
-	obx_event_builder_forget(&p->eb);
-	p->rel_built = true;
-	return 0;
+	if (in_flight) {
+		/* a failure: err_name is never NULL here (NULL would be an acknowledgement) */
+		(void)obx_pollcore_report(&p->pc, opaque, err_name != NULL ? err_name : "", res->why);
+		return 0;
+	}
+	return obx_pollcore_failed(&p->pc, i, res->dead_letter ? OBX_POLL_FAILED_DEAD_LETTER :
+	    OBX_POLL_FAILED_PRODUCE, res->why);
 }
+
+void
+obx_poll_on_delivery(void *ctx, uint64_t opaque, const rd_kafka_message_t *km)
+{
+	struct poller *p = ctx;
+	struct obx_header hs[OBX_DLV_MAX_HEADERS];
+	struct obx_report rep;
+	struct obx_dlv_result res;
+
+	obx_kafka_report(km, opaque, hs, OBX_DLV_MAX_HEADERS, &rep);
+	(void)delivered(p, obx_dlv_report(&p->dlv, &rep, obx_mono_ms(), &res), &res, true, rep.error_name);
+}
+
+/* Produces what the producer's queue refused before, in order. */
+static int
+pump(struct poller *p)
+{
+	struct obx_dlv_result res;
+
+	return delivered(p, obx_dlv_pump(&p->dlv, obx_mono_ms(), &res), &res, true, NULL);
+}
+
+/* ---- one batch ---- */
 
 /*
  * Copies the builder's headers, keeping id and type and the [outbox]
@@ -227,96 +192,43 @@ poll_headers(struct poller *p, const struct obx_event *ev, const char *seq, size
 }
 
 /*
- * Produces, waiting while the producer's queue is full (a claim sends at
- * most [delivery] max_inflight rows, which the queue holds twice over by
- * count; its bytes, cut by the rows' stored size, can still fill it with
- * payloads that compress well), with signals read and the heartbeat
- * published meanwhile.  Returns librdkafka's result; QUEUE_FULL once a stop
- * signal came (the row is then left pending).
- */
-static rd_kafka_resp_err_t
-produce(struct poller *p, const char *topic, const void *key, size_t keylen, const void *value,
-    size_t len, int64_t ts, const struct obx_header *h, size_t nh, uint64_t opaque)
-{
-	rd_kafka_resp_err_t err;
-
-	while ((err = obx_kafka_produce(&p->kf, topic, RD_KAFKA_PARTITION_UA, key, keylen, value, len, ts, h,
-	    nh, NULL, NULL, opaque)) == RD_KAFKA_RESP_ERR__QUEUE_FULL) {
-		struct pollfd fd = { p->opts->signal_fd, POLLIN, 0 };
-
-		obx_kafka_poll(&p->kf, 0);
-		if (poll(&fd, 1, 100) > 0)
-			obx_runner_read_signals(&p->run);
-		obx_runner_publish(&p->run); /* the loop is turning: /healthz stays green */
-		if (p->signals > 0)
-			break;
-	}
-	return err;
-}
-
-/*
  * Sends the dead-letter copy of row i: the record with its headers plus
- * original_topic and error, or (when the row cannot become a record) the
- * row as JSON with seq and error.  The row is then in flight, or failed
- * with row->error filled.
+ * original_topic and error (delivery.h), or (when the row cannot become a
+ * record) the row as JSON with seq and error.  Returns 0 or OBX_ENOMEM.
  */
-static void
+static int
 dead_letter(struct poller *p, size_t i, const struct obx_event *ev, bool built, const char *seq)
 {
 	const struct obx_prow *row = obx_pollcore_row(&p->pc, i);
 	const char *last = row->error != NULL ? row->error : "unknown";
-	char why[512];
-	rd_kafka_resp_err_t err;
-	size_t nh = 0;
+	struct obx_dlv_result res;
+	struct obx_record rec;
+	enum obx_dlv_outcome o;
+	char pgerr[400], why[512];
+	PGresult *jr;
+	size_t nh;
 
 	if (built) {
-		struct obx_header *hs = calloc(ev->nheaders + 2, sizeof(*hs));
-		int r = hs == NULL ? OBX_ENOMEM : poll_headers(p, ev, seq, &nh);
-
-		if (r != 0) {
-			free(hs);
-			snprintf(why, sizeof(why), "out of memory");
-			goto failed;
-		}
-		memcpy(hs, p->hdrs, nh * sizeof(*hs));
-		hs[nh++] = (struct obx_header){ "original_topic", ev->topic, strlen(ev->topic) };
-		hs[nh++] = (struct obx_header){ "error", last, strlen(last) };
-		err = produce(p, p->cfg->dead_letter_topic, ev->key, ev->keylen, ev->value, ev->len,
-		    ev->timestamp_ms, hs, nh, obx_pollcore_opaque(&p->pc, i, true));
-		if (err != RD_KAFKA_RESP_ERR_NO_ERROR && !(err == RD_KAFKA_RESP_ERR__QUEUE_FULL && p->signals > 0))
-			/* too large, say: the headers alone */
-			err = produce(p, p->cfg->dead_letter_topic, NULL, 0, NULL, 0, ev->timestamp_ms, hs,
-			    nh, obx_pollcore_opaque(&p->pc, i, true));
-		free(hs);
-	} else {
-		const char *params[1] = { seq };
-		PGresult *res = PQexecParams(p->pg, p->sql.row_json, 1, NULL, params, NULL, NULL, 0);
-		struct obx_header hs[2] = {
-			{ "seq", seq, strlen(seq) },
-			{ "error", last, strlen(last) },
-		};
-
-		if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1) {
-			char pgerr[400];
-
-			snprintf(why, sizeof(why), "could not read the row as JSON: %s",
-			    obx_pg_result_error_line(res, pgerr, sizeof(pgerr)));
-			PQclear(res);
-			goto failed;
-		}
-		err = produce(p, p->cfg->dead_letter_topic, NULL, 0, PQgetvalue(res, 0, 0),
-		    (size_t)PQgetlength(res, 0, 0), 0, hs, 2, obx_pollcore_opaque(&p->pc, i, true));
-		PQclear(res);
+		if (poll_headers(p, ev, seq, &nh) != 0)
+			return OBX_ENOMEM;
+		rec = (struct obx_record){ ev->topic, ev->key, ev->keylen, ev->value, ev->len, ev->timestamp_ms,
+			p->hdrs, nh };
+		o = obx_dlv_dead_letter(&p->dlv, &rec, i, last, obx_mono_ms(), &res);
+		return delivered(p, o, &res, false, NULL);
 	}
-	if (err == RD_KAFKA_RESP_ERR_NO_ERROR) {
-		obx_pollcore_sent(&p->pc, i, true);
-		return;
+	jr = PQexecParams(p->pg, p->sql.row_json, 1, NULL, (const char *[]){ seq }, NULL, NULL, 0);
+	if (PQresultStatus(jr) != PGRES_TUPLES_OK || PQntuples(jr) != 1) {
+		snprintf(why, sizeof(why), "could not read the row as JSON: %s",
+		    obx_pg_result_error_line(jr, pgerr, sizeof(pgerr)));
+		PQclear(jr);
+		return obx_pollcore_failed(&p->pc, i, OBX_POLL_FAILED_DEAD_LETTER, why);
 	}
-	if (err == RD_KAFKA_RESP_ERR__QUEUE_FULL && p->signals > 0)
-		return; /* a stop signal while the queue was full: pending, no attempt */
-	snprintf(why, sizeof(why), "dead-letter copy: %s", rd_kafka_err2str(err));
-failed:
-	(void)obx_pollcore_failed(&p->pc, i, OBX_POLL_FAILED_DEAD_LETTER, why);
+	rec = (struct obx_record){ p->cfg->dead_letter_topic, NULL, 0, PQgetvalue(jr, 0, 0),
+		(size_t)PQgetlength(jr, 0, 0), 0, (const struct obx_header[]){ { "seq", seq, strlen(seq) },
+		    { "error", last, strlen(last) } }, 2 };
+	o = obx_dlv_send(&p->dlv, &rec, i, true, obx_mono_ms(), &res);
+	PQclear(jr);
+	return delivered(p, o, &res, false, NULL);
 }
 
 /* The warning for an exhausted row: dead-lettered (dl), or marked without a send. */
@@ -351,8 +263,9 @@ produce_row(struct poller *p, const PGresult *res, size_t i)
 	struct obx_txninfo txn = { 0, 0, 0 };
 	struct obx_event ev;
 	const char *seq = PQgetvalue(res, k, 0);
+	struct obx_record rec;
+	struct obx_dlv_result dres;
 	char why[512];
-	rd_kafka_resp_err_t err;
 	size_t nh;
 
 	for (int f = 0; f < nf; f++) {
@@ -376,8 +289,7 @@ produce_row(struct poller *p, const PGresult *res, size_t i)
 		return 0;
 	case OBX_POLL_DEAD_LETTER:
 		log_exhausted(p, row, r == 0 ? &ev : NULL, seq, true);
-		dead_letter(p, i, &ev, r == 0, seq);
-		return 0;
+		return dead_letter(p, i, &ev, r == 0, seq);
 	case OBX_POLL_FAIL:
 		return obx_pollcore_failed(&p->pc, i, OBX_POLL_FAILED_BUILD, why);
 	case OBX_POLL_SEND:
@@ -385,17 +297,9 @@ produce_row(struct poller *p, const PGresult *res, size_t i)
 	}
 	if ((r = poll_headers(p, &ev, seq, &nh)) != 0)
 		return r;
-	err = produce(p, ev.topic, ev.key, ev.keylen, ev.value, ev.len, ev.timestamp_ms, p->hdrs, nh,
-	    obx_pollcore_opaque(&p->pc, i, false));
-	if (err == RD_KAFKA_RESP_ERR__QUEUE_FULL)
-		return 0; /* a stop signal while the queue was full: pending, not an attempt */
-	if (err != RD_KAFKA_RESP_ERR_NO_ERROR) {
-		obx_metrics_kafka_error(&p->m, rd_kafka_err2name(err));
-		snprintf(why, sizeof(why), "%s: %s", rd_kafka_err2name(err), rd_kafka_err2str(err));
-		return obx_pollcore_failed(&p->pc, i, OBX_POLL_FAILED_PRODUCE, why);
-	}
-	obx_pollcore_sent(&p->pc, i, false);
-	return 0;
+	rec = (struct obx_record){ ev.topic, ev.key, ev.keylen, ev.value, ev.len, ev.timestamp_ms, p->hdrs, nh };
+	/* a full producer queue keeps it pending in the delivery policy: wait_acks() moves it on */
+	return delivered(p, obx_dlv_send(&p->dlv, &rec, i, false, obx_mono_ms(), &dres), &dres, false, NULL);
 }
 
 /*
@@ -416,6 +320,7 @@ produce_batch(struct poller *p, const PGresult *res)
 	kcol = PQfnumber(res, quoted);
 	if ((r = obx_pollcore_begin(&p->pc, p->cfg, (size_t)n)) != 0)
 		return r;
+	obx_dlv_begin(&p->dlv, p->pc.gen, false); /* what an earlier batch left pending is dropped */
 	for (int k = 0; k < n; k++) {
 		const char *key = kcol >= 0 && !PQgetisnull(res, k, kcol) ? PQgetvalue(res, k, kcol) : NULL;
 
@@ -429,316 +334,108 @@ produce_batch(struct poller *p, const PGresult *res)
 	while (obx_pollcore_next(&p->pc, &i)) {
 		if ((r = produce_row(p, res, i)) != 0)
 			return r;
-		obx_pollcore_stop(&p->pc, p->signals, p->stop_ms); /* produce() reads signals */
+		obx_pollcore_stop(&p->pc, p->signals, p->stop_ms);
 	}
 	return 0;
 }
 
-/* Appends "v" to a PostgreSQL array literal under construction ("{a,b"). */
-static int
-array_add(char **buf, size_t *len, size_t *cap, const char *v)
-{
-	size_t need = *len + strlen(v) + 2;
-
-	if (need > *cap) {
-		size_t nc = *cap ? *cap * 2 : 256;
-		char *q;
-
-		while (nc < need)
-			nc *= 2;
-		if ((q = realloc(*buf, nc)) == NULL)
-			return OBX_ENOMEM;
-		*buf = q;
-		*cap = nc;
-	}
-	if (*len > 0)
-		(*buf)[(*len)++] = ',';
-	memcpy(*buf + *len, v, strlen(v) + 1);
-	*len += strlen(v);
-	return 0;
-}
-
-/* A text[] literal element: double-quoted, with backslash and quote escaped. */
-static char *
-array_text(const char *s)
-{
-	size_t n = strlen(s);
-	char *o = malloc(n * 2 + 3), *q = o;
-
-	if (o == NULL)
-		return NULL;
-	*q++ = '"';
-	for (; *s != '\0'; s++) {
-		if (*s == '"' || *s == '\\')
-			*q++ = '\\';
-		*q++ = *s;
-	}
-	*q++ = '"';
-	*q = '\0';
-	return o;
-}
-
-/* Runs stmt with the rows in state as arrays (seq, error[, delay]).  Returns 0 or OBX_EIO. */
-static int
-record_rows(struct poller *p, const char *stmt, enum obx_prow_state state, bool with_delay)
-{
-	char *a[3] = { NULL, NULL, NULL };
-	size_t len[3] = { 0, 0, 0 }, cap[3] = { 0, 0, 0 };
-	const char *params[3];
-	size_t count = 0;
-	char num[32], err[512];
-	PGresult *res;
-	int r = OBX_ENOMEM;
-
-	for (size_t i = 0; i < p->pc.nrows; i++) {
-		const struct obx_prow *row = obx_pollcore_row(&p->pc, i);
-		char *t;
-
-		if (row->state != state)
-			continue;
-		snprintf(num, sizeof(num), "%" PRId64, row->seq);
-		if (array_add(&a[0], &len[0], &cap[0], num) != 0)
-			goto out;
-		if ((t = array_text(row->error != NULL ? row->error : "")) == NULL ||
-		    array_add(&a[1], &len[1], &cap[1], t) != 0) {
-			free(t);
-			goto out;
-		}
-		free(t);
-		if (with_delay) {
-			int64_t d = obx_pollcore_backoff_ms(&p->pc, i, arc4random());
-
-			snprintf(num, sizeof(num), "%" PRId64, d);
-			if (array_add(&a[2], &len[2], &cap[2], num) != 0)
-				goto out;
-			obx_log_warn("row seq %" PRId64 " failed (attempt %lld of %lld), next in %" PRId64 " ms: %s",
-			    row->seq, row->attempts + 1, p->cfg->poll_max_attempts, d,
-			    row->error != NULL ? row->error : "unknown");
-		}
-		count++;
-	}
-	r = 0;
-	if (count == 0)
-		goto out;
-	for (int k = 0; k < 3; k++) {
-		char *w;
-
-		if (a[k] == NULL)
-			continue;
-		if ((w = malloc(len[k] + 3)) == NULL) {
-			r = OBX_ENOMEM;
-			goto out;
-		}
-		snprintf(w, len[k] + 3, "{%s}", a[k]);
-		free(a[k]);
-		a[k] = w;
-	}
-	params[0] = a[0];
-	params[1] = a[1];
-	params[2] = a[2];
-	res = PQexecParams(p->pg, stmt, with_delay ? 3 : 2, NULL, params, NULL, NULL, 0);
-	if (PQresultStatus(res) != PGRES_COMMAND_OK) {
-		snprintf(p->reason, sizeof(p->reason), "could not record %zu row(s): %s", count,
-		    obx_pg_result_error_line(res, err, sizeof(err)));
-		r = OBX_EIO;
-	} else if (with_delay) {
-		p->m.poll_failed_attempts += count;
-	}
-	PQclear(res);
-out:
-	for (int k = 0; k < 3; k++)
-		free(a[k]);
-	return r;
-}
-
 /*
- * Builds the marking UPDATE for the acknowledged rows not yet marked (and
- * flags them marked), followed by "; COMMIT" when commit.  Returns the
- * malloc'd statement, or NULL when out of memory; *count says how many
- * rows it marks.
- */
-static char *
-mark_statement(struct poller *p, bool commit, size_t *count)
-{
-	size_t head = strlen(p->sql.mark_head), tail = strlen(p->sql.mark_tail);
-	size_t cap = head + tail + p->pc.nrows * 21 + 16, len = head;
-	char *q = malloc(cap);
-
-	*count = 0;
-	if (q == NULL)
-		return NULL;
-	memcpy(q, p->sql.mark_head, head);
-	for (size_t i = 0; i < p->pc.nrows; i++) {
-		if (!obx_pollcore_take_mark(&p->pc, i))
-			continue;
-		len += (size_t)snprintf(q + len, cap - len, "%s%" PRId64, *count > 0 ? "," : "",
-		    obx_pollcore_row(&p->pc, i)->seq);
-		(*count)++;
-	}
-	snprintf(q + len, cap - len, "%s%s", p->sql.mark_tail, commit ? "; COMMIT" : "");
-	return q;
-}
-
-/*
- * Serves the result of an early marking UPDATE without blocking (block:
- * waits for it).  Returns 0, or OBX_EIO with reason filled.
+ * Whether the wait for the batch's reports goes on after one turn: 1 yes,
+ * 0 it ends at the drain deadline (what was acknowledged is marked, the
+ * rest stays pending), or OBX_ESTATE when a second stop signal abandons the
+ * batch or the producer failed fatally (reason filled).
  */
 static int
-mark_result(struct poller *p, bool block)
+wait_goes_on(struct poller *p)
 {
-	PGresult *res;
-	char err[512];
-	int r = 0;
-
-	if (!p->pg_busy)
+	obx_pollcore_stop(&p->pc, p->signals, p->stop_ms);
+	switch (obx_pollcore_drain(&p->pc, obx_mono_ms())) {
+	case OBX_POLL_DRAIN_ABANDON:
+		snprintf(p->reason, sizeof(p->reason), "stopped: %zu event(s) of the batch unacknowledged, "
+		    "their rows stay pending", p->pc.outstanding);
+		return OBX_ESTATE;
+	case OBX_POLL_DRAIN_DEADLINE:
+		obx_log_warn("stopping at the drain deadline: %zu event(s) of the batch unacknowledged, "
+		    "their rows stay pending; the acknowledged ones are marked", p->pc.outstanding);
 		return 0;
-	if (!block && PQconsumeInput(p->pg) == 0) {
-		snprintf(p->reason, sizeof(p->reason), "lost the connection: %s",
-		    obx_pg_error_line(p->pg, err, sizeof(err)));
-		return OBX_EIO;
+	case OBX_POLL_DRAIN_WAIT:
+		break;
 	}
-	while (block || !PQisBusy(p->pg)) {
-		if ((res = PQgetResult(p->pg)) == NULL) {
-			p->pg_busy = false;
-			break;
-		}
-		if (PQresultStatus(res) != PGRES_COMMAND_OK && r == 0) {
-			snprintf(p->reason, sizeof(p->reason), "could not mark rows published: %s",
-			    obx_pg_result_error_line(res, err, sizeof(err)));
-			r = OBX_EIO;
-		}
-		PQclear(res);
+	if (p->kf.fatal) {
+		snprintf(p->reason, sizeof(p->reason), "the Kafka producer failed: %s", p->kf.fatal_reason);
+		return OBX_ESTATE;
 	}
-	return r;
+	return 1;
+}
+
+/* The broker is slow to acknowledge: said once per batch, and in the state gauge. */
+static void
+slow_broker(struct poller *p)
+{
+	char why[160];
+
+	snprintf(why, sizeof(why), "waiting for the broker to acknowledge %zu event(s)", p->pc.outstanding);
+	obx_log_warn("%s; the claimed rows stay locked until then", why);
+	obx_poll_set_state(p, OBX_STATE_BACKPRESSURED, OBX_NOT_READY_NONE, why);
 }
 
 /*
- * While the last reports of a batch are awaited, marks the rows already
- * acknowledged (inside the same transaction, so nothing is published
- * before the COMMIT): the UPDATE's work overlaps the wait.  At most one
- * statement runs at a time.  Returns 0, or OBX_EIO/OBX_ENOMEM.
- */
-static int
-mark_early(struct poller *p)
-{
-	size_t count;
-	char *q, err[512];
-
-	if (p->pg_busy || !obx_pollcore_mark_early(&p->pc))
-		return 0;
-	if ((q = mark_statement(p, false, &count)) == NULL)
-		return OBX_ENOMEM;
-	if (PQsendQuery(p->pg, q) == 0) {
-		snprintf(p->reason, sizeof(p->reason), "could not mark rows published: %s",
-		    obx_pg_error_line(p->pg, err, sizeof(err)));
-		free(q);
-		return OBX_EIO;
-	}
-	free(q);
-	p->pg_busy = true;
-	return 0;
-}
-
-/* Marks the remaining acknowledged rows published and commits.  Returns 0 or OBX_EIO/OBX_ENOMEM. */
-static int
-mark_and_commit(struct poller *p)
-{
-	size_t count;
-	char *q, err[512];
-	PGresult *res;
-	int r;
-
-	if ((r = mark_result(p, true)) != 0)
-		return r;
-	if ((q = mark_statement(p, true, &count)) == NULL)
-		return OBX_ENOMEM;
-	res = PQexec(p->pg, count > 0 ? q : "COMMIT");
-	if (PQresultStatus(res) != PGRES_COMMAND_OK) {
-		snprintf(p->reason, sizeof(p->reason), "could not mark the batch published: %s",
-		    obx_pg_result_error_line(res, err, sizeof(err)));
-		r = OBX_EIO;
-	}
-	PQclear(res);
-	free(q);
-	return r;
-}
-
-/*
- * Waits for every delivery report of the batch.  Returns 0, or OBX_ESTATE
- * when a second stop signal abandons the batch or the producer failed
- * fatally (reason filled).
+ * Waits for every delivery report of the batch, moving on what the
+ * producer's queue refused and running early marking UPDATEs meanwhile.
+ * Returns 0, or OBX_ESTATE (wait_goes_on()) or OBX_EIO with reason filled.
  */
 static int
 wait_acks(struct poller *p)
 {
 	int64_t start = obx_mono_ms();
 	bool slow = false;
+	int r = 1;
 
 	obx_kafka_poll(&p->kf, 0);
 	while (!obx_pollcore_finished(&p->pc)) {
 		struct pollfd fds[3] = {
 			{ obx_kafka_fd(&p->kf), POLLIN, 0 },
 			{ p->opts->signal_fd, POLLIN, 0 },
-			{ p->pg_busy ? PQsocket(p->pg) : -1, POLLIN, 0 },
+			{ -1, POLLIN, 0 },
 		};
-		enum obx_poll_drain d;
-		int r;
 
-		if ((r = mark_early(p)) != 0)
+		if ((r = obx_poll_mark_early(p)) != 0)
 			return r;
 		if (p->pg_busy)
 			fds[2].fd = PQsocket(p->pg);
-		if (poll(fds, 3, 1000) < 0 && errno != EINTR) {
+		/* nothing wakes the loop when the producer's queue has room again */
+		if (poll(fds, 3, obx_dlv_pending(&p->dlv) ? 50 : 1000) < 0 && errno != EINTR) {
 			snprintf(p->reason, sizeof(p->reason), "could not poll: %s", strerror(errno));
 			return OBX_EIO;
 		}
 		obx_kafka_poll(&p->kf, 0);
-		if ((fds[2].revents & (POLLIN | POLLERR | POLLHUP)) && (r = mark_result(p, false)) != 0)
+		if ((r = pump(p)) != 0)
+			return r;
+		if ((fds[2].revents & (POLLIN | POLLERR | POLLHUP)) && (r = obx_poll_mark_result(p, false)) != 0)
 			return r;
 		if (fds[1].revents & POLLIN)
 			obx_runner_read_signals(&p->run);
-		obx_pollcore_stop(&p->pc, p->signals, p->stop_ms);
-		if ((d = obx_pollcore_drain(&p->pc, obx_mono_ms())) == OBX_POLL_DRAIN_ABANDON) {
-			snprintf(p->reason, sizeof(p->reason), "stopped: %zu event(s) of the batch unacknowledged, "
-			    "their rows stay pending", p->pc.outstanding);
-			return OBX_ESTATE;
-		}
-		if (d == OBX_POLL_DRAIN_DEADLINE) {
-			/* the drain deadline: what was acknowledged is marked, the rest stays pending */
-			obx_log_warn("stopping at the drain deadline: %zu event(s) of the batch unacknowledged, "
-			    "their rows stay pending; the acknowledged ones are marked", p->pc.outstanding);
+		if ((r = wait_goes_on(p)) <= 0)
 			break;
-		}
-		if (p->kf.fatal) {
-			snprintf(p->reason, sizeof(p->reason), "the Kafka producer failed: %s", p->kf.fatal_reason);
-			return OBX_ESTATE;
-		}
-		if (!slow && obx_mono_ms() - start > SLOW_ACK_MS) {
-			char why[160];
-
-			slow = true;
-			snprintf(why, sizeof(why), "waiting for the broker to acknowledge %zu event(s)",
-			    p->pc.outstanding);
-			obx_log_warn("%s; the claimed rows stay locked until then", why);
-			set_state(p, OBX_STATE_BACKPRESSURED, OBX_NOT_READY_NONE, why);
-		}
+		if (!slow && (slow = obx_mono_ms() - start > SLOW_ACK_MS))
+			slow_broker(p);
 		p->m.inflight_events = p->pc.outstanding;
 		obx_runner_publish(&p->run);
 	}
 	p->m.inflight_events = 0;
 	if (slow && obx_pollcore_finished(&p->pc)) {
 		obx_log_info("the broker acknowledged the batch after %.1f s", (double)(obx_mono_ms() - start) / 1000.0);
-		set_state(p, OBX_STATE_STREAMING, OBX_NOT_READY_NONE, NULL);
+		obx_poll_set_state(p, OBX_STATE_STREAMING, OBX_NOT_READY_NONE, NULL);
 	}
-	return 0;
+	return r < 0 ? r : 0;
 }
 
 /*
  * One cycle.  Returns the number of rows claimed (>= 0), or a negative
  * OBX_E* code with p->reason filled (the session ends).
  */
-static int
-cycle(struct poller *p)
+int
+obx_poll_cycle(struct poller *p)
 {
 	PGresult *res = PQexec(p->pg, p->sql.claim);
 	char err[512];
@@ -762,7 +459,7 @@ cycle(struct poller *p)
 		return r;
 	}
 	obx_log_debug("claimed %d row(s), seq %s to %s", n, PQgetvalue(res, 0, 0), PQgetvalue(res, n - 1, 0));
-	if (!p->rel_built && (r = build_rel(p, res)) != 0) {
+	if (!p->rel_built && (r = obx_poll_build_rel(p, res)) != 0) {
 		PQclear(res);
 		snprintf(p->reason, sizeof(p->reason), "out of memory");
 		return r;
@@ -773,13 +470,13 @@ cycle(struct poller *p)
 	if (r == 0)
 		r = wait_acks(p);
 	if (r == 0)
-		r = mark_result(p, true); /* an early marking UPDATE still running */
+		r = obx_poll_mark_result(p, true); /* an early marking UPDATE still running */
 	if (r == 0)
-		r = record_rows(p, p->sql.fail, OBX_PROW_FAILED, true);
+		r = obx_poll_record_rows(p, p->sql.fail, OBX_PROW_FAILED, true);
 	if (r == 0)
-		r = record_rows(p, p->sql.give_up, OBX_PROW_GIVEN_UP, false);
+		r = obx_poll_record_rows(p, p->sql.give_up, OBX_PROW_GIVEN_UP, false);
 	if (r == 0)
-		r = mark_and_commit(p);
+		r = obx_poll_mark_and_commit(p);
 	if (r == 0 && obx_log_enabled(OBX_LOG_DEBUG)) {
 		size_t count[OBX_PROW_NSTATES];
 
@@ -792,254 +489,4 @@ cycle(struct poller *p)
 		snprintf(p->reason, sizeof(p->reason), "out of memory");
 	obx_pollcore_end(&p->pc);
 	return r < 0 ? r : n;
-}
-
-/* ---- between cycles ---- */
-
-static void
-stats(struct poller *p)
-{
-	PGresult *res = PQexec(p->pg, p->sql.stats);
-
-	if (PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1) {
-		p->m.poll_pending_rows = strtoll(PQgetvalue(res, 0, 0), NULL, 10);
-		p->m.poll_oldest_pending_age_seconds = strtod(PQgetvalue(res, 0, 1), NULL);
-		p->m.poll_retrying_rows = strtoll(PQgetvalue(res, 0, 2), NULL, 10);
-		p->m.poll_max_attempts_pending = strtoll(PQgetvalue(res, 0, 3), NULL, 10);
-	}
-	PQclear(res);
-	p->next_stats_ms = obx_mono_ms() + STATS_INTERVAL_MS;
-}
-
-/*
- * Sleeps up to ms, or until a notification on the channel, a signal or the
- * connection's failure.  Returns 0, or OBX_EIO with reason filled.
- */
-static int
-idle_wait(struct poller *p, int ms)
-{
-	int64_t until = obx_mono_ms() + ms;
-	PGnotify *nt;
-	bool woken = false;
-
-	while (!woken && p->signals == 0) {
-		int64_t left = until - obx_mono_ms();
-		struct pollfd fds[3] = {
-			{ PQsocket(p->pg), POLLIN, 0 },
-			{ p->opts->signal_fd, POLLIN, 0 },
-			{ obx_kafka_fd(&p->kf), POLLIN, 0 },
-		};
-
-		if (left <= 0)
-			break;
-		if (poll(fds, 3, (int)(left < 1000 ? left : 1000)) < 0 && errno != EINTR) {
-			snprintf(p->reason, sizeof(p->reason), "could not poll: %s", strerror(errno));
-			return OBX_EIO;
-		}
-		if (fds[1].revents & POLLIN)
-			obx_runner_read_signals(&p->run);
-		if (fds[2].revents & POLLIN)
-			obx_kafka_poll(&p->kf, 0);
-		if (fds[0].revents & (POLLIN | POLLERR | POLLHUP)) {
-			char err[512];
-
-			if (PQconsumeInput(p->pg) == 0) {
-				snprintf(p->reason, sizeof(p->reason), "lost the connection: %s",
-				    obx_pg_error_line(p->pg, err, sizeof(err)));
-				return OBX_EIO;
-			}
-		}
-		while ((nt = PQnotifies(p->pg)) != NULL) {
-			woken = true;
-			PQfreemem(nt);
-		}
-		obx_runner_publish(&p->run);
-	}
-	return 0;
-}
-
-/* Connects, checks the table and LISTENs.  Returns 0 or a negative code with reason filled. */
-static int
-session_open(struct poller *p)
-{
-	char err[512];
-	PGresult *res;
-
-	if (obx_pg_connect(p->cfg->conninfo, p->cfg->password, NULL, NULL, "outboxd", &p->pg, err, sizeof(err)) != 0) {
-		snprintf(p->reason, sizeof(p->reason), "could not connect to the server: %s", err);
-		return OBX_EIO;
-	}
-	res = PQexec(p->pg, p->sql.check);
-	if (PQresultStatus(res) != PGRES_TUPLES_OK) {
-		const char *state = PQresultErrorField(res, PG_DIAG_SQLSTATE);
-		bool missing = state != NULL && (strcmp(state, "42703") == 0 || strcmp(state, "42P01") == 0);
-
-		const char *primary = PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY);
-
-		snprintf(p->reason, sizeof(p->reason), "could not read the outbox table %s.%s for polling: "
-		    "%s%s", p->cfg->table_schema, p->cfg->table_name,
-		    primary != NULL ? primary : obx_pg_result_error_line(res, err, sizeof(err)),
-		    missing ? " (apply sql/008_polling.sql, or map the columns in [outbox])" : "");
-		PQclear(res);
-		return missing ? OBX_ECONFIG : OBX_EIO;
-	}
-	PQclear(res);
-	p->listening = false;
-	if (p->cfg->poll_notify_channel[0] != '\0') {
-		char chan[256] = "", q[300];
-
-		if (obx_poll_quote_ident(p->cfg->poll_notify_channel, chan, sizeof(chan)) == 0) {
-			snprintf(q, sizeof(q), "LISTEN %s", chan);
-			res = PQexec(p->pg, q);
-			p->listening = PQresultStatus(res) == PGRES_COMMAND_OK;
-			if (!p->listening)
-				obx_log_warn("could not listen on channel %s, polling every %d ms only: %s",
-				    p->cfg->poll_notify_channel, p->cfg->poll_interval_ms,
-				    obx_pg_result_error_line(res, err, sizeof(err)));
-			PQclear(res);
-		}
-	}
-	p->rel_built = false;
-	return 0;
-}
-
-static void
-session_close(struct poller *p)
-{
-	PQfinish(p->pg);
-	p->pg = NULL;
-	p->pg_busy = false;
-}
-
-/* ---- one session, as the runner drives it ---- */
-
-static bool
-poll_open(void *ctx)
-{
-	struct poller *p = ctx;
-
-	p->published_at_open = p->m.events_published;
-	if ((p->rc = session_open(p)) != 0)
-		return false;
-	obx_log_info("polling %s.%s: claims of up to %lld rows, %lld of them sent at a time, every %d ms "
-	    "when idle%s%s", p->cfg->table_schema, p->cfg->table_name, p->cfg->poll_batch,
-	    obx_poll_claim_rows(p->cfg),
-	    p->cfg->poll_interval_ms,
-	    p->listening ? ", woken by NOTIFY on " : "", p->listening ? p->cfg->poll_notify_channel : "");
-	set_state(p, OBX_STATE_STREAMING, OBX_NOT_READY_NONE, NULL);
-	stats(p);
-	return true;
-}
-
-/* One connection's life: p->rc becomes 0 on a clean stop, a negative code otherwise. */
-static void
-poll_run(void *ctx)
-{
-	struct poller *p = ctx;
-	int r, n;
-
-	for (;;) {
-		if (p->signals > 0) {
-			snprintf(p->reason, sizeof(p->reason), "stopped");
-			r = 0;
-			break;
-		}
-		if (!p->kf_open) {
-			char err[512];
-
-			if (obx_kafka_open(&p->kf, p->cfg, NULL, on_delivery, p, err, sizeof(err)) != 0) {
-				snprintf(p->reason, sizeof(p->reason), "%s", err);
-				r = OBX_ECONFIG;
-				break;
-			}
-			p->kf_open = true;
-			p->kf.metrics = &p->m;
-		}
-		n = cycle(p);
-		if (n < 0) {
-			r = n;
-			break;
-		}
-		if (obx_mono_ms() >= p->next_stats_ms)
-			stats(p);
-		obx_runner_publish(&p->run);
-		if (n == 0 && (r = idle_wait(p, p->cfg->poll_interval_ms)) != 0)
-			break;
-	}
-	p->rc = r;
-}
-
-static void
-poll_close(void *ctx, bool opened, struct obx_session_result *out)
-{
-	struct poller *p = ctx;
-
-	(void)opened;
-	session_close(p);
-	out->broker = p->kf_open && p->kf.fatal; /* read before the close clears it */
-	if (p->kf_open && (p->rc != 0 || p->signals > 0)) {
-		/* rows not yet marked stay pending: whatever is still queued is dropped */
-		obx_kafka_close(&p->kf, 1000);
-		p->kf_open = false;
-	}
-	out->end = p->rc == 0 ? OBX_RUN_STOP : p->rc == OBX_ECONFIG || p->rc == OBX_ENOMEM ?
-	    OBX_RUN_FATAL : OBX_RUN_RETRY;
-	out->reason = p->reason;
-	out->published = p->m.events_published;
-	out->progressed = p->m.events_published > p->published_at_open;
-}
-
-static const struct obx_runner_ops poll_runner_ops = {
-	.open = poll_open,
-	.run = poll_run,
-	.close = poll_close,
-	.stop = poll_stop,
-	.reload = poll_reload,
-	.live = poll_live,
-	.nlive = sizeof(poll_live) / sizeof(poll_live[0]),
-	.title = poll_title,
-	.interrupted_names_reason = true,
-};
-
-/* ---- the process ---- */
-
-int
-obx_poll_run(const struct obx_config *cfg, const struct obx_run_opts *opts)
-{
-	struct poller p;
-	int rc = 1;
-
-	memset(&p, 0, sizeof(p));
-	p.cfg = cfg;
-	p.opts = opts;
-	p.log_level = cfg->log_level;
-	p.m.poll_mode = 1;
-	p.m.poll_pending_rows = -1;
-	p.m.state = OBX_STATE_CONNECTING;
-	p.m.not_ready = OBX_NOT_READY_POSTGRES;
-	obx_log_context(NULL, "poll"); /* no slot: polling reads the table */
-#ifdef OBX_TEST_HOOKS
-	if (getenv("OBX_TEST_KILL_AFTER_ACKS") != NULL)
-		p.test_kill_after = atol(getenv("OBX_TEST_KILL_AFTER_ACKS"));
-#endif
-	snprintf(p.m.info_table, sizeof(p.m.info_table), "%s.%s", cfg->table_schema, cfg->table_name);
-	obx_pg_conninfo_dbname(cfg->conninfo, p.m.info_database, sizeof(p.m.info_database));
-	if (obx_poll_sql_build(&p.sql, cfg) != 0 || obx_event_builder_init(&p.eb, cfg) != 0) {
-		obx_log_error("out of memory");
-		goto out;
-	}
-	if (obx_runner_init(&p.run, cfg, opts, &p.m, &poll_runner_ops, &p) != 0)
-		goto out;
-	rc = obx_runner_run(&p.run);
-out:
-	if (p.kf_open)
-		obx_kafka_close(&p.kf, 1000);
-	obx_runner_reset(&p.run);
-	obx_pollcore_reset(&p.pc);
-	free(p.hdrs);
-	free(p.datums);
-	obx_rel_free(&p.rel);
-	obx_event_builder_reset(&p.eb);
-	obx_poll_sql_reset(&p.sql);
-	return rc;
 }

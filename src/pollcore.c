@@ -239,8 +239,12 @@ obx_pollcore_report(struct obx_pollcore *pc, uint64_t opaque, const char *err_na
 		row->state = OBX_PROW_ACKED;
 		return OBX_POLL_REPORT_ACKED;
 	}
-	snprintf(why, sizeof(why), "%s%s: %s", row->dead_letter ? "dead-letter copy: " : "", err_name,
-	    err_text != NULL ? err_text : "");
+	if (err_text != NULL && err_text[0] != '\0' && err_name[0] != '\0')
+		snprintf(why, sizeof(why), "%s%s: %s", row->dead_letter ? "dead-letter copy: " : "", err_name,
+		    err_text);
+	else
+		snprintf(why, sizeof(why), "%s%s", row->dead_letter ? "dead-letter copy: " : "",
+		    err_text != NULL && err_text[0] != '\0' ? err_text : err_name);
 	set_error(row, why);
 	row->state = OBX_PROW_FAILED;
 	return OBX_POLL_REPORT_FAILED;

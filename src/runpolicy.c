@@ -71,3 +71,19 @@ obx_failure_metrics(struct obx_metrics *m, bool broker, bool standby, const char
 	m->inflight_events = m->inflight_bytes = 0;
 	m->oldest_unacked_age_seconds = 0;
 }
+
+bool
+obx_server_view_fresh(bool ok, int64_t read_ms, int64_t now_ms, int status_interval_ms)
+{
+	return ok && now_ms - read_ms <= 2 * (int64_t)status_interval_ms + 1000;
+}
+
+enum obx_standby_step
+obx_standby_step(bool ok, int64_t read_ms, bool busy, int64_t since_ms, int64_t now_ms)
+{
+	if (now_ms - since_ms < 1000)
+		return OBX_STANDBY_WAIT;
+	if (!ok || now_ms - read_ms > 3000)
+		return OBX_STANDBY_TRY;
+	return read_ms > since_ms && !busy ? OBX_STANDBY_TRY : OBX_STANDBY_WAIT;
+}

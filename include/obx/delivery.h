@@ -168,7 +168,11 @@ enum obx_dlv_outcome {
 	OBX_DLV_IGNORED,    /* a report of an earlier generation, another source, or a purge */
 };
 
-/* An outcome's details: the record it concerns and the line that says why. */
+/*
+ * An outcome's details: the record it concerns and the line that says why.
+ * Every obx_dlv_* call that takes one fills it (ticket and dead_letter of
+ * the record the outcome is about; zeroed when it is about none).
+ */
 struct obx_dlv_result {
 	uint64_t ticket;
 	bool dead_letter;

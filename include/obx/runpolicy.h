@@ -90,4 +90,28 @@ enum obx_failure_line obx_failure_line(const char *last, const char *reason, boo
  */
 void obx_failure_metrics(struct obx_metrics *m, bool broker, bool standby, const char *reason);
 
+/*
+ * True when the server's numbers, read at read_ms (ok: that read worked),
+ * may be shown at now_ms: a read older than two status intervals and a
+ * second hangs (a server that drops packets), and the metric says unknown
+ * instead of freezing (docs/design.md, invariant 10).
+ */
+bool obx_server_view_fresh(bool ok, int64_t read_ms, int64_t now_ms, int status_interval_ms);
+
+/* A hot standby's next step (obx_standby_step()). */
+enum obx_standby_step {
+	OBX_STANDBY_WAIT, /* another instance streams from the slot: wait on */
+	OBX_STANDBY_TRY,  /* try a session now */
+};
+
+/*
+ * A hot standby waiting since since_ms, at now_ms, with the slot watch's
+ * last read (ok, read_ms; busy: the slot exists and another instance is
+ * active on it): a session at most every second; at once when the server
+ * cannot be read or no read came for 3 s (the session finds out why), or
+ * when a read since the wait began finds the slot free or gone.
+ */
+enum obx_standby_step obx_standby_step(bool ok, int64_t read_ms, bool busy, int64_t since_ms,
+    int64_t now_ms);
+
 #endif

@@ -170,6 +170,34 @@ test_failure_metrics(void **state)
 	assert_int_equal(strlen(m.state_reason), sizeof(m.state_reason) - 1);
 }
 
+/* The server's numbers go stale after two status intervals and a second. */
+static void
+test_server_view_fresh(void **state)
+{
+	(void)state;
+	assert_true(obx_server_view_fresh(true, 1000, 1000 + 21000, 10000));
+	assert_false(obx_server_view_fresh(true, 1000, 1000 + 21001, 10000));
+	assert_false(obx_server_view_fresh(false, 1000, 1000, 10000)); /* the read failed */
+}
+
+/* A standby tries a session at most every second, at once when the watch cannot tell. */
+static void
+test_standby_step(void **state)
+{
+	(void)state;
+	/* the first second: wait, whatever the read says */
+	assert_int_equal(obx_standby_step(false, 0, false, 5000, 5999), OBX_STANDBY_WAIT);
+	/* the slot still held by another instance: wait on */
+	assert_int_equal(obx_standby_step(true, 6500, true, 5000, 7000), OBX_STANDBY_WAIT);
+	/* free or gone, in a read since the wait began: try */
+	assert_int_equal(obx_standby_step(true, 6500, false, 5000, 7000), OBX_STANDBY_TRY);
+	/* free, but the read is older than the wait: wait for a fresh one */
+	assert_int_equal(obx_standby_step(true, 4000, false, 5000, 6000), OBX_STANDBY_WAIT);
+	/* unreadable, or no read for 3 s: let the session find out */
+	assert_int_equal(obx_standby_step(false, 6500, true, 5000, 7000), OBX_STANDBY_TRY);
+	assert_int_equal(obx_standby_step(true, 6500, true, 5000, 9501), OBX_STANDBY_TRY);
+}
+
 int
 main(void)
 {
@@ -181,6 +209,8 @@ main(void)
 		cmocka_unit_test(test_next),
 		cmocka_unit_test(test_failure_line),
 		cmocka_unit_test(test_failure_metrics),
+		cmocka_unit_test(test_server_view_fresh),
+		cmocka_unit_test(test_standby_step),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
