@@ -353,6 +353,7 @@ test_snapshot_brokers_down(void **state)
 	broker_all("rtt", "0");
 	usleep(2000000);
 	sigterm_while_healthy(port);
+	assert_int_equal(t_log_count(&R, "stopped during the snapshot of slot "), 1);
 	assert_int_equal(t_log_count(&R, "streaming from slot"), 0);
 	broker_all("up", NULL);
 	t_relay_start(&R, NULL, 0);
