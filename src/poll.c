@@ -437,10 +437,12 @@ wait_acks(struct poller *p)
 int
 obx_poll_cycle(struct poller *p)
 {
-	PGresult *res = PQexec(p->pg, p->sql.claim);
+	PGresult *res = obx_poll_exec(p, p->sql.claim);
 	char err[512];
 	int n, r;
 
+	if (res == NULL)
+		return p->signals > 0 ? 0 : OBX_EIO; /* stopped while claiming: nothing was claimed */
 	if (PQresultStatus(res) != PGRES_TUPLES_OK) {
 		snprintf(p->reason, sizeof(p->reason), "could not claim rows: %s",
 		    obx_pg_result_error_line(res, err, sizeof(err)));

@@ -74,6 +74,59 @@ obx_poll_set_state(struct poller *p, enum obx_state s, enum obx_not_ready why, c
 	obx_runner_publish(&p->run);
 }
 
+/* ---- statements that may take long ---- */
+
+/* Asks the server to cancel the statement under way (best effort: its result says how it ended). */
+static void
+cancel(struct poller *p)
+{
+	PGcancel *cn = PQgetCancel(p->pg);
+	char why[256];
+
+	if (cn != NULL && PQcancel(cn, why, sizeof(why)) == 0)
+		obx_log_debug("could not cancel the claim: %s", why);
+	PQfreeCancel(cn);
+}
+
+PGresult *
+obx_poll_exec(struct poller *p, const char *sql)
+{
+	PGresult *res, *last = NULL;
+	bool cancelled = false;
+	char err[512];
+
+	if (PQsendQuery(p->pg, sql) == 0) {
+		snprintf(p->reason, sizeof(p->reason), "could not send a statement: %s",
+		    obx_pg_error_line(p->pg, err, sizeof(err)));
+		return NULL;
+	}
+	while (PQisBusy(p->pg)) {
+		struct pollfd fds[2] = { { PQsocket(p->pg), POLLIN, 0 }, { p->opts->signal_fd, POLLIN, 0 } };
+
+		if (poll(fds, 2, 1000) < 0 && errno != EINTR)
+			break;
+		if (fds[1].revents & POLLIN)
+			obx_runner_read_signals(&p->run);
+		if (p->signals > 0 && !cancelled) {
+			cancel(p); /* nothing is claimed yet: nothing to finish */
+			cancelled = true;
+		}
+		if ((fds[0].revents & (POLLIN | POLLERR | POLLHUP)) && PQconsumeInput(p->pg) == 0)
+			break; /* the connection failed: PQgetResult() says how */
+		obx_runner_publish(&p->run); /* the loop is turning: /healthz stays green */
+	}
+	while ((res = PQgetResult(p->pg)) != NULL) {
+		PQclear(last);
+		last = res;
+	}
+	if (cancelled) {
+		PQclear(last);
+		snprintf(p->reason, sizeof(p->reason), "stopped");
+		return NULL;
+	}
+	return last;
+}
+
 /* ---- between cycles ---- */
 
 /* The claim's result columns as a relation the event builder resolves by name. */

@@ -78,6 +78,15 @@ int obx_poll_mark_early(struct poller *p);
 /* poll_mark.c: marks the acknowledged rows published and COMMITs.  As above. */
 int obx_poll_mark_and_commit(struct poller *p);
 
+/*
+ * poll_session.c: runs sql (one or more statements) without stopping the
+ * loop: signals are read and the heartbeat published while the server
+ * works, so /healthz stays green through a slow claim and a stop signal
+ * cancels it.  Returns the last result (the caller PQclear()s it), or NULL
+ * with p->reason filled when a stop signal cancelled it ("stopped") or it
+ * could not be sent.
+ */
+PGresult *obx_poll_exec(struct poller *p, const char *sql);
 /* poll_session.c: the claim's result columns as a relation the event builder resolves by name,
  * built once per connection.  Returns 0 or OBX_ENOMEM. */
 int obx_poll_build_rel(struct poller *p, const PGresult *res);

@@ -478,6 +478,45 @@ test_poll_slow_and_refused(void **state)
 	assert_true(expect_all_published("stpoll") >= 2001);
 }
 
+/*
+ * 4b. Polling, a claim the server takes long over (the table went from 1
+ * pending row to 1,500 in one transaction and has no statistics, so
+ * PostgreSQL 15 plans the claim's NOT EXISTS as nested loops: tens of
+ * seconds): /healthz 200 while the server works, and SIGTERM cancels the
+ * claim and exits 0 at once, every row still pending; with statistics the
+ * next run publishes them all.
+ */
+static void
+test_poll_slow_claim(void **state)
+{
+	int port, claims;
+
+	(void)state;
+	t_relay_setup(&R, "stopclaim", 0);
+	t_exec_file(R.pg, "sql/008_polling.sql");
+	t_exec(R.pg, "ALTER TABLE outbox SET (autovacuum_enabled = off)"); /* no statistics meanwhile */
+	t_relay_config(&R, "[source]\nmode = poll\n[poll]\npoll_interval = 100ms\n");
+	port = poll_start();
+	insert_rows("stclaim", 0, 1, 1);
+	wait_drained(15000);
+	claims = t_log_count(&R, "claimed ");
+	t_exec(R.pg, "BEGIN");
+	insert_rows("stclaim", 1, 1500, 50);
+	t_exec(R.pg, "COMMIT");
+	usleep(3000000);
+	/* the claim is still under way: the condition this case is about */
+	if (t_log_count(&R, "claimed ") != claims) {
+		t_log_dump(&R);
+		fail_msg("the claim of 1,500 rows without statistics finished within 3 s: nothing slow to stop");
+	}
+	assert_true(sigterm_while_healthy(port) < 5000);
+	assert_int_equal(pending_rows(), 1500);
+	t_exec(R.pg, "ANALYZE outbox");
+	(void)poll_start();
+	wait_drained(60000);
+	assert_true(expect_all_published("stclaim") >= 1501);
+}
+
 static void
 msg_free_one(struct t_msg *m)
 {
@@ -569,6 +608,7 @@ main(void)
 		cmocka_unit_test_teardown(test_streaming_refused, teardown),
 		cmocka_unit_test_teardown(test_snapshot_brokers_down, teardown),
 		cmocka_unit_test_teardown(test_poll_slow_and_refused, teardown),
+		cmocka_unit_test_teardown(test_poll_slow_claim, teardown),
 		cmocka_unit_test_teardown(test_exactly_once_commit_waits, teardown),
 	};
 
