@@ -725,6 +725,55 @@ t_msgs_free(struct t_msg *m, size_t n)
 	free(m);
 }
 
+static void
+msg_free_one(struct t_msg *m)
+{
+	free(m->topic);
+	free(m->key);
+	free(m->value);
+	for (size_t h = 0; h < m->nheaders; h++) {
+		free(m->headers[h].name);
+		free(m->headers[h].value);
+	}
+	free(m->headers);
+}
+
+size_t
+t_committed_only(const char *bootstrap, const char *slot, struct t_msg *all, size_t *nall)
+{
+	struct t_msg *p;
+	size_t np = t_consume_all(bootstrap, "outboxd.progress", 20000, &p), kept = 0, n = *nall;
+
+	assert_true(np > 0);
+	for (size_t i = 0; i < n; i++) {
+		const char *txn = t_msg_header(&all[i], "txn");
+		bool committed = false;
+
+		if (txn == NULL)
+			fail_msg("record without a txn header in exactly-once mode");
+		for (size_t j = 0; j < np && !committed; j++)
+			committed = p[j].key != NULL && strstr(p[j].key, slot) != NULL &&
+			    t_msg_header(&p[j], "txn") != NULL && strcmp(t_msg_header(&p[j], "txn"), txn) == 0;
+		if (committed)
+			all[kept++] = all[i];
+		else
+			msg_free_one(&all[i]);
+	}
+	t_msgs_free(p, np);
+	*nall = kept;
+	return n - kept;
+}
+
+long
+t_pending_rows(PGconn *pg)
+{
+	char *v = t_query1(pg, "SELECT count(*) FROM outbox WHERE published_at IS NULL");
+	long n = atol(v);
+
+	free(v);
+	return n;
+}
+
 /* ---- relay under test ---- */
 
 void

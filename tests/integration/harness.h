@@ -148,6 +148,20 @@ size_t t_consume(const char *bootstrap, const char *topic, size_t want, int time
 size_t t_consume_all(const char *bootstrap, const char *topic, int timeout_ms, struct t_msg **out);
 void t_msgs_free(struct t_msg *m, size_t n);
 
+/*
+ * Exactly-once: keeps in all (*nall records, compacted in place) only the
+ * records of committed Kafka transactions, as a read_committed consumer
+ * would.  The test broker (librdkafka's mock cluster) writes no transaction
+ * markers and filters nothing for read_committed (README, "Exactly-once"),
+ * so the filter is the txn header: a transaction committed when the
+ * progress topic holds a progress record of slot with that txn.  Frees the
+ * records dropped; returns how many.
+ */
+size_t t_committed_only(const char *bootstrap, const char *slot, struct t_msg *all, size_t *nall);
+
+/* Rows of the outbox table on pg that are not marked published (polling's pending rows). */
+long t_pending_rows(PGconn *pg);
+
 /* Starts a child process with argv; stdout+stderr go to logpath. */
 pid_t t_spawn(char *const argv[], const char *logpath);
 /* Waits up to timeout_ms for pid; returns its wait status, or -1 on timeout. */

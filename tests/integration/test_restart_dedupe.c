@@ -236,48 +236,6 @@ enum mode { DEDUPE_OFF, DEDUPE_ON, EXACTLY_ONCE };
 
 static const char *const mode_name[] = { "dedupe off", "dedupe on", "exactly_once" };
 
-/*
- * Exactly-once: keeps the records of committed Kafka transactions only, as
- * a read_committed consumer would.  The test broker (librdkafka's mock
- * cluster) writes no transaction markers and filters nothing for
- * read_committed (README, "Exactly-once"), so the filter is the txn header:
- * a transaction committed when its progress record is in the progress
- * topic.  Returns the number of records dropped.
- */
-static size_t
-committed_only(struct t_msg *all, size_t *nall)
-{
-	struct t_msg *p;
-	size_t np = t_consume_all(R.b.bootstrap, "outboxd.progress", 20000, &p), kept = 0, n = *nall;
-
-	assert_true(np > 0);
-	for (size_t i = 0; i < n; i++) {
-		const char *txn = t_msg_header(&all[i], "txn");
-		bool committed = false;
-
-		if (txn == NULL)
-			fail_msg("record without a txn header in exactly-once mode");
-		for (size_t j = 0; j < np && !committed; j++)
-			committed = p[j].key != NULL && strstr(p[j].key, R.slot) != NULL &&
-			    t_msg_header(&p[j], "txn") != NULL && strcmp(t_msg_header(&p[j], "txn"), txn) == 0;
-		if (committed) {
-			all[kept++] = all[i];
-		} else {
-			free(all[i].topic);
-			free(all[i].key);
-			free(all[i].value);
-			for (size_t h = 0; h < all[i].nheaders; h++) {
-				free(all[i].headers[h].name);
-				free(all[i].headers[h].value);
-			}
-			free(all[i].headers);
-		}
-	}
-	t_msgs_free(p, np);
-	*nall = kept;
-	return n - kept;
-}
-
 static size_t
 crash_loop(enum mode mode, int rounds, unsigned seed)
 {
@@ -352,7 +310,7 @@ crash_loop(enum mode mode, int rounds, unsigned seed)
 	}
 
 	if (mode == EXACTLY_ONCE)
-		uncommitted = committed_only(all, &nall);
+		uncommitted = t_committed_only(R.b.bootstrap, R.slot, all, &nall);
 
 	/* every committed event is there, nothing else is; count the copies */
 	res = PQexec(R.pg, "SELECT event_id::text, agg, version FROM dd_events ORDER BY event_id");
@@ -462,7 +420,7 @@ expect_committed_once(const char *topic, size_t want)
 	size_t n = t_consume_all(R.b.bootstrap, topic, 20000, &m);
 	PGresult *res;
 
-	committed_only(m, &n);
+	t_committed_only(R.b.bootstrap, R.slot, m, &n);
 	res = PQexec(R.pg, "SELECT id::text FROM outbox");
 	assert_int_equal((size_t)PQntuples(res), want);
 	for (int i = 0; i < PQntuples(res); i++)
@@ -645,7 +603,7 @@ expect_agg_committed(const char *agg, size_t want, bool exact)
 
 	snprintf(topic, sizeof(topic), "outbox.event.%s", agg);
 	n = t_consume_all(R.b.bootstrap, topic, 20000, &m);
-	committed_only(m, &n);
+	t_committed_only(R.b.bootstrap, R.slot, m, &n);
 	res = PQexecParams(R.pg, "SELECT id::text FROM outbox WHERE aggregatetype = $1", 1, NULL, &agg, NULL,
 	    NULL, 0);
 	assert_int_equal((size_t)PQntuples(res), want);

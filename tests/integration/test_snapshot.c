@@ -407,16 +407,6 @@ wait_streaming(struct t_relay *r, int timeout_ms)
 	}
 }
 
-static long
-pending_rows(void)
-{
-	char *v = t_query1(R.pg, "SELECT count(*) FROM outbox WHERE published_at IS NULL");
-	long n = atol(v);
-
-	free(v);
-	return n;
-}
-
 /* Runs outboxd cmd -c conf, its output to out; returns the exit status. */
 static int
 run_capture(const char *cmd, const char *conf, char *out, size_t len)
@@ -453,7 +443,7 @@ scene(const char *prefix)
 	    "SELECT 'snap' || (a %% %d), a::text, 'V', jsonb_build_object('version', v) "
 	    "FROM generate_series(1, %d) v, generate_series(1, %d) a ORDER BY v, a",
 	    BACKLOG / AGGS, AGGS, TOPICS, BACKLOG / AGGS, AGGS);
-	assert_int_equal(pending_rows(), BACKLOG);
+	assert_int_equal(t_pending_rows(R.pg), BACKLOG);
 
 	/* small batches, so the poller is stopped part-way through the backlog */
 	t_relay_config(&R, "[source]\nmode = poll\n[poll]\npoll_interval = 100ms\nbatch = 50\n");
@@ -486,9 +476,9 @@ scene(const char *prefix)
 		published = atol(v);
 		free(v);
 	}
-	print_message("the poller published %ld row(s) and stopped; %ld pending\n", published, pending_rows());
-	if (pending_rows() < KILL_AFTER + 1000)
-		fail_msg("only %ld row(s) pending after the poller: the snapshot would be too small", pending_rows());
+	print_message("the poller published %ld row(s) and stopped; %ld pending\n", published, t_pending_rows(R.pg));
+	if (t_pending_rows(R.pg) < KILL_AFTER + 1000)
+		fail_msg("only %ld row(s) pending after the poller: the snapshot would be too small", t_pending_rows(R.pg));
 
 	t_relay_config(&R, "[source]\nsnapshot = pending\n");
 	return published;

@@ -383,26 +383,16 @@ poll_start(void)
 	return t_metrics_port(&R);
 }
 
-static long
-pending_rows(void)
-{
-	char *v = t_query1(R.pg, "SELECT count(*) FROM outbox WHERE published_at IS NULL");
-	long n = atol(v);
-
-	free(v);
-	return n;
-}
-
 /* Waits until no row is pending; fails after timeout_ms. */
 static void
 wait_drained(int timeout_ms)
 {
 	int64_t deadline = t_now_ms() + timeout_ms;
 
-	while (pending_rows() != 0) {
+	while (t_pending_rows(R.pg) != 0) {
 		if (t_now_ms() > deadline) {
 			t_log_dump(&R);
-			fail_msg("%ld row(s) still pending after %d ms", pending_rows(), timeout_ms);
+			fail_msg("%ld row(s) still pending after %d ms", t_pending_rows(R.pg), timeout_ms);
 		}
 		usleep(100000);
 	}
@@ -466,7 +456,7 @@ test_poll_slow_and_refused(void **state)
 	usleep(2000000);
 	sigterm_while_healthy(port);
 	assert_int_equal(t_log_count(&R, "stopping at the drain deadline: "), 1);
-	pending = pending_rows();
+	pending = t_pending_rows(R.pg);
 	assert_true(pending > 0); /* the batch was still waiting on the broker */
 	assert_int_equal(t_broker_cmd(&R.b, "clear"), 0);
 	broker_all("rtt", "0");
@@ -510,57 +500,11 @@ test_poll_slow_claim(void **state)
 		fail_msg("the claim of 1,500 rows without statistics finished within 3 s: nothing slow to stop");
 	}
 	assert_true(sigterm_while_healthy(port) < 5000);
-	assert_int_equal(pending_rows(), 1500);
+	assert_int_equal(t_pending_rows(R.pg), 1500);
 	t_exec(R.pg, "ANALYZE outbox");
 	(void)poll_start();
 	wait_drained(60000);
 	assert_true(expect_all_published("stclaim") >= 1501);
-}
-
-static void
-msg_free_one(struct t_msg *m)
-{
-	free(m->topic);
-	free(m->key);
-	free(m->value);
-	for (size_t h = 0; h < m->nheaders; h++) {
-		free(m->headers[h].name);
-		free(m->headers[h].value);
-	}
-	free(m->headers);
-}
-
-/*
- * Exactly-once: keeps the records of committed Kafka transactions only.  The
- * test broker writes no transaction markers and answers read_committed
- * fetches like read_uncommitted ones (docs/design.md, "What the test broker
- * lacks"), so a record counts as committed when the progress topic holds a
- * progress record of this slot with the record's txn header (as
- * test_restart_dedupe.c reads them).
- */
-static void
-committed_only(struct t_msg *all, size_t *nall)
-{
-	struct t_msg *p;
-	size_t np = t_consume_all(R.b.bootstrap, "outboxd.progress", 20000, &p), kept = 0;
-
-	assert_true(np > 0);
-	for (size_t i = 0; i < *nall; i++) {
-		const char *txn = t_msg_header(&all[i], "txn");
-		bool committed = false;
-
-		if (txn == NULL)
-			fail_msg("record without a txn header in exactly-once mode");
-		for (size_t j = 0; j < np && !committed; j++)
-			committed = p[j].key != NULL && strstr(p[j].key, R.slot) != NULL &&
-			    t_msg_header(&p[j], "txn") != NULL && strcmp(t_msg_header(&p[j], "txn"), txn) == 0;
-		if (committed)
-			all[kept++] = all[i];
-		else
-			msg_free_one(&all[i]);
-	}
-	t_msgs_free(p, np);
-	*nall = kept;
 }
 
 /*
@@ -592,7 +536,7 @@ test_exactly_once_commit_waits(void **state)
 	broker_all("rtt", "0");
 	restart_and_catch_up();
 	all = n = t_consume_all(R.b.bootstrap, "outbox.event.steos", 20000, &m);
-	committed_only(m, &n);
+	(void)t_committed_only(R.b.bootstrap, R.slot, m, &n);
 	rows = rows_in(m, n, "steos", "true", true);
 	print_message("%d row(s), %zu record(s), %zu of committed transactions\n", rows, all, n);
 	assert_int_equal(rows, 320);
