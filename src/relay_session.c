@@ -190,7 +190,7 @@ snapshot_then_start(struct relay *r)
 	r->reports_at_us = obx_pg_now();
 	rc = obx_snapshot_run(&r->snap, r->st.snap.conn, r->st.snap.imported, r->st.start_confirmed,
 	    obx_relay_setup_tick, r, err, sizeof(err));
-	r->core.published += r->snap.acked - r->snap.dead_lettered;
+	obx_core_published_elsewhere(&r->core, r->snap.acked - r->snap.dead_lettered);
 	if (rc != 0) {
 		/* the producer still holds records: closing it serves their reports to snap */
 		r->end = rc == OBX_ESTATE ? OBX_CORE_END_STOP : rc == OBX_EIO ? OBX_CORE_END_RETRY :

@@ -351,6 +351,9 @@ void obx_core_pump(struct obx_core *c, int64_t now_ms);
 /* A stop signal: the first drains (up to OBX_CORE_DRAIN_TIMEOUT_MS), the second stops at once. */
 void obx_core_signal(struct obx_core *c, int64_t now_ms);
 
+/* n events of another source of the process (the snapshot of pending rows) were acknowledged. */
+void obx_core_published_elsewhere(struct obx_core *c, uint64_t n);
+
 /* Ends the session for a reason found outside the core (I/O). */
 void obx_core_fail(struct obx_core *c, enum obx_core_end how, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
