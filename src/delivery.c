@@ -69,27 +69,25 @@ obx_topic_present(struct obx_topic_waits *w, const char *topic)
 			w->t[i].name[0] = '\0';
 }
 
-/* The slot of topic, a free one, or the oldest wait's (forgotten for it). */
+/*
+ * The slot of topic's wait, a free one for a new wait, or -1 when every
+ * slot holds a wait already (none is forgotten: a wait started again would
+ * never end, the stream rewinding for ever).
+ */
 static int
 topic_slot(struct obx_topic_waits *w, const char *topic, int64_t now_ms)
 {
-	int oldest = 0;
-
 	for (int i = 0; i < OBX_DLV_MISSING_TOPICS; i++)
 		if (strcmp(w->t[i].name, topic) == 0)
 			return i;
-	for (int i = 0; i < OBX_DLV_MISSING_TOPICS; i++) {
+	for (int i = 0; i < OBX_DLV_MISSING_TOPICS; i++)
 		if (w->t[i].name[0] == '\0') {
-			oldest = i;
-			break;
+			snprintf(w->t[i].name, sizeof(w->t[i].name), "%s", topic);
+			w->t[i].since_ms = now_ms;
+			w->t[i].expired = false;
+			return i;
 		}
-		if (w->t[i].since_ms < w->t[oldest].since_ms)
-			oldest = i;
-	}
-	snprintf(w->t[oldest].name, sizeof(w->t[oldest].name), "%s", topic);
-	w->t[oldest].since_ms = now_ms;
-	w->t[oldest].expired = false;
-	return oldest;
+	return -1;
 }
 
 bool
@@ -97,6 +95,8 @@ obx_topic_missing(struct obx_topic_waits *w, const char *topic, int64_t now_ms, 
 {
 	int i = topic_slot(w, topic, now_ms);
 
+	if (i < 0)
+		return false; /* more topics missing at once than are waited for: on_error */
 	/* past the timeout it stays so: every record of the topic meets on_error at once (a fresh
 	 * wait per record would end each session again and never get past them) */
 	if (w->t[i].expired || now_ms - w->t[i].since_ms >= timeout_ms)

@@ -67,7 +67,23 @@ poll_note(void *ctx, enum obx_log_level level, const struct obx_logfields *f, co
 	obx_log_f(level, f, "%s", line);
 }
 
-const struct obx_delivery_ops obx_poll_dlv_ops = { NULL, poll_produce, NULL, poll_note };
+/*
+ * Before each produce: a record that waited in the pending queue behind a
+ * row of its key that failed meanwhile stays pending (per-key order).
+ */
+static enum obx_dlv_gate
+poll_gate(void *ctx, const struct obx_record *rec, uint64_t ticket, bool dl, char *why, size_t whylen)
+{
+	struct poller *p = ctx;
+
+	(void)rec, (void)why, (void)whylen;
+	if (dl || !obx_pollcore_key_held(&p->pc, (size_t)ticket))
+		return OBX_DLV_GATE_SEND;
+	obx_pollcore_unsent(&p->pc, (size_t)ticket);
+	return OBX_DLV_GATE_SETTLED;
+}
+
+const struct obx_delivery_ops obx_poll_dlv_ops = { poll_gate, poll_produce, NULL, poll_note };
 
 /* A row's record (or its copy) acknowledged, as pollcore counts it. */
 static void
@@ -438,6 +454,7 @@ int
 obx_poll_cycle(struct poller *p)
 {
 	PGresult *res = obx_poll_exec(p, p->sql.claim);
+	size_t count[OBX_PROW_NSTATES];
 	char err[512];
 	int n, r;
 
@@ -479,16 +496,17 @@ obx_poll_cycle(struct poller *p)
 		r = obx_poll_record_rows(p, p->sql.give_up, OBX_PROW_GIVEN_UP, false);
 	if (r == 0)
 		r = obx_poll_mark_and_commit(p);
-	if (r == 0 && obx_log_enabled(OBX_LOG_DEBUG)) {
-		size_t count[OBX_PROW_NSTATES];
-
-		obx_pollcore_count(&p->pc, count);
+	obx_pollcore_count(&p->pc, count);
+	if (r == 0)
 		obx_log_debug("committed: %zu published, %zu failed, %zu given up, %zu held back",
 		    count[OBX_PROW_ACKED], count[OBX_PROW_FAILED], count[OBX_PROW_GIVEN_UP],
 		    count[OBX_PROW_SKIPPED]);
-	}
 	if (r == OBX_ENOMEM)
 		snprintf(p->reason, sizeof(p->reason), "out of memory");
 	obx_pollcore_end(&p->pc);
-	return r < 0 ? r : n;
+	if (r < 0)
+		return r;
+	/* a batch that moved no row (each waits for its topic, say) is idle: the next claim after the
+	 * poll interval or a NOTIFY, not at once and again */
+	return count[OBX_PROW_ACKED] + count[OBX_PROW_FAILED] + count[OBX_PROW_GIVEN_UP] > 0 ? n : 0;
 }

@@ -76,6 +76,8 @@ obx_poll_set_state(struct poller *p, enum obx_state s, enum obx_not_ready why, c
 
 /* ---- statements that may take long ---- */
 
+#define CANCEL_WAIT_MS 5000 /* how long a cancelled claim may take to end */
+
 /* Asks the server to cancel the statement under way (best effort: its result says how it ended). */
 static void
 cancel(struct poller *p)
@@ -84,7 +86,7 @@ cancel(struct poller *p)
 	char why[256];
 
 	if (cn != NULL && PQcancel(cn, why, sizeof(why)) == 0)
-		obx_log_debug("could not cancel the claim: %s", why);
+		obx_log_debug("could not cancel the statement: %s", why);
 	PQfreeCancel(cn);
 }
 
@@ -92,7 +94,7 @@ PGresult *
 obx_poll_exec(struct poller *p, const char *sql)
 {
 	PGresult *res, *last = NULL;
-	bool cancelled = false;
+	int64_t cancelled_ms = 0;
 	char err[512];
 
 	if (PQsendQuery(p->pg, sql) == 0) {
@@ -107,9 +109,15 @@ obx_poll_exec(struct poller *p, const char *sql)
 			break;
 		if (fds[1].revents & POLLIN)
 			obx_runner_read_signals(&p->run);
-		if (p->signals > 0 && !cancelled) {
+		if (p->signals > 0 && cancelled_ms == 0) {
 			cancel(p); /* nothing is claimed yet: nothing to finish */
-			cancelled = true;
+			cancelled_ms = obx_mono_ms();
+		}
+		/* a server that does not answer the cancel (or a second signal): the session ends, and
+		 * closing the connection rolls the claim back */
+		if (cancelled_ms != 0 && (p->signals > 1 || obx_mono_ms() - cancelled_ms >= CANCEL_WAIT_MS)) {
+			snprintf(p->reason, sizeof(p->reason), "stopped");
+			return NULL;
 		}
 		if ((fds[0].revents & (POLLIN | POLLERR | POLLHUP)) && PQconsumeInput(p->pg) == 0)
 			break; /* the connection failed: PQgetResult() says how */
@@ -119,7 +127,7 @@ obx_poll_exec(struct poller *p, const char *sql)
 		PQclear(last);
 		last = res;
 	}
-	if (cancelled) {
+	if (cancelled_ms != 0) {
 		PQclear(last);
 		snprintf(p->reason, sizeof(p->reason), "stopped");
 		return NULL;
@@ -159,7 +167,7 @@ obx_poll_build_rel(struct poller *p, const PGresult *res)
 static void
 stats(struct poller *p)
 {
-	PGresult *res = PQexec(p->pg, p->sql.stats);
+	PGresult *res = obx_poll_exec(p, p->sql.stats); /* NULL: stopped meanwhile */
 
 	if (PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1) {
 		p->m.poll_pending_rows = strtoll(PQgetvalue(res, 0, 0), NULL, 10);

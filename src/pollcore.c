@@ -247,7 +247,27 @@ obx_pollcore_report(struct obx_pollcore *pc, uint64_t opaque, const char *err_na
 		    err_text != NULL && err_text[0] != '\0' ? err_text : err_name);
 	set_error(row, why);
 	row->state = OBX_PROW_FAILED;
+	/* the later rows of its key not yet with the broker wait for it (obx_pollcore_key_held()) */
+	if (!row->dead_letter)
+		(void)obx_poll_hold_add(&pc->holds, row->key, row->keylen);
 	return OBX_POLL_REPORT_FAILED;
+}
+
+bool
+obx_pollcore_key_held(const struct obx_pollcore *pc, size_t i)
+{
+	return i < pc->nrows && obx_poll_held(&pc->holds, pc->rows[i].key, pc->rows[i].keylen);
+}
+
+void
+obx_pollcore_unsent(struct obx_pollcore *pc, size_t i)
+{
+	struct obx_prow *row = &pc->rows[i];
+
+	if (row->state == OBX_PROW_INFLIGHT)
+		pc->outstanding--;
+	row->state = OBX_PROW_SKIPPED;
+	row->dead_letter = false;
 }
 
 void

@@ -192,7 +192,7 @@ snapshot_then_start(struct relay *r)
 	    obx_relay_setup_tick, r, err, sizeof(err));
 	obx_core_published_elsewhere(&r->core, r->snap.acked - r->snap.dead_lettered);
 	if (rc != 0) {
-		/* the producer still holds records: closing it serves their reports to snap */
+		/* the producer still holds records: the caller closes it, and they are dropped */
 		r->end = rc == OBX_ESTATE ? OBX_CORE_END_STOP : rc == OBX_EIO ? OBX_CORE_END_RETRY :
 		    OBX_CORE_END_FATAL;
 		r->end_kafka = rc == OBX_EIO && r->snap.end == OBX_EIO;
@@ -321,7 +321,7 @@ session_open(struct relay *r)
 	if (!open_stream(r) || !open_producer(r))
 		return false;
 	if (r->st.snap.wanted && !snapshot_then_start(r)) {
-		open_undo(r); /* closing the producer serves the snapshot's last reports to it */
+		open_undo(r); /* the producer drops what it still holds: the next session starts it again */
 		r->snapshotting = false;
 		obx_snapshot_reset(&r->snap);
 		return false;

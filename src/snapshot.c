@@ -337,6 +337,10 @@ snapshot_headers(struct obx_snapshot *s, const struct obx_event *ev, size_t *n)
  * A row that cannot become a record: dead-lettered as the JSON of its
  * columns, as the stream does ([delivery] on_error), or the end.
  */
+static int wait_reports(struct obx_snapshot *s, bool (*room)(const struct obx_snapshot *, size_t),
+    size_t bytes);
+static bool room_for(const struct obx_snapshot *s, size_t bytes);
+
 static int
 bad_row(struct obx_snapshot *s, const struct obx_pg_tuple *t, const char *table_ctid, const char *why)
 {
@@ -360,7 +364,9 @@ bad_row(struct obx_snapshot *s, const struct obx_pg_tuple *t, const char *table_
 		return s->end;
 	}
 	rec = (struct obx_record){ s->cfg->dead_letter_topic, NULL, 0, row, strlen(row), 0, hs, 2 };
-	r = delivered(s, obx_dlv_send(&s->dlv, &rec, s->rows, true, obx_mono_ms(), &res), &res);
+	/* bounded like every record of the snapshot: at most max_inflight_bytes plus one row */
+	if ((r = wait_reports(s, room_for, rec.len)) == 0)
+		r = delivered(s, obx_dlv_send(&s->dlv, &rec, s->rows, true, obx_mono_ms(), &res), &res);
 	free(row);
 	if (r == 0)
 		obx_log_warn("snapshot of slot %s: row %s of %s.%s cannot become an event (%s): dead-lettering "

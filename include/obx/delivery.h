@@ -116,6 +116,8 @@ struct obx_topic_waits {
  * the topic's first refusal, kept across sessions); false once it has
  * passed: on_error applies to the record and to every later one of the
  * topic, until a record of it is acknowledged (obx_topic_present()).
+ * At most OBX_DLV_MISSING_TOPICS topics are waited for at once: a record of
+ * another missing topic meets on_error at once (false).
  */
 bool obx_topic_missing(struct obx_topic_waits *w, const char *topic, int64_t now_ms, int64_t timeout_ms);
 void obx_topic_present(struct obx_topic_waits *w, const char *topic);

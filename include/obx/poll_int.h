@@ -60,8 +60,9 @@ struct poller {
 #endif
 };
 
-/* poll.c: one cycle (claim, produce, wait, record, mark, COMMIT): the rows claimed (>= 0), or a
- * negative OBX_E* with p->reason filled (the session ends). */
+/* poll.c: one cycle (claim, produce, wait, record, mark, COMMIT): the rows claimed (> 0), 0 when
+ * it claimed none or moved none (idle: wait for the poll interval), or a negative OBX_E* with
+ * p->reason filled (the session ends). */
 int obx_poll_cycle(struct poller *p);
 /* poll.c: the producer's delivery report callback (kafka.h). */
 void obx_poll_on_delivery(void *ctx, uint64_t opaque, const rd_kafka_message_t *km);
@@ -82,9 +83,11 @@ int obx_poll_mark_and_commit(struct poller *p);
  * poll_session.c: runs sql (one or more statements) without stopping the
  * loop: signals are read and the heartbeat published while the server
  * works, so /healthz stays green through a slow claim and a stop signal
- * cancels it.  Returns the last result (the caller PQclear()s it), or NULL
- * with p->reason filled when a stop signal cancelled it ("stopped") or it
- * could not be sent.
+ * cancels it (and gives the connection up when the server has not ended it
+ * 5 s later, or at a second signal: the caller then ends the session).
+ * Returns the last result (the caller PQclear()s it), or NULL with
+ * p->reason filled when a stop signal cancelled it ("stopped") or it could
+ * not be sent.  The claim and the statistics query run through it.
  */
 PGresult *obx_poll_exec(struct poller *p, const char *sql);
 /* poll_session.c: the claim's result columns as a relation the event builder resolves by name,

@@ -209,6 +209,20 @@ void obx_pollcore_give_up(struct obx_pollcore *pc, size_t i);
 enum obx_poll_report obx_pollcore_report(struct obx_pollcore *pc, uint64_t opaque, const char *err_name,
     const char *err_text);
 
+/*
+ * True when row i's key is held back in this batch: an earlier row of it
+ * failed (in the produce step, or in a delivery report: no later row of the
+ * key reaches the broker after that in this batch), or waits for its topic.
+ */
+bool obx_pollcore_key_held(const struct obx_pollcore *pc, size_t i);
+
+/*
+ * Row i did not reach the broker after all (it waited in the delivery
+ * policy's pending queue behind a row of its key that failed since): it
+ * stays pending, no attempt counted.
+ */
+void obx_pollcore_unsent(struct obx_pollcore *pc, size_t i);
+
 /* The caller's stop signals: how many so far, and when the first came (its monotonic ms). */
 void obx_pollcore_stop(struct obx_pollcore *pc, int signals, int64_t first_ms);
 

@@ -379,15 +379,17 @@ test_topic_missing_rule(void **state)
 	obx_topic_gauge(&waits, 900000, &met);
 	assert_string_equal(met.missing_topic, "");
 	assert_true(obx_topic_missing(&waits, "outbox.event.gone", 901000, 5000));
-	/* more topics than slots: the oldest wait is forgotten */
-	for (int i = 0; i < OBX_DLV_MISSING_TOPICS; i++) {
+	/* more topics than slots: no wait is forgotten, a further topic meets on_error at once */
+	for (int i = 0; i < OBX_DLV_MISSING_TOPICS - 1; i++) {
 		char name[32];
 
 		snprintf(name, sizeof(name), "t%d", i);
 		assert_true(obx_topic_missing(&waits, name, 902000 + i, 5000));
 	}
+	assert_false(obx_topic_missing(&waits, "one.too.many", 903000, 5000));
+	assert_true(obx_topic_missing(&waits, "outbox.event.gone", 903000, 5000)); /* still waited for */
 	obx_topic_gauge(&waits, 903000, &met);
-	assert_string_equal(met.missing_topic, "t0");
+	assert_string_equal(met.missing_topic, "outbox.event.gone");
 }
 
 /* Every source: the wait first, then on_error; a missing dead-letter topic is never waited for. */

@@ -71,8 +71,13 @@ static size_t
 row_of(const struct obx_record *r)
 {
 	for (size_t i = 0; i < r->nheaders; i++)
-		if (strcmp(r->headers[i].name, "seq") == 0)
-			return (size_t)strtoul((const char *)r->headers[i].value, NULL, 10);
+		if (strcmp(r->headers[i].name, "seq") == 0) {
+			char buf[24];
+
+			/* a header's value is len bytes, not a string (pending copies end there) */
+			snprintf(buf, sizeof(buf), "%.*s", (int)r->headers[i].len, (const char *)r->headers[i].value);
+			return (size_t)strtoul(buf, NULL, 10);
+		}
 	fail_msg("a record without its seq header");
 	return 0;
 }

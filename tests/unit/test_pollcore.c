@@ -176,6 +176,38 @@ test_wait_topic(void **state)
 	obx_config_reset(&c);
 }
 
+/* A failed report holds its key: a later row still waiting to be produced goes back to pending. */
+static void
+test_report_failure_holds_key(void **state)
+{
+	struct obx_config c;
+	struct obx_pollcore pc = { 0 };
+
+	(void)state;
+	obx_config_init(&c);
+	assert_int_equal(obx_pollcore_begin(&pc, &c, 3), 0);
+	add(&pc, 10, 0, "a", NULL);
+	add(&pc, 11, 0, "a", NULL);
+	add(&pc, 12, 0, "b", NULL);
+	for (int i = 0; i < 3; i++) {
+		assert_int_equal(next(&pc), i);
+		obx_pollcore_sent(&pc, (size_t)i, false); /* 11 and 12 wait behind a full queue */
+	}
+	assert_false(obx_pollcore_key_held(&pc, 1));
+	assert_int_equal(obx_pollcore_report(&pc, obx_pollcore_opaque(&pc, 0, false), "MSG_SIZE_TOO_LARGE",
+	    "too large"), OBX_POLL_REPORT_FAILED);
+	assert_true(obx_pollcore_key_held(&pc, 1));
+	assert_false(obx_pollcore_key_held(&pc, 2));
+	obx_pollcore_unsent(&pc, 1);
+	assert_int_equal(obx_pollcore_row(&pc, 1)->state, OBX_PROW_SKIPPED);
+	assert_int_equal(obx_pollcore_report(&pc, obx_pollcore_opaque(&pc, 2, false), NULL, NULL),
+	    OBX_POLL_REPORT_ACKED);
+	assert_true(obx_pollcore_finished(&pc));
+	assert_false(obx_pollcore_take_mark(&pc, 1)); /* never marked: claimed again after 10 */
+	obx_pollcore_reset(&pc);
+	obx_config_reset(&c);
+}
+
 static void
 test_exhausted(void **state)
 {
@@ -1110,6 +1142,7 @@ main(void)
 		cmocka_unit_test(test_claim_rows),
 		cmocka_unit_test(test_hold_back_per_key),
 		cmocka_unit_test(test_wait_topic),
+		cmocka_unit_test(test_report_failure_holds_key),
 		cmocka_unit_test(test_exhausted),
 		cmocka_unit_test(test_stale_report),
 		cmocka_unit_test(test_drain_deadline),
