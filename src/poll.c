@@ -172,42 +172,6 @@ pump(struct poller *p)
 /* ---- one batch ---- */
 
 /*
- * Copies the builder's headers, keeping id and type and the [outbox]
- * header.* and headers-column ones; lsn, xid and commit_ts do not exist
- * here, and seq becomes the ordering column's value.
- */
-static int
-poll_headers(struct poller *p, const struct obx_event *ev, const char *seq, size_t *n)
-{
-	size_t o = 0;
-
-	if (ev->nheaders > p->hdr_cap) {
-		struct obx_header *h = reallocarray(p->hdrs, ev->nheaders, sizeof(*h));
-
-		if (h == NULL)
-			return OBX_ENOMEM;
-		p->hdrs = h;
-		p->hdr_cap = ev->nheaders;
-	}
-	for (size_t i = 0; i < ev->nheaders; i++) {
-		const struct obx_header *h = &ev->headers[i];
-
-		/* the builder's first six are id, type, lsn, seq, xid, commit_ts (event.c) */
-		if (i < 6 && (strcmp(h->name, "lsn") == 0 || strcmp(h->name, "xid") == 0 ||
-		    strcmp(h->name, "commit_ts") == 0))
-			continue;
-		p->hdrs[o] = *h;
-		if (i < 6 && strcmp(h->name, "seq") == 0) {
-			p->hdrs[o].value = seq;
-			p->hdrs[o].len = strlen(seq);
-		}
-		o++;
-	}
-	*n = o;
-	return 0;
-}
-
-/*
  * Sends the dead-letter copy of row i: the record with its headers plus
  * original_topic and error (delivery.h), or (when the row cannot become a
  * record) the row as JSON with seq and error.  Returns 0 or OBX_ENOMEM.
@@ -225,7 +189,7 @@ dead_letter(struct poller *p, size_t i, const struct obx_event *ev, bool built, 
 	size_t nh;
 
 	if (built) {
-		if (poll_headers(p, ev, seq, &nh) != 0)
+		if (obx_poll_headers(p, ev, seq, &nh) != 0)
 			return OBX_ENOMEM;
 		rec = (struct obx_record){ ev->topic, ev->key, ev->keylen, ev->value, ev->len, ev->timestamp_ms,
 			p->hdrs, nh };
@@ -311,7 +275,7 @@ produce_row(struct poller *p, const PGresult *res, size_t i)
 	case OBX_POLL_SEND:
 		break;
 	}
-	if ((r = poll_headers(p, &ev, seq, &nh)) != 0)
+	if ((r = obx_poll_headers(p, &ev, seq, &nh)) != 0)
 		return r;
 	rec = (struct obx_record){ ev.topic, ev.key, ev.keylen, ev.value, ev.len, ev.timestamp_ms, p->hdrs, nh };
 	/* a full producer queue keeps it pending in the delivery policy: wait_acks() moves it on */

@@ -164,6 +164,42 @@ obx_poll_build_rel(struct poller *p, const PGresult *res)
 	return 0;
 }
 
+/*
+ * Copies the builder's headers, keeping id and type and the [outbox]
+ * header.* and headers-column ones; lsn, xid and commit_ts do not exist
+ * here, and seq becomes the ordering column's value.
+ */
+int
+obx_poll_headers(struct poller *p, const struct obx_event *ev, const char *seq, size_t *n)
+{
+	size_t o = 0;
+
+	if (ev->nheaders > p->hdr_cap) {
+		struct obx_header *h = reallocarray(p->hdrs, ev->nheaders, sizeof(*h));
+
+		if (h == NULL)
+			return OBX_ENOMEM;
+		p->hdrs = h;
+		p->hdr_cap = ev->nheaders;
+	}
+	for (size_t i = 0; i < ev->nheaders; i++) {
+		const struct obx_header *h = &ev->headers[i];
+
+		/* the builder's first six are id, type, lsn, seq, xid, commit_ts (event.c) */
+		if (i < 6 && (strcmp(h->name, "lsn") == 0 || strcmp(h->name, "xid") == 0 ||
+		    strcmp(h->name, "commit_ts") == 0))
+			continue;
+		p->hdrs[o] = *h;
+		if (i < 6 && strcmp(h->name, "seq") == 0) {
+			p->hdrs[o].value = seq;
+			p->hdrs[o].len = strlen(seq);
+		}
+		o++;
+	}
+	*n = o;
+	return 0;
+}
+
 static void
 stats(struct poller *p)
 {

@@ -93,6 +93,8 @@ PGresult *obx_poll_exec(struct poller *p, const char *sql);
 /* poll_session.c: the claim's result columns as a relation the event builder resolves by name,
  * built once per connection.  Returns 0 or OBX_ENOMEM. */
 int obx_poll_build_rel(struct poller *p, const PGresult *res);
+/* poll_session.c: ev's headers for a polled row into p->hdrs (*n of them): seq is the row's. */
+int obx_poll_headers(struct poller *p, const struct obx_event *ev, const char *seq, size_t *n);
 /* poll_session.c: the state, /readyz's phrase for it and the full reason; published at once. */
 void obx_poll_set_state(struct poller *p, enum obx_state s, enum obx_not_ready why, const char *reason);
 
