@@ -138,7 +138,8 @@ obx_progress_trusted(const struct obx_progress *rec, const struct obx_progress_s
 		    "and created again)", obx_lsn_format(was->slot_created, a, sizeof(a)),
 		    obx_lsn_format(now->slot_created, b, sizeof(b)));
 	else if (strcmp(was->events, now->events) != 0)
-		snprintf(why, whylen, "numbers the events of %s, this session those of %s", was->events,
+		/* each at most 200 bytes in the line: a reason, not a dump */
+		snprintf(why, whylen, "numbers the events of %.200s, this session those of %.200s", was->events,
 		    now->events);
 	else if (rec->mark.lsn > server_lsn || rec->end_lsn > server_lsn)
 		snprintf(why, whylen, "marks lsn %s, beyond the server's WAL position %s (the server went back: "
