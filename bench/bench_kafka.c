@@ -87,7 +87,7 @@ on_dr(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
 /*
  * bare: what a careful user writes to send one event, librdkafka's defaults
  * except acks=all, idempotence and linger.ms=0 (the latency floor).
- * Otherwise outboxd's own producer settings (src/kafka.c), for the broker's
+ * Otherwise outboxd's own producer settings (src/kafka/producer.c), for the broker's
  * limit on the same records.
  */
 static rd_kafka_t *

@@ -14,11 +14,11 @@
 #include <string.h>
 #include <time.h>
 
-#include "obx/acktrack.h"
-#include "obx/config.h"
-#include "obx/event.h"
-#include "obx/pgoutput.h"
-#include "obx/relcache.h"
+#include "obx/core/acktrack.h"
+#include "obx/core/config.h"
+#include "obx/core/event.h"
+#include "obx/core/pgoutput.h"
+#include "obx/core/relcache.h"
 
 #include "../tests/unit/fixture_file.h"
 

@@ -142,7 +142,7 @@ class Stack:
                     "-h", self.host, "-p", self.port, "-U", "postgres", "-d", db, "-c", sql]).stdout.strip()
 
     def proto(self):
-        """The pgoutput protocol outboxd asks this server for (src/pgversion.c)."""
+        """The pgoutput protocol outboxd asks this server for (src/core/pgversion.c)."""
         v = int(self.psql("postgres", "SHOW server_version_num"))
         return 4 if v >= 160000 else 3 if v >= 150000 else 2 if v >= 140000 else 1
 

@@ -155,7 +155,7 @@ SQL
 		n=$(consume "outbox.event.$agg" "$want")
 		"$outboxd" status -c "$conf" >"$dir/status-running.txt" 2>&1
 		local status1_rc=$?
-		# the metrics poller reads the slot with a query of its own (src/http.c)
+		# the metrics poller reads the slot with a query of its own (src/sys/http.c)
 		local mport
 		mport=$(sed -n 's/.*metrics and health on 127\.0\.0\.1:\([0-9]*\).*/\1/p' "$dir/run.log" | head -1)
 		if [ -n "$mport" ]; then

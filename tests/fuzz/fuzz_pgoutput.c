@@ -12,12 +12,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "obx/config.h"
-#include "obx/event.h"
-#include "obx/pgoutput.h"
-#include "obx/relcache.h"
-#include "obx/streambuf.h"
-#include "obx/walmsg.h"
+#include "obx/core/config.h"
+#include "obx/core/event.h"
+#include "obx/core/pgoutput.h"
+#include "obx/core/relcache.h"
+#include "obx/core/streambuf.h"
+#include "obx/core/walmsg.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

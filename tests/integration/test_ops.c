@@ -471,7 +471,7 @@ probe(int port, const char *path, int ms, char *out, size_t len)
 }
 
 #define SLOW_CLIENTS 200
-#define PER_CLIENT 8 /* connections one source address may hold (src/http.c) */
+#define PER_CLIENT 8 /* connections one source address may hold (src/sys/http.c) */
 
 /*
  * 200 connections from one client (127.0.0.2) that send a header byte every

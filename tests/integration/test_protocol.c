@@ -238,7 +238,7 @@ test_streaming(void **state)
 			usleep(100000);
 		assert_true(t_slot_confirmed(&R) > before);
 	}
-	/* docs/design.md, invariant 5: while they are in progress the slot must not follow the WAL end
+	/* docs/internals/design.md, invariant 5: while they are in progress the slot must not follow the WAL end
 	 * (a WAL switch moves the flushed end past the small commit, deterministically) */
 	insert_rows(c2, "gone", 1001, 1200);
 	free(t_query1(R.pg, "SELECT pg_switch_wal()"));

@@ -1,9 +1,9 @@
 /*
- * Restart de-duplication against the real stack (docs/design.md, "Restart
+ * Restart de-duplication against the real stack (docs/internals/design.md, "Restart
  * de-duplication"): after kill -9, every committed event is in Kafka exactly
  * once and in per-key commit order; with [delivery] dedupe = off the same
  * crashes leave duplicates (so the checks can fail).  Exactly-once mode
- * (docs/design.md, "Exactly-once") under the same crash loop, a fenced
+ * (docs/internals/design.md, "Exactly-once") under the same crash loop, a fenced
  * zombie and an abortable transaction.  And the fallbacks: a
  * record of another writer at the end of a partition, a partition count
  * changed between runs and a read-back that times out all make outboxd

@@ -27,7 +27,7 @@
 #include <unistd.h>
 
 #include "harness.h"
-#include "obx/snapmark.h"
+#include "obx/core/snapmark.h"
 
 #define AGGS 200
 #define TOPICS 4 /* outbox.event.snap0..3, 4 partitions each */

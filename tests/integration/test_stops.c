@@ -1,5 +1,5 @@
 /*
- * SIGTERM in every mode and every wait (docs/design.md, "Relay core", the
+ * SIGTERM in every mode and every wait (docs/internals/design.md, "Relay core", the
  * table "SIGTERM in every mode and wait"; DESIGN.md invariant 7): while
  * outboxd waits on the broker, /healthz answers 200 before and after the
  * signal until the process is gone, the first SIGTERM ends it with status

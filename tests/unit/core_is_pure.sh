@@ -5,10 +5,26 @@
 # files, sockets, clocks, environment or process control.  Fails naming the
 # calls that would.
 #
-# usage: core_is_pure.sh NM LIBRARY
+# The library is every file of src/core/ (CMakeLists.txt globs the folder),
+# and a file there, or a header of include/obx/core/, includes only the
+# system's headers and include/obx/core/: never libpq, librdkafka, inih or a
+# header of another layer.
+#
+# usage: core_is_pure.sh NM LIBRARY SOURCE_DIR
 set -eu
 nm=${1:?nm}
 lib=${2:?library}
+top=${3:?source dir}
+
+# every include of the core that is neither <system> nor "obx/core/..."
+incl=$(grep -Hn '^[[:space:]]*#[[:space:]]*include' "$top"/src/core/*.c "$top"/include/obx/core/*.h |
+	grep -Ev '#[[:space:]]*include[[:space:]]*"obx/core/[a-z_]+\.h"' |
+	grep -E '"|<(libpq-fe|libpq/.*|librdkafka/.*|ini|microhttpd|pthread|unistd|sys/.*|fcntl|dirent|signal|netinet/.*|arpa/.*)\.h>' || true)
+if [ -n "$incl" ]; then
+	echo "core_is_pure: the core includes what a pure module must not:" >&2
+	printf '%s\n' "$incl" >&2
+	exit 1
+fi
 
 forbidden='^(PQ.*|pq.*|lo_.*|rd_kafka_.*|ini_.*'
 forbidden="$forbidden|open|open64|openat|creat|fopen|fopen64|fdopen|freopen|opendir|stat|fstat|lstat"

@@ -6,8 +6,8 @@
 
 #include <cmocka.h>
 
-#include "obx/acktrack.h"
-#include "obx/err.h"
+#include "obx/core/acktrack.h"
+#include "obx/core/err.h"
 
 /* One transaction with n events; tickets written to t[0..n-1]. */
 static void
@@ -53,7 +53,7 @@ test_ack_before_confirm_in_commit_order(void **state)
 	assert_int_equal(obx_ack_flushable(&a), 0);
 	assert_int_equal(obx_ack_ack(&a, t1[0]), 0);
 	assert_int_equal(obx_ack_flushable(&a), 0); /* t1 still has one event out */
-	/* a keepalive while work is outstanding changes nothing (docs/design.md, invariant 5) */
+	/* a keepalive while work is outstanding changes nothing (docs/internals/design.md, invariant 5) */
 	obx_ack_keepalive(&a, 10000);
 	assert_int_equal(obx_ack_flushable(&a), 0);
 	assert_int_equal(obx_ack_ack(&a, t1[1]), 0);

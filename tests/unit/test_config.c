@@ -10,9 +10,9 @@
 
 #include <cmocka.h>
 
-#include "obx/config.h"
-#include "obx/config_load.h"
-#include "obx/err.h"
+#include "obx/core/config.h"
+#include "obx/sys/config_load.h"
+#include "obx/core/err.h"
 
 static char path[64];
 static char errbuf[1024];

@@ -1,5 +1,5 @@
 /*
- * Restart de-duplication's decisions on their own (dedupe.h): marks from
+ * Restart de-duplication's decisions on their own (core/restart_dedupe.h): marks from
  * headers, Kafka's murmur2 partitioning, the read-back window protocol of
  * a scan, what a scan ignores and what makes it fall back, and the
  * verdicts for records of a session.
@@ -14,9 +14,9 @@
 
 #include <cmocka.h>
 
-#include "obx/dedupe.h"
-#include "obx/err.h"
-#include "obx/progress.h"
+#include "obx/core/restart_dedupe.h"
+#include "obx/core/err.h"
+#include "obx/core/eos_progress.h"
 
 /* ---- records as the read-back or the core would hand them over ---- */
 

@@ -12,7 +12,7 @@
 
 #include <cmocka.h>
 
-#include "obx/delivery.h"
+#include "obx/core/delivery.h"
 
 #define MAXREC 64
 

@@ -28,7 +28,7 @@
 
 #include <cmocka.h>
 
-#include "obx/delivery.h"
+#include "obx/core/delivery.h"
 
 #define MAXROWS 160
 #define MAXFLIGHT 512

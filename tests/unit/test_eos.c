@@ -1,5 +1,5 @@
 /*
- * Exactly-once's decisions on their own (relaycore.h, progress.h): the
+ * Exactly-once's decisions on their own (relaycore.h, core/eos_progress.h): the
  * session's history, the progress record of a batch, where the replay
  * starts skipping, what init_transactions and a commit's result mean, a
  * fenced producer's verdict, and the status interval of a session.
@@ -14,10 +14,10 @@
 
 #include <cmocka.h>
 
-#include "obx/config.h"
-#include "obx/err.h"
-#include "obx/progress.h"
-#include "obx/relaycore.h"
+#include "obx/core/config.h"
+#include "obx/core/err.h"
+#include "obx/core/eos_progress.h"
+#include "obx/core/relaycore.h"
 
 static struct obx_config cfg;
 

@@ -8,9 +8,9 @@
 #include <cmocka.h>
 
 #include "bytes.h"
-#include "obx/err.h"
-#include "obx/event.h"
-#include "obx/relcache.h"
+#include "obx/core/err.h"
+#include "obx/core/event.h"
+#include "obx/core/relcache.h"
 
 struct col {
 	const char *name;

@@ -15,12 +15,12 @@
 #include <cmocka.h>
 
 #include "fixture_file.h"
-#include "obx/config.h"
-#include "obx/err.h"
-#include "obx/event.h"
-#include "obx/pgoutput.h"
-#include "obx/relcache.h"
-#include "obx/streambuf.h"
+#include "obx/core/config.h"
+#include "obx/core/err.h"
+#include "obx/core/event.h"
+#include "obx/core/pgoutput.h"
+#include "obx/core/relcache.h"
+#include "obx/core/streambuf.h"
 
 #define V3 OBX_FIXTURE_DIR "/pg15-v3.hex"
 #define V1BIN OBX_FIXTURE_DIR "/pg15-v1-binary.hex"

@@ -9,9 +9,9 @@
 
 #include <cmocka.h>
 
-#include "obx/config.h"
-#include "obx/dedupe.h"
-#include "obx/kafka.h"
+#include "obx/core/config.h"
+#include "obx/core/restart_dedupe.h"
+#include "obx/kafka/producer.h"
 
 static void
 expect_prop(rd_kafka_conf_t *conf, const char *k, const char *want)

@@ -15,7 +15,7 @@
 #include <cmocka.h>
 #include <jansson.h>
 
-#include "obx/log.h"
+#include "obx/sys/log.h"
 
 #define TS "2024-05-01T12:00:00.000Z"
 

@@ -19,11 +19,11 @@
 #include <cmocka.h>
 
 #include "fixture_file.h"
-#include "obx/err.h"
-#include "obx/lsn.h"
-#include "obx/pgoutput.h"
-#include "obx/pgversion.h"
-#include "obx/relaycore.h"
+#include "obx/core/err.h"
+#include "obx/core/lsn.h"
+#include "obx/core/pgoutput.h"
+#include "obx/core/pgversion.h"
+#include "obx/core/relaycore.h"
 
 #define MAXREC 4096
 

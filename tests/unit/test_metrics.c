@@ -10,7 +10,7 @@
 
 #include <cmocka.h>
 
-#include "obx/metrics.h"
+#include "obx/core/metrics.h"
 
 static char *text;
 

@@ -7,11 +7,11 @@
 #include <cmocka.h>
 
 #include "bytes.h"
-#include "obx/err.h"
-#include "obx/pgoutput.h"
-#include "obx/pgversion.h"
-#include "obx/reader.h"
-#include "obx/walmsg.h"
+#include "obx/core/err.h"
+#include "obx/core/pgoutput.h"
+#include "obx/core/pgversion.h"
+#include "obx/core/reader.h"
+#include "obx/core/walmsg.h"
 
 static struct obx_pgoutput dec;
 

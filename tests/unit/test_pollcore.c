@@ -1,10 +1,10 @@
 /*
- * Polling mode's decisions for a claimed batch (src/pollcore.c): focused
+ * Polling mode's decisions for a claimed batch (src/core/pollcore.c): focused
  * cases first, then a randomized model of the whole cycle.
  *
  * The model keeps a table of outbox rows over a few keys (an application
  * inserts some between claims), claims them as the claim statement of
- * src/pollsql.c does (batch rows in seq order, a row kept only when no
+ * src/core/pollsql.c does (batch rows in seq order, a row kept only when no
  * older pending row of its key is outside the claim, at most
  * obx_poll_claim_rows()), produces what the core says to a fake producer
  * that sometimes refuses a produce call, and serves delivery reports in
@@ -19,7 +19,7 @@
  *   - when a record of a key lands in Kafka, every older row of the key
  *     landed before, is published, or was handled ahead of it in the same
  *     batch without holding it back (given up, dead-lettered, or refused by
- *     the broker after the produce call: docs/design.md, "Polling mode");
+ *     the broker after the produce call: docs/internals/design.md, "Polling mode");
  *   - next() passes over exactly the rows behind a failure of their key;
  *   - decisions, report outcomes and the drain follow the rules, reports
  *     of an earlier batch or of a row not in flight change nothing;
@@ -42,11 +42,11 @@
 
 #include <cmocka.h>
 
-#include "obx/config.h"
-#include "obx/err.h"
-#include "obx/poll.h"
-#include "obx/pollcore.h"
-#include "obx/relaycore.h"
+#include "obx/core/config.h"
+#include "obx/core/err.h"
+#include "obx/run/poll.h"
+#include "obx/core/pollcore.h"
+#include "obx/core/relaycore.h"
 
 static void
 set(struct obx_config *c, const char *section, const char *key, const char *value)

@@ -13,9 +13,9 @@
 
 #include <cmocka.h>
 
-#include "obx/config.h"
-#include "obx/err.h"
-#include "obx/poll.h"
+#include "obx/core/config.h"
+#include "obx/core/err.h"
+#include "obx/run/poll.h"
 
 static char errbuf[512];
 

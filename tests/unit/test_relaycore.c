@@ -15,8 +15,8 @@
 
 #include <cmocka.h>
 
-#include "obx/err.h"
-#include "obx/relaycore.h"
+#include "obx/core/err.h"
+#include "obx/core/relaycore.h"
 
 #define RELID 16384
 #define MAXREC 256

@@ -17,7 +17,7 @@
  * After every step the reference model checks:
  *   - the flush position never passes the end of a committed transaction
  *     with an event the broker has not acknowledged in this session
- *     (docs/design.md, invariant 4), never goes back within a session, and
+ *     (docs/internals/design.md, invariant 4), never goes back within a session, and
  *     is the session's start, the end of a transaction read, or the WAL end
  *     of a keepalive read while nothing was open or outstanding (5);
  *   - nothing of a rolled-back (sub)transaction, of another table, of
@@ -54,8 +54,8 @@
 
 #include <cmocka.h>
 
-#include "obx/err.h"
-#include "obx/relaycore.h"
+#include "obx/core/err.h"
+#include "obx/core/relaycore.h"
 
 #define DEFAULT_SEEDS 200
 #define DEFAULT_STEPS 500
@@ -986,7 +986,7 @@ allow(obx_lsn l)
 	M.allowed[M.nallowed++] = l;
 }
 
-/* Nothing open, nothing outstanding: a keepalive may move the flush position (docs/design.md, invariant 5). */
+/* Nothing open, nothing outstanding: a keepalive may move the flush position (docs/internals/design.md, invariant 5). */
 static bool
 model_idle(void)
 {
@@ -1206,7 +1206,7 @@ report_some(int n)
 		enum obx_report_status st = OBX_REPORT_OK;
 		uint32_t r = below(1000);
 
-		if (o->sess != M.sess) /* docs/design.md, invariant 8: whatever it says, it must change nothing now */
+		if (o->sess != M.sess) /* docs/internals/design.md, invariant 8: whatever it says, it must change nothing now */
 			st = r < 400 ? OBX_REPORT_OK : r < 700 ? OBX_REPORT_PURGED : r < 850 ? OBX_REPORT_TRANSIENT :
 			    OBX_REPORT_PERMANENT;
 		else if (M.quiet || o->dl)

@@ -15,7 +15,7 @@
 
 #include <cmocka.h>
 
-#include "obx/runpolicy.h"
+#include "obx/core/runpolicy.h"
 
 static const uint32_t rnds[] = { 0, 1, 2, 99, 100, 101, 12345, 0x7fffffffU, 0xfffffffeU, 0xffffffffU };
 #define NRNDS (sizeof(rnds) / sizeof(rnds[0]))

@@ -8,7 +8,7 @@
 
 #include <cmocka.h>
 
-#include "obx/snapmark.h"
+#include "obx/core/snapmark.h"
 
 /* A slot name of up to 54 characters keeps SLOT_snapshot, with no older name to look for. */
 static void

@@ -7,8 +7,8 @@
 
 #include <cmocka.h>
 
-#include "obx/err.h"
-#include "obx/streambuf.h"
+#include "obx/core/err.h"
+#include "obx/core/streambuf.h"
 
 static struct obx_relcol cols[] = { { "id", 25 }, { "payload", 3802 } };
 static struct obx_rel rel = { 16384, "public", "outbox", 2, cols, 1 };

@@ -7,8 +7,8 @@
 
 #include <cmocka.h>
 
-#include "obx/err.h"
-#include "obx/template.h"
+#include "obx/core/err.h"
+#include "obx/core/template.h"
 
 /* Parses text and compares its parts with want: "=lit" for literals, "$col" for columns. */
 static void

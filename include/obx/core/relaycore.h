@@ -1,0 +1,391 @@
+/*
+ * relaycore.h - the relay's decisions (pure): what to publish, what to
+ * dead-letter, what may be confirmed, when to read, when to stop.
+ *
+ * The core does no I/O, reads no clock and writes no log line.  Its inputs
+ * are the replication stream's CopyData messages (or messages already
+ * decoded), the result of each produce, delivery reports, timer ticks (the
+ * caller's monotonic milliseconds) and stop signals.  Its outputs are calls
+ * through struct obx_core_ops (produce this record, here is a line for the
+ * log) and state the loop asks for: may it read the stream now, is a status
+ * update due and with which flush LSN, has the session ended and why.  The
+ * loop in relay.c performs the actions and nothing else; docs/internals/design.md
+ * ("Relay core") describes the split.
+ *
+ * The core owns the ack tracker (the flush position, docs/internals/design.md invariant 4), the
+ * stream buffer (streamed transactions until their Stream Commit or Abort),
+ * the message-to-row path ([source] messages), on_error, restart
+ * de-duplication (core/restart_dedupe.h) and the drain rules.  Every wait is a state,
+ * never a loop inside the core: a produce the producer's queue refused, a
+ * record waiting for its topic's read-back, the rows of a Stream Commit
+ * still to publish and the in-flight caps all make obx_core_can_read()
+ * false until obx_core_pump() (called by the loop on every turn) has moved
+ * past them.
+ *
+ * Lifetime: obx_core_init() once per process, obx_core_session_start() and
+ * obx_core_session_end() around every replication session,
+ * obx_core_reset() at exit.
+ */
+#ifndef OBX_RELAYCORE_H
+#define OBX_RELAYCORE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include "obx/core/acktrack.h"
+#include "obx/core/config.h"
+#include "obx/core/restart_dedupe.h"
+#include "obx/core/delivery.h"
+#include "obx/core/event.h"
+#include "obx/core/logfields.h"
+#include "obx/core/lsn.h"
+#include "obx/core/metrics.h"
+#include "obx/core/pgoutput.h"
+#include "obx/core/eos_progress.h"
+#include "obx/core/relcache.h"
+#include "obx/core/runpolicy.h"
+#include "obx/core/streambuf.h"
+
+/* Status updates go out at most this often when only the flush position moved. */
+#define OBX_CORE_STATUS_MIN_GAP_MS 100
+/* SIGTERM: how long to wait for outstanding acknowledgements (every source's drain). */
+#define OBX_CORE_DRAIN_TIMEOUT_MS OBX_DRAIN_TIMEOUT_MS
+/* The most keys a logical decoding message's JSON object may have. */
+#define OBX_CORE_MESSAGE_KEYS 64
+
+/*
+ * The actions.  produce hands a record to the producer (which copies it)
+ * tagged with opaque, and writes why it failed into why (not OK).  note
+ * gives a line for the log and what it concerns (f: the event's lsn, xid,
+ * id and topic, borrowed for the call; NULL: nothing in particular).  lookup starts reading topic back from the end
+ * of its partitions down to floor, for restart de-duplication (core/restart_dedupe.h;
+ * docs/internals/design.md, "Restart de-duplication"); the finished scan comes back
+ * later through obx_core_lookup_done() with gen, never from inside the
+ * call.  It returns false when the read-back cannot be started (the
+ * topic's records are then published).  lookup may be NULL: no
+ * de-duplication.  All are called only from inside core calls.
+ */
+struct obx_core_ops {
+	enum obx_produce_result (*produce)(void *ctx, const struct obx_record *rec, uint64_t opaque,
+	    char *why, size_t whylen);
+	void (*note)(void *ctx, enum obx_log_level level, const struct obx_logfields *f,
+	    const char *line);
+	bool (*lookup)(void *ctx, const char *topic, const struct obx_dd_mark *floor, uint32_t gen);
+};
+
+/*
+ * Exactly-once ([delivery] exactly_once; docs/internals/design.md, "Exactly-once"):
+ * what one Kafka transaction holds, for its progress record.
+ */
+struct obx_core_progress {
+	struct obx_dd_mark mark; /* the last event it holds (lsn, seq); id_hash unused */
+	int64_t mark_commit_time; /* commit time of the transaction at mark.lsn (0: unknown) */
+	obx_lsn end_lsn;         /* the end of the last PostgreSQL transaction it completes (0/0: none) */
+	int64_t commit_time;     /* that transaction's commit time, PostgreSQL epoch microseconds */
+	uint64_t records;        /* records produced in it */
+};
+
+/* How a Kafka transaction's commit ended, as the loop reports it. */
+enum obx_core_commit {
+	OBX_CORE_COMMIT_OK,
+	OBX_CORE_COMMIT_ABORT,  /* it cannot commit: the session ends and rewinds */
+	OBX_CORE_COMMIT_FENCED, /* another instance took over the transactional.id: exit 1 (why says so) */
+	OBX_CORE_COMMIT_FATAL,  /* the producer is unusable: the session ends and rewinds */
+};
+
+enum obx_core_end {
+	OBX_CORE_RUNNING = 0,
+	OBX_CORE_END_STOP,  /* stopped on request: exit 0 */
+	OBX_CORE_END_RETRY, /* transient: end the session, reconnect with backoff */
+	OBX_CORE_END_FATAL, /* cannot heal: exit 1 */
+};
+
+/* A logical decoding message seen as a row of a relation with the message's keys. */
+struct obx_core_msgrow {
+	struct obx_rel rel;
+	struct obx_relcol cols[OBX_CORE_MESSAGE_KEYS];
+	struct obx_pg_datum dat[OBX_CORE_MESSAGE_KEYS];
+	char *dumps[OBX_CORE_MESSAGE_KEYS];
+	size_t ndumps;
+	json_t *json;
+	unsigned version;
+};
+
+struct obx_core {
+	const struct obx_config *cfg; /* borrowed; outlives the core */
+	const struct obx_core_ops *ops;
+	void *ctx;
+	struct obx_metrics *m;        /* borrowed; counters the core updates */
+
+	struct obx_pgoutput dec;
+	struct obx_relcache rels;
+	struct obx_event_builder eb;
+	struct obx_acktrack ack;
+	struct obx_streambuf sbuf;
+	struct obx_core_msgrow mrow;
+	struct obx_rel msgrel;        /* how a buffered message is kept: one column "content" */
+	struct obx_relcol msgcol;
+
+	uint32_t gen;                 /* stream generation, bumped per session (docs/internals/design.md, invariant 8) */
+	bool active;                  /* between session_start and session_end */
+	bool streaming_off;           /* the process no longer asks for streaming */
+
+	bool in_txn;                  /* Begin (or a Stream Commit being published) seen, Commit not yet */
+	bool in_stream;               /* between Stream Start and Stream Stop */
+	struct obx_txninfo txn;
+	uint32_t txn_events;
+	uint32_t stream_xid;          /* the transaction of the current Stream Start block */
+
+	/* a Stream Commit whose rows are being published */
+	bool replaying;
+	uint32_t replay_xid;
+	size_t replay_next;
+	obx_lsn replay_end_lsn;
+
+	struct obx_delivery dlv;      /* the delivery policy: pending records, in-flight counts, on_error */
+	struct obx_topic_waits waits; /* topics the cluster does not have (kept across sessions, shared with the snapshot) */
+
+	struct obx_dedupe dd;         /* restart de-duplication of this session (core/restart_dedupe.h) */
+	bool dd_noted;                /* said once why de-duplication is off */
+	uint64_t *skips;              /* tickets of events found in Kafka, acknowledged by the next pump */
+	size_t nskips, skips_cap;
+
+	obx_lsn received;             /* the write position: the highest LSN read */
+	obx_lsn sent_flush;           /* the highest flush position sent */
+	obx_lsn server_wal_end;
+	int64_t last_status_ms;
+	bool status_now;              /* the server asked for a reply */
+	int status_interval_ms;
+
+	uint64_t published;           /* events acknowledged (not counting dead-lettered ones) */
+	bool paused;                  /* the in-flight caps stop reading */
+	int64_t last_pause_note_ms;   /* backpressure lines at info at most every 10 s */
+	bool pause_noted;             /* the current pause was logged at info */
+
+	struct obx_stops stops;       /* stop signals (runpolicy.h): the first drains, a later one stops */
+	bool draining;
+
+	int64_t now_ms;               /* the caller's clock at the last pump or session start */
+
+	/* exactly-once ([delivery] exactly_once; docs/internals/design.md, "Exactly-once") */
+	bool eos;                     /* this session publishes in Kafka transactions */
+	struct obx_dd_mark eos_floor; /* the last event of the last committed transaction: at or below, skip */
+	bool eos_floor_set;
+	int64_t eos_floor_time;       /* commit time of the floor's transaction */
+	bool eos_checking;            /* the replay has not met the floor's transaction yet */
+	bool eos_holding;             /* events skipped before that: the flush position stays */
+	obx_lsn eos_hold_flush;       /* where it stays: the session's start */
+	struct obx_dd_mark eos_refused; /* a floor the replay contradicted (kept across sessions) */
+	int64_t eos_refused_time;
+	bool eos_refused_set;
+	uint64_t eos_skipped;         /* replayed events at or below the floor this session */
+	bool commit_wanted;           /* the open transaction takes nothing more; its commit waits for its reports */
+	bool committing;              /* a commit was asked for and has not ended */
+	uint64_t batch_records, batch_bytes;
+	int64_t batch_since_ms;       /* when the open transaction got its first record */
+	struct obx_core_progress batch;
+	uint64_t *batch_tickets;      /* the tickets of its records, acknowledged when it commits */
+	size_t nbatch, batch_cap;
+	struct obx_core_rejected {
+		struct obx_dd_mark mark;
+		bool dead_letter;
+		char why[256];
+	} *rejected;                  /* kept across sessions: on_error applies at the replay */
+	size_t nrejected, rejected_cap;
+	uint64_t eos_commits;         /* Kafka transactions committed */
+	uint64_t eos_aborts;          /* ended without a commit (abort, rewind) */
+
+	enum obx_core_end end;
+	bool end_kafka;               /* the session ended because of the broker side */
+	char reason[1024];
+	struct obx_logfields_kept reason_fields; /* what reason concerns (the event, the topic), for its line */
+};
+
+/*
+ * Prepares a core for cfg (borrowed).  ops and ctx receive the actions, m
+ * the counters (all borrowed, outliving the core; none may be NULL).  Returns 0 or
+ * OBX_ENOMEM.  Pair with obx_core_reset().
+ */
+int obx_core_init(struct obx_core *c, const struct obx_config *cfg, const struct obx_core_ops *ops,
+    void *ctx, struct obx_metrics *m);
+/* Frees everything the core owns. */
+void obx_core_reset(struct obx_core *c);
+
+/*
+ * A session starts streaming at start (the slot's confirmed_flush) with
+ * pgoutput protocol proto; status updates are due every status_interval_ms.
+ * A new generation begins: reports of earlier sessions are never counted.
+ * Returns 0 or OBX_ENOMEM.
+ */
+int obx_core_session_start(struct obx_core *c, obx_lsn start, int proto, int status_interval_ms,
+    int64_t now_ms);
+
+/*
+ * Exactly-once: this session publishes in Kafka transactions.  floor (NULL:
+ * no progress record was found or it was not trusted, core/eos_progress.h) is the
+ * last event of the last committed transaction and floor_time the commit
+ * time of its PostgreSQL transaction; every replayed event at or below it
+ * is skipped, acknowledged as found, once the replay shows that the floor
+ * is of this history: a transaction committed at the floor's lsn at
+ * floor_time.  Until the replay meets it, events below it are skipped but
+ * the flush position stays at the session's start; a replay that passes
+ * the floor's lsn without it (a transaction or a keepalive beyond) or meets
+ * another commit time there ends the session to publish everything again,
+ * and the floor is refused from then on.  Call after
+ * obx_core_session_start(), before the first message.
+ */
+void obx_core_exactly_once(struct obx_core *c, const struct obx_dd_mark *floor, int64_t floor_time);
+
+/*
+ * Exactly-once: true when the open Kafka transaction should commit now
+ * ([delivery] transaction_max_*, idle: the loop found nothing more to read,
+ * a drain, backpressure); *p says what it holds, for its progress record.
+ * From then on the core produces nothing and reads nothing until
+ * obx_core_commit_done().
+ */
+bool obx_core_commit_due(struct obx_core *c, int64_t now_ms, bool idle, struct obx_core_progress *p);
+
+/*
+ * Exactly-once: the commit asked for ended.  OK acknowledges every event
+ * of the transaction (the flush position may move); the rest end the
+ * session (why, borrowed, says how).  now_us (PostgreSQL-epoch
+ * microseconds) feeds the commit-to-acknowledgement histogram.
+ */
+void obx_core_commit_done(struct obx_core *c, enum obx_core_commit how, const char *why,
+    int64_t now_us);
+
+/*
+ * Exactly-once: the progress record of the transaction *p describes
+ * (obx_core_commit_due()), in the history src of the session, into *out.
+ */
+void obx_core_progress_record(const struct obx_core_progress *p, const struct obx_progress_source *src,
+    struct obx_progress *out);
+
+/*
+ * Exactly-once: how a session's start goes on after init_transactions
+ * ended with res.  Returns OBX_CORE_RUNNING on OBX_TXN_OK;
+ * OBX_CORE_END_FATAL when fenced (another producer of the id is newer:
+ * never publish beside it); else OBX_CORE_END_RETRY.  why holds the
+ * producer's words on entry and is rewritten for a time-out (PENDING after
+ * budget_ms, or a stop that cut the wait short).
+ */
+enum obx_core_end obx_core_txn_init_end(enum obx_txn_result res, const char *txn_id, int budget_ms,
+    char *why, size_t whylen);
+
+/*
+ * Exactly-once: the broker refused this producer's epoch, and
+ * connection_ours says whether the replication connection is still this
+ * instance's (obx_progress_fenced()).  Returns OBX_CORE_END_FATAL (another
+ * instance took over: stop, exit 1) or OBX_CORE_END_RETRY (a transaction
+ * outlived transaction.timeout.ms: a new session goes on).  why gets the
+ * line.
+ */
+enum obx_core_end obx_core_fenced_end(bool connection_ours, const char *txn_id, const char *slot,
+    char *why, size_t whylen);
+
+/*
+ * Exactly-once: how a commit call that ended (res is not OBX_TXN_PENDING:
+ * the commit goes on) is reported to obx_core_commit_done().  A fence
+ * while the replication connection is still ours (connection_ours, only
+ * looked at for OBX_TXN_FENCED) is FATAL (a new session), else FENCED
+ * (stop); why holds the producer's words on entry and gets the fence's line
+ * for OBX_TXN_FENCED.
+ */
+enum obx_core_commit obx_core_commit_verdict(enum obx_txn_result res, bool connection_ours,
+    const char *txn_id, const char *slot, char *why, size_t whylen);
+
+/*
+ * The status interval of a session: [source] status_interval
+ * (status_interval_ms), or a third of the server's wal_sender_timeout when
+ * that is sooner (0: no timeout), so that an idle stream is never ended
+ * by the server.
+ */
+int obx_core_status_interval(int status_interval_ms, int wal_sender_timeout_ms);
+
+/*
+ * The session is over (whatever the reason): forgets its transactions,
+ * buffered rows, pending record and relations, and bumps the generation so
+ * that reports served while the producer closes are ignored.
+ */
+void obx_core_session_end(struct obx_core *c);
+
+/* True when the session should ask the server to stream in-progress transactions. */
+bool obx_core_streaming_allowed(const struct obx_core *c);
+
+/* One CopyData message ('w' XLogData or 'k' keepalive) of the replication stream. */
+void obx_core_copydata(struct obx_core *c, const uint8_t *buf, size_t len);
+
+/*
+ * One decoded pgoutput message; data_start is its XLogData dataStart (0/0
+ * when it has none).  Borrowed views in m are used only during the call.
+ */
+void obx_core_pgmsg(struct obx_core *c, const struct obx_pgmsg *m, obx_lsn data_start);
+
+/* A keepalive: the server's WAL end, and whether it asks for a reply now. */
+void obx_core_keepalive(struct obx_core *c, obx_lsn wal_end, bool reply_requested);
+
+/* A delivery report; one of an earlier session (generation) is ignored. */
+void obx_core_report(struct obx_core *c, const struct obx_report *r);
+
+/*
+ * The read-back of topic that ops->lookup started is over.  Takes
+ * ownership of s (NULL: it could not be made, the topic's records are
+ * published); one of an earlier session (generation) is freed unused.  The
+ * records that waited for it move on at the next obx_core_pump().
+ */
+void obx_core_lookup_done(struct obx_core *c, uint32_t gen, const char *topic,
+    struct obx_dd_scan *s);
+
+/*
+ * Moves pending work on as far as the in-flight caps allow: events found in
+ * Kafka by de-duplication (acknowledged here, as a delivery report would),
+ * a record the queue refused or that waits for its topic's read-back, the
+ * rows of a Stream Commit, the drain rule.  Call on every turn of the
+ * loop, after serving delivery reports.
+ */
+void obx_core_pump(struct obx_core *c, int64_t now_ms);
+
+/* A stop signal: the first drains (up to OBX_CORE_DRAIN_TIMEOUT_MS), the second stops at once. */
+void obx_core_signal(struct obx_core *c, int64_t now_ms);
+
+/* n events of another source of the process (the snapshot of pending rows) were acknowledged. */
+void obx_core_published_elsewhere(struct obx_core *c, uint64_t n);
+
+/* Ends the session for a reason found outside the core (I/O). */
+void obx_core_fail(struct obx_core *c, enum obx_core_end how, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* True when the loop may read the next replication message now. */
+bool obx_core_can_read(const struct obx_core *c);
+
+/* True when the in-flight caps hold the stream (for the state gauge). */
+bool obx_core_backpressured(const struct obx_core *c);
+
+/*
+ * True when a standby status update is due at now_ms; *flush and *write
+ * are what to send and *reply whether to ask the server for a keepalive
+ * (idle, so the flush position may follow the WAL end).  After sending it
+ * the loop calls obx_core_status_sent().
+ */
+bool obx_core_status_due(const struct obx_core *c, int64_t now_ms, obx_lsn *write, obx_lsn *flush,
+    bool *reply);
+void obx_core_status_sent(struct obx_core *c, obx_lsn flush, int64_t now_ms);
+
+/*
+ * Milliseconds until the core next needs a turn, >= 0: a status update,
+ * the drain check (100 ms), a record the producer's queue refused (50 ms),
+ * at once when a Stream Commit's rows may go on or skipped events wait to
+ * be acknowledged.
+ */
+int64_t obx_core_wait_ms(const struct obx_core *c, int64_t now_ms);
+
+/* OBX_CORE_RUNNING, or how the session ended; *reason (borrowed) says why. */
+enum obx_core_end obx_core_ended(const struct obx_core *c, const char **reason);
+
+/* The opaque carried by a stream record (delivery.h, obx_dlv_opaque()). */
+uint64_t obx_core_opaque(uint32_t gen, uint64_t ticket, bool dead_letter);
+
+#endif

@@ -1,0 +1,452 @@
+/*
+ * poll_session.c - polling mode's process: its connections (connect,
+ * check the table, LISTEN), the idle wait between cycles (NOTIFY, signals,
+ * the poll interval), the pending-rows statistics, and the callbacks of the
+ * runner (runner.h) that drives the sessions.  poll.c runs each cycle.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <libpq-fe.h>
+
+#include "obx/core/err.h"
+#include "obx/sys/log.h"
+#include "obx/pg/util.h"
+#include "obx/run/poll_int.h"
+#include "obx/core/relaycore.h"
+#include "obx/core/walmsg.h"
+
+/* ---- signals and title: the runner's (runner.h) ---- */
+
+/* SIGHUP: the log level takes effect at once; the runner names the other changes. */
+static const char *const poll_live[] = { "[log] level" };
+
+static void
+poll_reload(void *ctx, const struct obx_config *fresh)
+{
+	struct poller *p = ctx;
+
+	if (fresh->log_level != p->log_level) {
+		p->log_level = fresh->log_level;
+		obx_log_setup(p->log_level, p->cfg->log_format);
+		obx_log_info("SIGHUP: log level %s", obx_log_level_name(p->log_level));
+	}
+}
+
+/* A stop signal: the first finishes the claimed batch (obx_pollcore_drain() says until when). */
+static void
+poll_stop(void *ctx, enum obx_stop_verdict v, int64_t now_ms)
+{
+	struct poller *p = ctx;
+
+	p->signals = obx_runner_stops(&p->run);
+	if (v != OBX_STOP_DRAIN)
+		return;
+	p->stop_ms = now_ms;
+	obx_log_info("stopping: finishing the claimed batch for up to %d s (a second signal "
+	    "abandons it)", OBX_CORE_DRAIN_TIMEOUT_MS / 1000);
+}
+
+static void
+poll_title(void *ctx, char *buf, size_t len)
+{
+	struct poller *p = ctx;
+
+	snprintf(buf, len, "%s (polling %s.%s)", obx_state_name(p->m.state), p->cfg->table_schema,
+	    p->cfg->table_name);
+}
+
+/* Sets the state, /readyz's phrase for it and the full reason (logged by the caller). */
+void
+obx_poll_set_state(struct poller *p, enum obx_state s, enum obx_not_ready why, const char *reason)
+{
+	p->m.state = s;
+	p->m.not_ready = why;
+	snprintf(p->m.state_reason, sizeof(p->m.state_reason), "%.*s", (int)sizeof(p->m.state_reason) - 1,
+	    reason != NULL ? reason : "");
+	obx_runner_publish(&p->run);
+}
+
+/* ---- statements that may take long ---- */
+
+#define CANCEL_WAIT_MS 5000 /* how long a cancelled claim may take to end */
+
+/* Asks the server to cancel the statement under way (best effort: its result says how it ended). */
+static void
+cancel(struct poller *p)
+{
+	PGcancel *cn = PQgetCancel(p->pg);
+	char why[256];
+
+	if (cn != NULL && PQcancel(cn, why, sizeof(why)) == 0)
+		obx_log_debug("could not cancel the statement: %s", why);
+	PQfreeCancel(cn);
+}
+
+PGresult *
+obx_poll_exec(struct poller *p, const char *sql)
+{
+	PGresult *res, *last = NULL;
+	int64_t cancelled_ms = 0;
+	char err[512];
+
+	if (PQsendQuery(p->pg, sql) == 0) {
+		snprintf(p->reason, sizeof(p->reason), "could not send a statement: %s",
+		    obx_pg_error_line(p->pg, err, sizeof(err)));
+		return NULL;
+	}
+	while (PQisBusy(p->pg)) {
+		struct pollfd fds[2] = { { PQsocket(p->pg), POLLIN, 0 }, { p->opts->signal_fd, POLLIN, 0 } };
+
+		if (poll(fds, 2, 1000) < 0 && errno != EINTR)
+			break;
+		if (fds[1].revents & POLLIN)
+			obx_runner_read_signals(&p->run);
+		if (p->signals > 0 && cancelled_ms == 0) {
+			cancel(p); /* nothing is claimed yet: nothing to finish */
+			cancelled_ms = obx_mono_ms();
+		}
+		/* a server that does not answer the cancel (or a second signal): the session ends, and
+		 * closing the connection rolls the claim back */
+		if (cancelled_ms != 0 && (p->signals > 1 || obx_mono_ms() - cancelled_ms >= CANCEL_WAIT_MS)) {
+			snprintf(p->reason, sizeof(p->reason), "stopped");
+			return NULL;
+		}
+		if ((fds[0].revents & (POLLIN | POLLERR | POLLHUP)) && PQconsumeInput(p->pg) == 0)
+			break; /* the connection failed: PQgetResult() says how */
+		obx_runner_publish(&p->run); /* the loop is turning: /healthz stays green */
+	}
+	while ((res = PQgetResult(p->pg)) != NULL) {
+		PQclear(last);
+		last = res;
+	}
+	if (cancelled_ms != 0) {
+		PQclear(last);
+		snprintf(p->reason, sizeof(p->reason), "stopped");
+		return NULL;
+	}
+	return last;
+}
+
+/* ---- between cycles ---- */
+
+/* The claim's result columns as a relation the event builder resolves by name. */
+int
+obx_poll_build_rel(struct poller *p, const PGresult *res)
+{
+	int n = PQnfields(res);
+
+	obx_rel_free(&p->rel);
+	free(p->datums);
+	p->datums = NULL;
+	p->rel.cols = calloc((size_t)n, sizeof(*p->rel.cols));
+	p->rel.nspname = strdup(p->cfg->table_schema);
+	p->rel.relname = strdup(p->cfg->table_name);
+	p->datums = calloc((size_t)n, sizeof(*p->datums));
+	if (p->rel.cols == NULL || p->rel.nspname == NULL || p->rel.relname == NULL || p->datums == NULL)
+		return OBX_ENOMEM;
+	p->rel.natts = (uint16_t)n;
+	for (int i = 0; i < n; i++) {
+		if ((p->rel.cols[i].name = strdup(PQfname(res, i))) == NULL)
+			return OBX_ENOMEM;
+		p->rel.cols[i].type_oid = PQftype(res, i);
+	}
+	p->rel.version = ++p->rel_version;
+	obx_event_builder_forget(&p->eb);
+	p->rel_built = true;
+	return 0;
+}
+
+/*
+ * Copies the builder's headers, keeping id and type and the [outbox]
+ * header.* and headers-column ones; lsn, xid and commit_ts do not exist
+ * here, and seq becomes the ordering column's value.
+ */
+int
+obx_poll_headers(struct poller *p, const struct obx_event *ev, const char *seq, size_t *n)
+{
+	size_t o = 0;
+
+	if (ev->nheaders > p->hdr_cap) {
+		struct obx_header *h = reallocarray(p->hdrs, ev->nheaders, sizeof(*h));
+
+		if (h == NULL)
+			return OBX_ENOMEM;
+		p->hdrs = h;
+		p->hdr_cap = ev->nheaders;
+	}
+	for (size_t i = 0; i < ev->nheaders; i++) {
+		const struct obx_header *h = &ev->headers[i];
+
+		/* the builder's first six are id, type, lsn, seq, xid, commit_ts (event.c) */
+		if (i < 6 && (strcmp(h->name, "lsn") == 0 || strcmp(h->name, "xid") == 0 ||
+		    strcmp(h->name, "commit_ts") == 0))
+			continue;
+		p->hdrs[o] = *h;
+		if (i < 6 && strcmp(h->name, "seq") == 0) {
+			p->hdrs[o].value = seq;
+			p->hdrs[o].len = strlen(seq);
+		}
+		o++;
+	}
+	*n = o;
+	return 0;
+}
+
+static void
+stats(struct poller *p)
+{
+	PGresult *res = obx_poll_exec(p, p->sql.stats); /* NULL: stopped meanwhile */
+
+	if (PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1) {
+		p->m.poll_pending_rows = strtoll(PQgetvalue(res, 0, 0), NULL, 10);
+		p->m.poll_oldest_pending_age_seconds = strtod(PQgetvalue(res, 0, 1), NULL);
+		p->m.poll_retrying_rows = strtoll(PQgetvalue(res, 0, 2), NULL, 10);
+		p->m.poll_max_attempts_pending = strtoll(PQgetvalue(res, 0, 3), NULL, 10);
+	}
+	PQclear(res);
+	p->next_stats_ms = obx_mono_ms() + OBX_POLL_STATS_INTERVAL_MS;
+}
+
+/*
+ * Sleeps up to ms, or until a notification on the channel, a signal or the
+ * connection's failure.  Returns 0, or OBX_EIO with reason filled.
+ */
+static int
+idle_wait(struct poller *p, int ms)
+{
+	int64_t until = obx_mono_ms() + ms;
+	PGnotify *nt;
+	bool woken = false;
+
+	while (!woken && p->signals == 0) {
+		int64_t left = until - obx_mono_ms();
+		struct pollfd fds[3] = {
+			{ PQsocket(p->pg), POLLIN, 0 },
+			{ p->opts->signal_fd, POLLIN, 0 },
+			{ obx_kafka_fd(&p->kf), POLLIN, 0 },
+		};
+
+		if (left <= 0)
+			break;
+		if (poll(fds, 3, (int)(left < 1000 ? left : 1000)) < 0 && errno != EINTR) {
+			snprintf(p->reason, sizeof(p->reason), "could not poll: %s", strerror(errno));
+			return OBX_EIO;
+		}
+		if (fds[1].revents & POLLIN)
+			obx_runner_read_signals(&p->run);
+		if (fds[2].revents & POLLIN)
+			obx_kafka_poll(&p->kf, 0);
+		if (fds[0].revents & (POLLIN | POLLERR | POLLHUP)) {
+			char err[512];
+
+			if (PQconsumeInput(p->pg) == 0) {
+				snprintf(p->reason, sizeof(p->reason), "lost the connection: %s",
+				    obx_pg_error_line(p->pg, err, sizeof(err)));
+				return OBX_EIO;
+			}
+		}
+		while ((nt = PQnotifies(p->pg)) != NULL) {
+			woken = true;
+			PQfreemem(nt);
+		}
+		obx_runner_publish(&p->run);
+	}
+	return 0;
+}
+
+/* Connects, checks the table and LISTENs.  Returns 0 or a negative code with reason filled. */
+static int
+session_open(struct poller *p)
+{
+	char err[512];
+	PGresult *res;
+
+	if (obx_pg_connect(p->cfg->conninfo, p->cfg->password, NULL, NULL, "outboxd", &p->pg, err, sizeof(err)) != 0) {
+		snprintf(p->reason, sizeof(p->reason), "could not connect to the server: %s", err);
+		return OBX_EIO;
+	}
+	res = PQexec(p->pg, p->sql.check);
+	if (PQresultStatus(res) != PGRES_TUPLES_OK) {
+		const char *state = PQresultErrorField(res, PG_DIAG_SQLSTATE);
+		bool missing = state != NULL && (strcmp(state, "42703") == 0 || strcmp(state, "42P01") == 0);
+
+		const char *primary = PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY);
+
+		snprintf(p->reason, sizeof(p->reason), "could not read the outbox table %s.%s for polling: "
+		    "%s%s", p->cfg->table_schema, p->cfg->table_name,
+		    primary != NULL ? primary : obx_pg_result_error_line(res, err, sizeof(err)),
+		    missing ? " (apply sql/008_polling.sql, or map the columns in [outbox])" : "");
+		PQclear(res);
+		return missing ? OBX_ECONFIG : OBX_EIO;
+	}
+	PQclear(res);
+	p->listening = false;
+	if (p->cfg->poll_notify_channel[0] != '\0') {
+		char chan[256] = "", q[300];
+
+		if (obx_poll_quote_ident(p->cfg->poll_notify_channel, chan, sizeof(chan)) == 0) {
+			snprintf(q, sizeof(q), "LISTEN %s", chan);
+			res = PQexec(p->pg, q);
+			p->listening = PQresultStatus(res) == PGRES_COMMAND_OK;
+			if (!p->listening)
+				obx_log_warn("could not listen on channel %s, polling every %d ms only: %s",
+				    p->cfg->poll_notify_channel, p->cfg->poll_interval_ms,
+				    obx_pg_result_error_line(res, err, sizeof(err)));
+			PQclear(res);
+		}
+	}
+	p->rel_built = false;
+	return 0;
+}
+
+static void
+session_close(struct poller *p)
+{
+	PQfinish(p->pg);
+	p->pg = NULL;
+	p->pg_busy = false;
+}
+
+/* ---- one session, as the runner drives it ---- */
+
+static bool
+poll_open(void *ctx)
+{
+	struct poller *p = ctx;
+
+	p->published_at_open = p->m.events_published;
+	if ((p->rc = session_open(p)) != 0)
+		return false;
+	obx_log_info("polling %s.%s: claims of up to %lld rows, %lld of them sent at a time, every %d ms "
+	    "when idle%s%s", p->cfg->table_schema, p->cfg->table_name, p->cfg->poll_batch,
+	    obx_poll_claim_rows(p->cfg),
+	    p->cfg->poll_interval_ms,
+	    p->listening ? ", woken by NOTIFY on " : "", p->listening ? p->cfg->poll_notify_channel : "");
+	obx_poll_set_state(p, OBX_STATE_STREAMING, OBX_NOT_READY_NONE, NULL);
+	stats(p);
+	return true;
+}
+
+/* One connection's life: p->rc becomes 0 on a clean stop, a negative code otherwise. */
+static void
+poll_run(void *ctx)
+{
+	struct poller *p = ctx;
+	int r, n;
+
+	for (;;) {
+		if (p->signals > 0) {
+			snprintf(p->reason, sizeof(p->reason), "stopped");
+			r = 0;
+			break;
+		}
+		if (!p->kf_open) {
+			char err[512];
+
+			if (obx_kafka_open(&p->kf, p->cfg, NULL, obx_poll_on_delivery, p, err, sizeof(err)) != 0) {
+				snprintf(p->reason, sizeof(p->reason), "%s", err);
+				r = OBX_ECONFIG;
+				break;
+			}
+			p->kf_open = true;
+			p->kf.metrics = &p->m;
+		}
+		n = obx_poll_cycle(p);
+		if (n < 0) {
+			r = n;
+			break;
+		}
+		if (obx_mono_ms() >= p->next_stats_ms)
+			stats(p);
+		obx_runner_publish(&p->run);
+		if (n == 0 && (r = idle_wait(p, p->cfg->poll_interval_ms)) != 0)
+			break;
+	}
+	p->rc = r;
+}
+
+static void
+poll_close(void *ctx, bool opened, struct obx_session_result *out)
+{
+	struct poller *p = ctx;
+
+	(void)opened;
+	session_close(p);
+	out->broker = p->kf_open && p->kf.fatal; /* read before the close clears it */
+	if (p->kf_open && (p->rc != 0 || p->signals > 0)) {
+		/* rows not yet marked stay pending: whatever is still queued is dropped */
+		obx_kafka_close(&p->kf, 1000);
+		p->kf_open = false;
+	}
+	out->end = p->rc == 0 ? OBX_RUN_STOP : p->rc == OBX_ECONFIG || p->rc == OBX_ENOMEM ?
+	    OBX_RUN_FATAL : OBX_RUN_RETRY;
+	out->reason = p->reason;
+	out->published = p->m.events_published;
+	out->progressed = p->m.events_published > p->published_at_open;
+}
+
+static const struct obx_runner_ops poll_runner_ops = {
+	.open = poll_open,
+	.run = poll_run,
+	.close = poll_close,
+	.stop = poll_stop,
+	.reload = poll_reload,
+	.live = poll_live,
+	.nlive = sizeof(poll_live) / sizeof(poll_live[0]),
+	.title = poll_title,
+	.interrupted_names_reason = true,
+};
+
+/* ---- the process ---- */
+
+int
+obx_poll_run(const struct obx_config *cfg, const struct obx_run_opts *opts)
+{
+	struct poller p;
+	int rc = 1;
+
+	memset(&p, 0, sizeof(p));
+	p.cfg = cfg;
+	p.opts = opts;
+	p.log_level = cfg->log_level;
+	p.m.poll_mode = 1;
+	p.m.poll_pending_rows = -1;
+	p.m.state = OBX_STATE_CONNECTING;
+	p.m.not_ready = OBX_NOT_READY_POSTGRES;
+	obx_log_context(NULL, "poll"); /* no slot: polling reads the table */
+#ifdef OBX_TEST_HOOKS
+	if (getenv("OBX_TEST_KILL_AFTER_ACKS") != NULL)
+		p.test_kill_after = atol(getenv("OBX_TEST_KILL_AFTER_ACKS"));
+#endif
+	snprintf(p.m.info_table, sizeof(p.m.info_table), "%s.%s", cfg->table_schema, cfg->table_name);
+	obx_pg_conninfo_dbname(cfg->conninfo, p.m.info_database, sizeof(p.m.info_database));
+	/* one table of missing topics for the process: a wait counts from the first refusal */
+	obx_dlv_init(&p.dlv, cfg, OBX_DLV_POLL, OBX_DLV_ATTEMPTS, &obx_poll_dlv_ops, &p, &p.m, &p.waits);
+	if (obx_poll_sql_build(&p.sql, cfg) != 0 || obx_event_builder_init(&p.eb, cfg) != 0) {
+		obx_log_error("out of memory");
+		goto out;
+	}
+	if (obx_runner_init(&p.run, cfg, opts, &p.m, &poll_runner_ops, &p) != 0)
+		goto out;
+	rc = obx_runner_run(&p.run);
+out:
+	if (p.kf_open)
+		obx_kafka_close(&p.kf, 1000);
+	obx_runner_reset(&p.run);
+	obx_pollcore_reset(&p.pc);
+	obx_dlv_reset(&p.dlv);
+	free(p.hdrs);
+	free(p.datums);
+	obx_rel_free(&p.rel);
+	obx_event_builder_reset(&p.eb);
+	obx_poll_sql_reset(&p.sql);
+	return rc;
+}
