@@ -9,7 +9,6 @@
 
 #include "obx/core/delivery.h"
 #include "obx/core/err.h"
-#include "obx/core/pollsql.h"
 #include "obx/core/pollcore.h"
 #include "obx/core/relaycore.h"
 #include "obx/core/runpolicy.h"
@@ -349,4 +348,21 @@ obx_pollcore_reset(struct obx_pollcore *pc)
 	obx_pollcore_end(pc);
 	free(pc->rows);
 	memset(pc, 0, sizeof(*pc));
+}
+
+int64_t
+obx_poll_backoff_ms(long long attempts, int min_ms, int max_ms, uint32_t rnd)
+{
+	int64_t d = min_ms > 0 ? min_ms : 1;
+	int64_t half;
+
+	if (max_ms < d)
+		max_ms = (int)d;
+	for (long long i = 1; i < attempts && d < max_ms; i++)
+		d *= 2;
+	if (d > max_ms)
+		d = max_ms;
+	half = d / 2;
+	d = half + (int64_t)(rnd % (uint64_t)(d - half + 1));
+	return d > 0 ? d : 1;
 }

@@ -327,20 +327,3 @@ obx_poll_sql_reset(struct obx_poll_sql *s)
 	free(s->row_json);
 	memset(s, 0, sizeof(*s));
 }
-
-int64_t
-obx_poll_backoff_ms(long long attempts, int min_ms, int max_ms, uint32_t rnd)
-{
-	int64_t d = min_ms > 0 ? min_ms : 1;
-	int64_t half;
-
-	if (max_ms < d)
-		max_ms = (int)d;
-	for (long long i = 1; i < attempts && d < max_ms; i++)
-		d *= 2;
-	if (d > max_ms)
-		d = max_ms;
-	half = d / 2;
-	d = half + (int64_t)(rnd % (uint64_t)(d - half + 1));
-	return d > 0 ? d : 1;
-}

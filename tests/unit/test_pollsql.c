@@ -15,7 +15,8 @@
 
 #include "obx/core/config.h"
 #include "obx/core/err.h"
-#include "obx/run/poll.h"
+#include "obx/core/pollcore.h"
+#include "obx/core/pollsql.h"
 
 static char errbuf[512];
 

@@ -263,4 +263,13 @@ void obx_pollcore_end(struct obx_pollcore *pc);
 /* Frees what pc owns and zeroes it, keeping nothing; a zeroed one is a no-op. */
 void obx_pollcore_reset(struct obx_pollcore *pc);
 
+/*
+ * The delay before the next attempt of a row that has now failed attempts
+ * times (1 for the first failure): min_ms doubled per earlier failure,
+ * capped at max_ms, then "equal jitter": the result lies in [d/2, d] for
+ * that capped d, decided by rnd (any 32-bit random value), so replicas that
+ * failed together do not retry together.  Never below 1.
+ */
+int64_t obx_poll_backoff_ms(long long attempts, int min_ms, int max_ms, uint32_t rnd);
+
 #endif

@@ -1,8 +1,8 @@
 /*
  * pollsql.h - the SQL of polling mode ([source] mode = poll; docs/internals/design.md,
- * "Polling mode") and its backoff arithmetic (pure, pollsql.c): the claim
- * with FOR UPDATE SKIP LOCKED, the marking, the failure records and the
- * statistics, every identifier double-quoted.
+ * "Polling mode"), pure (pollsql.c): the claim with FOR UPDATE SKIP LOCKED,
+ * the marking, the failure records and the statistics, every identifier
+ * double-quoted.  The backoff between attempts is pollcore.h's.
  */
 #ifndef OBX_POLLSQL_H
 #define OBX_POLLSQL_H
@@ -50,14 +50,5 @@ void obx_poll_sql_reset(struct obx_poll_sql *s);
  * (buf then holds a truncated, unusable prefix).
  */
 int obx_poll_quote_ident(const char *name, char *buf, size_t len);
-
-/*
- * The delay before the next attempt of a row that has now failed attempts
- * times (1 for the first failure): min_ms doubled per earlier failure,
- * capped at max_ms, then "equal jitter": the result lies in [d/2, d] for
- * that capped d, decided by rnd (any 32-bit random value), so replicas that
- * failed together do not retry together.  Never below 1.
- */
-int64_t obx_poll_backoff_ms(long long attempts, int min_ms, int max_ms, uint32_t rnd);
 
 #endif

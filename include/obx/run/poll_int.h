@@ -80,7 +80,7 @@ int obx_poll_mark_early(struct poller *p);
 int obx_poll_mark_and_commit(struct poller *p);
 
 /*
- * poll_session.c: runs sql (one or more statements) without stopping the
+ * poll_io.c: runs sql (one or more statements) without stopping the
  * loop: signals are read and the heartbeat published while the server
  * works, so /healthz stays green through a slow claim and a stop signal
  * cancels it (and gives the connection up when the server has not ended it
@@ -90,12 +90,12 @@ int obx_poll_mark_and_commit(struct poller *p);
  * not be sent.  The claim and the statistics query run through it.
  */
 PGresult *obx_poll_exec(struct poller *p, const char *sql);
-/* poll_session.c: the claim's result columns as a relation the event builder resolves by name,
+/* poll_io.c: the claim's result columns as a relation the event builder resolves by name,
  * built once per connection.  Returns 0 or OBX_ENOMEM. */
 int obx_poll_build_rel(struct poller *p, const PGresult *res);
-/* poll_session.c: ev's headers for a polled row into p->hdrs (*n of them): seq is the row's. */
+/* poll_io.c: ev's headers for a polled row into p->hdrs (*n of them): seq is the row's. */
 int obx_poll_headers(struct poller *p, const struct obx_event *ev, const char *seq, size_t *n);
-/* poll_session.c: the state, /readyz's phrase for it and the full reason; published at once. */
+/* poll_io.c: the state, /readyz's phrase for it and the full reason; published at once. */
 void obx_poll_set_state(struct poller *p, enum obx_state s, enum obx_not_ready why, const char *reason);
 
 #endif
