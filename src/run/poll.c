@@ -1,25 +1,11 @@
 /*
- * poll.c - the loop of "outboxd run" in polling mode ([source] mode = poll).
- * docs/internals/design.md, "Polling mode", gives the cycle and why it keeps
- * per-aggregate order with several replicas; pollsql.c holds the SQL.
- *
- * One cycle, in one transaction on an ordinary connection:
- *   1. claim: lock up to [poll] batch due rows, SKIP LOCKED, in order, keeping
- *      a row only when no older pending row of its key is outside the batch;
- *   2. produce each row's record (the event builder and the Kafka sink of
- *      the log-based source); a row that cannot be built or produced holds
- *      back the later rows of its key in the batch;
- *   3. wait for every delivery report;
- *   4. record failures (attempts + 1, last_error, next_attempt_at with
- *      backoff), mark the acknowledged rows published, COMMIT.
- * A row that failed [poll] max_attempts times is dead-lettered (or only
- * marked) on its next claim.  A crash anywhere before the COMMIT leaves the
- * rows pending and unlocked: the next claim publishes them again (the only
- * duplicates), each with its id header.
+ * poll.c - the loop of "outboxd run" in polling mode ([source] mode = poll):
+ * one claimed batch (produce, delivery reports, the wait).  The cycle it
+ * serves is docs/internals/design.md, "Polling mode".
  *
  * poll_mark.c records and marks the batch's rows; poll_session.c runs the
  * connections and the process.  pollcore.c (pure) decides each row's fate, what a delivery report does,
- * when the wait ends and what is marked; this file performs it with libpq
+ * when the wait ends and what is marked; pollsql.c holds the SQL; this file performs it with libpq
  * and librdkafka.
  */
 #include <errno.h>

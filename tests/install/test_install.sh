@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # cmake --install puts liboutbox where pkg-config finds it, and a program
 # built only from `pkg-config --cflags --libs liboutbox` links and runs
-# (shared and static), along with the daemon and sql/.
+# (shared and static), along with the daemon, sql/ and the manual page.
 set -uo pipefail
 build=${1:?build dir}
 extra_cflags=${2:-}
@@ -20,6 +20,7 @@ run "header installed" test -f "$prefix/include/outbox.h"
 run "liboutbox installed, shared and static" test -f "$libdir/liboutbox.so.0" -a -f "$libdir/liboutbox.a"
 run "daemon installed" test -x "$prefix/bin/outboxd"
 run "sql installed" test -f "$prefix/share/outboxd/sql/007_inbox.sql"
+run "man page installed" test -f "$prefix/share/man/man8/outboxd.8"
 cat >"$prefix/hello.c" <<'C'
 #include <stdio.h>
 #include <string.h>
