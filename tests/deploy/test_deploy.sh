@@ -35,15 +35,13 @@ run "promtool accepts the alert rules" promtool check rules "$tmp/rules.yaml"
 cp "$src/tests/deploy/alerts_test.yaml" "$tmp/alerts_test.yaml"
 run "alerts: each fires when it should and not otherwise, once per slot with two pods (promtool test rules)" \
 	promtool test rules "$tmp/alerts_test.yaml"
-run "alerts: summary, description and a runbook_url on one base with an anchor README.md has; up{job} is the PodMonitor's" \
-	python3 - "$src/deploy/kubernetes/components/monitoring/prometheusrule.yaml" "$src/README.md" "$src/deploy/kubernetes/components/monitoring/podmonitor.yaml" \
+run "alerts: summary, description and a runbook_url on one base with an anchor docs/reference/alerts.md has; up{job} is the PodMonitor's" \
+	python3 - "$src/deploy/kubernetes/components/monitoring/prometheusrule.yaml" "$src/docs/reference/alerts.md" "$src/deploy/kubernetes/components/monitoring/podmonitor.yaml" \
 	"$src/deploy/kubernetes/base/deployment.yaml" "$src/deploy/grafana/outboxd-dashboard.json" <<'PY'
 import re, sys, yaml
 rules = [r for g in yaml.safe_load(open(sys.argv[1]))["spec"]["groups"] for r in g["rules"]]
-readme = open(sys.argv[2]).read()
-runbook = readme[readme.index("### Alert runbook"):]
-runbook = runbook[:runbook.index("\n### ", 5)]
-anchors = {h.strip().lower() for h in re.findall(r"^#### (.+)$", runbook, re.M)}
+runbook = open(sys.argv[2]).read()
+anchors = {h.strip().lower() for h in re.findall(r"^## (.+)$", runbook, re.M)}
 bases = set()
 for r in rules:
     a = r["annotations"]
@@ -52,7 +50,8 @@ for r in rules:
     assert url.startswith("https://"), url
     base, anchor = url.split("#")
     bases.add(base)
-    assert anchor == r["alert"].lower() and anchor in anchors, (r["alert"], "no #### heading in README's Alert runbook")
+    assert base.endswith("/docs/reference/alerts.md"), base
+    assert anchor == r["alert"].lower() and anchor in anchors, (r["alert"], "no ## heading in docs/reference/alerts.md")
 assert len(bases) == 1, bases
 pm = yaml.safe_load(open(sys.argv[3]))["spec"]
 dep = [d for d in yaml.safe_load_all(open(sys.argv[4])) if d["kind"] == "Deployment"][0]
