@@ -593,11 +593,15 @@ obx_cfg_env_name(const struct obx_cfg_key *k, char *out, size_t outlen)
 {
 	size_t used = 0;
 	const char *parts[] = { "OUTBOXD_", k->section, "_", k->name };
+	bool kafka = strcmp(k->section, "kafka") == 0;
 
+	/* the environment's names are upper case, and '_' stands for '.' in [kafka] only */
+	if (k->type == OBX_CFG_MAP && !kafka)
+		return OBX_ENOENT;
 	for (size_t i = 0; i < N(parts); i++)
 		for (const char *p = parts[i]; *p != '\0'; p++) {
 			const char *s = *p == '*' ? "<NAME>" : NULL;
-			char c = *p == '.' ? '_' : (char)toupper((unsigned char)*p);
+			char c = *p == '.' && kafka ? '_' : (char)toupper((unsigned char)*p);
 
 			if (used + (s != NULL ? strlen(s) : 1) >= outlen)
 				return OBX_ERANGE;

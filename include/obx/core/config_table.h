@@ -121,8 +121,10 @@ const struct obx_cfg_section *obx_cfg_section_find(const char *name);
 const struct obx_cfg_key *obx_cfg_find(const char *section, const char *name, const char **sub);
 
 /*
- * Writes k's environment variable name (OUTBOXD_SOURCE_SLOT; for a MAP the
- * prefix and <NAME>) to out.  Returns 0 or OBX_ERANGE (truncated).
+ * Writes k's environment variable name (OUTBOXD_SOURCE_SLOT; for [kafka]
+ * OUTBOXD_KAFKA_<NAME>) to out.  Returns 0, OBX_ERANGE (truncated) or
+ * OBX_ENOENT for a MAP outside [kafka] (header.<name> keeps its '.', which
+ * no shell exports, and the environment's names are lower-cased).
  */
 int obx_cfg_env_name(const struct obx_cfg_key *k, char *out, size_t outlen);
 
