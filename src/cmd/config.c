@@ -131,7 +131,10 @@ reference_row(FILE *out, const struct obx_cfg_key *k)
 	static const char *const reloads[] = { "restart", "SIGHUP", "SIGHUP (logical mode)" };
 	char env[128];
 
-	cell(out, k->name, true);
+	if (k->type == OBX_CFG_MAP)
+		fprintf(out, "| `%.*s<name>` ", (int)strlen(k->name) - 1, k->name);
+	else
+		cell(out, k->name, true);
 	cell(out, k->type_name, false);
 	if (k->def == NULL)
 		cell(out, "", false);
@@ -194,9 +197,7 @@ obx_cmd_config_reference(void)
 	for (size_t s = 0; s < obx_cfg_nsections; s++) {
 		const struct obx_cfg_section *sec = &obx_cfg_sections[s];
 
-		fprintf(out, "\n## [%s]\n\n%c%s.\n\n", sec->name,
-		    sec->desc[0] >= 'a' && sec->desc[0] <= 'z' ? sec->desc[0] - 'a' + 'A' : sec->desc[0],
-		    sec->desc + 1);
+		fprintf(out, "\n## [%s]\n\n%s\n\n", sec->name, sec->desc);
 		fputs("| Key | Type | Default | Range / choices | Reload | Environment | Description |\n"
 		    "| --- | --- | --- | --- | --- | --- | --- |\n", out);
 		for (size_t i = 0; i < obx_cfg_nkeys; i++)

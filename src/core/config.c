@@ -436,7 +436,7 @@ obx_config_init(struct obx_config *cfg)
 	for (size_t i = 0; i < obx_cfg_nkeys; i++) {
 		const struct obx_cfg_key *k = &obx_cfg_keys[i];
 
-		/* every default is valid (test_config checks), so only memory can run out */
+		/* every default is valid (test_config_table checks), so only memory can run out */
 		if (k->def != NULL && set_value(cfg, k, k->name, NULL, k->def, "default", false, errbuf,
 		    sizeof(errbuf)) != 0)
 			r = OBX_ENOMEM;

@@ -384,14 +384,14 @@ static const struct obx_cfg_choice formats[] = {
 #define TIB (1LL << 40)
 
 const struct obx_cfg_section obx_cfg_sections[] = {
-	{ "source", "where the events come from: the PostgreSQL server, the slot and the outbox table" },
-	{ "outbox", "the outbox table's columns and how a row becomes a Kafka record" },
-	{ "kafka", "librdkafka producer properties, verbatim (any name librdkafka knows); "
-	    "bootstrap.servers is required" },
-	{ "delivery", "how events are handed to Kafka: bounds, failures, de-duplication, exactly-once" },
-	{ "metrics", "the HTTP endpoint for /metrics, /healthz and /readyz" },
-	{ "log", "the log lines on stderr" },
-	{ "poll", "polling mode ([source] mode = poll): how the table is read" },
+	{ "source", "Where the events come from: the PostgreSQL server, the slot and the outbox table." },
+	{ "outbox", "The outbox table's columns and how a row becomes a Kafka record." },
+	{ "kafka", "The producer's librdkafka properties, verbatim (any name librdkafka knows); "
+	    "`bootstrap.servers` is required." },
+	{ "delivery", "How events are handed to Kafka: bounds, failures, de-duplication, exactly-once." },
+	{ "metrics", "The HTTP endpoint for `/metrics`, `/healthz` and `/readyz`." },
+	{ "log", "The log lines on stderr." },
+	{ "poll", "Polling mode (`[source] mode = poll`): how the table is read." },
 };
 const size_t obx_cfg_nsections = N(obx_cfg_sections);
 
@@ -459,8 +459,8 @@ const struct obx_cfg_key obx_cfg_keys[] = {
 	    .def = "outbox.event.${aggregatetype}", .desc = "topic template with ${column} references" },
 	{ KEY("outbox", "header.*"), MAP(extra_headers, n_extra_headers), .type_name = "column",
 	    .check = check_header,
-	    .desc = "header.<name> = column adds header <name> from a column; outboxd's own names are "
-	    "refused" },
+	    .desc = "`header.<name> = column` adds header `<name>` from a column; outboxd's own "
+	    "names are refused" },
 	{ KEY("outbox", "seq"), STR(col_seq, OBX_CFG_NONEMPTY), .group = "[outbox] polling columns",
 	    .def = "seq", .desc = "polling: ordering column (bigint identity)" },
 	{ KEY("outbox", "published_at"), STR(col_published_at, OBX_CFG_NONEMPTY),
@@ -471,7 +471,7 @@ const struct obx_cfg_key obx_cfg_keys[] = {
 	    .desc = "polling: integer, failed attempts" },
 	{ KEY("outbox", "last_error"), STR(col_last_error, OBX_CFG_NONEMPTY),
 	    .group = "[outbox] polling columns", .def = "last_error",
-	    .desc = "polling: text, reason the last attempt failed" },
+	    .desc = "polling: text, why the last attempt failed" },
 	{ KEY("outbox", "next_attempt_at"), STR(col_next_attempt_at, OBX_CFG_NONEMPTY),
 	    .group = "[outbox] polling columns", .def = "next_attempt_at",
 	    .desc = "polling: timestamptz, not claimed before" },

@@ -3,7 +3,8 @@
  * overrides OUTBOXD_<SECTION>_<KEY>, then --set section.key=value.
  * Reading the file, and the checks that need libpq or librdkafka, are
  * config_load.h's; they reach this module through obx_config_set() and
- * cfg->checks.
+ * cfg->checks.  What each key is (kind, range, default, field, whether
+ * SIGHUP applies it) is described once, in config_table.h's table.
  *
  * Every value is validated as it is set; an error is one line in errbuf of
  * the form "config ORIGIN: key 'x': reason", where ORIGIN is FILE:LINE,

@@ -96,12 +96,12 @@ struct obx_cfg_key {
 	int (*check)(const struct obx_config *cfg, const char *sub, const char *value, char *errbuf,
 	    size_t errlen);
 	const struct obx_cfg_custom *custom;
-	const char *desc;      /* one line for the reference */
+	const char *desc;      /* one line for the reference (Markdown) */
 };
 
 struct obx_cfg_section {
 	const char *name;
-	const char *desc;
+	const char *desc; /* a sentence for the reference (Markdown) */
 };
 
 /* The sections in file order, and the keys, section by section in that order. */
