@@ -37,6 +37,10 @@ static const char usage_text[] =
     "  outboxd drop-slot -c FILE [--yes] [--drop-publication]\n"
     "                                        decommission: drop the slot, its snapshot\n"
     "                                        marker and guard record (lists them without --yes)\n"
+    "  outboxd config [-c FILE] [--set ...]  the effective configuration (file, environment,\n"
+    "                                        --set) as a file, secrets not shown\n"
+    "  outboxd config --defaults | --reference\n"
+    "                                        the defaults as a file; the reference (Markdown)\n"
     "  outboxd --help | --version\n"
     "\n"
     "Options:\n"
@@ -47,6 +51,8 @@ static const char usage_text[] =
     "      --drop-publication\n"
     "                      drop-slot: drop the publication too (only when no other\n"
     "                      slot's guard record is in its comment)\n"
+    "      --defaults      config: print the defaults (a valid configuration file)\n"
+    "      --reference     config: print every key's type, default, range and reload\n"
     "      --recreate-slot recreate a slot that existed before and is gone (events\n"
     "                      committed while it was missing are not published)\n"
     "  -h, --help          show this help\n"
@@ -67,7 +73,7 @@ usage_error(const char *what, const char *arg)
 	return OBX_EXIT_USAGE;
 }
 
-enum command { CMD_RUN, CMD_CHECK, CMD_STATUS, CMD_DROP_SLOT };
+enum command { CMD_RUN, CMD_CHECK, CMD_STATUS, CMD_DROP_SLOT, CMD_CONFIG };
 
 /* The self-pipe: signal handlers write one byte per signal, its number. */
 static int signal_pipe[2] = { -1, -1 };
@@ -169,6 +175,36 @@ free_sets(struct reload_args *a)
 	a->path = NULL;
 }
 
+/*
+ * outboxd config: the defaults, the reference, or what the file (if any),
+ * the environment and the --set overrides make.
+ */
+static int
+config_command(const char *path, const char **sets, size_t nsets, bool defaults, bool reference)
+{
+	struct obx_config cfg;
+	char errbuf[1024];
+	int rc;
+
+	if ((defaults || reference) && (path != NULL || nsets > 0 || (defaults && reference)))
+		return usage_error(defaults && reference ? "--defaults and --reference exclude each other" :
+		    "--defaults and --reference take no -c or --set", NULL);
+	if (reference)
+		return obx_cmd_config_reference();
+	if (defaults)
+		rc = obx_config_init(&cfg);
+	else
+		rc = obx_config_load(&cfg, path, environ, sets, nsets, errbuf, sizeof(errbuf));
+	if (rc != 0) {
+		fprintf(stderr, "outboxd: %s\n", rc == OBX_ENOMEM || defaults ? obx_strerror(rc) : errbuf);
+		obx_config_reset(&cfg);
+		return rc == OBX_ENOMEM ? OBX_EXIT_FAILURE : OBX_EXIT_USAGE;
+	}
+	rc = obx_cmd_config(&cfg, defaults);
+	obx_config_reset(&cfg);
+	return rc;
+}
+
 static void
 init_proctitle(int argc, char **argv)
 {
@@ -187,6 +223,8 @@ main(int argc, char **argv)
 		{ "yes", no_argument, NULL, 'y' },
 		{ "drop-publication", no_argument, NULL, 'P' },
 		{ "standby", required_argument, NULL, 'S' },
+		{ "defaults", no_argument, NULL, 'D' },
+		{ "reference", no_argument, NULL, 'R' },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, 'V' },
 		{ NULL, 0, NULL, 0 },
@@ -198,6 +236,7 @@ main(int argc, char **argv)
 	bool json = false;
 	bool recreate_slot = false;
 	bool yes = false, drop_publication = false;
+	bool defaults = false, reference = false;
 	const char *standby = NULL;
 	struct obx_config cfg;
 	struct reload_args reload = { NULL, NULL, 0 };
@@ -213,6 +252,8 @@ main(int argc, char **argv)
 			cmd = CMD_STATUS;
 		else if (strcmp(argv[1], "drop-slot") == 0)
 			cmd = CMD_DROP_SLOT;
+		else if (strcmp(argv[1], "config") == 0)
+			cmd = CMD_CONFIG;
 		else
 			return usage_error("unknown command", argv[1]);
 		argv[1] = argv[0];
@@ -248,6 +289,12 @@ main(int argc, char **argv)
 		case 'S':
 			standby = optarg;
 			break;
+		case 'D':
+			defaults = true;
+			break;
+		case 'R':
+			reference = true;
+			break;
 		case 'h':
 			fputs(usage_text, stdout);
 			free(sets);
@@ -267,6 +314,16 @@ main(int argc, char **argv)
 	if (optind < argc) {
 		free(sets);
 		return usage_error("unexpected argument", argv[optind]);
+	}
+	if ((defaults || reference) && cmd != CMD_CONFIG) {
+		free(sets);
+		return usage_error(defaults ? "--defaults applies to config only" :
+		    "--reference applies to config only", NULL);
+	}
+	if (cmd == CMD_CONFIG) {
+		rc = config_command(config_path, sets, nsets, defaults, reference);
+		free(sets);
+		return rc;
 	}
 	if (config_path == NULL) {
 		free(sets);

@@ -34,7 +34,7 @@ check_conninfo(const char *value)
 }
 
 static int
-check_kafka_property(const char *key, const char *value, char *why, size_t whylen)
+check_kafka_property(const char *key, const char *value, char *errbuf, size_t errlen)
 {
 	rd_kafka_conf_t *conf;
 	rd_kafka_conf_res_t res;
@@ -42,7 +42,7 @@ check_kafka_property(const char *key, const char *value, char *why, size_t whyle
 	conf = rd_kafka_conf_new();
 	if (conf == NULL)
 		return OBX_ENOMEM;
-	res = rd_kafka_conf_set(conf, key, value, why, whylen);
+	res = rd_kafka_conf_set(conf, key, value, errbuf, errlen);
 	rd_kafka_conf_destroy(conf);
 	if (res == RD_KAFKA_CONF_UNKNOWN)
 		return OBX_ENOENT;
@@ -53,7 +53,7 @@ check_kafka_property(const char *key, const char *value, char *why, size_t whyle
 
 /* A mounted secret: the whole file, one trailing newline removed; never quoted in errors. */
 static int
-read_secret_file(const char *path, char **value, char *why, size_t whylen)
+read_secret_file(const char *path, char **value, char *errbuf, size_t errlen)
 {
 	FILE *f = fopen(path, "re");
 	char *buf = NULL;
@@ -62,22 +62,22 @@ read_secret_file(const char *path, char **value, char *why, size_t whylen)
 
 	*value = NULL;
 	if (f == NULL) {
-		snprintf(why, whylen, "could not open %s: %s", path, strerror(errno));
+		snprintf(errbuf, errlen, "could not open %s: %s", path, strerror(errno));
 		return OBX_EIO;
 	}
 	buf = malloc(MAX_SECRET_FILE + 1);
 	if (buf == NULL) {
-		snprintf(why, whylen, "out of memory");
+		snprintf(errbuf, errlen, "out of memory");
 		r = OBX_ENOMEM;
 		goto out;
 	}
 	n = fread(buf, 1, MAX_SECRET_FILE + 1, f);
 	if (ferror(f)) {
-		snprintf(why, whylen, "could not read %s: %s", path, strerror(errno));
+		snprintf(errbuf, errlen, "could not read %s: %s", path, strerror(errno));
 		goto out;
 	}
 	if (n > MAX_SECRET_FILE) {
-		snprintf(why, whylen, "%s is larger than %d bytes", path, MAX_SECRET_FILE);
+		snprintf(errbuf, errlen, "%s is larger than %d bytes", path, MAX_SECRET_FILE);
 		goto out;
 	}
 	if (n > 0 && buf[n - 1] == '\n')
@@ -85,7 +85,7 @@ read_secret_file(const char *path, char **value, char *why, size_t whylen)
 	if (n > 0 && buf[n - 1] == '\r')
 		n--;
 	if (memchr(buf, '\0', n) != NULL) {
-		snprintf(why, whylen, "%s holds a NUL byte", path);
+		snprintf(errbuf, errlen, "%s holds a NUL byte", path);
 		goto out;
 	}
 	buf[n] = '\0';
@@ -265,16 +265,17 @@ obx_config_load(struct obx_config *cfg, const char *path, char *const *envp,
 {
 	int r;
 
-	obx_config_init(cfg);
-	if (cfg->conninfo == NULL || cfg->dead_letter_topic == NULL || cfg->metrics_host == NULL)
-		return OBX_ENOMEM;
+	if ((r = obx_config_init(cfg)) != 0) {
+		obx_config_fail(errbuf, errlen, path != NULL ? path : "defaults", NULL, "out of memory");
+		return r;
+	}
 	cfg->checks = &obx_config_io_checks;
-	if ((r = load_file(cfg, path, errbuf, errlen)) != 0)
+	if (path != NULL && (r = load_file(cfg, path, errbuf, errlen)) != 0)
 		return r;
 	if ((r = obx_config_apply_env(cfg, envp, errbuf, errlen)) != 0)
 		return r;
 	for (size_t i = 0; i < nsets; i++)
 		if ((r = obx_config_apply_set(cfg, sets[i], errbuf, errlen)) != 0)
 			return r;
-	return obx_config_finish(cfg, path, errbuf, errlen);
+	return obx_config_finish(cfg, path != NULL ? path : "(no file)", errbuf, errlen);
 }

@@ -55,6 +55,44 @@ expect "--set error" 2 "config --set log.level: key 'level'" -- "$bin" check -c 
 refute "invalid sasl value not shown" "hunter2" -- "$bin" check -c "$tmp/ok.ini" \
 	--set kafka.sasl.password=hunter2 --set kafka.sasl.mechanisms=NOPE
 
+# outboxd config: the defaults are a configuration file that reads back to the same
+# configuration; the effective one shows file, environment and --set, never a secret
+expect "help lists config" 0 "outboxd config \[-c FILE\]" -- "$bin" --help
+expect "config --defaults" 0 "^slot = outboxd$" -- "$bin" config --defaults
+"$bin" config --defaults >"$tmp/defaults.ini"
+"$bin" config -c "$tmp/defaults.ini" --set kafka.bootstrap.servers=127.0.0.1:1 >"$tmp/readback.ini"
+if grep -q '^\[kafka\]$' "$tmp/defaults.ini" && grep -q '^bootstrap.servers = 127.0.0.1:1$' "$tmp/readback.ini" &&
+	diff <(grep -v '^;' "$tmp/defaults.ini") \
+		<(grep -v -e '^;' -e '^bootstrap.servers = 127.0.0.1:1$' "$tmp/readback.ini") >"$tmp/defaults.diff"; then
+	ok "config: the printed defaults read back as the defaults"
+else
+	not_ok "config: the printed defaults read back as the defaults ($(cat "$tmp/defaults.diff"))"
+fi
+if "$bin" config -c "$tmp/readback.ini" | cmp -s - "$tmp/readback.ini"; then
+	ok "config: a printed configuration reads back to itself"
+else
+	not_ok "config: a printed configuration reads back to itself"
+fi
+expect "config: the environment and --set apply" 0 "^level = debug$" -- \
+	env OUTBOXD_LOG_LEVEL=warn "$bin" config -c "$tmp/ok.ini" --set log.level=debug
+expect "config: without a file, the environment" 0 "^bootstrap.servers = 127.0.0.1:2$" -- \
+	env OUTBOXD_KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:2 "$bin" config
+expect "config: a bad value is the one-line error" 2 "^outboxd: config --set log.level: key 'level': expected" -- \
+	"$bin" config -c "$tmp/ok.ini" --set log.level=loud
+expect "config --defaults takes no -c" 2 "take no -c or --set" -- "$bin" config --defaults -c "$tmp/ok.ini"
+expect "config --reference" 0 '^\| `slot` \| string \| `outboxd` \|' -- "$bin" config --reference
+printf '[kafka]\nbootstrap.servers = 127.0.0.1:1\nsasl.password = hunter2\n[source]\nconninfo = host=x password=hunter2 dbname=shop\n' >"$tmp/secrets.ini"
+printf 'hunter2\n' >"$tmp/pgpass.secret"
+secret_env=(env OUTBOXD_SOURCE_PASSWORD_FILE="$tmp/pgpass.secret" OUTBOXD_KAFKA_SSL_KEY_PASSWORD=hunter2)
+expect "config: secrets set" 0 "^; sasl.password = \(secret, not shown\)$" -- \
+	"${secret_env[@]}" "$bin" config -c "$tmp/secrets.ini" --set kafka.sasl.username=hunter2
+expect "config: the source password not shown" 0 "^; password = \(secret, not shown\)$" -- \
+	"${secret_env[@]}" "$bin" config -c "$tmp/secrets.ini"
+expect "config: conninfo with its password redacted" 0 "^conninfo = .*password=\*{8}" -- \
+	"${secret_env[@]}" "$bin" config -c "$tmp/secrets.ini"
+refute "config: no secret appears" "hunter2" -- \
+	"${secret_env[@]}" "$bin" config -c "$tmp/secrets.ini" --set kafka.sasl.username=hunter2
+
 # against the real server started by the stack fixture, and a test broker
 # shellcheck disable=SC1090
 . "$OBX_STACK_ENV"

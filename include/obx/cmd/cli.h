@@ -1,7 +1,7 @@
 /*
- * cli.h - the commands behind "outboxd check", "outboxd status" and
- * "outboxd drop-slot".  Each takes a loaded configuration and returns the
- * process exit status (0 success, 1 runtime failure, 2 usage).
+ * cli.h - the commands behind "outboxd check", "outboxd status",
+ * "outboxd drop-slot" and "outboxd config".  Each returns the process exit
+ * status (0 success, 1 runtime failure, 2 usage).
  */
 #ifndef OBX_CLI_H
 #define OBX_CLI_H
@@ -27,5 +27,17 @@ int obx_cmd_status(const struct obx_config *cfg, bool json);
  * there is nothing to drop).  Returns 0 when everything listed is gone.
  */
 int obx_cmd_drop_slot(const struct obx_config *cfg, bool yes, bool drop_publication);
+
+/*
+ * Prints cfg to stdout as an INI file obx_config_load() reads back: every
+ * key of config_table.c in table order, [kafka] properties and header.<name>
+ * mappings as given.  Secrets are comments without their value; the
+ * conninfo is shown with its password redacted.  defaults only changes the
+ * title line.
+ */
+int obx_cmd_config(const struct obx_config *cfg, bool defaults);
+
+/* Prints the configuration reference (docs/reference/configuration.md) to stdout. */
+int obx_cmd_config_reference(void);
 
 #endif

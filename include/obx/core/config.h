@@ -3,7 +3,8 @@
  * overrides OUTBOXD_<SECTION>_<KEY>, then --set section.key=value.
  * Reading the file, and the checks that need libpq or librdkafka, are
  * config_load.h's; they reach this module through obx_config_set() and
- * cfg->checks.
+ * cfg->checks.  What each key is (kind, range, default, field, whether
+ * SIGHUP applies it) is described once, in config_table.h's table.
  *
  * Every value is validated as it is set; an error is one line in errbuf of
  * the form "config ORIGIN: key 'x': reason", where ORIGIN is FILE:LINE,
@@ -46,16 +47,17 @@ struct obx_config_checks {
 	int (*conninfo)(const char *value);
 	/*
 	 * Returns 0 when librdkafka accepts property key = value, OBX_ENOENT
-	 * when it knows no such property, OBX_EINVAL with why filled when it
-	 * refuses the value, OBX_ENOMEM.
+	 * when it knows no such property, OBX_EINVAL when it
+	 * refuses the value (errbuf filled), OBX_ENOMEM.
 	 */
-	int (*kafka_property)(const char *key, const char *value, char *why, size_t whylen);
+	int (*kafka_property)(const char *key, const char *value, char *errbuf, size_t errlen);
 	/*
 	 * Reads a secret's value from the file at path (OUTBOXD_<SECTION>_<KEY>_FILE)
 	 * into *value (the caller frees it), one trailing newline removed.
-	 * Returns 0, or OBX_EIO with why filled (never with the file's content).
+	 * Returns 0, or OBX_EIO or OBX_ENOMEM with errbuf filled (never with the
+	 * file's content).
 	 */
-	int (*read_file)(const char *path, char **value, char *why, size_t whylen);
+	int (*read_file)(const char *path, char **value, char *errbuf, size_t errlen);
 };
 
 struct obx_config {
@@ -151,8 +153,11 @@ struct obx_config {
 void obx_config_fail(char *errbuf, size_t errlen, const char *origin, const char *key,
     const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 
-/* Fills cfg with the defaults and no checks.  Pair with obx_config_reset(). */
-void obx_config_init(struct obx_config *cfg);
+/*
+ * Fills cfg with the defaults (config_table.c) and no checks.  Returns 0 or
+ * OBX_ENOMEM; either way pair with obx_config_reset().
+ */
+int obx_config_init(struct obx_config *cfg);
 
 /* Frees everything cfg owns; cfg may be re-initialised afterwards. */
 void obx_config_reset(struct obx_config *cfg);
@@ -192,15 +197,17 @@ int obx_config_apply_set(struct obx_config *cfg, const char *assignment, char *e
 
 /*
  * Checks what only the whole configuration can tell (required values,
- * combinations).  path names the file in messages.  Returns 0 or OBX_ECONFIG.
+ * combinations: one key constraining another).  path names the file in
+ * messages.  Returns 0 or OBX_ECONFIG.
  */
 int obx_config_finish(struct obx_config *cfg, const char *path, char *errbuf, size_t errlen);
 
 /*
  * Compares a running configuration with a re-read one (SIGHUP).  Writes
  * the names of the settings that differ ("[source] slot", "[kafka]", ...;
- * static strings) to names, at most max; returns how many differ.  The
- * log level and progress interval are included like every other setting.
+ * static strings: config_table.c's diff_name or group) to names, in table
+ * order, each once, at most max; returns how many it wrote.  The log level
+ * and progress interval are included like every other setting.
  */
 size_t obx_config_diff(const struct obx_config *a, const struct obx_config *b, const char **names,
     size_t max);

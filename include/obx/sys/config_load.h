@@ -22,7 +22,8 @@ extern const struct obx_config_checks obx_config_io_checks;
 
 /*
  * The whole sequence: defaults with obx_config_io_checks, the file (path
- * must be readable), the environment, the --set overrides, finish.  On
+ * must be readable; NULL for none), the environment, the --set overrides,
+ * finish.  On
  * error cfg is still valid for obx_config_reset(), which the caller always
  * calls.  Returns 0, OBX_ECONFIG or OBX_ENOMEM (errbuf filled, in the form
  * config.h describes).

@@ -1,0 +1,696 @@
+/*
+ * config_table.c - every configuration key, once (pure).  config_table.h
+ * says what each column means; config.c and the `outboxd config` command
+ * read the table.  A key whose value is not one of the common kinds has
+ * its functions here, next to its entry.
+ */
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "obx/core/config_table.h"
+#include "obx/core/err.h"
+#include "obx/core/event.h"
+#include "obx/core/template.h"
+
+#define NAMEDATALEN_MAX 64 /* PostgreSQL identifiers: at most 63 bytes */
+
+static int
+replace_str(char **dst, const char *src)
+{
+	char *copy = strdup(src);
+
+	if (copy == NULL)
+		return OBX_ENOMEM;
+	free(*dst);
+	*dst = copy;
+	return 0;
+}
+
+/* ---- checks of single values ------------------------------------------ */
+
+static int
+check_conninfo(const struct obx_config *cfg, const char *sub, const char *value, char *errbuf,
+    size_t errlen)
+{
+	(void)sub;
+	if (cfg->checks != NULL && cfg->checks->conninfo != NULL && cfg->checks->conninfo(value) != 0) {
+		snprintf(errbuf, errlen, "not a valid libpq connection string or URI (value not shown, it "
+		    "may hold a password)");
+		return OBX_ECONFIG;
+	}
+	return 0;
+}
+
+static int
+check_password(const struct obx_config *cfg, const char *sub, const char *value, char *errbuf,
+    size_t errlen)
+{
+	(void)cfg;
+	(void)sub;
+	/* a secret: usually OUTBOXD_SOURCE_PASSWORD_FILE names a mounted file holding it */
+	if (strpbrk(value, "\r\n") != NULL) {
+		snprintf(errbuf, errlen, "holds a line break (value not shown)");
+		return OBX_ECONFIG;
+	}
+	return 0;
+}
+
+static int
+check_snapshot_filter(const struct obx_config *cfg, const char *sub, const char *value,
+    char *errbuf, size_t errlen)
+{
+	(void)cfg;
+	(void)sub;
+	/* one condition inside the snapshot's read-only transaction: a ';' would end the statement
+	 * (snapshot.c also sends it as a single statement, which the server holds to) */
+	if (strchr(value, ';') != NULL) {
+		snprintf(errbuf, errlen, "must be one SQL condition, without ';' (write chr(59) for the "
+		    "character)");
+		return OBX_ECONFIG;
+	}
+	return 0;
+}
+
+/* A topic must be a template the event builder can fill: text with ${column} references. */
+static int
+check_topic(const struct obx_config *cfg, const char *sub, const char *value, char *errbuf,
+    size_t errlen)
+{
+	struct obx_template t;
+	int r;
+
+	(void)cfg;
+	(void)sub;
+	r = obx_template_parse(&t, value, errbuf, errlen);
+	obx_template_reset(&t);
+	if (r == 0 && value[0] == '\0') {
+		snprintf(errbuf, errlen, "must not be empty");
+		r = OBX_EINVAL;
+	}
+	return r == 0 || r == OBX_ENOMEM ? r : OBX_ECONFIG;
+}
+
+/* [outbox] header.<sub> = column */
+static int
+check_header(const struct obx_config *cfg, const char *sub, const char *value, char *errbuf,
+    size_t errlen)
+{
+	(void)cfg;
+	if (sub[0] == '\0' || value[0] == '\0') {
+		snprintf(errbuf, errlen, "expected header.<name> = <column>, e.g. header.eventType = type");
+		return OBX_ECONFIG;
+	}
+	if (obx_header_is_reserved(sub)) {
+		snprintf(errbuf, errlen, "header '%s' is reserved: outboxd writes it itself (reserved: "
+		    OBX_RESERVED_HEADERS "); choose another name", sub);
+		return OBX_ECONFIG;
+	}
+	return 0;
+}
+
+/* [kafka] property = value: the relay's guarantees first, then librdkafka's judgement. */
+static int
+check_kafka(const struct obx_config *cfg, const char *key, const char *value, char *errbuf,
+    size_t errlen)
+{
+	char reason[512];
+	bool b;
+	int r;
+
+	/* Guarantees the relay depends on: a user may tune, not weaken them. */
+	if (strcmp(key, "enable.idempotence") == 0 && (obx_parse_bool(value, &b) != 0 || !b)) {
+		snprintf(errbuf, errlen,
+		    "must stay true: without idempotence retries can reorder or duplicate events");
+		return OBX_ECONFIG;
+	}
+	if ((strcmp(key, "acks") == 0 || strcmp(key, "request.required.acks") == 0) &&
+	    strcmp(value, "all") != 0 && strcmp(value, "-1") != 0) {
+		snprintf(errbuf, errlen, "must stay 'all': an event acknowledged by fewer replicas can be lost");
+		return OBX_ECONFIG;
+	}
+	if (strcmp(key, "partitioner") == 0 && strcmp(value, "random") == 0) {
+		snprintf(errbuf, errlen, "must not be 'random': it spreads one aggregate's events over "
+		    "partitions and breaks their order (keyed partitioners such as murmur2_random keep it)");
+		return OBX_ECONFIG;
+	}
+	if (strcmp(key, "delivery.report.only.error") == 0 && (obx_parse_bool(value, &b) != 0 || b)) {
+		snprintf(errbuf, errlen,
+		    "must stay false: outboxd confirms the slot only on delivery reports of success");
+		return OBX_ECONFIG;
+	}
+	if (strcmp(key, "transactional.id") == 0) {
+		snprintf(errbuf, errlen, "is set by outboxd: use [delivery] exactly_once = on, and "
+		    "[delivery] transactional_id to choose the id");
+		return OBX_ECONFIG;
+	}
+
+	/* Let librdkafka judge the property; it knows every name and range. */
+	r = cfg->checks != NULL && cfg->checks->kafka_property != NULL ?
+	    cfg->checks->kafka_property(key, value, reason, sizeof(reason)) : 0;
+	if (r == 0 || r == OBX_ENOMEM)
+		return r;
+	if (r == OBX_ENOENT)
+		snprintf(errbuf, errlen, "unknown librdkafka property");
+	else if (obx_kafka_prop_is_secret(key))
+		snprintf(errbuf, errlen, "invalid value (not shown: secret)");
+	else
+		snprintf(errbuf, errlen, "%s", reason);
+	return OBX_ECONFIG;
+}
+
+/* ---- [source] table: "schema.table", either part may be double-quoted ---- */
+
+/*
+ * Splits s into its parts, as the server reads the same identifiers:
+ * Outbox is outbox, "Outbox" is Outbox.
+ */
+static int
+parse_qualified_name(const char *s, char **schema, char **name)
+{
+	char part[2][NAMEDATALEN_MAX];
+	int n = 0;
+	size_t len = 0;
+	bool quoted = false;
+
+	part[0][0] = part[1][0] = '\0';
+	for (const char *p = s;; p++) {
+		if (quoted) {
+			if (*p == '\0')
+				return OBX_EINVAL;
+			if (*p == '"') {
+				if (p[1] == '"') {
+					p++;
+				} else {
+					quoted = false;
+					continue;
+				}
+			}
+		} else if (*p == '"') {
+			quoted = true;
+			continue;
+		} else if (*p == '.' || *p == '\0') {
+			if (len == 0 || n == 2)
+				return OBX_EINVAL;
+			part[n][len] = '\0';
+			n++;
+			len = 0;
+			if (*p == '\0')
+				break;
+			continue;
+		}
+		if (n >= 2)
+			return OBX_EINVAL;
+		if (len + 1 >= NAMEDATALEN_MAX)
+			return OBX_ERANGE;
+		/* unquoted, the server folds ASCII letters to lower case: so does this */
+		part[n][len++] = !quoted && *p >= 'A' && *p <= 'Z' ? (char)(*p - 'A' + 'a') : *p;
+	}
+	*schema = strdup(n == 1 ? "public" : part[0]);
+	*name = strdup(n == 1 ? part[0] : part[1]);
+	if (*schema == NULL || *name == NULL)
+		return OBX_ENOMEM;
+	return 0;
+}
+
+static int
+table_set(struct obx_config *cfg, const char *key, const char *value, const char *origin,
+    char *errbuf, size_t errlen)
+{
+	char *schema = NULL, *name = NULL;
+	int r = parse_qualified_name(value, &schema, &name);
+
+	if (r != 0) {
+		free(schema);
+		free(name);
+		obx_config_fail(errbuf, errlen, origin, key, "expected [schema.]table, got '%s'", value);
+		return r == OBX_ENOMEM ? r : OBX_ECONFIG;
+	}
+	free(cfg->table_schema);
+	free(cfg->table_name);
+	cfg->table_schema = schema;
+	cfg->table_name = name;
+	return 0;
+}
+
+/* Appends identifier id as parse_qualified_name() reads it back: quoted unless plain lower case. */
+static int
+put_ident(char *out, size_t outlen, size_t *used, const char *id)
+{
+	bool plain = id[0] != '\0' && strspn(id, "abcdefghijklmnopqrstuvwxyz0123456789_$") == strlen(id);
+
+#define PUT(c) do { if (*used + 1 >= outlen) return OBX_ERANGE; out[(*used)++] = (c); } while (0)
+	if (!plain)
+		PUT('"');
+	for (const char *p = id; *p != '\0'; p++) {
+		if (!plain && *p == '"')
+			PUT('"');
+		PUT(*p);
+	}
+	if (!plain)
+		PUT('"');
+#undef PUT
+	out[*used] = '\0';
+	return 0;
+}
+
+static int
+table_format(const struct obx_config *cfg, char *out, size_t outlen)
+{
+	size_t used = 0;
+	int r;
+
+	if (outlen == 0)
+		return OBX_ERANGE;
+	out[0] = '\0';
+	if ((r = put_ident(out, outlen, &used, cfg->table_schema)) != 0)
+		return r;
+	if (used + 2 >= outlen)
+		return OBX_ERANGE;
+	out[used++] = '.';
+	out[used] = '\0';
+	return put_ident(out, outlen, &used, cfg->table_name);
+}
+
+static bool
+str_differs(const char *a, const char *b)
+{
+	return strcmp(a != NULL ? a : "", b != NULL ? b : "") != 0;
+}
+
+static bool
+table_differs(const struct obx_config *a, const struct obx_config *b)
+{
+	return str_differs(a->table_schema, b->table_schema) || str_differs(a->table_name, b->table_name);
+}
+
+static void
+table_reset(struct obx_config *cfg)
+{
+	free(cfg->table_schema);
+	free(cfg->table_name);
+	cfg->table_schema = cfg->table_name = NULL;
+}
+
+static const struct obx_cfg_custom table_fns = { table_set, table_format, table_differs, table_reset };
+
+/* ---- [metrics] listen: host:port --------------------------------------- */
+
+static int
+listen_set(struct obx_config *cfg, const char *key, const char *value, const char *origin,
+    char *errbuf, size_t errlen)
+{
+	const char *colon = strrchr(value, ':');
+	char host[256];
+	long long port;
+
+	if (colon == NULL || colon == value || (size_t)(colon - value) >= sizeof(host) ||
+	    obx_parse_int(colon + 1, 0, 65535, &port) != 0) {
+		obx_config_fail(errbuf, errlen, origin, key,
+		    "expected host:port with a port from 0 to 65535, got '%s'", value);
+		return OBX_ECONFIG;
+	}
+	memcpy(host, value, (size_t)(colon - value));
+	host[colon - value] = '\0';
+	cfg->metrics_port = (int)port;
+	return replace_str(&cfg->metrics_host, host);
+}
+
+static int
+listen_format(const struct obx_config *cfg, char *out, size_t outlen)
+{
+	int n = snprintf(out, outlen, "%s:%d", cfg->metrics_host, cfg->metrics_port);
+
+	return n < 0 || (size_t)n >= outlen ? OBX_ERANGE : 0;
+}
+
+static bool
+listen_differs(const struct obx_config *a, const struct obx_config *b)
+{
+	return str_differs(a->metrics_host, b->metrics_host) || a->metrics_port != b->metrics_port;
+}
+
+static void
+listen_reset(struct obx_config *cfg)
+{
+	free(cfg->metrics_host);
+	cfg->metrics_host = NULL;
+}
+
+static const struct obx_cfg_custom listen_fns = { listen_set, listen_format, listen_differs, listen_reset };
+
+/* ---- the table ------------------------------------------------------------ */
+
+static const struct obx_cfg_choice on_off[] = { { "on", 1 }, { "off", 0 } };
+static const struct obx_cfg_choice true_false[] = { { "true", 1 }, { "false", 0 } };
+static const struct obx_cfg_choice modes[] = {
+	{ "logical", OBX_SOURCE_LOGICAL }, { "poll", OBX_SOURCE_POLL },
+};
+static const struct obx_cfg_choice snapshots[] = { { "pending", 1 }, { "none", 0 } };
+static const struct obx_cfg_choice on_errors[] = {
+	{ "stop", OBX_ON_ERROR_STOP }, { "dead_letter", OBX_ON_ERROR_DEAD_LETTER },
+};
+static const struct obx_cfg_choice exhausted[] = {
+	{ "dead_letter", OBX_POLL_EXHAUSTED_DEAD_LETTER }, { "mark", OBX_POLL_EXHAUSTED_MARK },
+};
+static const struct obx_cfg_choice levels[] = {
+	{ "error", OBX_LOG_ERROR }, { "warn", OBX_LOG_WARN }, { "info", OBX_LOG_INFO },
+	{ "debug", OBX_LOG_DEBUG },
+};
+static const struct obx_cfg_choice formats[] = {
+	{ "json", OBX_LOG_FORMAT_JSON }, { "text", OBX_LOG_FORMAT_TEXT },
+};
+
+#define N(a) (sizeof(a) / sizeof((a)[0]))
+#define KEY(sec, nm) .section = sec, .name = nm, .diff_name = "[" sec "] " nm
+#define FIELD(f) .off = offsetof(struct obx_config, f), .size = sizeof(((struct obx_config *)0)->f)
+#define TEXT(f, fl, tn) .type = OBX_CFG_STRING, .type_name = tn, FIELD(f), .flags = (fl)
+#define STR(f, fl) TEXT(f, fl, "string")
+#define BOOL(f, words) .type = OBX_CFG_BOOL, .type_name = "boolean", FIELD(f), .choices = words, \
+	.nchoices = 2
+#define ENUM(f, ch) .type = OBX_CFG_ENUM, .type_name = "enum", FIELD(f), .choices = ch, \
+	.nchoices = N(ch)
+#define INT(f, lo, hi, txt) .type = OBX_CFG_INT, .type_name = "integer", FIELD(f), .min = (lo), \
+	.max = (hi), .range = txt
+#define DURATION(f, lo, hi, txt, ex) .type = OBX_CFG_DURATION, .type_name = "duration", FIELD(f), \
+	.min = (lo), .max = (hi), .range = txt, .example = ex
+#define SIZE(f, lo, hi, txt, ex) .type = OBX_CFG_SIZE, .type_name = "size", FIELD(f), .min = (lo), \
+	.max = (hi), .range = txt, .example = ex
+#define MAP(f, n) .type = OBX_CFG_MAP, .off = offsetof(struct obx_config, f), \
+	.size = offsetof(struct obx_config, n)
+
+#define HOUR (3600LL * 1000)
+#define TIB (1LL << 40)
+
+const struct obx_cfg_section obx_cfg_sections[] = {
+	{ "source", "Where the events come from: the PostgreSQL server, the slot and the outbox table." },
+	{ "outbox", "The outbox table's columns and how a row becomes a Kafka record." },
+	{ "kafka", "The producer's librdkafka properties, verbatim (any name librdkafka knows); "
+	    "`bootstrap.servers` is required." },
+	{ "delivery", "How events are handed to Kafka: bounds, failures, de-duplication, exactly-once." },
+	{ "metrics", "The HTTP endpoint for `/metrics`, `/healthz` and `/readyz`." },
+	{ "log", "The log lines on stderr." },
+	{ "poll", "Polling mode (`[source] mode = poll`): how the table is read." },
+};
+const size_t obx_cfg_nsections = N(obx_cfg_sections);
+
+const struct obx_cfg_key obx_cfg_keys[] = {
+	/* [source] */
+	{ KEY("source", "mode"), ENUM(mode, modes), .def = "logical",
+	    .desc = "logical: read the replication slot; poll: read the table instead of the log" },
+	{ KEY("source", "conninfo"), TEXT(conninfo, 0, "conninfo"), .def = "",
+	    .secret = OBX_CFG_CONNINFO, .check = check_conninfo,
+	    .desc = "libpq key/value string or postgresql:// URI; empty: libpq's environment only" },
+	{ KEY("source", "password"), STR(password, 0), .def = "", .secret = OBX_CFG_SECRET,
+	    .check = check_password,
+	    .desc = "PostgreSQL password, over conninfo's and PGPASSWORD; set it with "
+	    "OUTBOXD_SOURCE_PASSWORD_FILE" },
+	{ KEY("source", "slot"), STR(slot, OBX_CFG_NONEMPTY), .def = "outboxd",
+	    .desc = "logical replication slot" },
+	{ KEY("source", "publication"), STR(publication, OBX_CFG_NONEMPTY), .def = "outboxd",
+	    .desc = "publication of the outbox table" },
+	{ KEY("source", "table"), .type = OBX_CFG_CUSTOM, .type_name = "[schema.]table",
+	    .custom = &table_fns, .def = "public.outbox",
+	    .desc = "outbox table; unquoted names fold to lower case, double-quoted ones keep it" },
+	{ KEY("source", "create_slot"), BOOL(create_slot, true_false), .def = "true",
+	    .desc = "create the slot the first time" },
+	{ KEY("source", "create_publication"), BOOL(create_publication, true_false), .def = "true",
+	    .desc = "create the publication if missing" },
+	{ KEY("source", "status_interval"), DURATION(status_interval_ms, 100, HOUR, "100ms to 1h",
+	    "10s or 500ms"), .def = "10s",
+	    .desc = "standby status update interval (a third of wal_sender_timeout when sooner)" },
+	{ KEY("source", "streaming"), ENUM(streaming, on_off), .def = "off",
+	    .desc = "on: the server streams large transactions before they commit (PostgreSQL 14+)" },
+	{ KEY("source", "stream_buffer"), SIZE(stream_buffer_bytes, 1024, TIB, "1KiB to 1TiB",
+	    "64MiB or 65536"), .def = "64MiB",
+	    .desc = "memory for rows of streamed transactions not yet committed; past it, streaming off" },
+	{ KEY("source", "messages"), BOOL(messages, true_false), .def = "false",
+	    .desc = "transactional logical decoding messages with the prefix become events (14+)" },
+	{ KEY("source", "message_prefix"), STR(message_prefix, OBX_CFG_NONEMPTY), .def = "outboxd",
+	    .desc = "the prefix of those messages" },
+	{ KEY("source", "failover"), BOOL(failover, on_off), .def = "on",
+	    .given_off = offsetof(struct obx_config, failover_set),
+	    .desc = "the slot is synchronized to standbys that run slot synchronization (17+)" },
+	{ KEY("source", "snapshot"), ENUM(snapshot, snapshots), .group = "[source] snapshot",
+	    .def = "none",
+	    .desc = "pending: a slot outboxd creates first publishes the rows already in the table" },
+	{ KEY("source", "snapshot_filter"), STR(snapshot_filter, 0), .group = "[source] snapshot",
+	    .def = "", .check = check_snapshot_filter,
+	    .desc = "SQL condition selecting those rows, without ';'; empty: published_at IS NULL when "
+	    "the table has it, else every row" },
+
+	/* [outbox] */
+	{ KEY("outbox", "id"), STR(col_id, OBX_CFG_NONEMPTY), .group = "[outbox] columns",
+	    .def = "id", .desc = "event id column (header id)" },
+	{ KEY("outbox", "key"), STR(col_key, OBX_CFG_NONEMPTY), .group = "[outbox] columns",
+	    .def = "aggregateid", .desc = "Kafka key column" },
+	{ KEY("outbox", "aggregate_type"), STR(col_aggregate_type, OBX_CFG_NONEMPTY),
+	    .group = "[outbox] columns", .def = "aggregatetype", .desc = "aggregate type column" },
+	{ KEY("outbox", "type"), STR(col_type, OBX_CFG_NONEMPTY), .group = "[outbox] columns",
+	    .def = "type", .desc = "event type column (header type)" },
+	{ KEY("outbox", "payload"), STR(col_payload, OBX_CFG_NONEMPTY), .group = "[outbox] columns",
+	    .def = "payload", .desc = "value column" },
+	{ KEY("outbox", "headers"), STR(col_headers, 0), .group = "[outbox] columns", .def = "",
+	    .desc = "jsonb column whose members become headers; empty: none" },
+	{ KEY("outbox", "timestamp"), STR(col_timestamp, 0), .group = "[outbox] columns", .def = "",
+	    .desc = "column used as the record timestamp; empty: none" },
+	{ KEY("outbox", "topic"), TEXT(topic, 0, "template"), .check = check_topic,
+	    .def = "outbox.event.${aggregatetype}", .desc = "topic template with ${column} references" },
+	{ KEY("outbox", "header.*"), MAP(extra_headers, n_extra_headers), .type_name = "column",
+	    .check = check_header,
+	    .desc = "`header.<name> = column` adds header `<name>` from a column; outboxd's own "
+	    "names are refused" },
+	{ KEY("outbox", "seq"), STR(col_seq, OBX_CFG_NONEMPTY), .group = "[outbox] polling columns",
+	    .def = "seq", .desc = "polling: ordering column (bigint identity)" },
+	{ KEY("outbox", "published_at"), STR(col_published_at, OBX_CFG_NONEMPTY),
+	    .group = "[outbox] polling columns", .def = "published_at",
+	    .desc = "polling: timestamptz, NULL while pending" },
+	{ KEY("outbox", "attempts"), STR(col_attempts, OBX_CFG_NONEMPTY),
+	    .group = "[outbox] polling columns", .def = "attempts",
+	    .desc = "polling: integer, failed attempts" },
+	{ KEY("outbox", "last_error"), STR(col_last_error, OBX_CFG_NONEMPTY),
+	    .group = "[outbox] polling columns", .def = "last_error",
+	    .desc = "polling: text, why the last attempt failed" },
+	{ KEY("outbox", "next_attempt_at"), STR(col_next_attempt_at, OBX_CFG_NONEMPTY),
+	    .group = "[outbox] polling columns", .def = "next_attempt_at",
+	    .desc = "polling: timestamptz, not claimed before" },
+	{ KEY("outbox", "created_at"), STR(col_created_at, 0), .group = "[outbox] polling columns",
+	    .def = "created_at",
+	    .desc = "polling: record timestamp unless timestamp is set, and the age of the oldest "
+	    "pending row; empty: none" },
+
+	/* [kafka] */
+	{ KEY("kafka", "*"), MAP(kafka, n_kafka), .type_name = "librdkafka property",
+	    .group = "[kafka]", .secret = OBX_CFG_PROPS, .check = check_kafka,
+	    .desc = "any librdkafka property; enable.idempotence, acks, partitioner, "
+	    "delivery.report.only.error and transactional.id are outboxd's" },
+
+	/* [delivery] */
+	{ KEY("delivery", "max_inflight"), INT(max_inflight, 1, 10000000, "1 to 10000000"),
+	    .def = "4000", .desc = "events handed to the producer and not yet acknowledged" },
+	{ KEY("delivery", "max_inflight_bytes"), SIZE(max_inflight_bytes, 1024, TIB, "1KiB to 1TiB",
+	    "16MiB or 65536"), .def = "4MiB",
+	    .desc = "their bytes; a larger record goes out alone" },
+	{ KEY("delivery", "on_error"), ENUM(on_error, on_errors), .def = "stop",
+	    .desc = "what an event the broker rejects for good does" },
+	{ KEY("delivery", "dead_letter_topic"), STR(dead_letter_topic, OBX_CFG_NONEMPTY),
+	    .def = "outbox.dead_letter", .desc = "where dead-lettered events go" },
+	{ KEY("delivery", "missing_topic_timeout"), DURATION(missing_topic_timeout_ms, 0, 7 * 24 * HOUR,
+	    "0 to 7 days", "5min or 30s"), .def = "5min",
+	    .desc = "how long a topic the cluster does not have (yet) is waited for before on_error" },
+	{ KEY("delivery", "dedupe"), BOOL(dedupe, on_off), .def = "on",
+	    .desc = "after a restart, skip events already in Kafka; off: at-least-once only" },
+	{ KEY("delivery", "exactly_once"), BOOL(exactly_once, on_off), .def = "off",
+	    .desc = "Kafka transactions with a progress record (logical mode)" },
+	{ KEY("delivery", "transactional_id"), STR(transactional_id, 0), .def = "",
+	    .desc = "the producer's transactional.id with exactly_once; empty: derived from the slot" },
+	{ KEY("delivery", "progress_topic"), STR(progress_topic, OBX_CFG_NONEMPTY),
+	    .def = "outboxd.progress", .desc = "where each Kafka transaction's progress record goes" },
+	{ KEY("delivery", "transaction_max_events"), INT(txn_max_events, 1, 10000000, "1 to 10000000"),
+	    .group = "[delivery] transaction_max_*", .def = "10000",
+	    .desc = "a Kafka transaction commits at this many records at the latest" },
+	{ KEY("delivery", "transaction_max_bytes"), SIZE(txn_max_bytes, 1024, TIB, "1KiB to 1TiB",
+	    "16MiB or 65536"), .group = "[delivery] transaction_max_*", .def = "16MiB",
+	    .desc = "... or this many bytes" },
+	{ KEY("delivery", "transaction_max_time"), DURATION(txn_max_ms, 0, 60000, "0 to 60s",
+	    "100ms or 1s"), .group = "[delivery] transaction_max_*", .def = "100ms",
+	    .desc = "... or this long after its first record" },
+
+	/* [metrics] */
+	{ KEY("metrics", "listen"), .type = OBX_CFG_CUSTOM, .type_name = "host:port",
+	    .custom = &listen_fns, .range = "port 0 to 65535", .def = "0.0.0.0:9898",
+	    .desc = "metrics and health endpoint" },
+	{ KEY("metrics", "detailed_health"), BOOL(detailed_health, on_off), .def = "off",
+	    .desc = "/readyz adds the error behind a not-ready state" },
+
+	/* [log] */
+	{ KEY("log", "level"), ENUM(log_level, levels), .reload = OBX_CFG_SIGHUP, .def = "info",
+	    .desc = "the lowest level logged" },
+	{ KEY("log", "format"), ENUM(log_format, formats), .def = "json",
+	    .desc = "one JSON object or one text line per message" },
+	{ KEY("log", "progress_interval"), DURATION(progress_interval_ms, 1000, 24 * HOUR,
+	    "1s to 24h, or 0 for none", "60s, or 0 for none"), .flags = OBX_CFG_ZERO_NONE,
+	    .reload = OBX_CFG_SIGHUP_LOGICAL, .def = "1min",
+	    .desc = "a progress line (positions, lag, rates) this often" },
+
+	/* [poll] */
+	{ KEY("poll", "batch"), INT(poll_batch, 1, 100000, "1 to 100000"), .group = "[poll]",
+	    .def = "10000", .desc = "rows claimed per cycle" },
+	{ KEY("poll", "poll_interval"), DURATION(poll_interval_ms, 1, 24 * HOUR, "1ms to 24h",
+	    "500ms or 5s"), .group = "[poll]", .def = "1s",
+	    .desc = "the wait when a claim found nothing" },
+	{ KEY("poll", "max_attempts"), INT(poll_max_attempts, 1, 1000000, "1 to 1000000"),
+	    .group = "[poll]", .def = "10", .desc = "failures before a row is exhausted" },
+	{ KEY("poll", "backoff_min"), DURATION(poll_backoff_min_ms, 1, 24 * HOUR, "1ms to 24h",
+	    "500ms or 5s"), .group = "[poll]", .def = "1s", .desc = "delay after the first failure" },
+	{ KEY("poll", "backoff_max"), DURATION(poll_backoff_max_ms, 1, 24 * HOUR, "1ms to 24h",
+	    "500ms or 5s"), .group = "[poll]", .def = "5min", .desc = "the delay's cap" },
+	{ KEY("poll", "exhausted"), ENUM(poll_exhausted, exhausted), .group = "[poll]",
+	    .def = "dead_letter",
+	    .desc = "an exhausted row goes to dead_letter_topic, or is marked published (mark)" },
+	{ KEY("poll", "notify_channel"), STR(poll_notify_channel, 0), .group = "[poll]",
+	    .def = "outboxd", .desc = "LISTENed; a NOTIFY ends the wait early; empty: no LISTEN" },
+};
+const size_t obx_cfg_nkeys = N(obx_cfg_keys);
+
+/* ---- lookups ---------------------------------------------------------------- */
+
+const struct obx_cfg_section *
+obx_cfg_section_find(const char *name)
+{
+	for (size_t i = 0; i < obx_cfg_nsections; i++)
+		if (strcmp(obx_cfg_sections[i].name, name) == 0)
+			return &obx_cfg_sections[i];
+	return NULL;
+}
+
+const struct obx_cfg_key *
+obx_cfg_find(const char *section, const char *name, const char **sub)
+{
+	const struct obx_cfg_key *map = NULL;
+
+	for (size_t i = 0; i < obx_cfg_nkeys; i++) {
+		const struct obx_cfg_key *k = &obx_cfg_keys[i];
+		size_t plen = strlen(k->name) - 1; /* a MAP's prefix: its name without the '*' */
+
+		if (strcmp(k->section, section) != 0)
+			continue;
+		if (strcmp(k->name, name) == 0 && k->type != OBX_CFG_MAP) {
+			*sub = NULL;
+			return k;
+		}
+		if (k->type == OBX_CFG_MAP && map == NULL && strncmp(name, k->name, plen) == 0) {
+			map = k;
+			*sub = name + plen;
+		}
+	}
+	return map;
+}
+
+int
+obx_cfg_env_name(const struct obx_cfg_key *k, char *out, size_t outlen)
+{
+	size_t used = 0;
+	const char *parts[] = { "OUTBOXD_", k->section, "_", k->name };
+	bool kafka = strcmp(k->section, "kafka") == 0;
+
+	/* the environment's names are upper case, and '_' stands for '.' in [kafka] only */
+	if (k->type == OBX_CFG_MAP && !kafka)
+		return OBX_ENOENT;
+	for (size_t i = 0; i < N(parts); i++)
+		for (const char *p = parts[i]; *p != '\0'; p++) {
+			const char *s = *p == '*' ? "<NAME>" : NULL;
+			char c = *p == '.' && kafka ? '_' : (char)toupper((unsigned char)*p);
+
+			if (used + (s != NULL ? strlen(s) : 1) >= outlen)
+				return OBX_ERANGE;
+			if (s != NULL) {
+				memcpy(out + used, s, strlen(s));
+				used += strlen(s);
+			} else {
+				out[used++] = c;
+			}
+		}
+	out[used] = '\0';
+	return 0;
+}
+
+/* ---- printing a value ----------------------------------------------------- */
+
+static long long
+get_int(const struct obx_config *cfg, const struct obx_cfg_key *k)
+{
+	const char *p = (const char *)cfg + k->off;
+
+	if (k->size == sizeof(bool))
+		return *(const bool *)(const void *)p;
+	if (k->size == sizeof(int))
+		return *(const int *)(const void *)p;
+	return *(const long long *)(const void *)p;
+}
+
+struct unit {
+	const char *name;
+	long long mult;
+};
+
+/* v in the largest of units (largest first) that divides it, the last one otherwise. */
+static int
+format_units(long long v, const struct unit *units, size_t n, char *out, size_t outlen)
+{
+	size_t i = 0;
+	int len;
+
+	while (i + 1 < n && (v == 0 || v % units[i].mult != 0))
+		i++;
+	len = snprintf(out, outlen, "%lld%s", v / units[i].mult, units[i].name);
+	return len < 0 || (size_t)len >= outlen ? OBX_ERANGE : 0;
+}
+
+int
+obx_cfg_format(const struct obx_config *cfg, const struct obx_cfg_key *k, char *out, size_t outlen)
+{
+	static const struct unit durations[] = { { "h", HOUR }, { "min", 60000 }, { "s", 1000 }, { "ms", 1 } };
+	static const struct unit sizes[] = {
+		{ "GiB", 1LL << 30 }, { "MiB", 1LL << 20 }, { "KiB", 1024 }, { "", 1 },
+	};
+	const char *s = NULL;
+	long long v;
+	int n;
+
+	switch (k->type) {
+	case OBX_CFG_STRING:
+		s = *(char *const *)(const void *)((const char *)cfg + k->off);
+		break;
+	case OBX_CFG_BOOL:
+		s = k->choices[get_int(cfg, k) ? 0 : 1].name;
+		break;
+	case OBX_CFG_ENUM:
+		v = get_int(cfg, k);
+		for (size_t i = 0; i < k->nchoices && s == NULL; i++)
+			if (k->choices[i].value == v)
+				s = k->choices[i].name;
+		break;
+	case OBX_CFG_INT:
+		n = snprintf(out, outlen, "%lld", get_int(cfg, k));
+		return n < 0 || (size_t)n >= outlen ? OBX_ERANGE : 0;
+	case OBX_CFG_DURATION:
+		v = get_int(cfg, k);
+		if (v == 0 && (k->flags & OBX_CFG_ZERO_NONE))
+			s = "0";
+		else
+			return format_units(v, durations, N(durations), out, outlen);
+		break;
+	case OBX_CFG_SIZE:
+		return format_units(get_int(cfg, k), sizes, N(sizes), out, outlen);
+	case OBX_CFG_CUSTOM:
+		return k->custom->format(cfg, out, outlen);
+	case OBX_CFG_MAP:
+	default:
+		return OBX_EINVAL;
+	}
+	if (s == NULL)
+		s = "";
+	return strlcpy(out, s, outlen) >= outlen ? OBX_ERANGE : 0;
+}
