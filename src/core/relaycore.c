@@ -277,6 +277,33 @@ obx_core_reset(struct obx_core *c)
 	memset(c, 0, sizeof(*c)); /* a second reset is a no-op */
 }
 
+int
+obx_core_new(struct obx_core **out, const struct obx_config *cfg, const struct obx_core_ops *ops,
+    void *ctx, struct obx_metrics *m)
+{
+	struct obx_core *c = malloc(sizeof(*c));
+
+	*out = NULL;
+	if (c == NULL)
+		return OBX_ENOMEM;
+	if (obx_core_init(c, cfg, ops, ctx, m) != 0) {
+		obx_core_reset(c);
+		free(c);
+		return OBX_ENOMEM;
+	}
+	*out = c;
+	return 0;
+}
+
+void
+obx_core_free(struct obx_core *c)
+{
+	if (c == NULL)
+		return;
+	obx_core_reset(c);
+	free(c);
+}
+
 /* Restart de-duplication needs the setting, a read-back and a partitioner it can reproduce. */
 static bool
 dedupe_on(struct obx_core *c)
@@ -343,4 +370,47 @@ obx_core_session_end(struct obx_core *c)
 	obx_streambuf_init(&c->sbuf, (size_t)c->cfg->stream_buffer_bytes);
 	obx_event_builder_forget(&c->eb);
 	c->m->stream_buffer_bytes = 0;
+}
+
+/* ---- what the loop reads ---- */
+
+struct obx_core_stats
+obx_core_stats(const struct obx_core *c)
+{
+	struct obx_core_stats s = {
+		.received = c->received,
+		.sent_flush = c->sent_flush,
+		.server_wal_end = c->server_wal_end,
+		.status_interval_ms = c->status_interval_ms,
+		.draining = c->draining,
+		.backpressured = obx_rc_backpressured(c),
+		.end_kafka = c->end_kafka,
+		.published = c->published,
+		.inflight_events = c->dlv.inflight,
+		.inflight_bytes = c->dlv.inflight_bytes,
+		.txn_records = c->batch_records,
+		.txn_committed = c->eos_commits,
+		.txn_aborted = c->eos_aborts,
+	};
+
+	s.has_oldest = obx_ack_oldest_time(&c->ack, &s.oldest_time);
+	return s;
+}
+
+const struct obx_logfields_kept *
+obx_core_reason_fields(const struct obx_core *c)
+{
+	return &c->reason_fields;
+}
+
+struct obx_topic_waits *
+obx_core_topic_waits(struct obx_core *c)
+{
+	return &c->waits;
+}
+
+uint32_t
+obx_core_generation(const struct obx_core *c)
+{
+	return c->gen;
 }

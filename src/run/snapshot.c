@@ -48,8 +48,9 @@ obx_snapshot_init(struct obx_snapshot *s, const struct obx_config *cfg, struct o
 		return OBX_ENOMEM;
 	s->eb_ready = true;
 	/* the stream's missing-topic waits: one rule and one gauge for the process */
-	obx_dlv_init(&s->dlv, cfg, OBX_DLV_SNAPSHOT, OBX_DLV_ON_ERROR, &snapshot_ops, s, m, &core->waits);
-	obx_dlv_begin(&s->dlv, core->gen, false);
+	obx_dlv_init(&s->dlv, cfg, OBX_DLV_SNAPSHOT, OBX_DLV_ON_ERROR, &snapshot_ops, s, m,
+	    obx_core_topic_waits(core));
+	obx_dlv_begin(&s->dlv, obx_core_generation(core), false);
 	return 0;
 }
 

@@ -55,7 +55,7 @@
 #include <cmocka.h>
 
 #include "obx/core/err.h"
-#include "obx/core/relaycore.h"
+#include "obx/core/relaycore_int.h"
 
 #define DEFAULT_SEEDS 200
 #define DEFAULT_STEPS 500
