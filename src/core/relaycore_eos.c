@@ -33,12 +33,12 @@ obx_rc_rejected_before(const struct obx_core *c, const struct obx_record *rec, b
 		return NULL;
 	for (size_t i = 0; i < c->nrejected; i++)
 		if (obx_dd_mark_cmp(&c->rejected[i].mark, &m) == 0 && c->rejected[i].dead_letter == dl &&
-		    (c->rejected[i].why[0] == 'b') == is_bare(rec))
-			return c->rejected[i].why + 1;
+		    c->rejected[i].bare == is_bare(rec))
+			return c->rejected[i].why;
 	return NULL;
 }
 
-/* Remembers that the broker rejected rec for good; the first byte of why says bare or not. */
+/* Remembers that the broker rejected rec for good. */
 void
 obx_rc_remember_rejected(struct obx_core *c, const struct obx_record *rec, bool dl, const char *why)
 {
@@ -60,7 +60,8 @@ obx_rc_remember_rejected(struct obx_core *c, const struct obx_record *rec, bool 
 	if (obx_dd_mark_parse(rec->headers, rec->nheaders, &c->rejected[i].mark) != 0)
 		memset(&c->rejected[i].mark, 0, sizeof(c->rejected[i].mark));
 	c->rejected[i].dead_letter = dl;
-	snprintf(c->rejected[i].why, sizeof(c->rejected[i].why), "%c%s", is_bare(rec) ? 'b' : 'r', why);
+	c->rejected[i].bare = is_bare(rec);
+	snprintf(c->rejected[i].why, sizeof(c->rejected[i].why), "%s", why);
 }
 
 /* A record went into the open Kafka transaction: its ticket waits for the commit. */

@@ -128,7 +128,8 @@ struct obx_core {
 	struct obx_core_rejected {
 		struct obx_dd_mark mark;
 		bool dead_letter;
-		char why[256];
+		bool bare;            /* a record of headers only (no key, no value) */
+		char why[255];        /* the broker's words */
 	} *rejected;                  /* kept across sessions: on_error applies at the replay */
 	size_t nrejected, rejected_cap;
 	uint64_t eos_commits;         /* Kafka transactions committed */
