@@ -33,6 +33,8 @@ obx_core_opaque(uint32_t gen, uint64_t ticket, bool dead_letter)
 	return obx_dlv_opaque(&(struct obx_dlv_tag){ OBX_DLV_STREAM, gen, ticket, dead_letter, false });
 }
 
+/* ---- log lines, and the end of a session ---- */
+
 void
 obx_rc_note(struct obx_core *c, enum obx_log_level level, const struct obx_logfields *f,
     const char *fmt, ...)

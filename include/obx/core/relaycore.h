@@ -42,7 +42,6 @@
 #include "obx/core/metrics.h"
 #include "obx/core/pgoutput.h"
 #include "obx/core/eos_progress.h"
-#include "obx/core/runpolicy.h"
 
 /* Status updates go out at most this often when only the flush position moved. */
 #define OBX_CORE_STATUS_MIN_GAP_MS 100

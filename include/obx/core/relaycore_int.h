@@ -1,7 +1,9 @@
 /*
- * relaycore_int.h - what the files of the relay core (src/core/relaycore*.c)
- * share among themselves; the loop never includes it (relaycore.h is the
- * contract).
+ * relaycore_int.h - the relay core's state, and what the files of the core
+ * (src/core/relaycore*.c) share among themselves.  Only those files and the
+ * unit tests include it (tests/unit/core_is_pure.sh checks); the loop
+ * drives the core through relaycore.h and reads its figures there
+ * (obx_core_stats()).
  *
  * The core is one module written in six files, one concern each:
  *   relaycore.c          lifetime, session state, the message dispatch, the
