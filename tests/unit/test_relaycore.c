@@ -4,9 +4,12 @@
  * out.  A fake producer records every produce call and answers what the
  * test scripted.
  */
+#include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -1871,6 +1874,28 @@ ex_commit_lsn(int t)
 	return 0x1000 + (obx_lsn)t * 0x100;
 }
 
+/* An id "tTeE" of test_eos_random: transaction T, event E. */
+static bool
+parse_id(const char *id, int *t, int *e)
+{
+	char *end;
+	long a, b;
+
+	if (id[0] != 't')
+		return false;
+	errno = 0;
+	a = strtol(id + 1, &end, 10);
+	if (end == id + 1 || *end != 'e' || errno != 0 || a < INT_MIN || a > INT_MAX)
+		return false;
+	id = end + 1;
+	b = strtol(id, &end, 10);
+	if (end == id || *end != '\0' || errno != 0 || b < INT_MIN || b > INT_MAX)
+		return false;
+	*t = (int)a;
+	*e = (int)b;
+	return true;
+}
+
 static enum obx_produce_result
 ex_produce(void *ctx, const struct obx_record *r, uint64_t opaque, char *why, size_t whylen)
 {
@@ -1881,7 +1906,7 @@ ex_produce(void *ctx, const struct obx_record *r, uint64_t opaque, char *why, si
 	(void)why;
 	(void)whylen;
 	hdr(r, "id", id, sizeof(id));
-	assert_int_equal(sscanf(id, "t%de%d", &t, &e), 2);
+	assert_true(parse_id(id, &t, &e));
 	assert_true(ex.nopen < EOS_MAXREC);
 	ex.open[ex.nopen].t = t;
 	ex.open[ex.nopen].e = e;
@@ -1938,7 +1963,7 @@ static void
 test_eos_random(void **state)
 {
 	const char *env = getenv("OBX_MODEL_SEEDS");
-	int seeds = env != NULL ? atoi(env) : 100;
+	int seeds = env != NULL ? (int)strtonum(env, 0, INT_MAX, NULL) : 100;
 
 	(void)state;
 	for (int seed = 1; seed <= seeds; seed++) {
