@@ -120,7 +120,7 @@ obx_relay_on_delivery(void *ctx, uint64_t opaque, const rd_kafka_message_t *m)
 	}
 	obx_kafka_report(m, opaque, hs, MAX_REPORT_HEADERS, &rep);
 	rep.now_us = r->reports_at_us;
-	obx_core_report(&r->core, &rep);
+	obx_core_report(r->core, &rep);
 }
 
 /* Serves delivery reports; a producer fatal error ends the session (recreate and rewind). */
@@ -133,17 +133,17 @@ serve_reports(struct relay *r)
 #ifdef OBX_TEST_HOOKS
 	/* test builds only: die right after N acknowledgements, before any status update
 	 * could confirm them (OBX_TEST_KILL_AFTER_ACKS) */
-	if (r->test_kill_after > 0 && r->core.published >= (uint64_t)r->test_kill_after)
+	if (r->test_kill_after > 0 && obx_core_stats(r->core).published >= (uint64_t)r->test_kill_after)
 		raise(SIGKILL);
 #endif
-	if (r->kf.fenced && obx_core_ended(&r->core, NULL) == OBX_CORE_RUNNING) {
+	if (r->kf.fenced && obx_core_ended(r->core, NULL) == OBX_CORE_RUNNING) {
 		r->end_kafka = true;
 		obx_relay_eos_fenced(&r->eos);
 	}
-	if (r->kf.fatal && obx_core_ended(&r->core, NULL) == OBX_CORE_RUNNING) {
+	if (r->kf.fatal && obx_core_ended(r->core, NULL) == OBX_CORE_RUNNING) {
 		r->end_kafka = true;
 		obx_metrics_kafka_error(&r->m, "_FATAL");
-		obx_core_fail(&r->core, OBX_CORE_END_RETRY, "producer fatal error: %s; recreating it and "
+		obx_core_fail(r->core, OBX_CORE_END_RETRY, "producer fatal error: %s; recreating it and "
 		    "rewinding to the slot", r->kf.fatal_reason);
 	}
 }
@@ -155,7 +155,7 @@ serve_lookups(struct relay *r)
 	struct obx_lookup_job *job;
 
 	while ((job = obx_lookup_take(&r->lk)) != NULL) {
-		obx_core_lookup_done(&r->core, job->tag, job->topic, job->scan);
+		obx_core_lookup_done(r->core, job->tag, job->topic, job->scan);
 		job->scan = NULL;
 		obx_lookup_job_free(job);
 	}
@@ -167,13 +167,13 @@ send_status(struct relay *r, obx_lsn write, obx_lsn flush, bool reply)
 	char err[512], a[OBX_LSN_STRLEN];
 
 	if (obx_pgstream_send_status(&r->st, write, flush, reply, err, sizeof(err)) != 0) {
-		obx_core_fail(&r->core, OBX_CORE_END_RETRY, "could not send status update: %s", err);
+		obx_core_fail(r->core, OBX_CORE_END_RETRY, "could not send status update: %s", err);
 		return;
 	}
-	if (flush > r->core.sent_flush)
+	if (flush > obx_core_stats(r->core).sent_flush)
 		obx_log_f(OBX_LOG_DEBUG, &(struct obx_logfields){ .lsn = flush }, "confirmed %s",
 		    obx_lsn_format(flush, a, sizeof(a)));
-	obx_core_status_sent(&r->core, flush, obx_mono_ms());
+	obx_core_status_sent(r->core, flush, obx_mono_ms());
 }
 
 /*
@@ -188,8 +188,9 @@ maybe_status(struct relay *r)
 	obx_lsn write, flush;
 	bool reply;
 
-	if (obx_core_status_due(&r->core, now, &write, &flush, &reply))
-		send_status(r, write, flush, reply || now - r->last_rx_ms >= r->core.status_interval_ms);
+	if (obx_core_status_due(r->core, now, &write, &flush, &reply))
+		send_status(r, write, flush,
+		    reply || now - r->last_rx_ms >= obx_core_stats(r->core).status_interval_ms);
 }
 
 /*
@@ -205,19 +206,20 @@ static void
 check_silence(struct relay *r)
 {
 	int64_t now = obx_mono_ms(), limit = (int64_t)r->st.wal_sender_timeout_ms * r->silence_factor;
+	obx_lsn received = obx_core_stats(r->core).received;
 
-	if (!obx_core_can_read(&r->core) || r->st.wal_sender_timeout_ms <= 0) {
+	if (!obx_core_can_read(r->core) || r->st.wal_sender_timeout_ms <= 0) {
 		r->last_rx_ms = now;
 		return;
 	}
-	if (r->core.received > r->silence_at)
+	if (received > r->silence_at)
 		r->silence_factor = 1; /* moved on since the last silence */
 	if (now - r->last_rx_ms <= limit)
 		return;
-	if (r->core.received == r->silence_at && r->silence_factor < 8)
+	if (received == r->silence_at && r->silence_factor < 8)
 		r->silence_factor *= 2;
-	r->silence_at = r->core.received;
-	obx_core_fail(&r->core, OBX_CORE_END_RETRY, "nothing received from the server for %" PRId64
+	r->silence_at = received;
+	obx_core_fail(r->core, OBX_CORE_END_RETRY, "nothing received from the server for %" PRId64
 	    " ms (wal_sender_timeout is %d ms): treating the replication connection as dead",
 	    now - r->last_rx_ms, r->st.wal_sender_timeout_ms);
 }
@@ -235,7 +237,7 @@ read_stream(struct relay *r)
 	int got = 0;
 	bool drained = false;
 
-	for (int i = 0; i < READ_BATCH && obx_core_can_read(&r->core); i++) {
+	for (int i = 0; i < READ_BATCH && obx_core_can_read(r->core); i++) {
 		const uint8_t *buf;
 		size_t len;
 		int n = obx_pgstream_read(&r->st, &buf, &len, err, sizeof(err));
@@ -247,7 +249,7 @@ read_stream(struct relay *r)
 		if (n < 0) {
 			bool no_pub = n == -2; /* the publication dropped behind the slot (pg/stream.h) */
 
-			obx_core_fail(&r->core, no_pub ? OBX_CORE_END_FATAL : OBX_CORE_END_RETRY,
+			obx_core_fail(r->core, no_pub ? OBX_CORE_END_FATAL : OBX_CORE_END_RETRY,
 			    "replication stream lost: %s%s", err, no_pub ? "; the publication was dropped behind "
 			    "slot: reconcile the events committed since its confirmed position "
 			    "(sql/006_reconciliation.sql), drop the slot and start outboxd once with "
@@ -260,14 +262,14 @@ read_stream(struct relay *r)
 			obx_log_info("first replication message received");
 			r->first_message = true;
 		}
-		obx_core_copydata(&r->core, buf, len);
+		obx_core_copydata(r->core, buf, len);
 		/* serve delivery reports between messages so acks are never late */
 		if ((i & 255) == 255)
 			serve_reports(r);
 	}
 	if (got > 0)
 		r->last_rx_ms = obx_mono_ms(); /* one clock read per batch */
-	return drained && got <= IDLE_MESSAGES && obx_core_can_read(&r->core);
+	return drained && got <= IDLE_MESSAGES && obx_core_can_read(r->core);
 }
 
 /* Exactly-once: the open Kafka transaction's commit, when the core says (relay_eos.h). */
@@ -285,20 +287,20 @@ wait_for_input(struct relay *r, int flushing)
 	struct pollfd p[4];
 
 	p[0] = (struct pollfd){ obx_pgstream_fd(&r->st), 0, 0 };
-	if (obx_core_can_read(&r->core))
+	if (obx_core_can_read(r->core))
 		p[0].events |= POLLIN;
 	if (flushing == 1)
 		p[0].events |= POLLOUT;
 	p[1] = (struct pollfd){ obx_kafka_fd(&r->kf), POLLIN, 0 };
 	p[2] = (struct pollfd){ r->opts->signal_fd, POLLIN, 0 };
 	p[3] = (struct pollfd){ obx_lookup_fd(&r->lk), POLLIN, 0 }; /* -1 until a read-back starts */
-	if (poll(p, 4, (int)obx_core_wait_ms(&r->core, obx_mono_ms())) < 0 && errno != EINTR) {
-		obx_core_fail(&r->core, OBX_CORE_END_FATAL, "poll: %s", strerror(errno));
+	if (poll(p, 4, (int)obx_core_wait_ms(r->core, obx_mono_ms())) < 0 && errno != EINTR) {
+		obx_core_fail(r->core, OBX_CORE_END_FATAL, "poll: %s", strerror(errno));
 		return;
 	}
 	if ((p[0].revents & (POLLIN | POLLERR | POLLHUP)) &&
 	    obx_pgstream_consume(&r->st, err, sizeof(err)) != 0)
-		obx_core_fail(&r->core, OBX_CORE_END_RETRY, "replication connection lost: %s", err);
+		obx_core_fail(r->core, OBX_CORE_END_RETRY, "replication connection lost: %s", err);
 }
 
 /* ---- one session's loop ---- */
@@ -315,20 +317,20 @@ obx_relay_loop(void *ctx)
 		obx_runner_read_signals(&r->run);
 		serve_reports(r);
 		serve_lookups(r);
-		obx_core_pump(&r->core, obx_mono_ms());
+		obx_core_pump(r->core, obx_mono_ms());
 		obx_relay_update_metrics(r);
-		if (obx_core_ended(&r->core, NULL) != OBX_CORE_RUNNING)
+		if (obx_core_ended(r->core, NULL) != OBX_CORE_RUNNING)
 			break;
 		idle = read_stream(r);
 		check_silence(r);
-		if (r->cfg->exactly_once && obx_core_ended(&r->core, NULL) == OBX_CORE_RUNNING)
+		if (r->cfg->exactly_once && obx_core_ended(r->core, NULL) == OBX_CORE_RUNNING)
 			drive_commit(r, idle);
-		if (obx_core_ended(&r->core, NULL) != OBX_CORE_RUNNING)
+		if (obx_core_ended(r->core, NULL) != OBX_CORE_RUNNING)
 			break;
 		maybe_status(r);
 		flushing = obx_pgstream_flush(&r->st);
 		if (flushing < 0) {
-			obx_core_fail(&r->core, OBX_CORE_END_RETRY, "could not send to the server");
+			obx_core_fail(r->core, OBX_CORE_END_RETRY, "could not send to the server");
 			break;
 		}
 		wait_for_input(r, flushing);

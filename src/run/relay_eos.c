@@ -1,7 +1,7 @@
 /*
  * relay_eos.c - the loop's exactly-once I/O; see relay_eos.h and
  * docs/internals/design.md ("Exactly-once").  What each result means is decided in
- * the pure core (relaycore.c, core/eos_progress.c); this file makes the calls and
+ * the pure core (relaycore_eos.c, core/eos_progress.c); this file makes the calls and
  * says the lines.
  */
 #include <inttypes.h>
@@ -167,12 +167,12 @@ obx_relay_eos_commit(struct obx_relay_eos *e, bool idle)
 	}
 	if (res == OBX_TXN_OK)
 		obx_log_debug("committed Kafka transaction %s (%" PRIu64 " record(s))", kf->txn_name,
-		    core->batch_records);
+		    obx_core_stats(core).txn_records);
 	obx_core_commit_done(core, obx_core_commit_verdict(res, false, kf->txn_id, e->io.cfg->slot, why,
 	    sizeof(why)), why, obx_pg_now());
 #ifdef OBX_TEST_HOOKS
 	/* test builds only: die right after the commit, before its status update */
-	if (e->io.kill_after > 0 && core->published >= (uint64_t)e->io.kill_after)
+	if (e->io.kill_after > 0 && obx_core_stats(core).published >= (uint64_t)e->io.kill_after)
 		raise(SIGKILL);
 #endif
 }

@@ -8,6 +8,7 @@
  * the core's (relaycore.h) and the runner's (runpolicy.h).
  */
 #include <inttypes.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,7 +49,7 @@ relay_stop(void *ctx, enum obx_stop_verdict v, int64_t now_ms)
 	struct relay *r = ctx;
 
 	(void)v;
-	obx_core_signal(&r->core, now_ms);
+	obx_core_signal(r->core, now_ms);
 }
 
 static void
@@ -58,7 +59,7 @@ relay_title(void *ctx, char *buf, size_t len)
 	char a[OBX_LSN_STRLEN];
 
 	snprintf(buf, len, "%s slot %s confirmed %s", obx_state_name(r->m.state), r->cfg->slot,
-	    obx_lsn_format(r->core.sent_flush, a, sizeof(a)));
+	    obx_lsn_format(obx_core_stats(r->core).sent_flush, a, sizeof(a)));
 }
 
 /* The server's own numbers (slotwatch.h) into the metrics. */
@@ -112,23 +113,23 @@ log_progress(struct relay *r, int64_t now)
 void
 obx_relay_update_metrics(struct relay *r)
 {
-	const struct obx_core *c = &r->core;
-	int64_t now = obx_mono_ms(), oldest;
+	struct obx_core_stats c = obx_core_stats(r->core);
+	int64_t now = obx_mono_ms();
 
-	r->m.state = c->draining ? OBX_STATE_DRAINING : obx_core_backpressured(c) ?
+	r->m.state = c.draining ? OBX_STATE_DRAINING : c.backpressured ?
 	    OBX_STATE_BACKPRESSURED : OBX_STATE_STREAMING;
 	r->m.not_ready = OBX_NOT_READY_NONE;
 	r->m.state_reason[0] = '\0';
-	r->m.received_lsn = c->received;
-	r->m.confirmed_flush_lsn = c->sent_flush;
-	r->m.stream_wal_end_lsn = c->server_wal_end > c->received ? c->server_wal_end : c->received;
-	r->m.inflight_events = c->dlv.inflight;
-	r->m.inflight_bytes = c->dlv.inflight_bytes;
-	obx_metrics_published(&r->m, c->published, obx_unix_seconds());
-	r->m.kafka_txn_committed = c->eos_commits;
-	r->m.kafka_txn_aborted = c->eos_aborts;
-	r->m.oldest_unacked_age_seconds = obx_ack_oldest_time(&c->ack, &oldest) ?
-	    (double)(obx_pg_now() - oldest) / 1e6 : 0;
+	r->m.received_lsn = c.received;
+	r->m.confirmed_flush_lsn = c.sent_flush;
+	r->m.stream_wal_end_lsn = c.server_wal_end > c.received ? c.server_wal_end : c.received;
+	r->m.inflight_events = c.inflight_events;
+	r->m.inflight_bytes = c.inflight_bytes;
+	obx_metrics_published(&r->m, c.published, obx_unix_seconds());
+	r->m.kafka_txn_committed = c.txn_committed;
+	r->m.kafka_txn_aborted = c.txn_aborted;
+	r->m.oldest_unacked_age_seconds = c.has_oldest ?
+	    (double)(obx_pg_now() - c.oldest_time) / 1e6 : 0;
 	if (r->progress_interval_ms > 0 && now - r->last_progress_ms >= r->progress_interval_ms)
 		log_progress(r, now);
 	obx_runner_publish(&r->run);
@@ -153,7 +154,7 @@ obx_relay_setup_tick(void *arg)
 static bool
 eos_open(struct relay *r)
 {
-	struct obx_relay_eos_io io = { r->cfg, &r->st, &r->kf, &r->core, &r->m, &r->reports_at_us,
+	struct obx_relay_eos_io io = { r->cfg, &r->st, &r->kf, r->core, &r->m, &r->reports_at_us,
 		obx_relay_setup_tick, r, obx_relay_produce_error, r, 0 };
 
 #ifdef OBX_TEST_HOOKS
@@ -174,7 +175,7 @@ snapshot_then_start(struct relay *r)
 	enum obx_fail f;
 	int rc;
 
-	if (obx_snapshot_init(&r->snap, r->cfg, &r->core, &r->kf, &r->m) != 0) {
+	if (obx_snapshot_init(&r->snap, r->cfg, r->core, &r->kf, &r->m) != 0) {
 		r->end = OBX_CORE_END_FATAL;
 		snprintf(r->reason, sizeof(r->reason), "out of memory");
 		return false;
@@ -190,7 +191,7 @@ snapshot_then_start(struct relay *r)
 	r->reports_at_us = obx_pg_now();
 	rc = obx_snapshot_run(&r->snap, r->st.snap.conn, r->st.snap.imported, r->st.start_confirmed,
 	    obx_relay_setup_tick, r, err, sizeof(err));
-	obx_core_published_elsewhere(&r->core, r->snap.acked - r->snap.dead_lettered);
+	obx_core_published_elsewhere(r->core, r->snap.acked - r->snap.dead_lettered);
 	if (rc != 0) {
 		/* the producer still holds records: the caller closes it, and they are dropped */
 		r->end = rc == OBX_ESTATE ? OBX_CORE_END_STOP : rc == OBX_EIO ? OBX_CORE_END_RETRY :
@@ -230,7 +231,7 @@ open_stream(struct relay *r)
 	/* --recreate-slot is for the slot missing at start-up: once a session has found or
 	 * created the slot (also as a standby), one lost later is refused as usual */
 	f = obx_pgstream_open(&r->st, r->cfg, r->opts->recreate_slot && !r->slot_seen,
-	    obx_core_streaming_allowed(&r->core), &r->setup, err, sizeof(err));
+	    obx_core_streaming_allowed(r->core), &r->setup, err, sizeof(err));
 	if (f == OBX_FAIL_NONE || f == OBX_FAIL_SLOT_IN_USE || r->st.slot_made)
 		r->slot_seen = true;
 	if (f == OBX_FAIL_NONE) {
@@ -296,7 +297,7 @@ start_core(struct relay *r)
 		    "(%d ms), sooner than [source] status_interval (%d ms)", interval,
 		    r->st.wal_sender_timeout_ms, r->cfg->status_interval_ms);
 	r->announced_interval = interval;
-	if (obx_core_session_start(&r->core, r->st.start_confirmed, r->st.proto_version, interval,
+	if (obx_core_session_start(r->core, r->st.start_confirmed, r->st.proto_version, interval,
 	    obx_mono_ms()) != 0)
 		return open_failed(r, OBX_CORE_END_FATAL, "out of memory");
 	if (r->cfg->exactly_once)
@@ -342,7 +343,7 @@ session_open(struct relay *r)
 		obx_log_info("taking over slot %s from the previous instance", r->cfg->slot);
 	r->run.was_standby = false;
 	r->last_progress_ms = obx_mono_ms();
-	r->progress_events = r->core.published;
+	r->progress_events = obx_core_stats(r->core).published;
 	r->progress_txns = r->m.transactions;
 	return true;
 }
@@ -356,27 +357,27 @@ session_close(struct relay *r)
 	obx_lsn write, flush;
 	bool reply;
 
-	r->end = obx_core_ended(&r->core, &reason);
+	r->end = obx_core_ended(r->core, &reason);
 	snprintf(r->reason, sizeof(r->reason), "%s", reason);
-	r->reason_fields = r->core.reason_fields;
-	r->end_kafka = r->end_kafka || r->core.end_kafka;
+	r->reason_fields = *obx_core_reason_fields(r->core);
+	r->end_kafka = r->end_kafka || obx_core_stats(r->core).end_kafka;
 	/* confirm what is safe before leaving (no-op when the connection is gone) */
 	if (r->end != OBX_CORE_END_FATAL && PQstatus(r->st.conn) == CONNECTION_OK) {
-		obx_core_status_due(&r->core, obx_mono_ms(), &write, &flush, &reply);
+		obx_core_status_due(r->core, obx_mono_ms(), &write, &flush, &reply);
 		if (obx_pgstream_send_status(&r->st, write, flush, false, err, sizeof(err)) == 0)
-			obx_core_status_sent(&r->core, flush, obx_mono_ms());
+			obx_core_status_sent(r->core, flush, obx_mono_ms());
 		obx_pgstream_flush(&r->st);
 	}
-	obx_metrics_published(&r->m, r->core.published, obx_unix_seconds());
+	obx_metrics_published(&r->m, obx_core_stats(r->core).published, obx_unix_seconds());
 	/* the generation moves on first: reports served while the producer closes count for nothing */
-	obx_core_session_end(&r->core);
+	obx_core_session_end(r->core);
 	/* exactly-once: the open transaction is aborted; a fence may stop the run (relay_eos.h) */
 	if (r->cfg->exactly_once && r->kf.rk != NULL &&
 	    obx_relay_eos_close(&r->eos, r->end, r->reason, sizeof(r->reason))) {
 		r->end = OBX_CORE_END_FATAL;
 		obx_logfields_keep(&r->reason_fields, NULL);
 	}
-	r->m.kafka_txn_aborted = r->core.eos_aborts;
+	r->m.kafka_txn_aborted = obx_core_stats(r->core).txn_aborted;
 	obx_lookup_close(&r->lk);
 	obx_pgstream_close(&r->st);
 	r->reports_at_us = obx_pg_now();
@@ -406,7 +407,7 @@ relay_close(void *ctx, bool opened, struct obx_session_result *out)
 	    OBX_RUN_FATAL : OBX_RUN_RETRY;
 	out->reason = r->reason;
 	out->fields = obx_logfields_of(&r->reason_fields);
-	out->published = r->core.published;
+	out->published = obx_core_stats(r->core).published;
 	out->broker = r->end_kafka;
 	out->standby = r->standby;
 	out->progressed = r->streamed || r->standby;
@@ -482,15 +483,16 @@ obx_relay_run(const struct obx_config *cfg, const struct obx_run_opts *opts)
 	r.setup.tick_arg = &r;
 	obx_log_context(cfg->slot, "logical");
 #ifdef OBX_TEST_HOOKS
+	/* a value that is not a positive number leaves the hook off (0) */
 	if (getenv("OBX_TEST_FATAL_AFTER") != NULL)
-		r.test_fatal_after = atol(getenv("OBX_TEST_FATAL_AFTER"));
+		r.test_fatal_after = (long)strtonum(getenv("OBX_TEST_FATAL_AFTER"), 0, LONG_MAX, NULL);
 	if (getenv("OBX_TEST_KILL_AFTER_ACKS") != NULL)
-		r.test_kill_after = atol(getenv("OBX_TEST_KILL_AFTER_ACKS"));
+		r.test_kill_after = (long)strtonum(getenv("OBX_TEST_KILL_AFTER_ACKS"), 0, LONG_MAX, NULL);
 #endif
 	snprintf(r.m.info_slot, sizeof(r.m.info_slot), "%s", cfg->slot);
 	snprintf(r.m.info_table, sizeof(r.m.info_table), "%s.%s", cfg->table_schema, cfg->table_name);
 	obx_pg_conninfo_dbname(cfg->conninfo, r.m.info_database, sizeof(r.m.info_database));
-	if (obx_core_init(&r.core, cfg, &obx_relay_core_ops, &r, &r.m) != 0) {
+	if (obx_core_new(&r.core, cfg, &obx_relay_core_ops, &r, &r.m) != 0) {
 		obx_log_error("out of memory");
 		goto out;
 	}
@@ -503,6 +505,6 @@ obx_relay_run(const struct obx_config *cfg, const struct obx_run_opts *opts)
 out:
 	obx_slotwatch_stop(&r.watch);
 	obx_runner_reset(&r.run);
-	obx_core_reset(&r.core);
+	obx_core_free(r.core);
 	return rc;
 }

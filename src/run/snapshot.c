@@ -26,6 +26,7 @@
 #include "obx/pg/util.h"
 #include "obx/run/poll.h"
 #include "obx/core/relaycore.h"
+#include "obx/core/snapcore.h"
 #include "obx/run/snapshot.h"
 
 /* each FETCH is read a row at a time (single-row mode): libpq holds one row, whatever the sizes */
@@ -48,8 +49,9 @@ obx_snapshot_init(struct obx_snapshot *s, const struct obx_config *cfg, struct o
 		return OBX_ENOMEM;
 	s->eb_ready = true;
 	/* the stream's missing-topic waits: one rule and one gauge for the process */
-	obx_dlv_init(&s->dlv, cfg, OBX_DLV_SNAPSHOT, OBX_DLV_ON_ERROR, &snapshot_ops, s, m, &core->waits);
-	obx_dlv_begin(&s->dlv, core->gen, false);
+	obx_dlv_init(&s->dlv, cfg, OBX_DLV_SNAPSHOT, OBX_DLV_ON_ERROR, &snapshot_ops, s, m,
+	    obx_core_topic_waits(core));
+	obx_dlv_begin(&s->dlv, obx_core_generation(core), false);
 	return 0;
 }
 
@@ -110,29 +112,19 @@ snap_note(void *ctx, enum obx_log_level level, const struct obx_logfields *f, co
 static const struct obx_delivery_ops snapshot_ops = { NULL, snap_produce, NULL, snap_note };
 
 /*
- * What an outcome of the delivery policy means for the run: a wait for a
- * topic or a transient failure ends it so that the next session starts the
- * snapshot again; what on_error cannot take ends it with exit 1.  Returns
- * 0 or the run's end code.
+ * What an outcome of the delivery policy means for the run (snapcore.h:
+ * the next session starts the snapshot again, or exit 1).  Returns 0 or
+ * the run's end code.
  */
 static int
 delivered(struct obx_snapshot *s, enum obx_dlv_outcome o, const struct obx_dlv_result *res)
 {
-	switch (o) {
-	case OBX_DLV_SENT:
-	case OBX_DLV_SETTLED:
-	case OBX_DLV_ACKED:
-	case OBX_DLV_IGNORED:
+	char why[sizeof(s->reason)];
+	int end = obx_snap_outcome(o, s->cfg->slot, res->why, why, sizeof(why));
+
+	if (end == 0)
 		return 0;
-	case OBX_DLV_WAIT_TOPIC:
-	case OBX_DLV_RETRY:
-		fail(s, OBX_EIO, "snapshot of slot %s: %s; the snapshot starts again", s->cfg->slot, res->why);
-		break;
-	case OBX_DLV_REJECTED:
-	case OBX_DLV_STOP:
-		fail(s, OBX_ECONFIG, "snapshot of slot %s: %s", s->cfg->slot, res->why);
-		break;
-	}
+	fail(s, end, "%s", why);
 	return s->end;
 }
 
@@ -302,38 +294,6 @@ build_rel(struct obx_snapshot *s, const PGresult *res)
 }
 
 /*
- * The builder's headers for a snapshot record: id, type and the [outbox]
- * ones; lsn 0/0 and seq the row's ordinal (below every streamed record's
- * mark, so restart de-duplication never skips a streamed event for them);
- * no xid or commit_ts (no transaction of the stream wrote them); snapshot
- * the slot's creation point.
- */
-static int
-snapshot_headers(struct obx_snapshot *s, const struct obx_event *ev, size_t *n)
-{
-	size_t o = 0;
-
-	if (ev->nheaders + 1 > s->hdr_cap) {
-		struct obx_header *h = reallocarray(s->hdrs, ev->nheaders + 1, sizeof(*h));
-
-		if (h == NULL)
-			return OBX_ENOMEM;
-		s->hdrs = h;
-		s->hdr_cap = ev->nheaders + 1;
-	}
-	for (size_t i = 0; i < ev->nheaders; i++) {
-		/* the builder's first six are id, type, lsn, seq, xid, commit_ts (event.c) */
-		if (i < 6 && (strcmp(ev->headers[i].name, "xid") == 0 ||
-		    strcmp(ev->headers[i].name, "commit_ts") == 0))
-			continue;
-		s->hdrs[o++] = ev->headers[i];
-	}
-	s->hdrs[o++] = (struct obx_header){ "snapshot", s->point, strlen(s->point) };
-	*n = o;
-	return 0;
-}
-
-/*
  * A row that cannot become a record: dead-lettered as the JSON of its
  * columns, as the stream does ([delivery] on_error), or the end.
  */
@@ -483,7 +443,7 @@ produce_row(struct obx_snapshot *s, const PGresult *res)
 	}
 	if (r != 0)
 		return bad_row(s, &t, PQgetvalue(res, 0, 0), why);
-	if (snapshot_headers(s, &ev, &nh) != 0) {
+	if (obx_snap_headers(&ev, s->point, &s->hdrs, &s->hdr_cap, &nh) != 0) {
 		fail(s, OBX_ENOMEM, "out of memory");
 		return s->end;
 	}

@@ -23,7 +23,7 @@
 #include "obx/core/lsn.h"
 #include "obx/core/pgoutput.h"
 #include "obx/core/pgversion.h"
-#include "obx/core/relaycore.h"
+#include "obx/core/relaycore_int.h"
 
 #define MAXREC 4096
 

@@ -4,9 +4,12 @@
  * out.  A fake producer records every produce call and answers what the
  * test scripted.
  */
+#include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -16,7 +19,7 @@
 #include <cmocka.h>
 
 #include "obx/core/err.h"
-#include "obx/core/relaycore.h"
+#include "obx/core/relaycore_int.h"
 
 #define RELID 16384
 #define MAXREC 256
@@ -362,6 +365,67 @@ test_commit_order_and_ack_before_confirm(void **state)
 	assert_int_equal(core.published, 3);
 	assert_int_equal(met.transactions, 2);
 	assert_int_equal(ended(), OBX_CORE_RUNNING);
+}
+
+/* What the loop reads (obx_core_stats() and the accessors) is the core's state. */
+static void
+test_stats_mirror_the_state(void **state)
+{
+	struct obx_core_stats s;
+	struct obx_core *heap;
+
+	(void)state;
+	start(0x100);
+	relation();
+	begin_at(0x200, 7, 1234);
+	insert("e1", "k1");
+	insert("e2", "k1");
+	s = obx_core_stats(&core);
+	assert_int_equal(s.received, 0x200);
+	assert_int_equal(s.sent_flush, 0x100);
+	assert_int_equal(s.status_interval_ms, 10000);
+	assert_int_equal(s.inflight_events, 2);
+	assert_int_equal(s.inflight_events, core.dlv.inflight);
+	assert_int_equal(s.inflight_bytes, core.dlv.inflight_bytes);
+	assert_true(s.has_oldest);
+	assert_int_equal(s.oldest_time, 1234);
+	assert_false(s.draining);
+	assert_int_equal(s.backpressured, obx_core_backpressured(&core));
+	commit(0x200, 0x210);
+	report(0, OBX_REPORT_OK);
+	report(1, OBX_REPORT_OK);
+	obx_core_keepalive(&core, 0x400, false);
+	obx_core_signal(&core, 0);
+	s = obx_core_stats(&core);
+	assert_int_equal(s.received, 0x210);
+	assert_int_equal(s.server_wal_end, 0x400);
+	assert_int_equal(s.published, 2);
+	assert_int_equal(s.published, core.published);
+	assert_false(s.has_oldest);
+	assert_true(s.draining);
+	assert_int_equal(s.txn_records, 0);
+	assert_int_equal(s.txn_committed, 0);
+	assert_int_equal(s.txn_aborted, 0);
+	obx_core_status_sent(&core, 0x210, 5);
+	assert_int_equal(obx_core_stats(&core).sent_flush, 0x210);
+	assert_true(obx_core_topic_waits(&core) == &core.waits);
+	assert_int_equal(obx_core_generation(&core), core.gen);
+	assert_true(obx_core_reason_fields(&core) == &core.reason_fields);
+	obx_core_pump(&core, 10);
+	assert_int_equal(ended(), OBX_CORE_END_STOP);
+	assert_false(obx_core_stats(&core).end_kafka);
+
+	/* the loop's core, on the heap */
+	assert_int_equal(obx_core_new(&heap, &cfg, &ops, &fk, &met), 0);
+	assert_non_null(heap);
+	assert_int_equal(obx_core_session_start(heap, 0x500, 2, 3000, 0), 0);
+	s = obx_core_stats(heap);
+	assert_int_equal(s.received, 0x500);
+	assert_int_equal(s.sent_flush, 0x500);
+	assert_int_equal(s.status_interval_ms, 3000);
+	assert_int_equal(s.published, 0);
+	obx_core_free(heap);
+	obx_core_free(NULL);
 }
 
 static void
@@ -1810,6 +1874,28 @@ ex_commit_lsn(int t)
 	return 0x1000 + (obx_lsn)t * 0x100;
 }
 
+/* An id "tTeE" of test_eos_random: transaction T, event E. */
+static bool
+parse_id(const char *id, int *t, int *e)
+{
+	char *end;
+	long a, b;
+
+	if (id[0] != 't')
+		return false;
+	errno = 0;
+	a = strtol(id + 1, &end, 10);
+	if (end == id + 1 || *end != 'e' || errno != 0 || a < INT_MIN || a > INT_MAX)
+		return false;
+	id = end + 1;
+	b = strtol(id, &end, 10);
+	if (end == id || *end != '\0' || errno != 0 || b < INT_MIN || b > INT_MAX)
+		return false;
+	*t = (int)a;
+	*e = (int)b;
+	return true;
+}
+
 static enum obx_produce_result
 ex_produce(void *ctx, const struct obx_record *r, uint64_t opaque, char *why, size_t whylen)
 {
@@ -1820,7 +1906,7 @@ ex_produce(void *ctx, const struct obx_record *r, uint64_t opaque, char *why, si
 	(void)why;
 	(void)whylen;
 	hdr(r, "id", id, sizeof(id));
-	assert_int_equal(sscanf(id, "t%de%d", &t, &e), 2);
+	assert_true(parse_id(id, &t, &e));
 	assert_true(ex.nopen < EOS_MAXREC);
 	ex.open[ex.nopen].t = t;
 	ex.open[ex.nopen].e = e;
@@ -1877,7 +1963,7 @@ static void
 test_eos_random(void **state)
 {
 	const char *env = getenv("OBX_MODEL_SEEDS");
-	int seeds = env != NULL ? atoi(env) : 100;
+	int seeds = env != NULL ? (int)strtonum(env, 0, INT_MAX, NULL) : 100;
 
 	(void)state;
 	for (int seed = 1; seed <= seeds; seed++) {
@@ -2043,6 +2129,7 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_eos_commit_failures, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_eos_drain, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_eos_random, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_stats_mirror_the_state, setup, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -43,6 +43,7 @@
  * OBX_MODEL_TRACE=1 prints every step.
  */
 #include <inttypes.h>
+#include <limits.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -55,7 +56,7 @@
 #include <cmocka.h>
 
 #include "obx/core/err.h"
-#include "obx/core/relaycore.h"
+#include "obx/core/relaycore_int.h"
 
 #define DEFAULT_SEEDS 200
 #define DEFAULT_STEPS 500
@@ -1600,15 +1601,15 @@ test_model(void **state)
 	const char *one = getenv("OBX_MODEL_SEED"), *many = getenv("OBX_MODEL_SEEDS");
 	const char *st = getenv("OBX_MODEL_STEPS");
 	uint64_t first = 1, last = DEFAULT_SEEDS;
-	int steps = st != NULL ? atoi(st) : DEFAULT_STEPS;
+	int steps = st != NULL ? (int)strtonum(st, 0, INT_MAX, NULL) : DEFAULT_STEPS;
 	int failures = 0;
 	long steps_total = 0, produced = 0, sessions = 0, reports = 0;
 
 	(void)state;
 	if (one != NULL)
-		first = last = strtoull(one, NULL, 10);
+		first = last = (uint64_t)strtonum(one, 0, LLONG_MAX, NULL);
 	else if (many != NULL)
-		last = strtoull(many, NULL, 10);
+		last = (uint64_t)strtonum(many, 0, LLONG_MAX, NULL);
 	for (uint64_t s = first; s <= last; s++) {
 		run_seed(s, steps);
 		steps_total += M.steps_total;

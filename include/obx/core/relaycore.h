@@ -22,9 +22,10 @@
  * false until obx_core_pump() (called by the loop on every turn) has moved
  * past them.
  *
- * Lifetime: obx_core_init() once per process, obx_core_session_start() and
+ * Lifetime: obx_core_new() once per process, obx_core_session_start() and
  * obx_core_session_end() around every replication session,
- * obx_core_reset() at exit.
+ * obx_core_free() at exit.  The state is private to src/core/
+ * (relaycore_int.h, which also says which file of the core does what).
  */
 #ifndef OBX_RELAYCORE_H
 #define OBX_RELAYCORE_H
@@ -33,21 +34,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include <jansson.h>
-
-#include "obx/core/acktrack.h"
 #include "obx/core/config.h"
 #include "obx/core/restart_dedupe.h"
 #include "obx/core/delivery.h"
-#include "obx/core/event.h"
 #include "obx/core/logfields.h"
 #include "obx/core/lsn.h"
 #include "obx/core/metrics.h"
 #include "obx/core/pgoutput.h"
 #include "obx/core/eos_progress.h"
-#include "obx/core/relcache.h"
-#include "obx/core/runpolicy.h"
-#include "obx/core/streambuf.h"
 
 /* Status updates go out at most this often when only the flush position moved. */
 #define OBX_CORE_STATUS_MIN_GAP_MS 100
@@ -103,116 +97,43 @@ enum obx_core_end {
 	OBX_CORE_END_FATAL, /* cannot heal: exit 1 */
 };
 
-/* A logical decoding message seen as a row of a relation with the message's keys. */
-struct obx_core_msgrow {
-	struct obx_rel rel;
-	struct obx_relcol cols[OBX_CORE_MESSAGE_KEYS];
-	struct obx_pg_datum dat[OBX_CORE_MESSAGE_KEYS];
-	char *dumps[OBX_CORE_MESSAGE_KEYS];
-	size_t ndumps;
-	json_t *json;
-	unsigned version;
-};
+/*
+ * The relay core's state is private to src/core/ (relaycore_int.h): the
+ * loop holds a pointer, drives the core through the calls below and reads
+ * its figures through obx_core_stats() and the accessors at the end.
+ */
+struct obx_core;
 
-struct obx_core {
-	const struct obx_config *cfg; /* borrowed; outlives the core */
-	const struct obx_core_ops *ops;
-	void *ctx;
-	struct obx_metrics *m;        /* borrowed; counters the core updates */
-
-	struct obx_pgoutput dec;
-	struct obx_relcache rels;
-	struct obx_event_builder eb;
-	struct obx_acktrack ack;
-	struct obx_streambuf sbuf;
-	struct obx_core_msgrow mrow;
-	struct obx_rel msgrel;        /* how a buffered message is kept: one column "content" */
-	struct obx_relcol msgcol;
-
-	uint32_t gen;                 /* stream generation, bumped per session (docs/internals/design.md, invariant 8) */
-	bool active;                  /* between session_start and session_end */
-	bool streaming_off;           /* the process no longer asks for streaming */
-
-	bool in_txn;                  /* Begin (or a Stream Commit being published) seen, Commit not yet */
-	bool in_stream;               /* between Stream Start and Stream Stop */
-	struct obx_txninfo txn;
-	uint32_t txn_events;
-	uint32_t stream_xid;          /* the transaction of the current Stream Start block */
-
-	/* a Stream Commit whose rows are being published */
-	bool replaying;
-	uint32_t replay_xid;
-	size_t replay_next;
-	obx_lsn replay_end_lsn;
-
-	struct obx_delivery dlv;      /* the delivery policy: pending records, in-flight counts, on_error */
-	struct obx_topic_waits waits; /* topics the cluster does not have (kept across sessions, shared with the snapshot) */
-
-	struct obx_dedupe dd;         /* restart de-duplication of this session (core/restart_dedupe.h) */
-	bool dd_noted;                /* said once why de-duplication is off */
-	uint64_t *skips;              /* tickets of events found in Kafka, acknowledged by the next pump */
-	size_t nskips, skips_cap;
-
-	obx_lsn received;             /* the write position: the highest LSN read */
-	obx_lsn sent_flush;           /* the highest flush position sent */
-	obx_lsn server_wal_end;
-	int64_t last_status_ms;
-	bool status_now;              /* the server asked for a reply */
-	int status_interval_ms;
-
-	uint64_t published;           /* events acknowledged (not counting dead-lettered ones) */
-	bool paused;                  /* the in-flight caps stop reading */
-	int64_t last_pause_note_ms;   /* backpressure lines at info at most every 10 s */
-	bool pause_noted;             /* the current pause was logged at info */
-
-	struct obx_stops stops;       /* stop signals (runpolicy.h): the first drains, a later one stops */
-	bool draining;
-
-	int64_t now_ms;               /* the caller's clock at the last pump or session start */
-
-	/* exactly-once ([delivery] exactly_once; docs/internals/design.md, "Exactly-once") */
-	bool eos;                     /* this session publishes in Kafka transactions */
-	struct obx_dd_mark eos_floor; /* the last event of the last committed transaction: at or below, skip */
-	bool eos_floor_set;
-	int64_t eos_floor_time;       /* commit time of the floor's transaction */
-	bool eos_checking;            /* the replay has not met the floor's transaction yet */
-	bool eos_holding;             /* events skipped before that: the flush position stays */
-	obx_lsn eos_hold_flush;       /* where it stays: the session's start */
-	struct obx_dd_mark eos_refused; /* a floor the replay contradicted (kept across sessions) */
-	int64_t eos_refused_time;
-	bool eos_refused_set;
-	uint64_t eos_skipped;         /* replayed events at or below the floor this session */
-	bool commit_wanted;           /* the open transaction takes nothing more; its commit waits for its reports */
-	bool committing;              /* a commit was asked for and has not ended */
-	uint64_t batch_records, batch_bytes;
-	int64_t batch_since_ms;       /* when the open transaction got its first record */
-	struct obx_core_progress batch;
-	uint64_t *batch_tickets;      /* the tickets of its records, acknowledged when it commits */
-	size_t nbatch, batch_cap;
-	struct obx_core_rejected {
-		struct obx_dd_mark mark;
-		bool dead_letter;
-		char why[256];
-	} *rejected;                  /* kept across sessions: on_error applies at the replay */
-	size_t nrejected, rejected_cap;
-	uint64_t eos_commits;         /* Kafka transactions committed */
-	uint64_t eos_aborts;          /* ended without a commit (abort, rewind) */
-
-	enum obx_core_end end;
-	bool end_kafka;               /* the session ended because of the broker side */
-	char reason[1024];
-	struct obx_logfields_kept reason_fields; /* what reason concerns (the event, the topic), for its line */
+/* What the loop reads of the core: its positions and counters, for status, metrics and logs. */
+struct obx_core_stats {
+	obx_lsn received;          /* the write position: the highest LSN read */
+	obx_lsn sent_flush;        /* the highest flush position sent */
+	obx_lsn server_wal_end;    /* the highest WAL end the server reported */
+	int status_interval_ms;    /* this session's (obx_core_session_start()) */
+	bool draining;             /* a first stop signal came: the session drains */
+	bool backpressured;        /* obx_core_backpressured() */
+	bool end_kafka;            /* the session ended because of the broker side */
+	uint64_t published;        /* events acknowledged (not counting dead-lettered ones) */
+	uint64_t inflight_events;  /* records handed to the producer, not yet reported */
+	uint64_t inflight_bytes;
+	uint64_t txn_records;      /* exactly-once: records in the open Kafka transaction */
+	uint64_t txn_committed;    /* exactly-once: Kafka transactions committed */
+	uint64_t txn_aborted;      /* exactly-once: ended without a commit (abort, rewind) */
+	bool has_oldest;           /* an event is unacknowledged; oldest_time is valid */
+	int64_t oldest_time;       /* the commit time of the oldest transaction with unacknowledged
+	                              events, PostgreSQL epoch microseconds */
 };
 
 /*
- * Prepares a core for cfg (borrowed).  ops and ctx receive the actions, m
- * the counters (all borrowed, outliving the core; none may be NULL).  Returns 0 or
- * OBX_ENOMEM.  Pair with obx_core_reset().
+ * Makes a core for cfg (borrowed) into *out.  ops and ctx receive the
+ * actions, m the counters (all borrowed, outliving the core; none may be
+ * NULL).  Returns 0, or OBX_ENOMEM with *out NULL.  The caller frees it
+ * with obx_core_free().
  */
-int obx_core_init(struct obx_core *c, const struct obx_config *cfg, const struct obx_core_ops *ops,
+int obx_core_new(struct obx_core **out, const struct obx_config *cfg, const struct obx_core_ops *ops,
     void *ctx, struct obx_metrics *m);
-/* Frees everything the core owns. */
-void obx_core_reset(struct obx_core *c);
+/* Frees everything the core owns, and the core; obx_core_free(NULL) is a no-op. */
+void obx_core_free(struct obx_core *c);
 
 /*
  * A session starts streaming at start (the slot's confirmed_flush) with
@@ -387,5 +308,24 @@ enum obx_core_end obx_core_ended(const struct obx_core *c, const char **reason);
 
 /* The opaque carried by a stream record (delivery.h, obx_dlv_opaque()). */
 uint64_t obx_core_opaque(uint32_t gen, uint64_t ticket, bool dead_letter);
+
+/* The core's figures now (struct obx_core_stats). */
+struct obx_core_stats obx_core_stats(const struct obx_core *c);
+
+/*
+ * What the reason of obx_core_ended() concerns (the event, the topic), for
+ * its line in the log; borrowed, valid until the next session starts.
+ */
+const struct obx_logfields_kept *obx_core_reason_fields(const struct obx_core *c);
+
+/*
+ * The topics the cluster does not have, kept across sessions; borrowed,
+ * valid while the core lives.  The snapshot shares them (one rule and one
+ * gauge for the process).
+ */
+struct obx_topic_waits *obx_core_topic_waits(struct obx_core *c);
+
+/* The current stream generation (docs/internals/design.md, invariant 8). */
+uint32_t obx_core_generation(const struct obx_core *c);
 
 #endif

@@ -31,7 +31,7 @@ struct relay {
 	struct obx_pgstream st;
 	struct obx_kafka kf;
 	struct obx_lookup lk;   /* reads topics back for restart de-duplication */
-	struct obx_core core;
+	struct obx_core *core;  /* the decisions (relaycore.h) */
 	struct obx_metrics m;
 	struct obx_runner run;   /* HTTP, heartbeat, title, signals, the session loop */
 	struct obx_pgsetup_ctx setup; /* lines said once, the tick while the setup waits */

@@ -1,0 +1,57 @@
+/*
+ * snapcore.c - the snapshot's decisions (pure); see snapcore.h.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "obx/core/err.h"
+#include "obx/core/snapcore.h"
+
+int
+obx_snap_outcome(enum obx_dlv_outcome o, const char *slot, const char *why, char *errbuf,
+    size_t errlen)
+{
+	switch (o) {
+	case OBX_DLV_SENT:
+	case OBX_DLV_SETTLED:
+	case OBX_DLV_ACKED:
+	case OBX_DLV_IGNORED:
+		return 0;
+	case OBX_DLV_WAIT_TOPIC:
+	case OBX_DLV_RETRY:
+		snprintf(errbuf, errlen, "snapshot of slot %s: %s; the snapshot starts again", slot, why);
+		return OBX_EIO;
+	case OBX_DLV_REJECTED:
+	case OBX_DLV_STOP:
+		snprintf(errbuf, errlen, "snapshot of slot %s: %s", slot, why);
+		return OBX_ECONFIG;
+	}
+	return 0;
+}
+
+int
+obx_snap_headers(const struct obx_event *ev, const char *point, struct obx_header **hdrs,
+    size_t *cap, size_t *n)
+{
+	size_t o = 0;
+
+	if (ev->nheaders + 1 > *cap) {
+		struct obx_header *h = reallocarray(*hdrs, ev->nheaders + 1, sizeof(*h));
+
+		if (h == NULL)
+			return OBX_ENOMEM;
+		*hdrs = h;
+		*cap = ev->nheaders + 1;
+	}
+	for (size_t i = 0; i < ev->nheaders; i++) {
+		/* the builder's first six are id, type, lsn, seq, xid, commit_ts (event.c) */
+		if (i < 6 && (strcmp(ev->headers[i].name, "xid") == 0 ||
+		    strcmp(ev->headers[i].name, "commit_ts") == 0))
+			continue;
+		(*hdrs)[o++] = ev->headers[i];
+	}
+	(*hdrs)[o++] = (struct obx_header){ "snapshot", point, strlen(point) };
+	*n = o;
+	return 0;
+}

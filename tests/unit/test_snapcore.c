@@ -1,0 +1,113 @@
+/* The snapshot's decisions: what a delivery outcome means for the run, a snapshot record's headers. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "obx/core/err.h"
+#include "obx/core/snapcore.h"
+
+/* The run goes on for a record sent, settled, acknowledged or ignored; errbuf is left alone. */
+static void
+test_outcomes_that_go_on(void **state)
+{
+	const enum obx_dlv_outcome on[] = { OBX_DLV_SENT, OBX_DLV_SETTLED, OBX_DLV_ACKED,
+		OBX_DLV_IGNORED };
+	char err[128];
+
+	(void)state;
+	for (size_t i = 0; i < sizeof(on) / sizeof(on[0]); i++) {
+		snprintf(err, sizeof(err), "untouched");
+		assert_int_equal(obx_snap_outcome(on[i], "s1", "why", err, sizeof(err)), 0);
+		assert_string_equal(err, "untouched");
+	}
+}
+
+/* A wait for a topic or a transient failure: the next session starts the snapshot again. */
+static void
+test_outcomes_that_start_again(void **state)
+{
+	char err[128];
+
+	(void)state;
+	assert_int_equal(obx_snap_outcome(OBX_DLV_WAIT_TOPIC, "s1", "topic t is missing", err,
+	    sizeof(err)), OBX_EIO);
+	assert_string_equal(err, "snapshot of slot s1: topic t is missing; the snapshot starts again");
+	assert_int_equal(obx_snap_outcome(OBX_DLV_RETRY, "s1", "queue full", err, sizeof(err)), OBX_EIO);
+	assert_string_equal(err, "snapshot of slot s1: queue full; the snapshot starts again");
+}
+
+/* What on_error cannot take (a record rejected for good, on_error = stop) ends the run: exit 1. */
+static void
+test_outcomes_that_stop(void **state)
+{
+	char err[128], small[16];
+
+	(void)state;
+	assert_int_equal(obx_snap_outcome(OBX_DLV_REJECTED, "s1", "record too large", err,
+	    sizeof(err)), OBX_ECONFIG);
+	assert_string_equal(err, "snapshot of slot s1: record too large");
+	assert_int_equal(obx_snap_outcome(OBX_DLV_STOP, "s1", "on_error = stop", err, sizeof(err)),
+	    OBX_ECONFIG);
+	assert_string_equal(err, "snapshot of slot s1: on_error = stop");
+	/* the reason is cut to the buffer, never overrun */
+	assert_int_equal(obx_snap_outcome(OBX_DLV_STOP, "s1", "on_error = stop", small, sizeof(small)),
+	    OBX_ECONFIG);
+	assert_string_equal(small, "snapshot of slo");
+}
+
+/*
+ * The builder's headers less xid and commit_ts (of its first six), then
+ * snapshot: the creation point.  A later header of the same name (an
+ * [outbox] one) stays.
+ */
+static void
+test_headers(void **state)
+{
+	const struct obx_header in[] = {
+		{ "id", "e1", 2 }, { "type", "Created", 7 }, { "lsn", "0/0", 3 }, { "seq", "4", 1 },
+		{ "xid", "77", 2 }, { "commit_ts", "123", 3 }, { "tenant", "t1", 2 }, { "xid", "x", 1 },
+	};
+	const char *want[] = { "id", "type", "lsn", "seq", "tenant", "xid", "snapshot" };
+	struct obx_event ev = { .headers = in, .nheaders = 8 };
+	struct obx_header *h = NULL;
+	size_t cap = 0, n = 0;
+
+	(void)state;
+	assert_int_equal(obx_snap_headers(&ev, "0/1A2B3C", &h, &cap, &n), 0);
+	assert_int_equal(n, 7);
+	assert_int_equal(cap, 9);
+	for (size_t i = 0; i < n; i++)
+		assert_string_equal(h[i].name, want[i]);
+	assert_ptr_equal(h[0].value, in[0].value);
+	assert_ptr_equal(h[5].value, in[7].value);
+	assert_int_equal(h[6].len, 8);
+	assert_memory_equal(h[6].value, "0/1A2B3C", 8);
+
+	/* fewer headers: the array is reused as it is */
+	ev.nheaders = 2;
+	assert_int_equal(obx_snap_headers(&ev, "0/1", &h, &cap, &n), 0);
+	assert_int_equal(n, 3);
+	assert_int_equal(cap, 9);
+	assert_string_equal(h[1].name, "type");
+	assert_string_equal(h[2].name, "snapshot");
+	free(h);
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_outcomes_that_go_on),
+		cmocka_unit_test(test_outcomes_that_start_again),
+		cmocka_unit_test(test_outcomes_that_stop),
+		cmocka_unit_test(test_headers),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
