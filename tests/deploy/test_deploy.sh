@@ -8,7 +8,7 @@
 # kube-prometheus-stack), and the container file runs as non-root on Debian 12
 # slim with the OCI labels.  (That every metric
 # named in the alerts and the dashboard exists is checked against a live
-# scrape in tests/integration/test_ops.c.)
+# scrape in tests/integration/t6000_metrics_health.c.)
 set -uo pipefail
 src=${OBX_SOURCE_DIR:?}
 n=0

@@ -1,7 +1,7 @@
 /*
  * Polling mode's pure half: its configuration keys, the backoff arithmetic
  * and the statements built from the column mapping.  What the statements do
- * on a server is tests/integration/test_poll.c's.
+ * on a server is tests/integration/t4000_poll.c's.
  */
 #include <setjmp.h>
 #include <stdarg.h>

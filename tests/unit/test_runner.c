@@ -2,8 +2,8 @@
  * The session loop's decisions (runpolicy.h): the reconnect backoff and its
  * jitter, stop signals, the step after a session, the failure's line and
  * metrics.  What the loop does with them on a live stack is
- * tests/integration's (test_ops.c test_sighup_rereads, test_poll.c
- * test_broker_down_sigterm, test_failures.c test_second_signal_exits_at_once).
+ * tests/integration's (t6100_operations.c test_sighup_rereads, t4000_poll.c
+ * test_broker_down_sigterm, t7100_stops.c test_second_signal_exits_at_once).
  */
 #include <setjmp.h>
 #include <stdarg.h>

@@ -1,18 +1,18 @@
 /*
- * The operational surface: /metrics (every family, live values), /healthz,
- * /readyz for the active instance and a standby, 404s, slow and malformed
- * clients that must not stall the relay nor starve the probes, the process
- * title, the lag as the server computes it, a quiet hot standby, and
- * decommissioning with outboxd drop-slot.
+ * Metrics and health: /metrics (every family, live values, promtool's lint,
+ * every name the alerts and the dashboard use), /healthz and /readyz (not
+ * ready while failing, with the reason), 404s, slow and malformed clients
+ * that must not stall the relay nor starve the probes, the process title,
+ * and the lag as the server computes it.
  */
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <errno.h>
 #include <inttypes.h>
 #include <math.h>
-#include <errno.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <regex.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -26,6 +26,7 @@
 #include "harness.h"
 
 static struct t_relay R;
+
 static char body[1 << 20];
 
 static int
@@ -471,6 +472,7 @@ probe(int port, const char *path, int ms, char *out, size_t len)
 }
 
 #define SLOW_CLIENTS 200
+
 #define PER_CLIENT 8 /* connections one source address may hold (src/sys/http.c) */
 
 /*
@@ -598,30 +600,6 @@ test_slow_clients_do_not_starve_probes(void **state)
 		fail_msg("one client holds %d of 20 connections, expected %d", open_share, PER_CLIENT);
 }
 
-static void
-test_standby_is_ready(void **state)
-{
-	struct t_relay S;
-	int port;
-	int64_t t0;
-
-	(void)state;
-	t_relay_setup(&R, "opsstandby", 0);
-	t_relay_config(&R, "[metrics]\nlisten = 127.0.0.1:0\n");
-	t_relay_start(&R, NULL, 1);
-	t_relay_twin(&R, &S, "standby");
-	t_relay_start(&S, NULL, 0);
-	port = t_metrics_port(&S);
-	for (t0 = t_now_ms(); t_now_ms() - t0 < 10000; usleep(100000))
-		if (t_http_get(port, "/readyz", body, sizeof(body)) == 200)
-			break;
-	assert_string_equal(body, "ready: standby\n");
-	assert_int_equal(t_http_get(port, "/metrics", body, sizeof(body)), 200);
-	assert_true(t_metric(body, "outboxd_state{state=\"standby\"}") == 1);
-	assert_true(t_metric(body, "outboxd_state{state=\"streaming\"}") == 0);
-	t_relay_twin_stop(&S);
-}
-
 /* The slot's lag as the server computes it (what outboxd status prints). */
 static int64_t
 server_lag(void)
@@ -687,86 +665,6 @@ test_lag_is_the_servers(void **state)
 	}
 }
 
-/* Lines of the stack's server log from offset on that contain needle. */
-static int
-server_log_count(long offset, const char *needle)
-{
-	char path[600], line[4096];
-	FILE *fp;
-	int n = 0;
-
-	snprintf(path, sizeof(path), "%s/server.log", R.st.root);
-	fp = fopen(path, "r");
-	if (fp == NULL)
-		fail_msg("could not open %s", path);
-	fseek(fp, offset, SEEK_SET);
-	while (fgets(line, sizeof(line), fp) != NULL)
-		n += strstr(line, needle) != NULL;
-	fclose(fp);
-	return n;
-}
-
-static long
-server_log_size(void)
-{
-	char path[600];
-	FILE *fp;
-	long size;
-
-	snprintf(path, sizeof(path), "%s/server.log", R.st.root);
-	fp = fopen(path, "r");
-	if (fp == NULL)
-		fail_msg("could not open %s", path);
-	fseek(fp, 0, SEEK_END);
-	size = ftell(fp);
-	fclose(fp);
-	return size;
-}
-
-/*
- * A hot standby is quiet: while the active instance streams, the standby
- * asks the server once a second on an ordinary connection, so 40 s of
- * waiting add at most a handful of ERROR lines to the server's log (a
- * refused START_REPLICATION writes one each); it still takes over within
- * seconds when the active instance dies.
- */
-static void
-test_standby_is_quiet(void **state)
-{
-	struct t_relay S;
-	long offset;
-	int64_t t0;
-	int errors;
-
-	(void)state;
-	t_relay_setup(&R, "opsquiet", 0);
-	t_relay_config(&R, "[metrics]\nlisten = 127.0.0.1:0\n");
-	t_relay_start(&R, NULL, 1);
-	offset = server_log_size();
-	t_relay_twin(&R, &S, "standby");
-	t_relay_start(&S, NULL, 0);
-	sleep(40);
-	errors = server_log_count(offset, "ERROR:");
-	if (errors > 3 || t_log_count(&S, "standby:") != 1) {
-		t_log_dump(&S);
-		fail_msg("a standby waiting 40 s wrote %d ERROR line(s) to the server log", errors);
-	}
-	assert_int_equal(kill(R.pid, SIGKILL), 0);
-	assert_true(t_wait(R.pid, 10000) != -1);
-	R.pid = 0;
-	for (t0 = t_now_ms(); t_log_count(&S, "taking over slot") == 0 && t_now_ms() - t0 < 30000;)
-		usleep(100000);
-	if (t_log_count(&S, "taking over slot") != 1) {
-		t_log_dump(&S);
-		fail_msg("the standby did not take over within 30 s");
-	}
-	fprintf(stderr, "standby: took over %.1f s after the active instance died\n",
-	    (double)(t_now_ms() - t0) / 1000.0);
-	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('opsq', 'k', 'T', '{}')");
-	assert_true(t_wait_confirmed_current(&R, 20000));
-	t_relay_twin_stop(&S);
-}
-
 /*
  * A server that refuses the configured role (NOLOGIN, which outboxd
  * retries, as a role may be granted it later): not ready, but healthy.  /readyz says why in a fixed phrase; the server's error text
@@ -822,201 +720,6 @@ test_not_ready_detailed_health(void **state)
 		fail_msg("/readyz with detailed_health = on: %s", body);
 }
 
-/* The deployed set-up: the table owner runs sql/, outboxd logs in as its least-privilege role. */
-static void
-test_least_privilege_role(void **state)
-{
-	char cmd[2048], ci[512], text[2048];
-	const char *src = getenv("OBX_SOURCE_DIR");
-	struct t_msg *m;
-	size_t n;
-
-	(void)state;
-	t_relay_setup(&R, "role", 1);
-	snprintf(cmd, sizeof(cmd), "psql -X -q -v ON_ERROR_STOP=1 -h %s -p %s -U %s -d %s "
-	    "-f %s/sql/001_outbox.sql -f %s/sql/002_publication.sql -f %s/sql/003_role.sql >/dev/null",
-	    R.st.host, R.st.port, R.st.user, R.db, src, src, src);
-	assert_int_equal(system(cmd), 0);
-	snprintf(ci, sizeof(ci), "host=%s port=%s user=outboxd dbname=%s", R.st.host, R.st.port, R.db);
-	snprintf(text, sizeof(text), "[source]\nconninfo = %s\nslot = %s\ncreate_publication = false\n"
-	    "status_interval = 1s\n[kafka]\nbootstrap.servers = %s\n[metrics]\nlisten = 127.0.0.1:0\n"
-	    "[log]\nformat = text\n", ci, R.slot, R.b.bootstrap);
-	t_write_file(R.conf, sizeof(R.conf), text);
-	t_relay_start(&R, NULL, 1);
-	assert_int_equal(t_log_count(&R, "could not record"), 0);
-	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('role', 'r1', 'T', '{}')");
-	n = t_consume(R.b.bootstrap, "outbox.event.role", 1, 15000, &m);
-	assert_int_equal(n, 1);
-	t_msgs_free(m, n);
-	{
-		char *comment = t_query1(R.pg, "SELECT obj_description(oid, 'pg_publication') FROM pg_publication "
-		    "WHERE pubname = 'outboxd'");
-
-		assert_non_null(strstr(comment, "outboxd-slot"));
-		free(comment);
-	}
-}
-
-/* SIGHUP re-reads the configuration: no exit; level and progress apply, the rest is named. */
-static void
-test_sighup_rereads(void **state)
-{
-	char ci[512], text[2048];
-	struct t_msg *m;
-	size_t n;
-	FILE *f;
-
-	(void)state;
-	t_relay_setup(&R, "hup", 0);
-	t_relay_config(&R, NULL);
-	t_relay_start(&R, NULL, 1);
-	t_conninfo(&R.st, R.db, ci, sizeof(ci));
-	snprintf(text, sizeof(text), "[source]\nconninfo = %s\nslot = %s\nstatus_interval = 1s\n"
-	    "[kafka]\nbootstrap.servers = %s\n[metrics]\nlisten = 127.0.0.1:0\n"
-	    "[delivery]\nmax_inflight = 5\n[log]\nformat = text\nlevel = info\nprogress_interval = 1s\n",
-	    ci, R.slot, R.b.bootstrap);
-	f = fopen(R.conf, "w");
-	assert_non_null(f);
-	fputs(text, f);
-	fclose(f);
-	assert_int_equal(kill(R.pid, SIGHUP), 0);
-	usleep(2500000);
-	assert_int_equal(t_wait(R.pid, 1), -1); /* still running */
-	if (t_log_count(&R, "SIGHUP: log level info, progress every 1000 ms") != 1)
-		t_log_dump(&R);
-	assert_int_equal(t_log_count(&R, "SIGHUP: log level info, progress every 1000 ms"), 1);
-	assert_int_equal(t_log_count(&R, "take effect only after a restart: [delivery] max_inflight"), 1);
-	assert_true(t_log_count(&R, "progress: ") >= 1);
-	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('hup', 'h1', 'T', '{}')");
-	n = t_consume(R.b.bootstrap, "outbox.event.hup", 1, 15000, &m);
-	assert_int_equal(n, 1);
-	t_msgs_free(m, n);
-
-	/* a file that no longer parses: the running configuration stays */
-	f = fopen(R.conf, "w");
-	assert_non_null(f);
-	fputs("[source\n", f);
-	fclose(f);
-	assert_int_equal(kill(R.pid, SIGHUP), 0);
-	usleep(1000000);
-	assert_int_equal(t_wait(R.pid, 1), -1);
-	assert_int_equal(t_log_count(&R, "SIGHUP: could not re-read the configuration, the running one stays"), 1);
-}
-
-/* Runs outboxd CMD -c conf ARGS, output (both streams) into out; returns the exit status. */
-static int
-run_cmd(const char *cmd, const char *args, char *out, size_t len)
-{
-	char line[1024];
-
-	snprintf(line, sizeof(line), "%s %s -c %s %s 2>&1", getenv("OBX_OUTBOXD"), cmd, R.conf, args);
-	return t_run_capture(line, out, len);
-}
-
-static int
-slot_count(const char *name)
-{
-	char *v = t_query1(R.pg, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = '%s'", name);
-	int n = atoi(v);
-
-	free(v);
-	return n;
-}
-
-static char *
-pub_comment(void)
-{
-	return t_query1(R.pg, "SELECT coalesce(obj_description(oid, 'pg_publication'), '') FROM pg_publication "
-	    "WHERE pubname = 'outboxd'");
-}
-
-/*
- * Decommissioning: drop-slot refuses while an instance streams (naming its
- * pid), changes nothing without --yes, and with it drops the slot, the
- * snapshot marker and the guard record (not a human's line in the same
- * comment, nor the publication), so a fresh run creates the slot again
- * instead of taking it for a lost one.
- */
-static void
-test_drop_slot(void **state)
-{
-	char out[8192], guard[160], marker[80], want[256], *v, *pid;
-	struct t_msg *m;
-	size_t n;
-
-	(void)state;
-	t_relay_setup(&R, "dropslot", 0);
-	t_relay_config(&R, "[metrics]\nlisten = 127.0.0.1:0\n");
-	t_relay_start(&R, NULL, 1);
-	snprintf(guard, sizeof(guard), "outboxd-slot %s ", R.slot);
-	snprintf(marker, sizeof(marker), "%s_snapshot", R.slot);
-	/* what an interrupted snapshot leaves, and a note of someone's beside the guard */
-	v = t_query1(R.pg, "SELECT pg_create_physical_replication_slot('%s') IS NOT NULL", marker);
-	free(v);
-	v = pub_comment();
-	assert_non_null(strstr(v, guard));
-	t_exec(R.pg, "COMMENT ON PUBLICATION outboxd IS 'owned by the orders team\n%s'", v);
-	free(v);
-
-	pid = t_query1(R.pg, "SELECT active_pid FROM pg_replication_slots WHERE slot_name = '%s'", R.slot);
-	assert_int_equal(run_cmd("drop-slot", "--yes", out, sizeof(out)), 1);
-	snprintf(want, sizeof(want), "slot %s is active (pid %s streams from it)", R.slot, pid);
-	if (strstr(out, want) == NULL)
-		fail_msg("drop-slot does not say \"%s\":\n%s", want, out);
-	free(pid);
-	assert_int_equal(slot_count(R.slot), 1);
-
-	assert_int_equal(t_relay_signal(&R, SIGTERM, 15000), 0);
-	t_slot_wait_inactive(&R, 10000);
-	assert_int_equal(run_cmd("drop-slot", "", out, sizeof(out)), 2);
-	snprintf(want, sizeof(want), "would drop slot %s (confirmed up to ", R.slot);
-	assert_non_null(strstr(out, want));
-	snprintf(want, sizeof(want), "would drop slot %s (the marker", marker);
-	assert_non_null(strstr(out, want));
-	assert_non_null(strstr(out, "would drop the guard record of slot"));
-	assert_non_null(strstr(out, "nothing dropped: run again with --yes"));
-	assert_int_equal(slot_count(R.slot), 1);
-	assert_int_equal(slot_count(marker), 1);
-	v = pub_comment();
-	assert_non_null(strstr(v, guard));
-	free(v);
-
-	if (run_cmd("drop-slot", "--yes", out, sizeof(out)) != 0)
-		fail_msg("drop-slot --yes failed:\n%s", out);
-	assert_int_equal(slot_count(R.slot), 0);
-	assert_int_equal(slot_count(marker), 0);
-	v = pub_comment();
-	assert_null(strstr(v, guard));
-	assert_string_equal(v, "owned by the orders team");
-	free(v);
-	assert_int_equal(run_cmd("drop-slot", "", out, sizeof(out)), 0);
-	assert_non_null(strstr(out, "nothing to drop for slot"));
-
-	/* a fresh run: the slot is created again, the guard has nothing to refuse */
-	t_relay_start(&R, NULL, 1);
-	assert_int_equal(t_log_count(&R, "existed before"), 0);
-	assert_int_equal(slot_count(R.slot), 1);
-	v = pub_comment();
-	assert_non_null(strstr(v, guard));
-	free(v);
-	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('drop', 'd1', 'T', '{}')");
-	n = t_consume(R.b.bootstrap, "outbox.event.drop", 1, 15000, &m);
-	assert_int_equal(n, 1);
-	t_msgs_free(m, n);
-
-	/* --drop-publication: the publication goes too, and run creates both again */
-	assert_int_equal(t_relay_signal(&R, SIGTERM, 15000), 0);
-	t_slot_wait_inactive(&R, 10000);
-	if (run_cmd("drop-slot", "--yes --drop-publication", out, sizeof(out)) != 0)
-		fail_msg("drop-slot --yes --drop-publication failed:\n%s", out);
-	v = t_query1(R.pg, "SELECT count(*) FROM pg_publication WHERE pubname = 'outboxd'");
-	assert_string_equal(v, "0");
-	free(v);
-	assert_int_equal(slot_count(R.slot), 0);
-	t_relay_start(&R, NULL, 1);
-	assert_int_equal(t_log_count(&R, "existed before"), 0);
-}
-
 int
 main(void)
 {
@@ -1024,14 +727,9 @@ main(void)
 		cmocka_unit_test_teardown(test_metrics_health_and_slow_clients, teardown),
 		cmocka_unit_test_teardown(test_alerts_and_dashboard_name_scraped_metrics, teardown_both),
 		cmocka_unit_test_teardown(test_slow_clients_do_not_starve_probes, teardown),
-		cmocka_unit_test_teardown(test_standby_is_ready, teardown),
 		cmocka_unit_test_teardown(test_lag_is_the_servers, teardown),
-		cmocka_unit_test_teardown(test_standby_is_quiet, teardown),
 		cmocka_unit_test_teardown(test_not_ready_while_failing, teardown),
 		cmocka_unit_test_teardown(test_not_ready_detailed_health, teardown),
-		cmocka_unit_test_teardown(test_least_privilege_role, teardown),
-		cmocka_unit_test_teardown(test_sighup_rereads, teardown),
-		cmocka_unit_test_teardown(test_drop_slot, teardown),
 	};
 
 	return T_RUN_TESTS(tests);
