@@ -1,8 +1,8 @@
 /*
  * delivery.h - the delivery policy of every source (pure): the stream's
- * events (relaycore.c), the rows pending at a slot's creation (snapshot.c)
- * and the polling mode's rows (poll.c) are all handed to the producer
- * through one struct obx_delivery, which decides
+ * events (relaycore_reports.c), the rows pending at a slot's creation
+ * (snapshot.c) and the polling mode's rows (poll.c) are all handed to the
+ * producer through one struct obx_delivery, which decides
  *   - the opaque every record carries (one layout for every source);
  *   - a record the producer's queue refused: kept, in order, as a pending
  *     state that obx_dlv_pump() moves on (never a loop waiting for room);
@@ -14,8 +14,8 @@
  * The drain after a stop signal and its deadline are runpolicy.h's
  * (struct obx_stops), OBX_DRAIN_TIMEOUT_MS is their deadline.
  * A source keeps what is its own (acknowledging an LSN, marking a row) and
- * acts on the outcomes it gets back.  docs/internals/design.md, "Where a decision
- * goes", gives the split.
+ * acts on the outcomes it gets back.  docs/internals/design.md, "Delivery
+ * policy", gives the split.
  *
  * The module does no I/O, reads no clock and writes no log line: produce
  * and note are calls through struct obx_delivery_ops, the time is the
