@@ -24,19 +24,20 @@ obx_pg_now(void)
 	return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000 - OBX_PG_EPOCH_OFFSET_US;
 }
 
-/* What the caller of obx_pgstream_open() does about code (see pg/setup.h). */
-static enum obx_fail
+/*
+ * code (see pg/setup.h) as the caller of obx_pgstream_open() acts on it:
+ * 0, OBX_EIO (retry), OBX_EBUSY (the slot is in use) or OBX_EFATAL.
+ */
+static int
 fail_class(int code)
 {
 	switch (code) {
 	case 0:
-		return OBX_FAIL_NONE;
 	case OBX_EIO:
-		return OBX_FAIL_RETRY;
 	case OBX_EBUSY:
-		return OBX_FAIL_SLOT_IN_USE;
+		return code;
 	default:
-		return OBX_FAIL_FATAL;
+		return OBX_EFATAL;
 	}
 }
 
@@ -136,7 +137,7 @@ on_notice(void *arg, const PGresult *res)
 		s->prev_notice(NULL, res);
 }
 
-enum obx_fail
+int
 obx_pgstream_open(struct obx_pgstream *s, const struct obx_config *cfg, bool recreate_slot,
     bool streaming, struct obx_pgsetup_ctx *ctx, char *errbuf, size_t errlen)
 {
@@ -170,14 +171,14 @@ obx_pgstream_open(struct obx_pgstream *s, const struct obx_config *cfg, bool rec
 		    "WHERE current_setting('server_version_num')::int >= 140000");
 
 		PQclear(res);
-		return OBX_FAIL_NONE; /* the caller publishes the pending rows, then obx_pgstream_start() */
+		return 0; /* the caller publishes the pending rows, then obx_pgstream_start() */
 	}
 	r = start_replication(s, cfg, errbuf, errlen);
 out:
 	return fail_class(r);
 }
 
-enum obx_fail
+int
 obx_pgstream_start(struct obx_pgstream *s, const struct obx_config *cfg, char *errbuf,
     size_t errlen)
 {

@@ -35,15 +35,18 @@ static enum obx_produce_result
 poll_produce(void *ctx, const struct obx_record *rec, uint64_t opaque, char *why, size_t whylen)
 {
 	struct poller *p = ctx;
-	rd_kafka_resp_err_t err;
+	enum obx_produce_result res;
+	const char *name;
+	char text[512];
 
-	err = obx_kafka_produce(&p->kf, rec->topic, RD_KAFKA_PARTITION_UA, rec->key, rec->keylen, rec->value,
-	    rec->len, rec->timestamp_ms, rec->headers, rec->nheaders, NULL, NULL, opaque);
-	if (err != RD_KAFKA_RESP_ERR_NO_ERROR && err != RD_KAFKA_RESP_ERR__QUEUE_FULL) {
-		obx_metrics_kafka_error(&p->m, rd_kafka_err2name(err));
-		snprintf(why, whylen, "%s: %s", rd_kafka_err2name(err), rd_kafka_err2str(err));
+	res = obx_kafka_produce(&p->kf, rec->topic, RD_KAFKA_PARTITION_UA, rec->key, rec->keylen, rec->value,
+	    rec->len, rec->timestamp_ms, rec->headers, rec->nheaders, NULL, NULL, opaque, &name, text,
+	    sizeof(text));
+	if (res != OBX_PRODUCE_OK && res != OBX_PRODUCE_QUEUE_FULL) {
+		obx_metrics_kafka_error(&p->m, name);
+		snprintf(why, whylen, "%s: %s", name, text);
 	}
-	return obx_kafka_produce_result(err);
+	return res;
 }
 
 static void

@@ -117,7 +117,7 @@ begin_commit(struct obx_relay_eos *e, bool idle)
 	struct obx_kafka *kf = e->io.kf;
 	struct obx_core_progress p;
 	struct obx_progress pr;
-	rd_kafka_resp_err_t err;
+	enum obx_produce_result res;
 	char why[768], text[256];
 	char *value;
 
@@ -129,12 +129,11 @@ begin_commit(struct obx_relay_eos *e, bool idle)
 		obx_core_commit_done(e->io.core, OBX_CORE_COMMIT_FATAL, "out of memory", obx_pg_now());
 		return false;
 	}
-	err = obx_kafka_produce(kf, cfg->progress_topic, e->partition, kf->txn_id, strlen(kf->txn_id), value,
+	res = obx_kafka_produce(kf, cfg->progress_topic, e->partition, kf->txn_id, strlen(kf->txn_id), value,
 	    strlen(value), (obx_pg_now() + OBX_PG_EPOCH_OFFSET_US) / 1000, NULL, 0, NULL, NULL,
-	    OBX_KAFKA_OPAQUE_PROGRESS);
+	    OBX_KAFKA_OPAQUE_PROGRESS, NULL, text, sizeof(text));
 	free(value);
-	if (err != RD_KAFKA_RESP_ERR_NO_ERROR) {
-		e->io.produce_error(e->io.produce_error_ctx, err, text, sizeof(text));
+	if (res != OBX_PRODUCE_OK) {
 		snprintf(why, sizeof(why), "could not produce the progress record to %s: %s", cfg->progress_topic,
 		    text);
 		obx_core_commit_done(e->io.core, OBX_CORE_COMMIT_ABORT, why, obx_pg_now());
@@ -149,23 +148,23 @@ obx_relay_eos_commit(struct obx_relay_eos *e, bool idle)
 {
 	struct obx_kafka *kf = e->io.kf;
 	struct obx_core *core = e->io.core;
-	enum obx_txn_result res;
+	int res;
 	char why[768];
 
 	if (!e->committing && !begin_commit(e, idle))
 		return;
 	*e->io.reports_at_us = obx_pg_now(); /* delivery reports are served from inside the commit */
 	res = obx_kafka_txn_commit(kf, COMMIT_SLICE_MS, why, sizeof(why));
-	if (res == OBX_TXN_PENDING)
+	if (res == OBX_ETIMEDOUT)
 		return;
 	e->committing = false;
-	if (res == OBX_TXN_FENCED) {
+	if (res == OBX_EFENCED) {
 		obx_metrics_kafka_error(e->io.m, "_FENCED");
 		obx_core_commit_done(core, obx_core_commit_verdict(res, connection_ours(e), kf->txn_id,
 		    e->io.cfg->slot, why, sizeof(why)), why, obx_pg_now());
 		return;
 	}
-	if (res == OBX_TXN_OK)
+	if (res == OBX_OK)
 		obx_log_debug("committed Kafka transaction %s (%" PRIu64 " record(s))", kf->txn_name,
 		    obx_core_stats(core).txn_records);
 	obx_core_commit_done(core, obx_core_commit_verdict(res, false, kf->txn_id, e->io.cfg->slot, why,
@@ -197,7 +196,7 @@ obx_relay_eos_close(struct obx_relay_eos *e, enum obx_core_end end, char *reason
 
 	/* what the transaction holds is purged; a new session starts from the slot */
 	*e->io.reports_at_us = obx_pg_now();
-	fenced = obx_kafka_txn_abort(kf, 5000, err, sizeof(err)) == OBX_TXN_FENCED || kf->fenced;
+	fenced = obx_kafka_txn_abort(kf, 5000, err, sizeof(err)) == OBX_EFENCED || kf->fenced;
 	e->committing = false;
 	if (!fenced || end == OBX_CORE_END_FATAL)
 		return false;

@@ -90,15 +90,14 @@ static enum obx_produce_result
 snap_produce(void *ctx, const struct obx_record *rec, uint64_t opaque, char *why, size_t whylen)
 {
 	struct obx_snapshot *s = ctx;
-	rd_kafka_resp_err_t err;
+	enum obx_produce_result res;
+	const char *name;
 
-	err = obx_kafka_produce(s->kf, rec->topic, RD_KAFKA_PARTITION_UA, rec->key, rec->keylen, rec->value,
-	    rec->len, rec->timestamp_ms, rec->headers, rec->nheaders, NULL, NULL, opaque);
-	if (err != RD_KAFKA_RESP_ERR_NO_ERROR && err != RD_KAFKA_RESP_ERR__QUEUE_FULL) {
-		obx_metrics_kafka_error(s->m, rd_kafka_err2name(err));
-		snprintf(why, whylen, "%s", rd_kafka_err2str(err));
-	}
-	return obx_kafka_produce_result(err);
+	res = obx_kafka_produce(s->kf, rec->topic, RD_KAFKA_PARTITION_UA, rec->key, rec->keylen, rec->value,
+	    rec->len, rec->timestamp_ms, rec->headers, rec->nheaders, NULL, NULL, opaque, &name, why, whylen);
+	if (res != OBX_PRODUCE_OK && res != OBX_PRODUCE_QUEUE_FULL)
+		obx_metrics_kafka_error(s->m, name);
+	return res;
 }
 
 static void

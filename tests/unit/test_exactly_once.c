@@ -133,14 +133,14 @@ test_txn_init_end(void **state)
 
 	(void)state;
 	snprintf(why, sizeof(why), "kept");
-	assert_int_equal(obx_core_txn_init_end(OBX_TXN_OK, "t1", 15000, why, sizeof(why)), OBX_CORE_RUNNING);
-	assert_int_equal(obx_core_txn_init_end(OBX_TXN_FENCED, "t1", 15000, why, sizeof(why)),
+	assert_int_equal(obx_core_txn_init_end(OBX_OK, "t1", 15000, why, sizeof(why)), OBX_CORE_RUNNING);
+	assert_int_equal(obx_core_txn_init_end(OBX_EFENCED, "t1", 15000, why, sizeof(why)),
 	    OBX_CORE_END_FATAL);
 	assert_string_equal(why, "kept");
-	assert_int_equal(obx_core_txn_init_end(OBX_TXN_ABORT, "t1", 15000, why, sizeof(why)), OBX_CORE_END_RETRY);
-	assert_int_equal(obx_core_txn_init_end(OBX_TXN_FATAL, "t1", 15000, why, sizeof(why)), OBX_CORE_END_RETRY);
+	assert_int_equal(obx_core_txn_init_end(OBX_EABORT, "t1", 15000, why, sizeof(why)), OBX_CORE_END_RETRY);
+	assert_int_equal(obx_core_txn_init_end(OBX_EFATAL, "t1", 15000, why, sizeof(why)), OBX_CORE_END_RETRY);
 	assert_string_equal(why, "kept");
-	assert_int_equal(obx_core_txn_init_end(OBX_TXN_PENDING, "t1", 15000, why, sizeof(why)),
+	assert_int_equal(obx_core_txn_init_end(OBX_ETIMEDOUT, "t1", 15000, why, sizeof(why)),
 	    OBX_CORE_END_RETRY);
 	assert_string_equal(why, "Kafka transactions for transactional.id t1 not initialised within 15 s");
 }
@@ -173,19 +173,19 @@ test_commit_verdict(void **state)
 
 	(void)state;
 	snprintf(why, sizeof(why), "kept");
-	assert_int_equal(obx_core_commit_verdict(OBX_TXN_OK, false, "t1", "s1", why, sizeof(why)),
+	assert_int_equal(obx_core_commit_verdict(OBX_OK, false, "t1", "s1", why, sizeof(why)),
 	    OBX_CORE_COMMIT_OK);
-	assert_int_equal(obx_core_commit_verdict(OBX_TXN_ABORT, true, "t1", "s1", why, sizeof(why)),
+	assert_int_equal(obx_core_commit_verdict(OBX_EABORT, true, "t1", "s1", why, sizeof(why)),
 	    OBX_CORE_COMMIT_ABORT);
-	assert_int_equal(obx_core_commit_verdict(OBX_TXN_FATAL, false, "t1", "s1", why, sizeof(why)),
+	assert_int_equal(obx_core_commit_verdict(OBX_EFATAL, false, "t1", "s1", why, sizeof(why)),
 	    OBX_CORE_COMMIT_FATAL);
 	assert_string_equal(why, "kept"); /* the producer's words */
 	/* the zombie: its connection is gone, so the run stops */
-	assert_int_equal(obx_core_commit_verdict(OBX_TXN_FENCED, false, "t1", "s1", why, sizeof(why)),
+	assert_int_equal(obx_core_commit_verdict(OBX_EFENCED, false, "t1", "s1", why, sizeof(why)),
 	    OBX_CORE_COMMIT_FENCED);
 	assert_non_null(strstr(why, "fenced: another instance took over transactional.id t1"));
 	/* still holding the slot: a rewind and a new session */
-	assert_int_equal(obx_core_commit_verdict(OBX_TXN_FENCED, true, "t1", "s1", why, sizeof(why)),
+	assert_int_equal(obx_core_commit_verdict(OBX_EFENCED, true, "t1", "s1", why, sizeof(why)),
 	    OBX_CORE_COMMIT_FATAL);
 	assert_non_null(strstr(why, "starting a new session"));
 }

@@ -30,18 +30,6 @@
 #include "obx/core/restart_dedupe.h"
 #include "obx/core/lsn.h"
 
-/*
- * How a transactional call of the producer ended (kafka/producer.h makes the calls;
- * relaycore.h turns the result into the session's verdict).
- */
-enum obx_txn_result {
-	OBX_TXN_OK,
-	OBX_TXN_PENDING,   /* still under way (a retriable time-out): call again */
-	OBX_TXN_ABORT,     /* the transaction cannot commit: abort it and rewind */
-	OBX_TXN_FENCED,    /* another producer with the same transactional.id took over */
-	OBX_TXN_FATAL,     /* the producer is unusable: recreate it and rewind */
-};
-
 /* The history a progress record belongs to. */
 struct obx_progress_source {
 	char system_id[32];  /* IDENTIFY_SYSTEM's systemid */

@@ -20,14 +20,6 @@
 #include "obx/core/lsn.h"
 #include "obx/pg/setup.h"
 
-/* How a failure should be handled by the caller. */
-enum obx_fail {
-	OBX_FAIL_NONE = 0,
-	OBX_FAIL_RETRY,     /* transient: reconnect with backoff */
-	OBX_FAIL_FATAL,     /* permanent: stop with exit status 1 */
-	OBX_FAIL_SLOT_IN_USE, /* another instance streams from the slot: wait as a standby */
-};
-
 struct obx_pgstream {
 	PGconn *conn;
 	char sysid[32];
@@ -55,13 +47,14 @@ struct obx_pgstream {
  * pg/setup.h).  streaming asks for in-progress transactions (cfg->streaming
  * may be overridden by the caller after a buffer overflow); s->streaming
  * says whether it was requested.  ctx is the caller's for the life of the
- * process (struct obx_pgsetup_ctx).  Returns OBX_FAIL_NONE, or a failure class
- * with errbuf filled (one line, no secrets): OBX_FAIL_RETRY for a transient
- * failure (OBX_EIO from the setup), OBX_FAIL_SLOT_IN_USE when another
- * instance holds or is creating the slot, OBX_FAIL_FATAL otherwise.  Call
+ * process (struct obx_pgsetup_ctx).  Returns 0, or one of three codes with
+ * errbuf filled (one line, no secrets): OBX_EIO for a transient failure
+ * (reconnect with backoff), OBX_EBUSY when another instance holds or is
+ * creating the slot (wait as a standby), OBX_EFATAL for any other (stop
+ * with exit status 1).  Call
  * obx_pgstream_close() either way.
  */
-enum obx_fail obx_pgstream_open(struct obx_pgstream *s, const struct obx_config *cfg,
+int obx_pgstream_open(struct obx_pgstream *s, const struct obx_config *cfg,
     bool recreate_slot, bool streaming, struct obx_pgsetup_ctx *ctx, char *errbuf, size_t errlen);
 
 /*
@@ -71,7 +64,7 @@ enum obx_fail obx_pgstream_open(struct obx_pgstream *s, const struct obx_config 
  * starts streaming from the slot's creation point.  Returns as
  * obx_pgstream_open().
  */
-enum obx_fail obx_pgstream_start(struct obx_pgstream *s, const struct obx_config *cfg,
+int obx_pgstream_start(struct obx_pgstream *s, const struct obx_config *cfg,
     char *errbuf, size_t errlen);
 
 /* The socket to poll for reading (and writing while obx_pgstream_flush() returns 1). */

@@ -30,8 +30,6 @@ struct obx_relay_eos_io {
 	int64_t *reports_at_us;   /* the loop's: set before each call that serves delivery reports */
 	bool (*tick)(void *);     /* health and signals while the start waits (true: give up) */
 	void *tick_arg;
-	void (*produce_error)(void *ctx, rd_kafka_resp_err_t err, char *why, size_t whylen);
-	void *produce_error_ctx;  /* words for a refused produce call, the loop's own */
 	long kill_after;          /* test builds: SIGKILL after a commit past N events (0: never) */
 };
 
