@@ -450,7 +450,14 @@ obx_event_build(struct obx_event_builder *b, const struct obx_rel *rel,
 			if (oid == INT8_OID && d->len < sizeof(num)) {
 				memcpy(num, d->data, d->len);
 				num[d->len] = '\0';
-				out->timestamp_ms = strtoll(num, NULL, 10);
+				const char *bad = NULL;
+
+				out->timestamp_ms = strtonum(num, INT64_MIN, INT64_MAX, &bad);
+				if (bad != NULL) {
+					snprintf(why, whylen, "timestamp column '%s': '%s' is not an integer",
+					    c->col_timestamp, num);
+					return OBX_EINVAL;
+				}
 			} else if (obx_parse_pg_timestamp((const char *)d->data, d->len,
 			    &out->timestamp_ms) != 0) {
 				snprintf(why, whylen, "timestamp column '%s': '%.*s' is not an ISO timestamp",

@@ -31,7 +31,8 @@ obx_kafka_conf(const struct obx_config *cfg, char *errbuf, size_t errlen)
 	rd_kafka_conf_t *conf = rd_kafka_conf_new();
 	char num[32];
 	size_t numlen = sizeof(num);
-	long long msgs, kb, mmb;
+	long long msgs, kb, mmb, v;
+	const char *bad = NULL;
 	bool own_kb = false;
 
 	if (conf == NULL) {
@@ -72,8 +73,9 @@ obx_kafka_conf(const struct obx_config *cfg, char *errbuf, size_t errlen)
 	 */
 	if (!own_kb) {
 		mmb = 1000000;
-		if (rd_kafka_conf_get(conf, "message.max.bytes", num, &numlen) == RD_KAFKA_CONF_OK)
-			mmb = atoll(num);
+		if (rd_kafka_conf_get(conf, "message.max.bytes", num, &numlen) == RD_KAFKA_CONF_OK &&
+		    (v = strtonum(num, 1, INT64_MAX, &bad), bad == NULL))
+			mmb = v;
 		kb = cfg->max_inflight_bytes / 1024 * 2 + (mmb / 1024 * 2 > 65536 ? mmb / 1024 * 2 : 65536);
 		if (kb > 2147483647LL)
 			kb = 2147483647LL;

@@ -243,8 +243,8 @@ produce_row(struct poller *p, const PGresult *res, size_t i)
 		p->datums[f].len = (uint32_t)PQgetlength(res, k, f);
 	}
 	/* no commit time here: the row's created_at, else now, unless [outbox] timestamp says */
-	if (!PQgetisnull(res, k, 3))
-		txn.commit_time = strtoll(PQgetvalue(res, k, 3), NULL, 10) - OBX_PG_EPOCH_OFFSET_US;
+	if (obx_pg_int64(res, k, 3, &txn.commit_time) == 0)
+		txn.commit_time -= OBX_PG_EPOCH_OFFSET_US;
 	else
 		txn.commit_time = (int64_t)time(NULL) * 1000000 - OBX_PG_EPOCH_OFFSET_US;
 	if ((r = obx_event_build(&p->eb, &p->rel, &t, &txn, 0, &ev, why, sizeof(why))) == OBX_ENOMEM)
@@ -292,9 +292,11 @@ produce_batch(struct poller *p, const PGresult *res)
 	obx_dlv_begin(&p->dlv, p->pc.gen, false); /* what an earlier batch left pending is dropped */
 	for (int k = 0; k < n; k++) {
 		const char *key = kcol >= 0 && !PQgetisnull(res, k, kcol) ? PQgetvalue(res, k, kcol) : NULL;
+		int64_t id, seq;
 
-		if ((r = obx_pollcore_add(&p->pc, strtoll(PQgetvalue(res, k, 0), NULL, 10),
-		    strtoll(PQgetvalue(res, k, 1), NULL, 10), key,
+		if (obx_pg_int64(res, k, 0, &id) != 0 || obx_pg_int64(res, k, 1, &seq) != 0)
+			return OBX_EPROTO;
+		if ((r = obx_pollcore_add(&p->pc, id, seq, key,
 		    key != NULL ? (size_t)PQgetlength(res, k, kcol) : 0,
 		    PQgetisnull(res, k, 2) ? NULL : PQgetvalue(res, k, 2))) != 0)
 			return r;
