@@ -15,11 +15,11 @@
 static int
 conf_set(rd_kafka_conf_t *conf, const char *k, const char *v, char *errbuf, size_t errlen)
 {
-	char why[512];
+	char detail[512];
 
-	if (rd_kafka_conf_set(conf, k, v, why, sizeof(why)) != RD_KAFKA_CONF_OK) {
+	if (rd_kafka_conf_set(conf, k, v, detail, sizeof(detail)) != RD_KAFKA_CONF_OK) {
 		snprintf(errbuf, errlen, "kafka property %s: %s", k,
-		    obx_kafka_prop_is_secret(k) ? "invalid value (not shown: secret)" : why);
+		    obx_kafka_prop_is_secret(k) ? "invalid value (not shown: secret)" : detail);
 		return OBX_ECONFIG;
 	}
 	return 0;
@@ -152,7 +152,7 @@ obx_kafka_open(struct obx_kafka *k, const struct obx_config *cfg, const char *tx
     obx_delivery_fn fn, void *ctx, char *errbuf, size_t errlen)
 {
 	rd_kafka_conf_t *conf;
-	char why[512];
+	char detail[512];
 
 	memset(k, 0, sizeof(*k));
 	k->wake[0] = k->wake[1] = -1;
@@ -179,10 +179,10 @@ obx_kafka_open(struct obx_kafka *k, const struct obx_config *cfg, const char *tx
 	rd_kafka_conf_set_error_cb(conf, error_cb);
 	rd_kafka_conf_set_log_cb(conf, log_cb);
 	rd_kafka_conf_set_opaque(conf, k);
-	k->rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, why, sizeof(why));
+	k->rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, detail, sizeof(detail));
 	if (k->rk == NULL) {
 		rd_kafka_conf_destroy(conf);
-		snprintf(errbuf, errlen, "could not create the Kafka producer: %s", why);
+		snprintf(errbuf, errlen, "could not create the Kafka producer: %s", detail);
 		return OBX_ECONFIG;
 	}
 	if (pipe2(k->wake, O_NONBLOCK | O_CLOEXEC) != 0) {
@@ -314,7 +314,7 @@ obx_kafka_outq_len(const struct obx_kafka *k)
 
 /* Turns a transactional call's error into what the caller does next; frees e. */
 static int
-txn_result(struct obx_kafka *k, rd_kafka_error_t *e, const char *what, char *why, size_t whylen)
+txn_result(struct obx_kafka *k, rd_kafka_error_t *e, const char *what, char *errbuf, size_t errlen)
 {
 	rd_kafka_resp_err_t err;
 	int res;
@@ -322,7 +322,7 @@ txn_result(struct obx_kafka *k, rd_kafka_error_t *e, const char *what, char *why
 	if (e == NULL)
 		return OBX_OK;
 	err = rd_kafka_error_code(e);
-	snprintf(why, whylen, "could not %s the Kafka transaction: %s", what, rd_kafka_error_string(e));
+	snprintf(errbuf, errlen, "could not %s the Kafka transaction: %s", what, rd_kafka_error_string(e));
 	if (rd_kafka_error_is_fatal(e) || k->fatal) {
 		char buf[512];
 
@@ -346,8 +346,8 @@ txn_result(struct obx_kafka *k, rd_kafka_error_t *e, const char *what, char *why
 }
 
 int
-obx_kafka_txn_init(struct obx_kafka *k, int timeout_ms, bool (*tick)(void *), void *arg, char *why,
-    size_t whylen)
+obx_kafka_txn_init(struct obx_kafka *k, int timeout_ms, bool (*tick)(void *), void *arg, char *errbuf,
+    size_t errlen)
 {
 	struct timespec t0, t;
 	int res;
@@ -356,7 +356,7 @@ obx_kafka_txn_init(struct obx_kafka *k, int timeout_ms, bool (*tick)(void *), vo
 	for (;;) {
 		long long waited;
 
-		res = txn_result(k, rd_kafka_init_transactions(k->rk, 500), "initialise", why, whylen);
+		res = txn_result(k, rd_kafka_init_transactions(k->rk, 500), "initialise", errbuf, errlen);
 		if (res != OBX_ETIMEDOUT)
 			return res;
 		clock_gettime(CLOCK_MONOTONIC, &t);
@@ -367,7 +367,7 @@ obx_kafka_txn_init(struct obx_kafka *k, int timeout_ms, bool (*tick)(void *), vo
 }
 
 int
-obx_kafka_txn_commit(struct obx_kafka *k, int timeout_ms, char *why, size_t whylen)
+obx_kafka_txn_commit(struct obx_kafka *k, int timeout_ms, char *errbuf, size_t errlen)
 {
 	int res;
 	char buf[256];
@@ -377,7 +377,7 @@ obx_kafka_txn_commit(struct obx_kafka *k, int timeout_ms, char *why, size_t whyl
 	while (read(k->wake[0], buf, sizeof(buf)) > 0)
 		;
 	k->committing = true;
-	res = txn_result(k, rd_kafka_commit_transaction(k->rk, timeout_ms), "commit", why, whylen);
+	res = txn_result(k, rd_kafka_commit_transaction(k->rk, timeout_ms), "commit", errbuf, errlen);
 	if (res != OBX_ETIMEDOUT)
 		k->committing = false;
 	if (res == OBX_OK)
@@ -386,13 +386,13 @@ obx_kafka_txn_commit(struct obx_kafka *k, int timeout_ms, char *why, size_t whyl
 }
 
 int
-obx_kafka_txn_abort(struct obx_kafka *k, int timeout_ms, char *why, size_t whylen)
+obx_kafka_txn_abort(struct obx_kafka *k, int timeout_ms, char *errbuf, size_t errlen)
 {
 	int res;
 
 	if (!k->txn_open || k->fatal)
 		return k->fenced ? OBX_EFENCED : OBX_OK;
-	res = txn_result(k, rd_kafka_abort_transaction(k->rk, timeout_ms), "abort", why, whylen);
+	res = txn_result(k, rd_kafka_abort_transaction(k->rk, timeout_ms), "abort", errbuf, errlen);
 	k->txn_open = k->committing = false;
 	return res;
 }

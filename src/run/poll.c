@@ -32,7 +32,7 @@
 /* ---- the delivery policy's actions (delivery.h), and what its outcomes do to a row ---- */
 
 static enum obx_produce_result
-poll_produce(void *ctx, const struct obx_record *rec, uint64_t opaque, char *why, size_t whylen)
+poll_produce(void *ctx, const struct obx_record *rec, uint64_t opaque, char *errbuf, size_t errlen)
 {
 	struct poller *p = ctx;
 	enum obx_produce_result res;
@@ -44,7 +44,7 @@ poll_produce(void *ctx, const struct obx_record *rec, uint64_t opaque, char *why
 	    sizeof(text));
 	if (res != OBX_PRODUCE_OK && res != OBX_PRODUCE_QUEUE_FULL) {
 		obx_metrics_kafka_error(&p->m, name);
-		snprintf(why, whylen, "%s: %s", name, text);
+		snprintf(errbuf, errlen, "%s: %s", name, text);
 	}
 	return res;
 }
@@ -61,11 +61,11 @@ poll_note(void *ctx, enum obx_log_level level, const struct obx_logfields *f, co
  * row of its key that failed meanwhile stays pending (per-key order).
  */
 static enum obx_dlv_gate
-poll_gate(void *ctx, const struct obx_record *rec, uint64_t ticket, bool dl, char *why, size_t whylen)
+poll_gate(void *ctx, const struct obx_record *rec, uint64_t ticket, bool dl, char *errbuf, size_t errlen)
 {
 	struct poller *p = ctx;
 
-	(void)rec, (void)why, (void)whylen;
+	(void)rec, (void)errbuf, (void)errlen;
 	if (dl || !obx_pollcore_key_held(&p->pc, (size_t)ticket))
 		return OBX_DLV_GATE_SEND;
 	obx_pollcore_unsent(&p->pc, (size_t)ticket);
@@ -121,7 +121,7 @@ delivered(struct poller *p, enum obx_dlv_outcome o, const struct obx_dlv_result 
 		acked(p, opaque);
 		return 0;
 	case OBX_DLV_WAIT_TOPIC:
-		obx_log_debug("row %zu of the batch stays pending: %s", i, res->why);
+		obx_log_debug("row %zu of the batch stays pending: %s", i, res->reason);
 		return obx_pollcore_wait_topic(&p->pc, i);
 	case OBX_DLV_RETRY:
 	case OBX_DLV_REJECTED:
@@ -130,11 +130,11 @@ delivered(struct poller *p, enum obx_dlv_outcome o, const struct obx_dlv_result 
 	}
 	if (in_flight) {
 		/* a failure: err_name is never NULL here (NULL would be an acknowledgement) */
-		(void)obx_pollcore_report(&p->pc, opaque, err_name != NULL ? err_name : "", res->why);
+		(void)obx_pollcore_report(&p->pc, opaque, err_name != NULL ? err_name : "", res->reason);
 		return 0;
 	}
 	return obx_pollcore_failed(&p->pc, i, res->dead_letter ? OBX_POLL_FAILED_DEAD_LETTER :
-	    OBX_POLL_FAILED_PRODUCE, res->why);
+	    OBX_POLL_FAILED_PRODUCE, res->reason);
 }
 
 void
@@ -173,7 +173,7 @@ dead_letter(struct poller *p, size_t i, const struct obx_event *ev, bool built, 
 	struct obx_dlv_result res;
 	struct obx_record rec;
 	enum obx_dlv_outcome o;
-	char pgerr[400], why[512];
+	char pgerr[400], errbuf[512];
 	PGresult *jr;
 	size_t nh;
 
@@ -187,10 +187,10 @@ dead_letter(struct poller *p, size_t i, const struct obx_event *ev, bool built, 
 	}
 	jr = PQexecParams(p->pg, p->sql.row_json, 1, NULL, (const char *[]){ seq }, NULL, NULL, 0);
 	if (PQresultStatus(jr) != PGRES_TUPLES_OK || PQntuples(jr) != 1) {
-		snprintf(why, sizeof(why), "could not read the row as JSON: %s",
+		snprintf(errbuf, sizeof(errbuf), "could not read the row as JSON: %s",
 		    obx_pg_result_error_line(jr, pgerr, sizeof(pgerr)));
 		PQclear(jr);
-		return obx_pollcore_failed(&p->pc, i, OBX_POLL_FAILED_DEAD_LETTER, why);
+		return obx_pollcore_failed(&p->pc, i, OBX_POLL_FAILED_DEAD_LETTER, errbuf);
 	}
 	rec = (struct obx_record){ p->cfg->dead_letter_topic, NULL, 0, PQgetvalue(jr, 0, 0),
 		(size_t)PQgetlength(jr, 0, 0), 0, (const struct obx_header[]){ { "seq", seq, strlen(seq) },
@@ -234,7 +234,7 @@ produce_row(struct poller *p, const PGresult *res, size_t i)
 	const char *seq = PQgetvalue(res, k, 0);
 	struct obx_record rec;
 	struct obx_dlv_result dres;
-	char why[512];
+	char errbuf[512];
 	size_t nh;
 
 	for (int f = 0; f < nf; f++) {
@@ -247,7 +247,7 @@ produce_row(struct poller *p, const PGresult *res, size_t i)
 		txn.commit_time -= OBX_PG_EPOCH_OFFSET_US;
 	else
 		txn.commit_time = (int64_t)time(NULL) * 1000000 - OBX_PG_EPOCH_OFFSET_US;
-	if ((r = obx_event_build(&p->eb, &p->rel, &t, &txn, 0, &ev, why, sizeof(why))) == OBX_ENOMEM)
+	if ((r = obx_event_build(&p->eb, &p->rel, &t, &txn, 0, &ev, errbuf, sizeof(errbuf))) == OBX_ENOMEM)
 		return r;
 	switch (obx_pollcore_decide(&p->pc, i, r == 0)) {
 	case OBX_POLL_HOLD: /* never: obx_pollcore_next() passed the held rows over */
@@ -260,7 +260,7 @@ produce_row(struct poller *p, const PGresult *res, size_t i)
 		log_exhausted(p, row, r == 0 ? &ev : NULL, seq, true);
 		return dead_letter(p, i, &ev, r == 0, seq);
 	case OBX_POLL_FAIL:
-		return obx_pollcore_failed(&p->pc, i, OBX_POLL_FAILED_BUILD, why);
+		return obx_pollcore_failed(&p->pc, i, OBX_POLL_FAILED_BUILD, errbuf);
 	case OBX_POLL_SEND:
 		break;
 	}
@@ -343,11 +343,11 @@ wait_goes_on(struct poller *p)
 static void
 slow_broker(struct poller *p)
 {
-	char why[160];
+	char errbuf[160];
 
-	snprintf(why, sizeof(why), "waiting for the broker to acknowledge %zu event(s)", p->pc.outstanding);
-	obx_log_warn("%s; the claimed rows stay locked until then", why);
-	obx_poll_set_state(p, OBX_STATE_BACKPRESSURED, OBX_NOT_READY_NONE, why);
+	snprintf(errbuf, sizeof(errbuf), "waiting for the broker to acknowledge %zu event(s)", p->pc.outstanding);
+	obx_log_warn("%s; the claimed rows stay locked until then", errbuf);
+	obx_poll_set_state(p, OBX_STATE_BACKPRESSURED, OBX_NOT_READY_NONE, errbuf);
 }
 
 /*

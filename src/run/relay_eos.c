@@ -59,7 +59,7 @@ obx_relay_eos_open(struct obx_relay_eos *e, const struct obx_relay_eos_io *io, e
 	const struct obx_config *cfg = io->cfg;
 	struct obx_pgstream *st = io->st;
 	const char *txn_id = io->kf->txn_id;
-	char why[768], line[2048];
+	char errbuf[768], line[2048];
 	enum obx_core_end verdict;
 	enum obx_progress_floor f;
 	int32_t nparts = 0;
@@ -69,19 +69,19 @@ obx_relay_eos_open(struct obx_relay_eos *e, const struct obx_relay_eos_io *io, e
 	e->committing = e->have_floor = false;
 	memset(&e->floor, 0, sizeof(e->floor));
 	e->partition = RD_KAFKA_PARTITION_UA;
-	verdict = obx_core_txn_init_end(obx_kafka_txn_init(e->io.kf, TXN_INIT_MS, status_tick, e, why,
-	    sizeof(why)), txn_id, TXN_INIT_MS, why, sizeof(why));
+	verdict = obx_core_txn_init_end(obx_kafka_txn_init(e->io.kf, TXN_INIT_MS, status_tick, e, errbuf,
+	    sizeof(errbuf)), txn_id, TXN_INIT_MS, errbuf, sizeof(errbuf));
 	if (verdict != OBX_CORE_RUNNING) {
 		*end = verdict;
-		snprintf(reason, reasonlen, "%s", why);
+		snprintf(reason, reasonlen, "%s", errbuf);
 		return false;
 	}
 	obx_progress_source_init(&e->source, st->sysid, PQdb(st->conn), (uint32_t)st->timeline,
 	    st->slot_created, cfg);
 	if (!st->slot_made)
-		rc = obx_lookup_progress(cfg, txn_id, PROGRESS_READ_MS, status_tick, e, &e->floor, &nparts, why,
-		    sizeof(why));
-	f = obx_progress_floor(cfg, txn_id, &e->source, st->server_lsn, st->slot_made, rc, why, &e->floor,
+		rc = obx_lookup_progress(cfg, txn_id, PROGRESS_READ_MS, status_tick, e, &e->floor, &nparts, errbuf,
+		    sizeof(errbuf));
+	f = obx_progress_floor(cfg, txn_id, &e->source, st->server_lsn, st->slot_made, rc, errbuf, &e->floor,
 	    line, sizeof(line));
 	if (f == OBX_PROGRESS_FLOOR_UNREADABLE) {
 		*end = OBX_CORE_END_RETRY;
@@ -118,7 +118,7 @@ begin_commit(struct obx_relay_eos *e, bool idle)
 	struct obx_core_progress p;
 	struct obx_progress pr;
 	enum obx_produce_result res;
-	char why[768], text[256];
+	char errbuf[768], text[256];
 	char *value;
 
 	if (!obx_core_commit_due(e->io.core, obx_mono_ms(), idle, &p))
@@ -134,9 +134,9 @@ begin_commit(struct obx_relay_eos *e, bool idle)
 	    OBX_KAFKA_OPAQUE_PROGRESS, NULL, text, sizeof(text));
 	free(value);
 	if (res != OBX_PRODUCE_OK) {
-		snprintf(why, sizeof(why), "could not produce the progress record to %s: %s", cfg->progress_topic,
+		snprintf(errbuf, sizeof(errbuf), "could not produce the progress record to %s: %s", cfg->progress_topic,
 		    text);
-		obx_core_commit_done(e->io.core, OBX_CORE_COMMIT_ABORT, why, obx_pg_now());
+		obx_core_commit_done(e->io.core, OBX_CORE_COMMIT_ABORT, errbuf, obx_pg_now());
 		return false;
 	}
 	e->committing = true;
@@ -149,26 +149,26 @@ obx_relay_eos_commit(struct obx_relay_eos *e, bool idle)
 	struct obx_kafka *kf = e->io.kf;
 	struct obx_core *core = e->io.core;
 	int res;
-	char why[768];
+	char errbuf[768];
 
 	if (!e->committing && !begin_commit(e, idle))
 		return;
 	*e->io.reports_at_us = obx_pg_now(); /* delivery reports are served from inside the commit */
-	res = obx_kafka_txn_commit(kf, COMMIT_SLICE_MS, why, sizeof(why));
+	res = obx_kafka_txn_commit(kf, COMMIT_SLICE_MS, errbuf, sizeof(errbuf));
 	if (res == OBX_ETIMEDOUT)
 		return;
 	e->committing = false;
 	if (res == OBX_EFENCED) {
 		obx_metrics_kafka_error(e->io.m, "_FENCED");
 		obx_core_commit_done(core, obx_core_commit_verdict(res, connection_ours(e), kf->txn_id,
-		    e->io.cfg->slot, why, sizeof(why)), why, obx_pg_now());
+		    e->io.cfg->slot, errbuf, sizeof(errbuf)), errbuf, obx_pg_now());
 		return;
 	}
 	if (res == OBX_OK)
 		obx_log_debug("committed Kafka transaction %s (%" PRIu64 " record(s))", kf->txn_name,
 		    obx_core_stats(core).txn_records);
-	obx_core_commit_done(core, obx_core_commit_verdict(res, false, kf->txn_id, e->io.cfg->slot, why,
-	    sizeof(why)), why, obx_pg_now());
+	obx_core_commit_done(core, obx_core_commit_verdict(res, false, kf->txn_id, e->io.cfg->slot, errbuf,
+	    sizeof(errbuf)), errbuf, obx_pg_now());
 #ifdef OBX_TEST_HOOKS
 	/* test builds only: die right after the commit, before its status update */
 	if (e->io.kill_after > 0 && obx_core_stats(core).published >= (uint64_t)e->io.kill_after)
@@ -179,19 +179,19 @@ obx_relay_eos_commit(struct obx_relay_eos *e, bool idle)
 void
 obx_relay_eos_fenced(struct obx_relay_eos *e)
 {
-	char why[768];
+	char errbuf[768];
 	enum obx_core_end end;
 
 	obx_metrics_kafka_error(e->io.m, "_FENCED");
-	end = obx_core_fenced_end(connection_ours(e), e->io.kf->txn_id, e->io.cfg->slot, why, sizeof(why));
-	obx_core_fail(e->io.core, end, "%s", why);
+	end = obx_core_fenced_end(connection_ours(e), e->io.kf->txn_id, e->io.cfg->slot, errbuf, sizeof(errbuf));
+	obx_core_fail(e->io.core, end, "%s", errbuf);
 }
 
 bool
 obx_relay_eos_close(struct obx_relay_eos *e, enum obx_core_end end, char *reason, size_t reasonlen)
 {
 	struct obx_kafka *kf = e->io.kf;
-	char err[512], why[768];
+	char err[512], errbuf[768];
 	bool fenced;
 
 	/* what the transaction holds is purged; a new session starts from the slot */
@@ -200,9 +200,9 @@ obx_relay_eos_close(struct obx_relay_eos *e, enum obx_core_end end, char *reason
 	e->committing = false;
 	if (!fenced || end == OBX_CORE_END_FATAL)
 		return false;
-	if (obx_core_fenced_end(connection_ours(e), kf->txn_id, e->io.cfg->slot, why, sizeof(why)) ==
+	if (obx_core_fenced_end(connection_ours(e), kf->txn_id, e->io.cfg->slot, errbuf, sizeof(errbuf)) ==
 	    OBX_CORE_END_FATAL) {
-		snprintf(reason, reasonlen, "%s", why);
+		snprintf(reason, reasonlen, "%s", errbuf);
 		return true;
 	}
 	/* the connection looked alive: if the next session finds the slot taken, the fence was a

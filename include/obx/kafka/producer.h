@@ -85,11 +85,11 @@ void obx_kafka_txn_id(const struct obx_config *cfg, const char *sysid, const cha
  * (still under way after timeout_ms, or tick gave up), OBX_EABORT (the
  * transaction cannot commit: abort it and rewind), OBX_EFENCED (another
  * producer with the same transactional.id took over) or OBX_EFATAL (the
- * producer is unusable: recreate it and rewind); why is filled when it is
+ * producer is unusable: recreate it and rewind); errbuf is filled when it is
  * not 0.
  */
 int obx_kafka_txn_init(struct obx_kafka *k, int timeout_ms, bool (*tick)(void *),
-    void *arg, char *why, size_t whylen);
+    void *arg, char *errbuf, size_t errlen);
 
 /*
  * Commits the open transaction (flushing its records first; delivery
@@ -97,10 +97,10 @@ int obx_kafka_txn_init(struct obx_kafka *k, int timeout_ms, bool (*tick)(void *)
  * returns as obx_kafka_txn_init(); OBX_ETIMEDOUT means call again to go
  * on.  0 with no transaction open too.
  */
-int obx_kafka_txn_commit(struct obx_kafka *k, int timeout_ms, char *why, size_t whylen);
+int obx_kafka_txn_commit(struct obx_kafka *k, int timeout_ms, char *errbuf, size_t errlen);
 
 /* Aborts the open transaction, if any (its records are purged), waiting at most timeout_ms; returns as obx_kafka_txn_init(). */
-int obx_kafka_txn_abort(struct obx_kafka *k, int timeout_ms, char *why, size_t whylen);
+int obx_kafka_txn_abort(struct obx_kafka *k, int timeout_ms, char *errbuf, size_t errlen);
 
 /*
  * Hands one record to the producer (copied), to partition (RD_KAFKA_PARTITION_UA:
