@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "obx/core/delivery.h"
+#include "obx/core/err.h"
 #include "obx/core/lsn.h"
 
 #define OP_DEAD_LETTER (1ULL << 63)
@@ -213,6 +214,7 @@ dup_bytes(const void *p, size_t len)
 	return d;
 }
 
+/* A copy of rec for the pending queue, owned by p.  Returns 0, or OBX_ENOMEM with p partly filled for pending_free(). */
 static int
 pending_copy(struct obx_dlv_pending *p, const struct obx_record *rec, const struct obx_dlv_tag *t)
 {
@@ -231,7 +233,7 @@ pending_copy(struct obx_dlv_pending *p, const struct obx_record *rec, const stru
 	p->hstore = calloc(rec->nheaders * 2 + 1, sizeof(*p->hstore));
 	if (p->topic == NULL || (rec->key != NULL && p->key == NULL) || (p->has_value && p->value == NULL) ||
 	    p->headers == NULL || p->hstore == NULL)
-		return -1;
+		return OBX_ENOMEM;
 	for (size_t i = 0; i < rec->nheaders; i++) {
 		const struct obx_header *h = &rec->headers[i];
 
@@ -239,7 +241,7 @@ pending_copy(struct obx_dlv_pending *p, const struct obx_record *rec, const stru
 		p->hstore[2 * i] = strdup(h->name);
 		p->hstore[2 * i + 1] = h->value != NULL ? dup_bytes(h->value, h->len) : NULL;
 		if (p->hstore[2 * i] == NULL || (h->value != NULL && p->hstore[2 * i + 1] == NULL))
-			return -1;
+			return OBX_ENOMEM;
 		p->headers[i] = (struct obx_header){ p->hstore[2 * i], p->hstore[2 * i + 1], h->len };
 	}
 	return 0;

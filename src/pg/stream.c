@@ -206,7 +206,7 @@ obx_pgstream_consume(struct obx_pgstream *s, char *errbuf, size_t errlen)
 {
 	if (PQconsumeInput(s->conn) == 0) {
 		obx_pg_error_line(s->conn, errbuf, errlen);
-		return -1;
+		return OBX_EIO;
 	}
 	return 0;
 }
@@ -228,7 +228,7 @@ obx_pgstream_read(struct obx_pgstream *s, const uint8_t **buf, size_t *len, char
 		if (copybuf != NULL)
 			PQfreemem(copybuf);
 		snprintf(errbuf, errlen, "%s", s->pub_skipped);
-		return -2;
+		return OBX_ENOENT;
 	}
 	if (n > 0) {
 		s->copybuf = (uint8_t *)copybuf;
@@ -254,10 +254,10 @@ obx_pgstream_read(struct obx_pgstream *s, const uint8_t **buf, size_t *len, char
 		else
 			snprintf(errbuf, errlen, "the server ended the replication stream");
 		PQclear(r);
-		return no_pub ? -2 : -1;
+		return no_pub ? OBX_ENOENT : OBX_EIO;
 	}
 	obx_pg_error_line(s->conn, errbuf, errlen);
-	return -1;
+	return OBX_EIO;
 }
 
 int
@@ -274,7 +274,7 @@ obx_pgstream_send_status(struct obx_pgstream *s, obx_lsn write, obx_lsn flush, b
 	obx_walmsg_status(msg, write, flush, flush, obx_pg_now(), reply);
 	if (PQputCopyData(s->conn, (const char *)msg, sizeof(msg)) <= 0) {
 		obx_pg_error_line(s->conn, errbuf, errlen);
-		return -1;
+		return OBX_EIO;
 	}
 	return 0;
 }
@@ -282,7 +282,9 @@ obx_pgstream_send_status(struct obx_pgstream *s, obx_lsn write, obx_lsn flush, b
 int
 obx_pgstream_flush(struct obx_pgstream *s)
 {
-	return PQflush(s->conn);
+	int r = PQflush(s->conn);
+
+	return r < 0 ? OBX_EIO : r;
 }
 
 void

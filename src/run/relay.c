@@ -234,7 +234,7 @@ read_stream(struct relay *r)
 			break;
 		}
 		if (n < 0) {
-			bool no_pub = n == -2; /* the publication dropped behind the slot (pg/stream.h) */
+			bool no_pub = n == OBX_ENOENT; /* the publication dropped behind the slot (pg/stream.h) */
 
 			obx_core_fail(r->core, no_pub ? OBX_CORE_END_FATAL : OBX_CORE_END_RETRY,
 			    "replication stream lost: %s%s", err, no_pub ? "; the publication was dropped behind "

@@ -73,7 +73,7 @@ int obx_pgstream_fd(const struct obx_pgstream *s);
 /*
  * Reads the next CopyData message without blocking.  Returns 1 with
  * buf and len set (borrowed until the next call), 0 when nothing is buffered,
- * -1 when the stream ended or failed (errbuf filled), -2 (errbuf filled) when
+ * OBX_EIO when the stream ended or failed (errbuf filled), OBX_ENOENT (errbuf filled) when
  * the server cannot decode the slot's backlog because the publication does
  * not exist at that point in the WAL: dropped (and maybe created again)
  * behind the slot, which no retry heals.  Before PostgreSQL 18 the server
@@ -83,14 +83,14 @@ int obx_pgstream_fd(const struct obx_pgstream *s);
 int obx_pgstream_read(struct obx_pgstream *s, const uint8_t **buf, size_t *len,
     char *errbuf, size_t errlen);
 
-/* Reads what arrived on the socket into libpq's buffer.  Returns 0 or -1 (errbuf). */
+/* Reads what arrived on the socket into libpq's buffer.  Returns 0 or OBX_EIO (errbuf filled). */
 int obx_pgstream_consume(struct obx_pgstream *s, char *errbuf, size_t errlen);
 
-/* Queues a standby status update.  Returns 0 or -1 (errbuf). */
+/* Queues a standby status update.  Returns 0 or OBX_EIO (errbuf filled). */
 int obx_pgstream_send_status(struct obx_pgstream *s, obx_lsn write, obx_lsn flush,
     bool reply_requested, char *errbuf, size_t errlen);
 
-/* Flushes queued output.  Returns 0 (all sent), 1 (more to send: poll for POLLOUT), -1. */
+/* Flushes queued output.  Returns 0 (all sent), 1 (more to send: poll for POLLOUT) or OBX_EIO. */
 int obx_pgstream_flush(struct obx_pgstream *s);
 
 /* Ends COPY politely when possible and closes the connection. */
