@@ -52,9 +52,9 @@ status_tick(void *arg)
 	return e->io.tick(e->io.tick_arg);
 }
 
-bool
-obx_relay_eos_open(struct obx_relay_eos *e, const struct obx_relay_eos_io *io, enum obx_core_end *end,
-    char *reason, size_t reasonlen)
+enum obx_core_end
+obx_relay_eos_open(struct obx_relay_eos *e, const struct obx_relay_eos_io *io, char *reason,
+    size_t reasonlen)
 {
 	const struct obx_config *cfg = io->cfg;
 	struct obx_pgstream *st = io->st;
@@ -72,9 +72,8 @@ obx_relay_eos_open(struct obx_relay_eos *e, const struct obx_relay_eos_io *io, e
 	verdict = obx_core_txn_init_end(obx_kafka_txn_init(e->io.kf, TXN_INIT_MS, status_tick, e, errbuf,
 	    sizeof(errbuf)), txn_id, TXN_INIT_MS, errbuf, sizeof(errbuf));
 	if (verdict != OBX_CORE_RUNNING) {
-		*end = verdict;
 		snprintf(reason, reasonlen, "%s", errbuf);
-		return false;
+		return verdict;
 	}
 	obx_progress_source_init(&e->source, st->sysid, PQdb(st->conn), (uint32_t)st->timeline,
 	    st->slot_created, cfg);
@@ -84,9 +83,8 @@ obx_relay_eos_open(struct obx_relay_eos *e, const struct obx_relay_eos_io *io, e
 	f = obx_progress_floor(cfg, txn_id, &e->source, st->server_lsn, st->slot_made, rc, errbuf, &e->floor,
 	    line, sizeof(line));
 	if (f == OBX_PROGRESS_FLOOR_UNREADABLE) {
-		*end = OBX_CORE_END_RETRY;
 		snprintf(reason, reasonlen, "%s", line);
-		return false;
+		return OBX_CORE_END_RETRY;
 	}
 	if (!st->slot_made) /* the record goes to the key's own partition, where the next session reads first */
 		e->partition = obx_progress_partition(txn_id, nparts);
@@ -95,7 +93,7 @@ obx_relay_eos_open(struct obx_relay_eos *e, const struct obx_relay_eos_io *io, e
 		obx_log_warn("%s", line);
 	else
 		obx_log_info("%s", line);
-	return true;
+	return OBX_CORE_RUNNING;
 }
 
 void

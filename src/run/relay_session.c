@@ -156,11 +156,16 @@ eos_open(struct relay *r)
 {
 	struct obx_relay_eos_io io = { r->cfg, &r->st, &r->kf, r->core, &r->m, &r->reports_at_us,
 		obx_relay_setup_tick, r, 0 };
+	enum obx_core_end end;
 
 #ifdef OBX_TEST_HOOKS
 	io.kill_after = r->test_kill_after;
 #endif
-	return obx_relay_eos_open(&r->eos, &io, &r->end, r->reason, sizeof(r->reason));
+	end = obx_relay_eos_open(&r->eos, &io, r->reason, sizeof(r->reason));
+	if (end == OBX_CORE_RUNNING)
+		return true;
+	r->end = end;
+	return false;
 }
 
 /*

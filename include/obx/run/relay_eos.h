@@ -50,11 +50,12 @@ struct obx_relay_eos {
  * Once the slot is ours: init_transactions (fencing every older producer
  * of the transactional.id and ending its open transaction), then the last
  * committed progress record of the slot, with one line saying what the
- * replay will skip.  io is copied.  Returns true, or false with *end and
- * reason set when the session cannot go on.
+ * replay will skip.  io is copied.  Returns OBX_CORE_RUNNING, or how the
+ * session ends (OBX_CORE_END_RETRY, OBX_CORE_END_FATAL) with reason set
+ * when it cannot go on.
  */
-bool obx_relay_eos_open(struct obx_relay_eos *e, const struct obx_relay_eos_io *io,
-    enum obx_core_end *end, char *reason, size_t reasonlen);
+enum obx_core_end obx_relay_eos_open(struct obx_relay_eos *e, const struct obx_relay_eos_io *io,
+    char *reason, size_t reasonlen);
 
 /* Hands the floor found by obx_relay_eos_open() to the core; after obx_core_session_start(). */
 void obx_relay_eos_start(struct obx_relay_eos *e);
