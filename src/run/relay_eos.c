@@ -53,13 +53,13 @@ status_tick(void *arg)
 }
 
 enum obx_core_end
-obx_relay_eos_open(struct obx_relay_eos *e, const struct obx_relay_eos_io *io, char *reason,
-    size_t reasonlen)
+obx_relay_eos_open(struct obx_relay_eos *e, const struct obx_relay_eos_io *io, char *errbuf,
+    size_t errlen)
 {
 	const struct obx_config *cfg = io->cfg;
 	struct obx_pgstream *st = io->st;
 	const char *txn_id = io->kf->txn_id;
-	char errbuf[768], line[2048];
+	char detail[768], line[2048];
 	enum obx_core_end verdict;
 	enum obx_progress_floor f;
 	int32_t nparts = 0;
@@ -69,21 +69,21 @@ obx_relay_eos_open(struct obx_relay_eos *e, const struct obx_relay_eos_io *io, c
 	e->committing = e->have_floor = false;
 	memset(&e->floor, 0, sizeof(e->floor));
 	e->partition = RD_KAFKA_PARTITION_UA;
-	verdict = obx_core_txn_init_end(obx_kafka_txn_init(e->io.kf, TXN_INIT_MS, status_tick, e, errbuf,
-	    sizeof(errbuf)), txn_id, TXN_INIT_MS, errbuf, sizeof(errbuf));
+	verdict = obx_core_txn_init_end(obx_kafka_txn_init(e->io.kf, TXN_INIT_MS, status_tick, e, detail,
+	    sizeof(detail)), txn_id, TXN_INIT_MS, detail, sizeof(detail));
 	if (verdict != OBX_CORE_RUNNING) {
-		snprintf(reason, reasonlen, "%s", errbuf);
+		snprintf(errbuf, errlen, "%s", detail);
 		return verdict;
 	}
 	obx_progress_source_init(&e->source, st->sysid, PQdb(st->conn), (uint32_t)st->timeline,
 	    st->slot_created, cfg);
 	if (!st->slot_made)
-		rc = obx_lookup_progress(cfg, txn_id, PROGRESS_READ_MS, status_tick, e, &e->floor, &nparts, errbuf,
-		    sizeof(errbuf));
-	f = obx_progress_floor(cfg, txn_id, &e->source, st->server_lsn, st->slot_made, rc, errbuf, &e->floor,
+		rc = obx_lookup_progress(cfg, txn_id, PROGRESS_READ_MS, status_tick, e, &e->floor, &nparts, detail,
+		    sizeof(detail));
+	f = obx_progress_floor(cfg, txn_id, &e->source, st->server_lsn, st->slot_made, rc, detail, &e->floor,
 	    line, sizeof(line));
 	if (f == OBX_PROGRESS_FLOOR_UNREADABLE) {
-		snprintf(reason, reasonlen, "%s", line);
+		snprintf(errbuf, errlen, "%s", line);
 		return OBX_CORE_END_RETRY;
 	}
 	if (!st->slot_made) /* the record goes to the key's own partition, where the next session reads first */
@@ -186,10 +186,10 @@ obx_relay_eos_fenced(struct obx_relay_eos *e)
 }
 
 bool
-obx_relay_eos_close(struct obx_relay_eos *e, enum obx_core_end end, char *reason, size_t reasonlen)
+obx_relay_eos_close(struct obx_relay_eos *e, enum obx_core_end end, char *errbuf, size_t errlen)
 {
 	struct obx_kafka *kf = e->io.kf;
-	char err[512], errbuf[768];
+	char err[512], detail[768];
 	bool fenced;
 
 	/* what the transaction holds is purged; a new session starts from the slot */
@@ -198,9 +198,9 @@ obx_relay_eos_close(struct obx_relay_eos *e, enum obx_core_end end, char *reason
 	e->committing = false;
 	if (!fenced || end == OBX_CORE_END_FATAL)
 		return false;
-	if (obx_core_fenced_end(connection_ours(e), kf->txn_id, e->io.cfg->slot, errbuf, sizeof(errbuf)) ==
+	if (obx_core_fenced_end(connection_ours(e), kf->txn_id, e->io.cfg->slot, detail, sizeof(detail)) ==
 	    OBX_CORE_END_FATAL) {
-		snprintf(reason, reasonlen, "%s", errbuf);
+		snprintf(errbuf, errlen, "%s", detail);
 		return true;
 	}
 	/* the connection looked alive: if the next session finds the slot taken, the fence was a

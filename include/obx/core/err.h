@@ -20,6 +20,13 @@
  * obx_core_end) and the run policy's verdicts (runpolicy.h).  A function
  * that either succeeds or fails in one of several ways returns an OBX_E*
  * code: a failure that the caller must tell apart gets its own code here.
+ * A positive return is a count or "found" (1) and the contract says so.
+ *
+ * A failure is latched only where it cannot be returned: a delivery report
+ * handed to a callback (run/snapshot.c) or a builder that checks once at
+ * its end (core/pollsql.c's statement buffer).  The latch holds the first
+ * OBX_E* code, never a bool or a string, and the next call that can return
+ * it does.
  */
 #ifndef OBX_ERR_H
 #define OBX_ERR_H

@@ -163,7 +163,7 @@ void obx_dd_scan_window_done(struct obx_dd_scan *s, int32_t p);
 
 /*
  * Partition p (or, with p < 0, the whole topic) falls back to publishing
- * everything; why (printf-style) says why, for the log.  The first reason
+ * everything; fmt (printf-style) says why, for the log.  The first reason
  * stays.
  */
 void obx_dd_scan_fail(struct obx_dd_scan *s, int32_t p, const char *fmt, ...)
