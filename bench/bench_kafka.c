@@ -56,9 +56,9 @@ mono_s(void)
 }
 
 static void
-die(const char *what, const char *why)
+die(const char *what, const char *reason)
 {
-	fprintf(stderr, "bench_kafka: %s: %s\n", what, why);
+	fprintf(stderr, "bench_kafka: %s: %s\n", what, reason);
 	exit(1);
 }
 

@@ -81,7 +81,7 @@ bench_decoder(double seconds)
 	struct obx_pgmsg m;
 	struct obx_event ev;
 	struct obx_txninfo txn = { 0x1000, 7, 0 };
-	char why[128];
+	char errbuf[128];
 	double t0, el;
 	uint64_t msgs = 0, bytes = 0;
 
@@ -144,7 +144,7 @@ bench_decoder(double seconds)
 			    obx_pgoutput_decode(&dec, ins.b, ins.n, &m) != 0)
 				exit(1);
 			r = obx_relcache_get(&rc, m.u.insert.relid);
-			if (obx_event_build(&eb, r, &m.u.insert.tuple, &txn, 0, &ev, why, sizeof(why)) != 0 ||
+			if (obx_event_build(&eb, r, &m.u.insert.tuple, &txn, 0, &ev, errbuf, sizeof(errbuf)) != 0 ||
 			    obx_pgoutput_decode(&dec, com.b, com.n, &m) != 0)
 				exit(1);
 			msgs += 3;

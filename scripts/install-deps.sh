@@ -13,8 +13,8 @@ packages=(
 	libmicrohttpd-dev libcmocka-dev
 	# test stack
 	postgresql-15 postgresql-client-15 kcat util-linux procps iproute2 openssl
-	# sanitizers, fuzzing, profiling, benchmarks
-	clang-14 libclang-rt-14-dev llvm-14 valgrind gdb time linux-perf
+	# sanitizers, fuzzing, profiling, benchmarks; the formatter (scripts/check-style.sh --format)
+	clang-14 clang-format-14 libclang-rt-14-dev llvm-14 valgrind gdb time linux-perf
 	# manifest linting (deploy/): YAML/JSON parsing, promtool for the alert rules
 	python3 python3-yaml yamllint prometheus
 )

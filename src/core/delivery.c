@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "obx/core/delivery.h"
+#include "obx/core/err.h"
 #include "obx/core/lsn.h"
 
 #define OP_DEAD_LETTER (1ULL << 63)
@@ -131,7 +132,7 @@ describe(struct obx_dlv_result *res, const struct obx_record *rec, uint64_t tick
 
 	res->ticket = ticket;
 	res->dead_letter = dl;
-	res->why[0] = '\0';
+	res->reason[0] = '\0';
 	res->f = (struct obx_logfields){ .event_id = res->f_id, .topic = res->f_topic };
 	if (!header_find(rec, "id", res->f_id, sizeof(res->f_id)))
 		snprintf(res->f_id, sizeof(res->f_id), "?");
@@ -167,7 +168,7 @@ outcome(struct obx_dlv_result *res, enum obx_dlv_outcome o, const char *fmt, ...
 	va_list ap;
 
 	va_start(ap, fmt);
-	vsnprintf(res->why, sizeof(res->why), fmt, ap);
+	vsnprintf(res->reason, sizeof(res->reason), fmt, ap);
 	va_end(ap);
 	return o;
 }
@@ -213,6 +214,7 @@ dup_bytes(const void *p, size_t len)
 	return d;
 }
 
+/* A copy of rec for the pending queue, owned by p.  Returns 0, or OBX_ENOMEM with p partly filled for pending_free(). */
 static int
 pending_copy(struct obx_dlv_pending *p, const struct obx_record *rec, const struct obx_dlv_tag *t)
 {
@@ -231,7 +233,7 @@ pending_copy(struct obx_dlv_pending *p, const struct obx_record *rec, const stru
 	p->hstore = calloc(rec->nheaders * 2 + 1, sizeof(*p->hstore));
 	if (p->topic == NULL || (rec->key != NULL && p->key == NULL) || (p->has_value && p->value == NULL) ||
 	    p->headers == NULL || p->hstore == NULL)
-		return -1;
+		return OBX_ENOMEM;
 	for (size_t i = 0; i < rec->nheaders; i++) {
 		const struct obx_header *h = &rec->headers[i];
 
@@ -239,7 +241,7 @@ pending_copy(struct obx_dlv_pending *p, const struct obx_record *rec, const stru
 		p->hstore[2 * i] = strdup(h->name);
 		p->hstore[2 * i + 1] = h->value != NULL ? dup_bytes(h->value, h->len) : NULL;
 		if (p->hstore[2 * i] == NULL || (h->value != NULL && p->hstore[2 * i + 1] == NULL))
-			return -1;
+			return OBX_ENOMEM;
 		p->headers[i] = (struct obx_header){ p->hstore[2 * i], p->hstore[2 * i + 1], h->len };
 	}
 	return 0;
@@ -337,14 +339,14 @@ send_bare(struct obx_delivery *d, const struct obx_record *rec, uint64_t ticket,
 }
 
 /*
- * rec cannot be published (why; report: the broker refused it, else the
+ * rec cannot be published (reason; report: the broker refused it, else the
  * produce call).  An event meets on_error (the source's attempts, for
  * OBX_DLV_ATTEMPTS); its dead-letter copy is sent again as its headers
  * alone; when even that is refused nothing more can be done.
  */
 static enum obx_dlv_outcome
 refused(struct obx_delivery *d, const struct obx_record *rec, const struct obx_dlv_tag *t,
-    const char *why, bool report, struct obx_dlv_result *res)
+    const char *reason, bool report, struct obx_dlv_result *res)
 {
 	char at[OBX_LSN_STRLEN + 16], lsn[OBX_LSN_STRLEN + 8], xid[16];
 
@@ -355,36 +357,36 @@ refused(struct obx_delivery *d, const struct obx_record *rec, const struct obx_d
 	if (!header_find(rec, "xid", xid, sizeof(xid)))
 		snprintf(xid, sizeof(xid), "?");
 	if (!t->dead_letter && d->policy == OBX_DLV_ATTEMPTS)
-		return outcome(res, OBX_DLV_RETRY, "%s", why);
+		return outcome(res, OBX_DLV_RETRY, "%s", reason);
 	if (!t->dead_letter && d->cfg->on_error == OBX_ON_ERROR_STOP) {
 		if (report)
 			return outcome(res, OBX_DLV_STOP, "event id=%s lsn=%s rejected by the broker for topic %s: "
-			    "%s (on_error = stop: nothing after it is confirmed)", res->f_id, lsn, rec->topic, why);
+			    "%s (on_error = stop: nothing after it is confirmed)", res->f_id, lsn, rec->topic, reason);
 		return outcome(res, OBX_DLV_STOP, "event id=%s%s (xid %s) cannot be published: %s (on_error = "
-		    "stop: nothing after it is confirmed)", res->f_id, at, xid, why);
+		    "stop: nothing after it is confirmed)", res->f_id, at, xid, reason);
 	}
 	if (!t->dead_letter) {
 		if (report)
 			note(d, OBX_LOG_WARN, &res->f, "event id=%s lsn=%s rejected by the broker for %s (%s): "
-			    "dead-lettering it to %s", res->f_id, lsn, rec->topic, why, d->cfg->dead_letter_topic);
+			    "dead-lettering it to %s", res->f_id, lsn, rec->topic, reason, d->cfg->dead_letter_topic);
 		else
 			note(d, OBX_LOG_WARN, &res->f, "event id=%s%s cannot be published (%s): dead-lettering it "
-			    "to %s", res->f_id, at, why, d->cfg->dead_letter_topic);
-		return send_copy(d, rec, t->ticket, why, res);
+			    "to %s", res->f_id, at, reason, d->cfg->dead_letter_topic);
+		return send_copy(d, rec, t->ticket, reason, res);
 	}
 	if (!t->bare && (rec->key != NULL || rec->value != NULL)) {
 		note(d, OBX_LOG_WARN, &res->f, "the dead-letter copy of event id=%s%s was refused too (%s): "
-		    "sending its headers alone to %s", res->f_id, at, why, d->cfg->dead_letter_topic);
+		    "sending its headers alone to %s", res->f_id, at, reason, d->cfg->dead_letter_topic);
 		return send_bare(d, rec, t->ticket, res);
 	}
 	return outcome(res, d->policy == OBX_DLV_ATTEMPTS ? OBX_DLV_RETRY : OBX_DLV_STOP,
-	    "could not dead-letter event id=%s%s to %s: %s", res->f_id, at, d->cfg->dead_letter_topic, why);
+	    "could not dead-letter event id=%s%s to %s: %s", res->f_id, at, d->cfg->dead_letter_topic, reason);
 }
 
 /* A refusal because the topic is missing: the wait, then on_error (never for a copy). */
 static enum obx_dlv_outcome
 missing(struct obx_delivery *d, const struct obx_record *rec, const struct obx_dlv_tag *t,
-    const char *why, bool report, struct obx_dlv_result *res)
+    const char *reason, bool report, struct obx_dlv_result *res)
 {
 	bool waiting;
 
@@ -398,7 +400,7 @@ missing(struct obx_delivery *d, const struct obx_record *rec, const struct obx_d
 	waiting = obx_topic_missing(d->waits, rec->topic, d->now_ms, d->cfg->missing_topic_timeout_ms);
 	obx_topic_gauge(d->waits, d->now_ms, d->m);
 	if (!waiting)
-		return refused(d, rec, t, why, report, res);
+		return refused(d, rec, t, reason, report, res);
 	describe(res, rec, t->ticket, false);
 	return outcome(res, OBX_DLV_WAIT_TOPIC, "topic %s does not exist (yet): waiting up to %lld s for it "
 	    "([delivery] missing_topic_timeout) before on_error applies", rec->topic,
@@ -409,9 +411,9 @@ static enum obx_dlv_outcome
 produce_now(struct obx_delivery *d, const struct obx_record *rec, const struct obx_dlv_tag *t,
     struct obx_dlv_result *res)
 {
-	char why[512] = "";
+	char errbuf[512] = "";
 
-	switch (d->ops->gate != NULL ? d->ops->gate(d->ctx, rec, t->ticket, t->dead_letter, why, sizeof(why)) :
+	switch (d->ops->gate != NULL ? d->ops->gate(d->ctx, rec, t->ticket, t->dead_letter, errbuf, sizeof(errbuf)) :
 	    OBX_DLV_GATE_SEND) {
 	case OBX_DLV_GATE_SETTLED:
 		describe(res, rec, t->ticket, t->dead_letter);
@@ -421,11 +423,11 @@ produce_now(struct obx_delivery *d, const struct obx_record *rec, const struct o
 			return outcome(res, OBX_DLV_STOP, "out of memory");
 		return OBX_DLV_SENT;
 	case OBX_DLV_GATE_REFUSED:
-		return refused(d, rec, t, why, false, res);
+		return refused(d, rec, t, errbuf, false, res);
 	case OBX_DLV_GATE_SEND:
 		break;
 	}
-	switch (d->ops->produce(d->ctx, rec, obx_dlv_opaque(t), why, sizeof(why))) {
+	switch (d->ops->produce(d->ctx, rec, obx_dlv_opaque(t), errbuf, sizeof(errbuf))) {
 	case OBX_PRODUCE_OK:
 		d->inflight++;
 		d->inflight_bytes += rec->len + rec->keylen;
@@ -437,14 +439,14 @@ produce_now(struct obx_delivery *d, const struct obx_record *rec, const struct o
 			return outcome(res, OBX_DLV_STOP, "out of memory");
 		return OBX_DLV_SENT;
 	case OBX_PRODUCE_MISSING_TOPIC:
-		return missing(d, rec, t, why, false, res);
+		return missing(d, rec, t, errbuf, false, res);
 	case OBX_PRODUCE_PERMANENT:
-		return refused(d, rec, t, why, false, res);
+		return refused(d, rec, t, errbuf, false, res);
 	case OBX_PRODUCE_TRANSIENT:
 		break;
 	}
 	describe(res, rec, t->ticket, t->dead_letter);
-	return outcome(res, OBX_DLV_RETRY, "could not produce event id=%s: %s", res->f_id, why);
+	return outcome(res, OBX_DLV_RETRY, "could not produce event id=%s: %s", res->f_id, errbuf);
 }
 
 /* ---- the interface ---- */

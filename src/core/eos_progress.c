@@ -79,7 +79,7 @@ parse_source(json_t *o, struct obx_progress_source *src)
 
 int
 obx_progress_parse(const void *value, size_t len, const char *slot, struct obx_progress *out,
-    char *why, size_t whylen)
+    char *errbuf, size_t errlen)
 {
 	const char *s = NULL, *lsn = NULL, *end = NULL;
 	json_int_t seq = -1, records = 0, timeline = 0, mark_time = 0;
@@ -90,18 +90,18 @@ obx_progress_parse(const void *value, size_t len, const char *slot, struct obx_p
 	memset(out, 0, sizeof(*out));
 	o = value != NULL ? json_loadb(value, len, 0, &jerr) : NULL;
 	if (o == NULL) {
-		snprintf(why, whylen, "not JSON");
+		snprintf(errbuf, errlen, "not JSON");
 		return OBX_EINVAL;
 	}
 	if (json_unpack(o, "{s:s, s:s, s:I, s?s, s?I, s?I, s?I}", "slot", &s, "lsn", &lsn, "seq", &seq,
 	    "end_lsn", &end, "records", &records, "timeline", &timeline, "lsn_commit_time", &mark_time) != 0) {
-		snprintf(why, whylen, "no slot, lsn or seq");
+		snprintf(errbuf, errlen, "no slot, lsn or seq");
 		rc = OBX_EINVAL;
 	} else if (strcmp(s, slot) != 0) {
 		rc = OBX_ENOENT;
 	} else if (obx_lsn_parse(lsn, &out->mark.lsn) != 0 || seq < 0 || seq > UINT32_MAX ||
 	    (end != NULL && obx_lsn_parse(end, &out->end_lsn) != 0)) {
-		snprintf(why, whylen, "lsn, seq or end_lsn out of form");
+		snprintf(errbuf, errlen, "lsn, seq or end_lsn out of form");
 		rc = OBX_EINVAL;
 	} else {
 		out->mark.seq = (uint32_t)seq;
@@ -116,52 +116,52 @@ obx_progress_parse(const void *value, size_t len, const char *slot, struct obx_p
 
 bool
 obx_progress_trusted(const struct obx_progress *rec, const struct obx_progress_source *now,
-    obx_lsn server_lsn, char *why, size_t whylen)
+    obx_lsn server_lsn, char *errbuf, size_t errlen)
 {
 	char a[OBX_LSN_STRLEN], b[OBX_LSN_STRLEN];
 	const struct obx_progress_source *was = &rec->src;
 
 	if (!rec->has_source)
-		snprintf(why, whylen, "names no source (written by an earlier version)");
+		snprintf(errbuf, errlen, "names no source (written by an earlier version)");
 	else if (strcmp(was->system_id, now->system_id) != 0)
-		snprintf(why, whylen, "was written for system %s, the server is system %s", was->system_id,
+		snprintf(errbuf, errlen, "was written for system %s, the server is system %s", was->system_id,
 		    now->system_id);
 	else if (strcmp(was->database, now->database) != 0)
-		snprintf(why, whylen, "was written for database %s, this session decodes %s (a transactional.id "
+		snprintf(errbuf, errlen, "was written for database %s, this session decodes %s (a transactional.id "
 		    "shared by two sources)", was->database, now->database);
 	else if (was->timeline != now->timeline)
 		/* LSNs of another timeline are not comparable (a point-in-time recovery, a failover) */
-		snprintf(why, whylen, "was written on timeline %" PRIu32 ", the server is on timeline %" PRIu32,
+		snprintf(errbuf, errlen, "was written on timeline %" PRIu32 ", the server is on timeline %" PRIu32,
 		    was->timeline, now->timeline);
 	else if (was->slot_created != now->slot_created)
-		snprintf(why, whylen, "was written for a slot created at %s, the slot was created at %s (dropped "
+		snprintf(errbuf, errlen, "was written for a slot created at %s, the slot was created at %s (dropped "
 		    "and created again)", obx_lsn_format(was->slot_created, a, sizeof(a)),
 		    obx_lsn_format(now->slot_created, b, sizeof(b)));
 	else if (strcmp(was->events, now->events) != 0)
 		/* each at most 200 bytes in the line: a reason, not a dump */
-		snprintf(why, whylen, "numbers the events of %.200s, this session those of %.200s", was->events,
+		snprintf(errbuf, errlen, "numbers the events of %.200s, this session those of %.200s", was->events,
 		    now->events);
 	else if (rec->mark.lsn > server_lsn || rec->end_lsn > server_lsn)
-		snprintf(why, whylen, "marks lsn %s, beyond the server's WAL position %s (the server went back: "
+		snprintf(errbuf, errlen, "marks lsn %s, beyond the server's WAL position %s (the server went back: "
 		    "a data directory restored from a copy?)", obx_lsn_format(rec->mark.lsn, a, sizeof(a)),
 		    obx_lsn_format(server_lsn, b, sizeof(b)));
 	else if (rec->mark_commit_time == 0)
-		snprintf(why, whylen, "has no commit time to check its mark with");
+		snprintf(errbuf, errlen, "has no commit time to check its mark with");
 	else
 		return true;
 	return false;
 }
 
 enum obx_progress_fence
-obx_progress_fenced(bool connection_ours, const char *txn_id, const char *slot, char *why, size_t whylen)
+obx_progress_fenced(bool connection_ours, const char *txn_id, const char *slot, char *errbuf, size_t errlen)
 {
 	if (connection_ours) {
-		snprintf(why, whylen, "the broker fenced transactional.id %s while this instance still holds "
+		snprintf(errbuf, errlen, "the broker fenced transactional.id %s while this instance still holds "
 		    "slot %s (a Kafka transaction outlived transaction.timeout.ms and was aborted); starting a "
 		    "new session", txn_id, slot);
 		return OBX_PROGRESS_NEW_SESSION;
 	}
-	snprintf(why, whylen, "fenced: another instance took over transactional.id %s (the broker refuses "
+	snprintf(errbuf, errlen, "fenced: another instance took over transactional.id %s (the broker refuses "
 	    "this producer's epoch and the replication connection is gone); stopping without publishing "
 	    "anything more", txn_id);
 	return OBX_PROGRESS_STOP;
@@ -169,11 +169,11 @@ obx_progress_fenced(bool connection_ours, const char *txn_id, const char *slot, 
 
 bool
 obx_progress_taken_over(bool fenced_before, bool slot_in_use, const char *txn_id, const char *slot,
-    char *why, size_t whylen)
+    char *errbuf, size_t errlen)
 {
 	if (!fenced_before || !slot_in_use)
 		return false;
-	snprintf(why, whylen, "fenced: another instance took over transactional.id %s (the broker refuses "
+	snprintf(errbuf, errlen, "fenced: another instance took over transactional.id %s (the broker refuses "
 	    "this producer's epoch and slot %s is in use by another instance); stopping without "
 	    "publishing anything more", txn_id, slot);
 	return true;
@@ -190,7 +190,7 @@ obx_progress_floor(const struct obx_config *cfg, const char *txn_id, const struc
     obx_lsn server_lsn, bool slot_made, int read_rc, const char *read_why, const struct obx_progress *rec,
     char *line, size_t linelen)
 {
-	char a[OBX_LSN_STRLEN], why[768];
+	char a[OBX_LSN_STRLEN], errbuf[768];
 
 	if (slot_made) {
 		/* a slot made now streams only what commits from now on: no progress can apply */
@@ -207,9 +207,9 @@ obx_progress_floor(const struct obx_config *cfg, const char *txn_id, const struc
 		    txn_id, cfg->progress_topic);
 		return OBX_PROGRESS_FLOOR_NONE;
 	}
-	if (!obx_progress_trusted(rec, now, server_lsn, why, sizeof(why))) {
+	if (!obx_progress_trusted(rec, now, server_lsn, errbuf, sizeof(errbuf))) {
 		snprintf(line, linelen, "exactly-once: the last progress record of transactional.id %s %s: not "
-		    "skipping anything this session (events may be published again)", txn_id, why);
+		    "skipping anything this session (events may be published again)", txn_id, errbuf);
 		return OBX_PROGRESS_FLOOR_UNTRUSTED;
 	}
 	snprintf(line, linelen, "exactly-once: transactional.id %s; the last committed Kafka transaction ends "

@@ -15,6 +15,10 @@ obx_strerror(int code)
 	case OBX_ECONFIG: return "configuration error";
 	case OBX_ESTATE: return "invalid state";
 	case OBX_EBUSY: return "in use by another";
+	case OBX_ETIMEDOUT: return "timed out";
+	case OBX_EFENCED: return "fenced by another producer";
+	case OBX_EABORT: return "transaction must be aborted";
+	case OBX_EFATAL: return "unrecoverable failure";
 	}
 	return "unknown error";
 }

@@ -68,12 +68,12 @@ int
 obx_event_builder_init(struct obx_event_builder *b, const struct obx_config *cfg)
 {
 	size_t nh = 6 + cfg->n_extra_headers + 16;
-	char why[256];
+	char errbuf[256];
 	int r;
 
 	memset(b, 0, sizeof(*b));
 	b->cfg = cfg;
-	if ((r = obx_template_parse(&b->tpl, cfg->topic, why, sizeof(why))) != 0)
+	if ((r = obx_template_parse(&b->tpl, cfg->topic, errbuf, sizeof(errbuf))) != 0)
 		return r;
 	b->i_tpl = calloc(b->tpl.nparts ? b->tpl.nparts : 1, sizeof(int));
 	b->i_extra = calloc(cfg->n_extra_headers ? cfg->n_extra_headers : 1, sizeof(int));
@@ -150,22 +150,22 @@ resolve(struct obx_event_builder *b, const struct obx_rel *rel)
 		b->i_extra[i] = obx_rel_column(rel, c->extra_headers[i].value);
 }
 
-/* Fetches column i of the tuple; returns 0, or OBX_EINVAL with why filled. */
+/* Fetches column i of the tuple; returns 0, or OBX_EINVAL with errbuf filled. */
 static int
 datum(const struct obx_pg_tuple *t, int i, const char *colname, const char *role,
-    const struct obx_pg_datum **out, char *why, size_t whylen)
+    const struct obx_pg_datum **out, char *errbuf, size_t errlen)
 {
 	if (i < 0) {
-		snprintf(why, whylen, "column '%s' (%s) is missing from the outbox table", colname, role);
+		snprintf(errbuf, errlen, "column '%s' (%s) is missing from the outbox table", colname, role);
 		return OBX_EINVAL;
 	}
 	if ((size_t)i >= t->ncols) {
-		snprintf(why, whylen, "column '%s' (%s) is not in the row (%u columns)", colname, role,
+		snprintf(errbuf, errlen, "column '%s' (%s) is not in the row (%u columns)", colname, role,
 		    t->ncols);
 		return OBX_EINVAL;
 	}
 	if (t->cols[i].kind == 'u') {
-		snprintf(why, whylen, "column '%s' (%s) arrived as an unchanged TOAST value", colname, role);
+		snprintf(errbuf, errlen, "column '%s' (%s) arrived as an unchanged TOAST value", colname, role);
 		return OBX_EINVAL;
 	}
 	*out = &t->cols[i];
@@ -235,7 +235,7 @@ add_header(struct obx_event_builder *b, size_t *n, const char *name, const void 
 
 static int
 add_json_headers(struct obx_event_builder *b, size_t *n, const struct obx_pg_datum *d,
-    char *why, size_t whylen)
+    char *errbuf, size_t errlen)
 {
 	json_error_t jerr;
 	const char *k;
@@ -245,12 +245,12 @@ add_json_headers(struct obx_event_builder *b, size_t *n, const struct obx_pg_dat
 		return 0;
 	b->hdr_json = json_loadb((const char *)d->data, d->len, 0, &jerr);
 	if (b->hdr_json == NULL || !json_is_object(b->hdr_json)) {
-		snprintf(why, whylen, "headers column '%s' is not a JSON object", b->cfg->col_headers);
+		snprintf(errbuf, errlen, "headers column '%s' is not a JSON object", b->cfg->col_headers);
 		return OBX_EINVAL;
 	}
 	json_object_foreach(b->hdr_json, k, v) {
 		if (obx_header_is_reserved(k)) {
-			snprintf(why, whylen, "headers column '%s' holds header '%.64s', a name outboxd writes "
+			snprintf(errbuf, errlen, "headers column '%s' holds header '%.64s', a name outboxd writes "
 			    "itself (reserved: " OBX_RESERVED_HEADERS ")", b->cfg->col_headers, k);
 			return OBX_EINVAL;
 		}
@@ -363,7 +363,7 @@ obx_parse_pg_timestamp(const char *s, size_t len, int64_t *out_ms)
 int
 obx_event_build(struct obx_event_builder *b, const struct obx_rel *rel,
     const struct obx_pg_tuple *t, const struct obx_txninfo *txn, uint32_t seq,
-    struct obx_event *out, char *why, size_t whylen)
+    struct obx_event *out, char *errbuf, size_t errlen)
 {
 	const struct obx_config *c = b->cfg;
 	const struct obx_pg_datum *d_id, *d_key, *d_type, *d_payload, *d;
@@ -372,17 +372,17 @@ obx_event_build(struct obx_event_builder *b, const struct obx_rel *rel,
 
 	clear_dumps(b);
 	resolve(b, rel);
-	if ((rc = datum(t, b->i_id, c->col_id, "id", &d_id, why, whylen)) != 0 ||
-	    (rc = datum(t, b->i_key, c->col_key, "key", &d_key, why, whylen)) != 0 ||
-	    (rc = datum(t, b->i_type, c->col_type, "type", &d_type, why, whylen)) != 0 ||
-	    (rc = datum(t, b->i_payload, c->col_payload, "payload", &d_payload, why, whylen)) != 0)
+	if ((rc = datum(t, b->i_id, c->col_id, "id", &d_id, errbuf, errlen)) != 0 ||
+	    (rc = datum(t, b->i_key, c->col_key, "key", &d_key, errbuf, errlen)) != 0 ||
+	    (rc = datum(t, b->i_type, c->col_type, "type", &d_type, errbuf, errlen)) != 0 ||
+	    (rc = datum(t, b->i_payload, c->col_payload, "payload", &d_payload, errbuf, errlen)) != 0)
 		return rc;
 	if (d_id->kind == 'n') {
-		snprintf(why, whylen, "id column '%s' is NULL", c->col_id);
+		snprintf(errbuf, errlen, "id column '%s' is NULL", c->col_id);
 		return OBX_EINVAL;
 	}
 	if (d_key->kind == 'n') {
-		snprintf(why, whylen, "key column '%s' is NULL", c->col_key);
+		snprintf(errbuf, errlen, "key column '%s' is NULL", c->col_key);
 		return OBX_EINVAL;
 	}
 	b->id.len = 0;
@@ -401,10 +401,10 @@ obx_event_build(struct obx_event_builder *b, const struct obx_rel *rel,
 		if (!part->is_column) {
 			rc = dbuf_append(&b->topic, part->text, strlen(part->text));
 		} else {
-			if ((rc = datum(t, b->i_tpl[i], part->text, "topic template", &d, why, whylen)) != 0)
+			if ((rc = datum(t, b->i_tpl[i], part->text, "topic template", &d, errbuf, errlen)) != 0)
 				return rc;
 			if (d->kind == 'n') {
-				snprintf(why, whylen, "topic column '%s' is NULL", part->text);
+				snprintf(errbuf, errlen, "topic column '%s' is NULL", part->text);
 				return OBX_EINVAL;
 			}
 			rc = dbuf_append(&b->topic, d->data, d->len);
@@ -413,7 +413,7 @@ obx_event_build(struct obx_event_builder *b, const struct obx_rel *rel,
 			return rc;
 	}
 	if (!valid_topic(b->topic.p, b->topic.len)) {
-		snprintf(why, whylen, "topic '%.*s' from template '%s' is not a valid Kafka topic name",
+		snprintf(errbuf, errlen, "topic '%.*s' from template '%s' is not a valid Kafka topic name",
 		    (int)(b->topic.len > 300 ? 300 : b->topic.len), b->topic.p, c->topic);
 		return OBX_EINVAL;
 	}
@@ -428,7 +428,7 @@ obx_event_build(struct obx_event_builder *b, const struct obx_rel *rel,
 	} else if (rel->cols[b->i_payload].type_oid == BYTEA_OID) {
 		rc = decode_bytea(&b->value, d_payload->data, d_payload->len);
 		if (rc == OBX_EINVAL)
-			snprintf(why, whylen, "payload column '%s': bytea not in hex output format", c->col_payload);
+			snprintf(errbuf, errlen, "payload column '%s': bytea not in hex output format", c->col_payload);
 		if (rc != 0)
 			return rc;
 		out->value = b->value.p;
@@ -441,7 +441,7 @@ obx_event_build(struct obx_event_builder *b, const struct obx_rel *rel,
 	/* timestamp: the configured column, else the commit time */
 	out->timestamp_ms = (txn->commit_time + OBX_PG_EPOCH_OFFSET_US) / 1000;
 	if (b->i_timestamp != -2) {
-		if ((rc = datum(t, b->i_timestamp, c->col_timestamp, "timestamp", &d, why, whylen)) != 0)
+		if ((rc = datum(t, b->i_timestamp, c->col_timestamp, "timestamp", &d, errbuf, errlen)) != 0)
 			return rc;
 		if (d->kind != 'n') {
 			uint32_t oid = rel->cols[b->i_timestamp].type_oid;
@@ -450,10 +450,17 @@ obx_event_build(struct obx_event_builder *b, const struct obx_rel *rel,
 			if (oid == INT8_OID && d->len < sizeof(num)) {
 				memcpy(num, d->data, d->len);
 				num[d->len] = '\0';
-				out->timestamp_ms = strtoll(num, NULL, 10);
+				const char *bad = NULL;
+
+				out->timestamp_ms = strtonum(num, INT64_MIN, INT64_MAX, &bad);
+				if (bad != NULL) {
+					snprintf(errbuf, errlen, "timestamp column '%s': '%s' is not an integer",
+					    c->col_timestamp, num);
+					return OBX_EINVAL;
+				}
 			} else if (obx_parse_pg_timestamp((const char *)d->data, d->len,
 			    &out->timestamp_ms) != 0) {
-				snprintf(why, whylen, "timestamp column '%s': '%.*s' is not an ISO timestamp",
+				snprintf(errbuf, errlen, "timestamp column '%s': '%.*s' is not an ISO timestamp",
 				    c->col_timestamp, (int)(d->len > 64 ? 64 : d->len), (const char *)d->data);
 				return OBX_EINVAL;
 			}
@@ -479,15 +486,15 @@ obx_event_build(struct obx_event_builder *b, const struct obx_rel *rel,
 	    add_header(b, &nh, "commit_ts", b->commit_ts, strlen(b->commit_ts)) == NULL)
 		return OBX_ENOMEM;
 	for (size_t i = 0; i < c->n_extra_headers; i++) {
-		if ((rc = datum(t, b->i_extra[i], c->extra_headers[i].value, "header", &d, why, whylen)) != 0)
+		if ((rc = datum(t, b->i_extra[i], c->extra_headers[i].value, "header", &d, errbuf, errlen)) != 0)
 			return rc;
 		if (add_header(b, &nh, c->extra_headers[i].key, d->kind == 'n' ? NULL : d->data,
 		    d->len) == NULL)
 			return OBX_ENOMEM;
 	}
 	if (b->i_headers != -2) {
-		if ((rc = datum(t, b->i_headers, c->col_headers, "headers", &d, why, whylen)) != 0 ||
-		    (rc = add_json_headers(b, &nh, d, why, whylen)) != 0)
+		if ((rc = datum(t, b->i_headers, c->col_headers, "headers", &d, errbuf, errlen)) != 0 ||
+		    (rc = add_json_headers(b, &nh, d, errbuf, errlen)) != 0)
 			return rc;
 	}
 	out->headers = b->headers;

@@ -175,11 +175,11 @@ obx_pollcore_sent(struct obx_pollcore *pc, size_t i, bool dead_letter)
 }
 
 int
-obx_pollcore_failed(struct obx_pollcore *pc, size_t i, enum obx_poll_failure what, const char *why)
+obx_pollcore_failed(struct obx_pollcore *pc, size_t i, enum obx_poll_failure what, const char *reason)
 {
 	struct obx_prow *row = &pc->rows[i];
 
-	set_error(row, why);
+	set_error(row, reason);
 	row->state = OBX_PROW_FAILED;
 	if (what == OBX_POLL_FAILED_DEAD_LETTER)
 		return 0;
@@ -217,7 +217,7 @@ obx_pollcore_report(struct obx_pollcore *pc, uint64_t opaque, const char *err_na
 	struct obx_dlv_tag t;
 	size_t i;
 	struct obx_prow *row;
-	char text[640], why[512];
+	char text[640], errbuf[512];
 
 	if (!obx_dlv_untag(opaque, &t) || t.src != OBX_DLV_POLL)
 		return OBX_POLL_REPORT_STALE;
@@ -239,12 +239,12 @@ obx_pollcore_report(struct obx_pollcore *pc, uint64_t opaque, const char *err_na
 		return OBX_POLL_REPORT_ACKED;
 	}
 	if (err_text != NULL && err_text[0] != '\0' && err_name[0] != '\0')
-		snprintf(why, sizeof(why), "%s%s: %s", row->dead_letter ? "dead-letter copy: " : "", err_name,
+		snprintf(errbuf, sizeof(errbuf), "%s%s: %s", row->dead_letter ? "dead-letter copy: " : "", err_name,
 		    err_text);
 	else
-		snprintf(why, sizeof(why), "%s%s", row->dead_letter ? "dead-letter copy: " : "",
+		snprintf(errbuf, sizeof(errbuf), "%s%s", row->dead_letter ? "dead-letter copy: " : "",
 		    err_text != NULL && err_text[0] != '\0' ? err_text : err_name);
-	set_error(row, why);
+	set_error(row, errbuf);
 	row->state = OBX_PROW_FAILED;
 	/* the later rows of its key not yet with the broker wait for it (obx_pollcore_key_held()) */
 	if (!row->dead_letter)

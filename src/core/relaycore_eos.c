@@ -284,15 +284,15 @@ obx_core_progress_record(const struct obx_core_progress *p, const struct obx_pro
 }
 
 enum obx_core_end
-obx_core_txn_init_end(enum obx_txn_result res, const char *txn_id, int budget_ms, char *why,
+obx_core_txn_init_end(int res, const char *txn_id, int budget_ms, char *why,
     size_t whylen)
 {
-	if (res == OBX_TXN_OK)
+	if (res == OBX_OK)
 		return OBX_CORE_RUNNING;
-	if (res == OBX_TXN_PENDING)
+	if (res == OBX_ETIMEDOUT)
 		snprintf(why, whylen, "Kafka transactions for transactional.id %s not initialised within %d s",
 		    txn_id, budget_ms / 1000);
-	return res == OBX_TXN_FENCED ? OBX_CORE_END_FATAL : OBX_CORE_END_RETRY;
+	return res == OBX_EFENCED ? OBX_CORE_END_FATAL : OBX_CORE_END_RETRY;
 }
 
 enum obx_core_end
@@ -303,15 +303,15 @@ obx_core_fenced_end(bool connection_ours, const char *txn_id, const char *slot, 
 }
 
 enum obx_core_commit
-obx_core_commit_verdict(enum obx_txn_result res, bool connection_ours, const char *txn_id,
+obx_core_commit_verdict(int res, bool connection_ours, const char *txn_id,
     const char *slot, char *why, size_t whylen)
 {
 	switch (res) {
-	case OBX_TXN_OK:
+	case OBX_OK:
 		return OBX_CORE_COMMIT_OK;
-	case OBX_TXN_ABORT:
+	case OBX_EABORT:
 		return OBX_CORE_COMMIT_ABORT;
-	case OBX_TXN_FENCED:
+	case OBX_EFENCED:
 		/* a new session goes on through the rewind of a FATAL commit */
 		return obx_core_fenced_end(connection_ours, txn_id, slot, why, whylen) == OBX_CORE_END_FATAL ?
 		    OBX_CORE_COMMIT_FENCED : OBX_CORE_COMMIT_FATAL;

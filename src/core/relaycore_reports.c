@@ -31,15 +31,15 @@ delivered(struct obx_core *c, enum obx_dlv_outcome o, const struct obx_dlv_resul
 		/* nothing is confirmed past the event: the next session tries it again */
 		c->end_kafka = true;
 		obx_rc_fail_at(c, OBX_CORE_END_RETRY, &(struct obx_logfields){ .topic = res->f_topic },
-		    "%s, rewinding to the slot", res->why);
+		    "%s, rewinding to the slot", res->reason);
 		return;
 	case OBX_DLV_RETRY:
 		c->end_kafka = c->end_kafka || report;
 		obx_rc_fail_at(c, OBX_CORE_END_RETRY, &res->f, report ? "%s; rewinding to the slot" : "%s",
-		    res->why);
+		    res->reason);
 		return;
 	case OBX_DLV_STOP:
-		obx_rc_fail_at(c, OBX_CORE_END_FATAL, &res->f, "%s", res->why);
+		obx_rc_fail_at(c, OBX_CORE_END_FATAL, &res->f, "%s", res->reason);
 		return;
 	}
 }
@@ -171,7 +171,7 @@ obx_core_report(struct obx_core *c, const struct obx_report *r)
 		obx_rc_remember_rejected(c, &r->record, res.dead_letter, r->error);
 		c->end_kafka = true;
 		obx_rc_fail_at(c, OBX_CORE_END_RETRY, &res.f, "%s: aborting it and rewinding to the slot; "
-		    "on_error applies at the replay", res.why);
+		    "on_error applies at the replay", res.reason);
 		return;
 	}
 	if (o != OBX_DLV_ACKED) {

@@ -187,7 +187,7 @@ vfail(struct obx_dd_scan *s, int32_t p, const char *fmt, va_list ap)
 
 	if (p < 0 || p >= s->nparts) {
 		if (!s->failed)
-			vsnprintf(s->why, sizeof(s->why), fmt, ap);
+			vsnprintf(s->reason, sizeof(s->reason), fmt, ap);
 		s->failed = true;
 		return;
 	}
@@ -196,7 +196,7 @@ vfail(struct obx_dd_scan *s, int32_t p, const char *fmt, va_list ap)
 		return;
 	pt->state = OBX_DD_FALLBACK;
 	pt->in_window = false;
-	vsnprintf(pt->why, sizeof(pt->why), fmt, ap);
+	vsnprintf(pt->reason, sizeof(pt->reason), fmt, ap);
 	part_drop_marks(s, pt);
 }
 
@@ -302,7 +302,7 @@ obx_dd_scan_record(struct obx_dd_scan *s, int32_t p, int64_t offset, const void 
 	if (obx_dd_mark_parse(hs, nh, &m) != 0) {
 		if (offset > pt->last_foreign) {
 			pt->last_foreign = offset;
-			snprintf(pt->why, sizeof(pt->why), "the record at offset %" PRId64 " has no lsn and "
+			snprintf(pt->reason, sizeof(pt->reason), "the record at offset %" PRId64 " has no lsn and "
 			    "seq headers of outboxd (another writer)", offset);
 		}
 		return;
@@ -315,7 +315,7 @@ obx_dd_scan_record(struct obx_dd_scan *s, int32_t p, int64_t offset, const void 
 	q = obx_dd_partition(key, keylen, s->nparts);
 	if (q >= 0 && q != p && offset > pt->last_moved) {
 		pt->last_moved = offset;
-		snprintf(s->why, sizeof(s->why), "the record at offset %" PRId64 " of partition %" PRId32
+		snprintf(s->reason, sizeof(s->reason), "the record at offset %" PRId64 " of partition %" PRId32
 		    " has a key that maps to partition %" PRId32 " of today's %" PRId32 ": the partition "
 		    "count changed since it was written (or another partitioner placed it)", offset, p, q,
 		    s->nparts);
@@ -352,7 +352,7 @@ void
 obx_dd_scan_window_done(struct obx_dd_scan *s, int32_t p)
 {
 	struct obx_dd_part *pt;
-	char why[sizeof(s->why)];
+	char errbuf[sizeof(s->reason)];
 
 	if (!reading(s, p) || !s->parts[p].in_window)
 		return;
@@ -363,13 +363,13 @@ obx_dd_scan_window_done(struct obx_dd_scan *s, int32_t p)
 	 * foreign record or a moved key further back is history.
 	 */
 	if (pt->last_moved > pt->last_below) {
-		snprintf(why, sizeof(why), "%s", s->why);
-		obx_dd_scan_fail(s, -1, "%s", why);
+		snprintf(errbuf, sizeof(errbuf), "%s", s->reason);
+		obx_dd_scan_fail(s, -1, "%s", errbuf);
 		return;
 	}
 	if (pt->last_foreign > pt->last_below) {
-		snprintf(why, sizeof(why), "%s", pt->why);
-		obx_dd_scan_fail(s, p, "%s", why);
+		snprintf(errbuf, sizeof(errbuf), "%s", pt->reason);
+		obx_dd_scan_fail(s, p, "%s", errbuf);
 		return;
 	}
 	pt->read_from = pt->win.from;
@@ -572,7 +572,7 @@ obx_dedupe_install(struct obx_dedupe *d, struct obx_dd_scan *s)
 	if (s->failed || s->nparts < 0) {
 		d->fallbacks++;
 		note(d, OBX_LOG_WARN, "de-duplication: topic %s: %s; publishing its events from the slot's "
-		    "position (at-least-once)", s->topic, s->failed ? s->why : "not read back");
+		    "position (at-least-once)", s->topic, s->failed ? s->reason : "not read back");
 		for (int32_t p = 0; p < s->nparts; p++)
 			part_drop_marks(s, &s->parts[p]);
 		return;
@@ -583,7 +583,7 @@ obx_dedupe_install(struct obx_dedupe *d, struct obx_dd_scan *s)
 		if (pt->state == OBX_DD_FALLBACK) {
 			d->fallbacks++;
 			note(d, OBX_LOG_WARN, "de-duplication: topic %s partition %" PRId32 ": %s; publishing "
-			    "its events from the slot's position (at-least-once)", s->topic, p, pt->why);
+			    "its events from the slot's position (at-least-once)", s->topic, p, pt->reason);
 			continue;
 		}
 		if (pt->n == 0 || !pt->has_last || obx_dd_mark_cmp(&pt->last, &s->floor) < 0) {
@@ -600,14 +600,14 @@ obx_dedupe_install(struct obx_dedupe *d, struct obx_dd_scan *s)
 }
 
 void
-obx_dedupe_unavailable(struct obx_dedupe *d, const char *topic, const char *why)
+obx_dedupe_unavailable(struct obx_dedupe *d, const char *topic, const char *reason)
 {
 	static const struct obx_dd_mark none;
 	struct obx_dd_scan *s = obx_dd_scan_new(topic, &none);
 	struct obx_dd_topic *t;
 
 	if (s != NULL) {
-		obx_dd_scan_fail(s, -1, "%s", why);
+		obx_dd_scan_fail(s, -1, "%s", reason);
 		obx_dedupe_install(d, s);
 		return;
 	}

@@ -9,7 +9,7 @@
 #include "obx/core/snapcore.h"
 
 int
-obx_snap_outcome(enum obx_dlv_outcome o, const char *slot, const char *why, char *errbuf,
+obx_snap_outcome(enum obx_dlv_outcome o, const char *slot, const char *reason, char *errbuf,
     size_t errlen)
 {
 	switch (o) {
@@ -20,11 +20,11 @@ obx_snap_outcome(enum obx_dlv_outcome o, const char *slot, const char *why, char
 		return 0;
 	case OBX_DLV_WAIT_TOPIC:
 	case OBX_DLV_RETRY:
-		snprintf(errbuf, errlen, "snapshot of slot %s: %s; the snapshot starts again", slot, why);
+		snprintf(errbuf, errlen, "snapshot of slot %s: %s; the snapshot starts again", slot, reason);
 		return OBX_EIO;
 	case OBX_DLV_REJECTED:
 	case OBX_DLV_STOP:
-		snprintf(errbuf, errlen, "snapshot of slot %s: %s", slot, why);
+		snprintf(errbuf, errlen, "snapshot of slot %s: %s", slot, reason);
 		return OBX_ECONFIG;
 	}
 	return 0;

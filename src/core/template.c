@@ -32,16 +32,16 @@ add_part(struct obx_template *t, bool is_column, const char *text, size_t len)
 /* Parses the reference at p ("${..."); on success *next is just past its '}'. */
 static int
 parse_reference(struct obx_template *t, const char *text, const char *p, const char **next,
-    char *why, size_t whylen)
+    char *errbuf, size_t errlen)
 {
 	const char *close = strchr(p + 2, '}');
 
 	if (close == NULL) {
-		snprintf(why, whylen, "unclosed '${' in topic template '%s'", text);
+		snprintf(errbuf, errlen, "unclosed '${' in topic template '%s'", text);
 		return OBX_EINVAL;
 	}
 	if (close == p + 2) {
-		snprintf(why, whylen, "empty '${}' in topic template '%s'", text);
+		snprintf(errbuf, errlen, "empty '${}' in topic template '%s'", text);
 		return OBX_EINVAL;
 	}
 	*next = close + 1;
@@ -49,7 +49,7 @@ parse_reference(struct obx_template *t, const char *text, const char *p, const c
 }
 
 int
-obx_template_parse(struct obx_template *t, const char *text, char *why, size_t whylen)
+obx_template_parse(struct obx_template *t, const char *text, char *errbuf, size_t errlen)
 {
 	const char *p = text;
 	int r = 0;
@@ -59,7 +59,7 @@ obx_template_parse(struct obx_template *t, const char *text, char *why, size_t w
 		const char *open = strstr(p, "${");
 
 		if (open == p) {
-			r = parse_reference(t, text, p, &p, why, whylen);
+			r = parse_reference(t, text, p, &p, errbuf, errlen);
 		} else {
 			size_t n = open != NULL ? (size_t)(open - p) : strlen(p);
 
@@ -70,7 +70,7 @@ obx_template_parse(struct obx_template *t, const char *text, char *why, size_t w
 	if (r != 0)
 		obx_template_reset(t);
 	if (r == OBX_ENOMEM)
-		snprintf(why, whylen, "%s", obx_strerror(r));
+		snprintf(errbuf, errlen, "%s", obx_strerror(r));
 	return r;
 }
 

@@ -6,6 +6,7 @@
  *
  *   billing_consumer CONNINFO BOOTSTRAP GROUP WANT_INVOICES [--duplicate]
  */
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,7 +42,14 @@ static long
 invoices(PGconn *c)
 {
 	PGresult *r = PQexec(c, "SELECT count(*) FROM invoices");
-	long n = PQresultStatus(r) == PGRES_TUPLES_OK ? atol(PQgetvalue(r, 0, 0)) : -1;
+	const char *s = PQresultStatus(r) == PGRES_TUPLES_OK ? PQgetvalue(r, 0, 0) : "";
+	char *end;
+	long n;
+
+	errno = 0;
+	n = strtol(s, &end, 10);
+	if (end == s || *end != '\0' || errno != 0)
+		n = -1;
 
 	PQclear(r);
 	return n;
@@ -57,6 +65,7 @@ main(int argc, char **argv)
 	char err[512];
 	PGconn *c;
 	long want;
+	char *end;
 	int duplicate;
 	time_t deadline = time(NULL) + 60;
 
@@ -64,7 +73,12 @@ main(int argc, char **argv)
 		fprintf(stderr, "usage: billing_consumer CONNINFO BOOTSTRAP GROUP WANT_INVOICES [--duplicate]\n");
 		return 2;
 	}
-	want = atol(argv[4]);
+	errno = 0;
+	want = strtol(argv[4], &end, 10);
+	if (end == argv[4] || *end != '\0' || errno != 0 || want < 0) {
+		fprintf(stderr, "billing_consumer: WANT_INVOICES must be a number\n");
+		return 2;
+	}
 	duplicate = argc > 5 && strcmp(argv[5], "--duplicate") == 0;
 	c = PQconnectdb(argv[1]);
 	if (PQstatus(c) != CONNECTION_OK) {

@@ -7,6 +7,8 @@
  *
  *   order_service CONNINFO COUNT
  */
+#include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -73,13 +75,20 @@ main(int argc, char **argv)
 	outbox_writer *w;
 	char err[512];
 	PGconn *c;
-	int n, rc = 0;
+	char *end;
+	long n;
+	int rc = 0;
 
 	if (argc != 3) {
 		fprintf(stderr, "usage: order_service CONNINFO COUNT\n");
 		return 2;
 	}
-	n = atoi(argv[2]);
+	errno = 0;
+	n = strtol(argv[2], &end, 10);
+	if (end == argv[2] || *end != '\0' || errno != 0 || n < 0 || n > INT_MAX) {
+		fprintf(stderr, "order_service: COUNT must be a number from 0 to %d\n", INT_MAX);
+		return 2;
+	}
 	c = PQconnectdb(argv[1]);
 	if (PQstatus(c) != CONNECTION_OK) {
 		fprintf(stderr, "order_service: %s", PQerrorMessage(c));

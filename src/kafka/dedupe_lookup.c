@@ -49,9 +49,9 @@ error_cb(rd_kafka_t *rk, int err, const char *reason, void *opaque)
 	    reason);
 }
 
-/* A consumer with the producer's connection settings; NULL with why filled. */
+/* A consumer with the producer's connection settings; NULL with errbuf filled. */
 static rd_kafka_t *
-consumer_new(const struct obx_config *cfg, const char *client_id, char *why, size_t whylen)
+consumer_new(const struct obx_config *cfg, const char *client_id, char *errbuf, size_t errlen)
 {
 	static const char *const own[][2] = {
 		/* what a transaction that was aborted or is still open wrote is not read (progress) */
@@ -72,30 +72,30 @@ consumer_new(const struct obx_config *cfg, const char *client_id, char *why, siz
 	rd_kafka_t *rk;
 
 	if (conf == NULL) {
-		snprintf(why, whylen, "out of memory");
+		snprintf(errbuf, errlen, "out of memory");
 		return NULL;
 	}
 	for (size_t i = 0; i < cfg->n_kafka; i++)
 		if (rd_kafka_conf_set(conf, cfg->kafka[i].key, cfg->kafka[i].value, err, sizeof(err)) !=
 		    RD_KAFKA_CONF_OK) {
-			snprintf(why, whylen, "kafka property %s: %.300s", cfg->kafka[i].key,
+			snprintf(errbuf, errlen, "kafka property %s: %.300s", cfg->kafka[i].key,
 			    obx_kafka_prop_is_secret(cfg->kafka[i].key) ? "invalid value" : err);
 			goto fail;
 		}
 	for (size_t i = 0; i < sizeof(own) / sizeof(own[0]); i++)
 		if (rd_kafka_conf_set(conf, own[i][0], own[i][1], err, sizeof(err)) != RD_KAFKA_CONF_OK) {
-			snprintf(why, whylen, "kafka property %s: %.300s", own[i][0], err);
+			snprintf(errbuf, errlen, "kafka property %s: %.300s", own[i][0], err);
 			goto fail;
 		}
 	if (rd_kafka_conf_set(conf, "client.id", client_id, err, sizeof(err)) != RD_KAFKA_CONF_OK) {
-		snprintf(why, whylen, "kafka property client.id: %.300s", err);
+		snprintf(errbuf, errlen, "kafka property client.id: %.300s", err);
 		goto fail;
 	}
 	rd_kafka_conf_set_log_cb(conf, log_cb);
 	rd_kafka_conf_set_error_cb(conf, error_cb);
 	rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, err, sizeof(err));
 	if (rk == NULL) {
-		snprintf(why, whylen, "could not create a consumer: %.300s", err);
+		snprintf(errbuf, errlen, "could not create a consumer: %.300s", err);
 		goto fail;
 	}
 	return rk;
@@ -266,9 +266,9 @@ out:
 	return false;
 }
 
-/* Reads topic back for job; rk NULL: the consumer could not be made (why says so). */
+/* Reads topic back for job; rk NULL: the consumer could not be made (errbuf says so). */
 static struct obx_dd_scan *
-read_topic(struct obx_lookup *l, rd_kafka_t *rk, const char *why, const struct obx_lookup_job *job)
+read_topic(struct obx_lookup *l, rd_kafka_t *rk, const char *reason, const struct obx_lookup_job *job)
 {
 	int64_t deadline = obx_mono_ms() + OBX_LOOKUP_BUDGET_MS;
 	struct obx_dd_scan *s = obx_dd_scan_new(job->topic, &job->floor);
@@ -279,7 +279,7 @@ read_topic(struct obx_lookup *l, rd_kafka_t *rk, const char *why, const struct o
 	if (s == NULL)
 		return NULL;
 	if (rk == NULL) {
-		obx_dd_scan_fail(s, -1, "%s", why);
+		obx_dd_scan_fail(s, -1, "%s", reason);
 		return s;
 	}
 	rkt = rd_kafka_topic_new(rk, job->topic, NULL);
@@ -308,13 +308,13 @@ static void *
 worker(void *arg)
 {
 	struct obx_lookup *l = arg;
-	char why[512] = "";
+	char errbuf[512] = "";
 	rd_kafka_t *rk;
 	sigset_t all;
 
 	sigfillset(&all);
 	pthread_sigmask(SIG_BLOCK, &all, NULL); /* signals are the relay loop's */
-	rk = consumer_new(l->cfg, "outboxd-dedupe", why, sizeof(why));
+	rk = consumer_new(l->cfg, "outboxd-dedupe", errbuf, sizeof(errbuf));
 	for (;;) {
 		struct obx_lookup_job *job, **tail;
 
@@ -328,7 +328,7 @@ worker(void *arg)
 		if (job == NULL)
 			break;
 		job->next = NULL;
-		job->scan = read_topic(l, rk, why, job);
+		job->scan = read_topic(l, rk, errbuf, job);
 		pthread_mutex_lock(&l->mu);
 		for (tail = &l->done; *tail != NULL; tail = &(*tail)->next)
 			;
@@ -479,12 +479,12 @@ obx_lookup_close(struct obx_lookup *l)
  * instance's, on a shared topic), and a record of ours after it would be
  * missed; it is waited for up to the deadline.  Returns 1 when a record of
  * the key was found (*out filled when it is not a reset), 0 none, OBX_EIO
- * with why.
+ * with errbuf filled.
  */
 static int
 progress_partition(const struct obx_config *cfg, const char *key, rd_kafka_t *rk,
     rd_kafka_topic_t *rkt, int32_t p, int64_t deadline, bool (*tick)(void *), void *arg,
-    struct obx_progress *out, bool *have, char *why, size_t whylen)
+    struct obx_progress *out, bool *have, char *errbuf, size_t errlen)
 {
 	int64_t lo, hi, from, end;
 	rd_kafka_resp_err_t err = RD_KAFKA_RESP_ERR__TIMED_OUT;
@@ -497,7 +497,7 @@ progress_partition(const struct obx_config *cfg, const char *key, rd_kafka_t *rk
 			break;
 	}
 	if (err != RD_KAFKA_RESP_ERR_NO_ERROR) {
-		snprintf(why, whylen, "could not read the watermarks of %s [%d]: %s", cfg->progress_topic,
+		snprintf(errbuf, errlen, "could not read the watermarks of %s [%d]: %s", cfg->progress_topic,
 		    (int)p, rd_kafka_err2str(err));
 		return OBX_EIO;
 	}
@@ -508,7 +508,7 @@ progress_partition(const struct obx_config *cfg, const char *key, rd_kafka_t *rk
 
 		from = end - window > lo ? end - window : lo;
 		if (rd_kafka_consume_start(rkt, p, from) != 0) {
-			snprintf(why, whylen, "could not read %s [%d]: %s", cfg->progress_topic, (int)p,
+			snprintf(errbuf, errlen, "could not read %s [%d]: %s", cfg->progress_topic, (int)p,
 			    rd_kafka_err2str(rd_kafka_last_error()));
 			return OBX_EIO;
 		}
@@ -520,7 +520,7 @@ progress_partition(const struct obx_config *cfg, const char *key, rd_kafka_t *rk
 				if (keep != NULL)
 					rd_kafka_message_destroy(keep);
 				rd_kafka_consume_stop(rkt, p);
-				snprintf(why, whylen, "reading %s [%d] back did not finish in time%s",
+				snprintf(errbuf, errlen, "reading %s [%d] back did not finish in time%s",
 				    cfg->progress_topic, (int)p, newest ? " (a transaction still open there, of "
 				    "another producer, holds its last stable offset below its high watermark)" : "");
 				return OBX_EIO;
@@ -540,7 +540,7 @@ progress_partition(const struct obx_config *cfg, const char *key, rd_kafka_t *rk
 				continue; /* an open transaction: its end lets the rest through */
 			}
 			if (m->err != RD_KAFKA_RESP_ERR_NO_ERROR) {
-				snprintf(why, whylen, "could not read %s [%d]: %s", cfg->progress_topic, (int)p,
+				snprintf(errbuf, errlen, "could not read %s [%d]: %s", cfg->progress_topic, (int)p,
 				    rd_kafka_message_errstr(m));
 				rd_kafka_message_destroy(m);
 				if (keep != NULL)
@@ -572,7 +572,7 @@ progress_partition(const struct obx_config *cfg, const char *key, rd_kafka_t *rk
 			    obx_progress_parse(keep->payload, keep->len, cfg->slot, &pr, bad, sizeof(bad));
 
 			if (rc == OBX_EINVAL) {
-				snprintf(why, whylen, "%s [%d] offset %" PRId64 " is keyed %s but is not a progress "
+				snprintf(errbuf, errlen, "%s [%d] offset %" PRId64 " is keyed %s but is not a progress "
 				    "record: %s (a tombstone for the key resets the progress)", cfg->progress_topic,
 				    (int)p, keep->offset, key, bad);
 				rd_kafka_message_destroy(keep);
@@ -594,8 +594,8 @@ progress_partition(const struct obx_config *cfg, const char *key, rd_kafka_t *rk
 
 int
 obx_lookup_progress(const struct obx_config *cfg, const char *key, int budget_ms,
-    bool (*tick)(void *), void *arg, struct obx_progress *out, int32_t *nparts_out, char *why,
-    size_t whylen)
+    bool (*tick)(void *), void *arg, struct obx_progress *out, int32_t *nparts_out, char *errbuf,
+    size_t errlen)
 {
 	int64_t deadline = obx_mono_ms() + budget_ms;
 	const struct rd_kafka_metadata *md = NULL;
@@ -604,13 +604,13 @@ obx_lookup_progress(const struct obx_config *cfg, const char *key, int budget_ms
 	int32_t nparts = 0, own;
 	bool have = false;
 	int rc = 0;
-	rd_kafka_t *rk = consumer_new(cfg, "outboxd-progress", why, whylen);
+	rd_kafka_t *rk = consumer_new(cfg, "outboxd-progress", errbuf, errlen);
 
 	if (rk == NULL)
 		return OBX_EIO;
 	rkt = rd_kafka_topic_new(rk, cfg->progress_topic, NULL);
 	if (rkt == NULL) {
-		snprintf(why, whylen, "%s", rd_kafka_err2str(rd_kafka_last_error()));
+		snprintf(errbuf, errlen, "%s", rd_kafka_err2str(rd_kafka_last_error()));
 		rd_kafka_destroy(rk);
 		return OBX_EIO;
 	}
@@ -620,7 +620,7 @@ obx_lookup_progress(const struct obx_config *cfg, const char *key, int budget_ms
 			break;
 	}
 	if (err != RD_KAFKA_RESP_ERR_NO_ERROR) {
-		snprintf(why, whylen, "could not read the metadata of %s: %s", cfg->progress_topic,
+		snprintf(errbuf, errlen, "could not read the metadata of %s: %s", cfg->progress_topic,
 		    rd_kafka_err2str(err));
 		rc = OBX_EIO;
 	} else {
@@ -629,7 +629,7 @@ obx_lookup_progress(const struct obx_config *cfg, const char *key, int budget_ms
 			nparts = md->topics[0].partition_cnt;
 		else if (err != RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART &&
 		    err != RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC) {
-			snprintf(why, whylen, "the metadata of %s says %s", cfg->progress_topic,
+			snprintf(errbuf, errlen, "the metadata of %s says %s", cfg->progress_topic,
 			    rd_kafka_err2str(err));
 			rc = OBX_EIO;
 		}
@@ -643,10 +643,10 @@ obx_lookup_progress(const struct obx_config *cfg, const char *key, int budget_ms
 	*nparts_out = nparts;
 	own = nparts > 0 ? obx_dd_partition(key, strlen(key), nparts) : 0;
 	if (rc == 0 && nparts > 0)
-		rc = progress_partition(cfg, key, rk, rkt, own, deadline, tick, arg, out, &have, why, whylen);
+		rc = progress_partition(cfg, key, rk, rkt, own, deadline, tick, arg, out, &have, errbuf, errlen);
 	for (int32_t p = 0; p < nparts && rc == 0; p++) {
 		int r = p == own ? 0 : progress_partition(cfg, key, rk, rkt, p, deadline, tick, arg, out, &have,
-		    why, whylen);
+		    errbuf, errlen);
 
 		if (r < 0)
 			rc = r;

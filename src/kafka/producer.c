@@ -15,11 +15,11 @@
 static int
 conf_set(rd_kafka_conf_t *conf, const char *k, const char *v, char *errbuf, size_t errlen)
 {
-	char why[512];
+	char detail[512];
 
-	if (rd_kafka_conf_set(conf, k, v, why, sizeof(why)) != RD_KAFKA_CONF_OK) {
+	if (rd_kafka_conf_set(conf, k, v, detail, sizeof(detail)) != RD_KAFKA_CONF_OK) {
 		snprintf(errbuf, errlen, "kafka property %s: %s", k,
-		    obx_kafka_prop_is_secret(k) ? "invalid value (not shown: secret)" : why);
+		    obx_kafka_prop_is_secret(k) ? "invalid value (not shown: secret)" : detail);
 		return OBX_ECONFIG;
 	}
 	return 0;
@@ -31,7 +31,8 @@ obx_kafka_conf(const struct obx_config *cfg, char *errbuf, size_t errlen)
 	rd_kafka_conf_t *conf = rd_kafka_conf_new();
 	char num[32];
 	size_t numlen = sizeof(num);
-	long long msgs, kb, mmb;
+	long long msgs, kb, mmb, v;
+	const char *bad = NULL;
 	bool own_kb = false;
 
 	if (conf == NULL) {
@@ -72,8 +73,9 @@ obx_kafka_conf(const struct obx_config *cfg, char *errbuf, size_t errlen)
 	 */
 	if (!own_kb) {
 		mmb = 1000000;
-		if (rd_kafka_conf_get(conf, "message.max.bytes", num, &numlen) == RD_KAFKA_CONF_OK)
-			mmb = atoll(num);
+		if (rd_kafka_conf_get(conf, "message.max.bytes", num, &numlen) == RD_KAFKA_CONF_OK &&
+		    (v = strtonum(num, 1, INT64_MAX, &bad), bad == NULL))
+			mmb = v;
 		kb = cfg->max_inflight_bytes / 1024 * 2 + (mmb / 1024 * 2 > 65536 ? mmb / 1024 * 2 : 65536);
 		if (kb > 2147483647LL)
 			kb = 2147483647LL;
@@ -150,7 +152,7 @@ obx_kafka_open(struct obx_kafka *k, const struct obx_config *cfg, const char *tx
     obx_delivery_fn fn, void *ctx, char *errbuf, size_t errlen)
 {
 	rd_kafka_conf_t *conf;
-	char why[512];
+	char detail[512];
 
 	memset(k, 0, sizeof(*k));
 	k->wake[0] = k->wake[1] = -1;
@@ -177,10 +179,10 @@ obx_kafka_open(struct obx_kafka *k, const struct obx_config *cfg, const char *tx
 	rd_kafka_conf_set_error_cb(conf, error_cb);
 	rd_kafka_conf_set_log_cb(conf, log_cb);
 	rd_kafka_conf_set_opaque(conf, k);
-	k->rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, why, sizeof(why));
+	k->rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, detail, sizeof(detail));
 	if (k->rk == NULL) {
 		rd_kafka_conf_destroy(conf);
-		snprintf(errbuf, errlen, "could not create the Kafka producer: %s", why);
+		snprintf(errbuf, errlen, "could not create the Kafka producer: %s", detail);
 		return OBX_ECONFIG;
 	}
 	if (pipe2(k->wake, O_NONBLOCK | O_CLOEXEC) != 0) {
@@ -239,18 +241,36 @@ txn_begin(struct obx_kafka *k)
 	return RD_KAFKA_RESP_ERR_NO_ERROR;
 }
 
-rd_kafka_resp_err_t
+static enum obx_produce_result produce_result(rd_kafka_resp_err_t err);
+static enum obx_report_status report_status(rd_kafka_resp_err_t err);
+
+/* err (not 0) as obx_kafka_produce() returns it, with errbuf and *errname filled. */
+static enum obx_produce_result
+refused(const struct obx_kafka *k, rd_kafka_resp_err_t err, const char **errname, char *errbuf,
+    size_t errlen)
+{
+	if (errname != NULL)
+		*errname = rd_kafka_err2name(err);
+	if (err == RD_KAFKA_RESP_ERR__STATE && k->transactional)
+		snprintf(errbuf, errlen, "the Kafka transaction can take no more records (the broker refused "
+		    "part of it, it must be aborted)");
+	else
+		snprintf(errbuf, errlen, "%s", rd_kafka_err2str(err));
+	return produce_result(err);
+}
+
+enum obx_produce_result
 obx_kafka_produce(struct obx_kafka *k, const char *topic, int32_t partition, const void *key,
     size_t keylen, const void *value, size_t len, int64_t timestamp_ms,
     const struct obx_header *headers, size_t nheaders, const char *extra_name,
-    const char *extra_value, uint64_t opaque)
+    const char *extra_value, uint64_t opaque, const char **errname, char *errbuf, size_t errlen)
 {
 	rd_kafka_headers_t *hdrs;
 	rd_kafka_resp_err_t err;
 
 	err = txn_begin(k);
 	if (err != RD_KAFKA_RESP_ERR_NO_ERROR)
-		return err;
+		return refused(k, err, errname, errbuf, errlen);
 	hdrs = rd_kafka_headers_new(nheaders + 2);
 	for (size_t i = 0; i < nheaders; i++)
 		rd_kafka_header_add(hdrs, headers[i].name, -1, headers[i].value,
@@ -263,9 +283,11 @@ obx_kafka_produce(struct obx_kafka *k, const char *topic, int32_t partition, con
 	    RD_KAFKA_V_KEY(key, keylen), RD_KAFKA_V_VALUE((void *)value, len),
 	    RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_TIMESTAMP(timestamp_ms),
 	    RD_KAFKA_V_HEADERS(hdrs), RD_KAFKA_V_OPAQUE((void *)(uintptr_t)opaque), RD_KAFKA_V_END);
-	if (err != RD_KAFKA_RESP_ERR_NO_ERROR)
+	if (err != RD_KAFKA_RESP_ERR_NO_ERROR) {
 		rd_kafka_headers_destroy(hdrs); /* ownership passes only on success */
-	return err;
+		return refused(k, err, errname, errbuf, errlen);
+	}
+	return OBX_PRODUCE_OK;
 }
 
 int
@@ -291,16 +313,16 @@ obx_kafka_outq_len(const struct obx_kafka *k)
 }
 
 /* Turns a transactional call's error into what the caller does next; frees e. */
-static enum obx_txn_result
-txn_result(struct obx_kafka *k, rd_kafka_error_t *e, const char *what, char *why, size_t whylen)
+static int
+txn_result(struct obx_kafka *k, rd_kafka_error_t *e, const char *what, char *errbuf, size_t errlen)
 {
 	rd_kafka_resp_err_t err;
-	enum obx_txn_result res;
+	int res;
 
 	if (e == NULL)
-		return OBX_TXN_OK;
+		return OBX_OK;
 	err = rd_kafka_error_code(e);
-	snprintf(why, whylen, "could not %s the Kafka transaction: %s", what, rd_kafka_error_string(e));
+	snprintf(errbuf, errlen, "could not %s the Kafka transaction: %s", what, rd_kafka_error_string(e));
 	if (rd_kafka_error_is_fatal(e) || k->fatal) {
 		char buf[512];
 
@@ -309,68 +331,68 @@ txn_result(struct obx_kafka *k, rd_kafka_error_t *e, const char *what, char *why
 			k->fenced = is_fencing(rd_kafka_fatal_error(k->rk, buf, sizeof(buf)));
 			snprintf(k->fatal_reason, sizeof(k->fatal_reason), "%s", buf);
 		}
-		res = k->fenced || is_fencing(err) ? OBX_TXN_FENCED : OBX_TXN_FATAL;
-		if (res == OBX_TXN_FENCED)
+		res = k->fenced || is_fencing(err) ? OBX_EFENCED : OBX_EFATAL;
+		if (res == OBX_EFENCED)
 			k->fenced = true;
 	} else if (rd_kafka_error_txn_requires_abort(e)) {
-		res = OBX_TXN_ABORT;
+		res = OBX_EABORT;
 	} else if (rd_kafka_error_is_retriable(e)) {
-		res = OBX_TXN_PENDING;
+		res = OBX_ETIMEDOUT;
 	} else {
-		res = OBX_TXN_ABORT;
+		res = OBX_EABORT;
 	}
 	rd_kafka_error_destroy(e);
 	return res;
 }
 
-enum obx_txn_result
-obx_kafka_txn_init(struct obx_kafka *k, int timeout_ms, bool (*tick)(void *), void *arg, char *why,
-    size_t whylen)
+int
+obx_kafka_txn_init(struct obx_kafka *k, int timeout_ms, bool (*tick)(void *), void *arg, char *errbuf,
+    size_t errlen)
 {
 	struct timespec t0, t;
-	enum obx_txn_result res;
+	int res;
 
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	for (;;) {
 		long long waited;
 
-		res = txn_result(k, rd_kafka_init_transactions(k->rk, 500), "initialise", why, whylen);
-		if (res != OBX_TXN_PENDING)
+		res = txn_result(k, rd_kafka_init_transactions(k->rk, 500), "initialise", errbuf, errlen);
+		if (res != OBX_ETIMEDOUT)
 			return res;
 		clock_gettime(CLOCK_MONOTONIC, &t);
 		waited = (long long)(t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000;
 		if (waited >= timeout_ms || (tick != NULL && tick(arg)))
-			return OBX_TXN_PENDING;
+			return OBX_ETIMEDOUT;
 	}
 }
 
-enum obx_txn_result
-obx_kafka_txn_commit(struct obx_kafka *k, int timeout_ms, char *why, size_t whylen)
+int
+obx_kafka_txn_commit(struct obx_kafka *k, int timeout_ms, char *errbuf, size_t errlen)
 {
-	enum obx_txn_result res;
+	int res;
 	char buf[256];
 
 	if (!k->txn_open)
-		return OBX_TXN_OK;
+		return OBX_OK;
 	while (read(k->wake[0], buf, sizeof(buf)) > 0)
 		;
 	k->committing = true;
-	res = txn_result(k, rd_kafka_commit_transaction(k->rk, timeout_ms), "commit", why, whylen);
-	if (res != OBX_TXN_PENDING)
+	res = txn_result(k, rd_kafka_commit_transaction(k->rk, timeout_ms), "commit", errbuf, errlen);
+	if (res != OBX_ETIMEDOUT)
 		k->committing = false;
-	if (res == OBX_TXN_OK)
+	if (res == OBX_OK)
 		k->txn_open = false;
 	return res;
 }
 
-enum obx_txn_result
-obx_kafka_txn_abort(struct obx_kafka *k, int timeout_ms, char *why, size_t whylen)
+int
+obx_kafka_txn_abort(struct obx_kafka *k, int timeout_ms, char *errbuf, size_t errlen)
 {
-	enum obx_txn_result res;
+	int res;
 
 	if (!k->txn_open || k->fatal)
-		return k->fenced ? OBX_TXN_FENCED : OBX_TXN_OK;
-	res = txn_result(k, rd_kafka_abort_transaction(k->rk, timeout_ms), "abort", why, whylen);
+		return k->fenced ? OBX_EFENCED : OBX_OK;
+	res = txn_result(k, rd_kafka_abort_transaction(k->rk, timeout_ms), "abort", errbuf, errlen);
 	k->txn_open = k->committing = false;
 	return res;
 }
@@ -392,15 +414,17 @@ obx_kafka_close(struct obx_kafka *k, int wait_ms)
 	k->wake[0] = k->wake[1] = -1;
 }
 
-bool
-obx_kafka_err_is_missing_topic(rd_kafka_resp_err_t err)
+/* True for errors that say the cluster does not have the topic (yet). */
+static bool
+err_is_missing_topic(rd_kafka_resp_err_t err)
 {
 	/* the broker's answer in a delivery report, and librdkafka's once its metadata says so */
 	return err == RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART || err == RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC;
 }
 
-bool
-obx_kafka_err_is_permanent(rd_kafka_resp_err_t err)
+/* True for errors that will never succeed on retry (the event is poison). */
+static bool
+err_is_permanent(rd_kafka_resp_err_t err)
 {
 	switch (err) {
 	case RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE:
@@ -418,30 +442,35 @@ obx_kafka_err_is_permanent(rd_kafka_resp_err_t err)
 	}
 }
 
-enum obx_produce_result
-obx_kafka_produce_result(rd_kafka_resp_err_t err)
+/*
+ * The one classification of the broker's and the producer's refusals for
+ * the delivery policy (delivery.h), used by every source: what a produce
+ * call's result means, and how a delivery report ended.
+ */
+static enum obx_produce_result
+produce_result(rd_kafka_resp_err_t err)
 {
 	if (err == RD_KAFKA_RESP_ERR_NO_ERROR)
 		return OBX_PRODUCE_OK;
 	if (err == RD_KAFKA_RESP_ERR__QUEUE_FULL)
 		return OBX_PRODUCE_QUEUE_FULL;
-	if (obx_kafka_err_is_missing_topic(err))
+	if (err_is_missing_topic(err))
 		return OBX_PRODUCE_MISSING_TOPIC;
-	if (obx_kafka_err_is_permanent(err) || err == RD_KAFKA_RESP_ERR__INVALID_ARG)
+	if (err_is_permanent(err) || err == RD_KAFKA_RESP_ERR__INVALID_ARG)
 		return OBX_PRODUCE_PERMANENT;
 	return OBX_PRODUCE_TRANSIENT;
 }
 
-enum obx_report_status
-obx_kafka_report_status(rd_kafka_resp_err_t err)
+static enum obx_report_status
+report_status(rd_kafka_resp_err_t err)
 {
 	if (err == RD_KAFKA_RESP_ERR_NO_ERROR)
 		return OBX_REPORT_OK;
 	if (err == RD_KAFKA_RESP_ERR__PURGE_QUEUE || err == RD_KAFKA_RESP_ERR__PURGE_INFLIGHT)
 		return OBX_REPORT_PURGED;
-	if (obx_kafka_err_is_missing_topic(err))
+	if (err_is_missing_topic(err))
 		return OBX_REPORT_MISSING_TOPIC;
-	return obx_kafka_err_is_permanent(err) ? OBX_REPORT_PERMANENT : OBX_REPORT_TRANSIENT;
+	return err_is_permanent(err) ? OBX_REPORT_PERMANENT : OBX_REPORT_TRANSIENT;
 }
 
 void
@@ -456,7 +485,7 @@ obx_kafka_report(const rd_kafka_message_t *m, uint64_t opaque, struct obx_header
 	if (m->err != RD_KAFKA_RESP_ERR_NO_ERROR && rd_kafka_message_headers(m, &h) == 0)
 		for (size_t i = 0; n < nhs && rd_kafka_header_get_all(h, i, &name, &v, &sz) == 0; i++)
 			hs[n++] = (struct obx_header){ name, v, sz };
-	*rep = (struct obx_report){ .opaque = opaque, .status = obx_kafka_report_status(m->err),
+	*rep = (struct obx_report){ .opaque = opaque, .status = report_status(m->err),
 		.error = rd_kafka_err2str(m->err), .error_name = rd_kafka_err2name(m->err),
 		.record = { rd_kafka_topic_name(m->rkt), m->key, m->key_len, m->payload, m->len,
 		    rd_kafka_message_timestamp(m, NULL), hs, n } };

@@ -24,19 +24,20 @@ obx_pg_now(void)
 	return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000 - OBX_PG_EPOCH_OFFSET_US;
 }
 
-/* What the caller of obx_pgstream_open() does about code (see pg/setup.h). */
-static enum obx_fail
+/*
+ * code (see pg/setup.h) as the caller of obx_pgstream_open() acts on it:
+ * 0, OBX_EIO (retry), OBX_EBUSY (the slot is in use) or OBX_EFATAL.
+ */
+static int
 fail_class(int code)
 {
 	switch (code) {
 	case 0:
-		return OBX_FAIL_NONE;
 	case OBX_EIO:
-		return OBX_FAIL_RETRY;
 	case OBX_EBUSY:
-		return OBX_FAIL_SLOT_IN_USE;
+		return code;
 	default:
-		return OBX_FAIL_FATAL;
+		return OBX_EFATAL;
 	}
 }
 
@@ -136,7 +137,7 @@ on_notice(void *arg, const PGresult *res)
 		s->prev_notice(NULL, res);
 }
 
-enum obx_fail
+int
 obx_pgstream_open(struct obx_pgstream *s, const struct obx_config *cfg, bool recreate_slot,
     bool streaming, struct obx_pgsetup_ctx *ctx, char *errbuf, size_t errlen)
 {
@@ -170,14 +171,14 @@ obx_pgstream_open(struct obx_pgstream *s, const struct obx_config *cfg, bool rec
 		    "WHERE current_setting('server_version_num')::int >= 140000");
 
 		PQclear(res);
-		return OBX_FAIL_NONE; /* the caller publishes the pending rows, then obx_pgstream_start() */
+		return 0; /* the caller publishes the pending rows, then obx_pgstream_start() */
 	}
 	r = start_replication(s, cfg, errbuf, errlen);
 out:
 	return fail_class(r);
 }
 
-enum obx_fail
+int
 obx_pgstream_start(struct obx_pgstream *s, const struct obx_config *cfg, char *errbuf,
     size_t errlen)
 {
@@ -205,7 +206,7 @@ obx_pgstream_consume(struct obx_pgstream *s, char *errbuf, size_t errlen)
 {
 	if (PQconsumeInput(s->conn) == 0) {
 		obx_pg_error_line(s->conn, errbuf, errlen);
-		return -1;
+		return OBX_EIO;
 	}
 	return 0;
 }
@@ -227,7 +228,7 @@ obx_pgstream_read(struct obx_pgstream *s, const uint8_t **buf, size_t *len, char
 		if (copybuf != NULL)
 			PQfreemem(copybuf);
 		snprintf(errbuf, errlen, "%s", s->pub_skipped);
-		return -2;
+		return OBX_ENOENT;
 	}
 	if (n > 0) {
 		s->copybuf = (uint8_t *)copybuf;
@@ -253,10 +254,10 @@ obx_pgstream_read(struct obx_pgstream *s, const uint8_t **buf, size_t *len, char
 		else
 			snprintf(errbuf, errlen, "the server ended the replication stream");
 		PQclear(r);
-		return no_pub ? -2 : -1;
+		return no_pub ? OBX_ENOENT : OBX_EIO;
 	}
 	obx_pg_error_line(s->conn, errbuf, errlen);
-	return -1;
+	return OBX_EIO;
 }
 
 int
@@ -273,7 +274,7 @@ obx_pgstream_send_status(struct obx_pgstream *s, obx_lsn write, obx_lsn flush, b
 	obx_walmsg_status(msg, write, flush, flush, obx_pg_now(), reply);
 	if (PQputCopyData(s->conn, (const char *)msg, sizeof(msg)) <= 0) {
 		obx_pg_error_line(s->conn, errbuf, errlen);
-		return -1;
+		return OBX_EIO;
 	}
 	return 0;
 }
@@ -281,7 +282,9 @@ obx_pgstream_send_status(struct obx_pgstream *s, obx_lsn write, obx_lsn flush, b
 int
 obx_pgstream_flush(struct obx_pgstream *s)
 {
-	return PQflush(s->conn);
+	int r = PQflush(s->conn);
+
+	return r < 0 ? OBX_EIO : r;
 }
 
 void

@@ -1,3 +1,5 @@
+#include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -185,4 +187,38 @@ obx_pg_conninfo_dbname(const char *conninfo, char *out, size_t len)
 			db = o->val;
 	snprintf(out, len, "%s", db != NULL ? db : "");
 	PQconninfoFree(opts);
+}
+
+int
+obx_pg_int64(const PGresult *res, int row, int col, int64_t *out)
+{
+	const char *s, *bad = NULL;
+	long long v;
+
+	if (PQgetisnull(res, row, col))
+		return OBX_EPROTO;
+	s = PQgetvalue(res, row, col);
+	v = strtonum(s, INT64_MIN, INT64_MAX, &bad);
+	if (bad != NULL)
+		return OBX_EPROTO;
+	*out = v;
+	return 0;
+}
+
+int
+obx_pg_double(const PGresult *res, int row, int col, double *out)
+{
+	const char *s;
+	char *end;
+	double v;
+
+	if (PQgetisnull(res, row, col))
+		return OBX_EPROTO;
+	s = PQgetvalue(res, row, col);
+	errno = 0;
+	v = strtod(s, &end);
+	if (end == s || *end != '\0' || errno == ERANGE || isnan(v))
+		return OBX_EPROTO;
+	*out = v;
+	return 0;
 }

@@ -32,18 +32,21 @@
 /* ---- the delivery policy's actions (delivery.h), and what its outcomes do to a row ---- */
 
 static enum obx_produce_result
-poll_produce(void *ctx, const struct obx_record *rec, uint64_t opaque, char *why, size_t whylen)
+poll_produce(void *ctx, const struct obx_record *rec, uint64_t opaque, char *errbuf, size_t errlen)
 {
 	struct poller *p = ctx;
-	rd_kafka_resp_err_t err;
+	enum obx_produce_result res;
+	const char *name;
+	char text[512];
 
-	err = obx_kafka_produce(&p->kf, rec->topic, RD_KAFKA_PARTITION_UA, rec->key, rec->keylen, rec->value,
-	    rec->len, rec->timestamp_ms, rec->headers, rec->nheaders, NULL, NULL, opaque);
-	if (err != RD_KAFKA_RESP_ERR_NO_ERROR && err != RD_KAFKA_RESP_ERR__QUEUE_FULL) {
-		obx_metrics_kafka_error(&p->m, rd_kafka_err2name(err));
-		snprintf(why, whylen, "%s: %s", rd_kafka_err2name(err), rd_kafka_err2str(err));
+	res = obx_kafka_produce(&p->kf, rec->topic, RD_KAFKA_PARTITION_UA, rec->key, rec->keylen, rec->value,
+	    rec->len, rec->timestamp_ms, rec->headers, rec->nheaders, NULL, NULL, opaque, &name, text,
+	    sizeof(text));
+	if (res != OBX_PRODUCE_OK && res != OBX_PRODUCE_QUEUE_FULL) {
+		obx_metrics_kafka_error(&p->m, name);
+		snprintf(errbuf, errlen, "%s: %s", name, text);
 	}
-	return obx_kafka_produce_result(err);
+	return res;
 }
 
 static void
@@ -58,11 +61,11 @@ poll_note(void *ctx, enum obx_log_level level, const struct obx_logfields *f, co
  * row of its key that failed meanwhile stays pending (per-key order).
  */
 static enum obx_dlv_gate
-poll_gate(void *ctx, const struct obx_record *rec, uint64_t ticket, bool dl, char *why, size_t whylen)
+poll_gate(void *ctx, const struct obx_record *rec, uint64_t ticket, bool dl, char *errbuf, size_t errlen)
 {
 	struct poller *p = ctx;
 
-	(void)rec, (void)why, (void)whylen;
+	(void)rec, (void)errbuf, (void)errlen;
 	if (dl || !obx_pollcore_key_held(&p->pc, (size_t)ticket))
 		return OBX_DLV_GATE_SEND;
 	obx_pollcore_unsent(&p->pc, (size_t)ticket);
@@ -118,7 +121,7 @@ delivered(struct poller *p, enum obx_dlv_outcome o, const struct obx_dlv_result 
 		acked(p, opaque);
 		return 0;
 	case OBX_DLV_WAIT_TOPIC:
-		obx_log_debug("row %zu of the batch stays pending: %s", i, res->why);
+		obx_log_debug("row %zu of the batch stays pending: %s", i, res->reason);
 		return obx_pollcore_wait_topic(&p->pc, i);
 	case OBX_DLV_RETRY:
 	case OBX_DLV_REJECTED:
@@ -127,11 +130,11 @@ delivered(struct poller *p, enum obx_dlv_outcome o, const struct obx_dlv_result 
 	}
 	if (in_flight) {
 		/* a failure: err_name is never NULL here (NULL would be an acknowledgement) */
-		(void)obx_pollcore_report(&p->pc, opaque, err_name != NULL ? err_name : "", res->why);
+		(void)obx_pollcore_report(&p->pc, opaque, err_name != NULL ? err_name : "", res->reason);
 		return 0;
 	}
 	return obx_pollcore_failed(&p->pc, i, res->dead_letter ? OBX_POLL_FAILED_DEAD_LETTER :
-	    OBX_POLL_FAILED_PRODUCE, res->why);
+	    OBX_POLL_FAILED_PRODUCE, res->reason);
 }
 
 void
@@ -170,7 +173,7 @@ dead_letter(struct poller *p, size_t i, const struct obx_event *ev, bool built, 
 	struct obx_dlv_result res;
 	struct obx_record rec;
 	enum obx_dlv_outcome o;
-	char pgerr[400], why[512];
+	char pgerr[400], errbuf[512];
 	PGresult *jr;
 	size_t nh;
 
@@ -184,10 +187,10 @@ dead_letter(struct poller *p, size_t i, const struct obx_event *ev, bool built, 
 	}
 	jr = PQexecParams(p->pg, p->sql.row_json, 1, NULL, (const char *[]){ seq }, NULL, NULL, 0);
 	if (PQresultStatus(jr) != PGRES_TUPLES_OK || PQntuples(jr) != 1) {
-		snprintf(why, sizeof(why), "could not read the row as JSON: %s",
+		snprintf(errbuf, sizeof(errbuf), "could not read the row as JSON: %s",
 		    obx_pg_result_error_line(jr, pgerr, sizeof(pgerr)));
 		PQclear(jr);
-		return obx_pollcore_failed(&p->pc, i, OBX_POLL_FAILED_DEAD_LETTER, why);
+		return obx_pollcore_failed(&p->pc, i, OBX_POLL_FAILED_DEAD_LETTER, errbuf);
 	}
 	rec = (struct obx_record){ p->cfg->dead_letter_topic, NULL, 0, PQgetvalue(jr, 0, 0),
 		(size_t)PQgetlength(jr, 0, 0), 0, (const struct obx_header[]){ { "seq", seq, strlen(seq) },
@@ -231,7 +234,7 @@ produce_row(struct poller *p, const PGresult *res, size_t i)
 	const char *seq = PQgetvalue(res, k, 0);
 	struct obx_record rec;
 	struct obx_dlv_result dres;
-	char why[512];
+	char errbuf[512];
 	size_t nh;
 
 	for (int f = 0; f < nf; f++) {
@@ -240,11 +243,11 @@ produce_row(struct poller *p, const PGresult *res, size_t i)
 		p->datums[f].len = (uint32_t)PQgetlength(res, k, f);
 	}
 	/* no commit time here: the row's created_at, else now, unless [outbox] timestamp says */
-	if (!PQgetisnull(res, k, 3))
-		txn.commit_time = strtoll(PQgetvalue(res, k, 3), NULL, 10) - OBX_PG_EPOCH_OFFSET_US;
+	if (obx_pg_int64(res, k, 3, &txn.commit_time) == 0)
+		txn.commit_time -= OBX_PG_EPOCH_OFFSET_US;
 	else
 		txn.commit_time = (int64_t)time(NULL) * 1000000 - OBX_PG_EPOCH_OFFSET_US;
-	if ((r = obx_event_build(&p->eb, &p->rel, &t, &txn, 0, &ev, why, sizeof(why))) == OBX_ENOMEM)
+	if ((r = obx_event_build(&p->eb, &p->rel, &t, &txn, 0, &ev, errbuf, sizeof(errbuf))) == OBX_ENOMEM)
 		return r;
 	switch (obx_pollcore_decide(&p->pc, i, r == 0)) {
 	case OBX_POLL_HOLD: /* never: obx_pollcore_next() passed the held rows over */
@@ -257,7 +260,7 @@ produce_row(struct poller *p, const PGresult *res, size_t i)
 		log_exhausted(p, row, r == 0 ? &ev : NULL, seq, true);
 		return dead_letter(p, i, &ev, r == 0, seq);
 	case OBX_POLL_FAIL:
-		return obx_pollcore_failed(&p->pc, i, OBX_POLL_FAILED_BUILD, why);
+		return obx_pollcore_failed(&p->pc, i, OBX_POLL_FAILED_BUILD, errbuf);
 	case OBX_POLL_SEND:
 		break;
 	}
@@ -289,9 +292,11 @@ produce_batch(struct poller *p, const PGresult *res)
 	obx_dlv_begin(&p->dlv, p->pc.gen, false); /* what an earlier batch left pending is dropped */
 	for (int k = 0; k < n; k++) {
 		const char *key = kcol >= 0 && !PQgetisnull(res, k, kcol) ? PQgetvalue(res, k, kcol) : NULL;
+		int64_t id, seq;
 
-		if ((r = obx_pollcore_add(&p->pc, strtoll(PQgetvalue(res, k, 0), NULL, 10),
-		    strtoll(PQgetvalue(res, k, 1), NULL, 10), key,
+		if (obx_pg_int64(res, k, 0, &id) != 0 || obx_pg_int64(res, k, 1, &seq) != 0)
+			return OBX_EPROTO;
+		if ((r = obx_pollcore_add(&p->pc, id, seq, key,
 		    key != NULL ? (size_t)PQgetlength(res, k, kcol) : 0,
 		    PQgetisnull(res, k, 2) ? NULL : PQgetvalue(res, k, 2))) != 0)
 			return r;
@@ -338,11 +343,11 @@ wait_goes_on(struct poller *p)
 static void
 slow_broker(struct poller *p)
 {
-	char why[160];
+	char errbuf[160];
 
-	snprintf(why, sizeof(why), "waiting for the broker to acknowledge %zu event(s)", p->pc.outstanding);
-	obx_log_warn("%s; the claimed rows stay locked until then", why);
-	obx_poll_set_state(p, OBX_STATE_BACKPRESSURED, OBX_NOT_READY_NONE, why);
+	snprintf(errbuf, sizeof(errbuf), "waiting for the broker to acknowledge %zu event(s)", p->pc.outstanding);
+	obx_log_warn("%s; the claimed rows stay locked until then", errbuf);
+	obx_poll_set_state(p, OBX_STATE_BACKPRESSURED, OBX_NOT_READY_NONE, errbuf);
 }
 
 /*

@@ -20,10 +20,10 @@
 
 /* Sets the state, /readyz's phrase for it and the full reason (logged by the caller). */
 void
-obx_poll_set_state(struct poller *p, enum obx_state s, enum obx_not_ready why, const char *reason)
+obx_poll_set_state(struct poller *p, enum obx_state s, enum obx_not_ready not_ready, const char *reason)
 {
 	p->m.state = s;
-	p->m.not_ready = why;
+	p->m.not_ready = not_ready;
 	snprintf(p->m.state_reason, sizeof(p->m.state_reason), "%.*s", (int)sizeof(p->m.state_reason) - 1,
 	    reason != NULL ? reason : "");
 	obx_runner_publish(&p->run);
@@ -38,10 +38,10 @@ static void
 cancel(struct poller *p)
 {
 	PGcancel *cn = PQgetCancel(p->pg);
-	char why[256];
+	char errbuf[256];
 
-	if (cn != NULL && PQcancel(cn, why, sizeof(why)) == 0)
-		obx_log_debug("could not cancel the statement: %s", why);
+	if (cn != NULL && PQcancel(cn, errbuf, sizeof(errbuf)) == 0)
+		obx_log_debug("could not cancel the statement: %s", errbuf);
 	PQfreeCancel(cn);
 }
 

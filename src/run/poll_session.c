@@ -7,6 +7,7 @@
  */
 #include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -70,10 +71,18 @@ stats(struct poller *p)
 	PGresult *res = obx_poll_exec(p, p->sql.stats); /* NULL: stopped meanwhile */
 
 	if (PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1) {
-		p->m.poll_pending_rows = strtoll(PQgetvalue(res, 0, 0), NULL, 10);
-		p->m.poll_oldest_pending_age_seconds = strtod(PQgetvalue(res, 0, 1), NULL);
-		p->m.poll_retrying_rows = strtoll(PQgetvalue(res, 0, 2), NULL, 10);
-		p->m.poll_max_attempts_pending = strtoll(PQgetvalue(res, 0, 3), NULL, 10);
+		int64_t v;
+		double age;
+
+		/* a value that is not a number leaves its gauge as it was */
+		if (obx_pg_int64(res, 0, 0, &v) == 0)
+			p->m.poll_pending_rows = v;
+		if (obx_pg_double(res, 0, 1, &age) == 0)
+			p->m.poll_oldest_pending_age_seconds = age;
+		if (obx_pg_int64(res, 0, 2, &v) == 0)
+			p->m.poll_retrying_rows = v;
+		if (obx_pg_int64(res, 0, 3, &v) == 0)
+			p->m.poll_max_attempts_pending = v;
 	}
 	PQclear(res);
 	p->next_stats_ms = obx_mono_ms() + OBX_POLL_STATS_INTERVAL_MS;
@@ -288,7 +297,7 @@ obx_poll_run(const struct obx_config *cfg, const struct obx_run_opts *opts)
 	obx_log_context(NULL, "poll"); /* no slot: polling reads the table */
 #ifdef OBX_TEST_HOOKS
 	if (getenv("OBX_TEST_KILL_AFTER_ACKS") != NULL)
-		p.test_kill_after = atol(getenv("OBX_TEST_KILL_AFTER_ACKS"));
+		p.test_kill_after = (long)strtonum(getenv("OBX_TEST_KILL_AFTER_ACKS"), 0, LONG_MAX, NULL);
 #endif
 	snprintf(p.m.info_table, sizeof(p.m.info_table), "%s.%s", cfg->table_schema, cfg->table_name);
 	obx_pg_conninfo_dbname(cfg->conninfo, p.m.info_database, sizeof(p.m.info_database));

@@ -46,30 +46,17 @@
 
 /* ---- the core's actions ---- */
 
-void
-obx_relay_produce_error(void *ctx, rd_kafka_resp_err_t err, char *why, size_t whylen)
-{
-	const struct relay *r = ctx;
-
-	if (err == RD_KAFKA_RESP_ERR__STATE && r->kf.transactional)
-		snprintf(why, whylen, "the Kafka transaction can take no more records (the broker refused "
-		    "part of it, it must be aborted)");
-	else
-		snprintf(why, whylen, "%s", rd_kafka_err2str(err));
-}
-
 static enum obx_produce_result
-do_produce(void *ctx, const struct obx_record *rec, uint64_t opaque, char *why, size_t whylen)
+do_produce(void *ctx, const struct obx_record *rec, uint64_t opaque, char *errbuf, size_t errlen)
 {
 	struct relay *r = ctx;
-	rd_kafka_resp_err_t err;
+	enum obx_produce_result res;
 
-	err = obx_kafka_produce(&r->kf, rec->topic, RD_KAFKA_PARTITION_UA, rec->key, rec->keylen,
-	    rec->value, rec->len, rec->timestamp_ms, rec->headers, rec->nheaders, NULL, NULL, opaque);
-	if (err != RD_KAFKA_RESP_ERR_NO_ERROR) {
-		obx_relay_produce_error(r, err, why, whylen);
-		return obx_kafka_produce_result(err);
-	}
+	res = obx_kafka_produce(&r->kf, rec->topic, RD_KAFKA_PARTITION_UA, rec->key, rec->keylen,
+	    rec->value, rec->len, rec->timestamp_ms, rec->headers, rec->nheaders, NULL, NULL, opaque, NULL,
+	    errbuf, errlen);
+	if (res != OBX_PRODUCE_OK)
+		return res;
 #ifdef OBX_TEST_HOOKS
 	/* test builds only: provoke a producer fatal error after N events (OBX_TEST_FATAL_AFTER) */
 	if (r->test_fatal_after > 0 && ++r->test_produced == r->test_fatal_after) {
@@ -247,7 +234,7 @@ read_stream(struct relay *r)
 			break;
 		}
 		if (n < 0) {
-			bool no_pub = n == -2; /* the publication dropped behind the slot (pg/stream.h) */
+			bool no_pub = n == OBX_ENOENT; /* the publication dropped behind the slot (pg/stream.h) */
 
 			obx_core_fail(r->core, no_pub ? OBX_CORE_END_FATAL : OBX_CORE_END_RETRY,
 			    "replication stream lost: %s%s", err, no_pub ? "; the publication was dropped behind "

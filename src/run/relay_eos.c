@@ -52,14 +52,14 @@ status_tick(void *arg)
 	return e->io.tick(e->io.tick_arg);
 }
 
-bool
-obx_relay_eos_open(struct obx_relay_eos *e, const struct obx_relay_eos_io *io, enum obx_core_end *end,
-    char *reason, size_t reasonlen)
+enum obx_core_end
+obx_relay_eos_open(struct obx_relay_eos *e, const struct obx_relay_eos_io *io, char *errbuf,
+    size_t errlen)
 {
 	const struct obx_config *cfg = io->cfg;
 	struct obx_pgstream *st = io->st;
 	const char *txn_id = io->kf->txn_id;
-	char why[768], line[2048];
+	char detail[768], line[2048];
 	enum obx_core_end verdict;
 	enum obx_progress_floor f;
 	int32_t nparts = 0;
@@ -69,24 +69,22 @@ obx_relay_eos_open(struct obx_relay_eos *e, const struct obx_relay_eos_io *io, e
 	e->committing = e->have_floor = false;
 	memset(&e->floor, 0, sizeof(e->floor));
 	e->partition = RD_KAFKA_PARTITION_UA;
-	verdict = obx_core_txn_init_end(obx_kafka_txn_init(e->io.kf, TXN_INIT_MS, status_tick, e, why,
-	    sizeof(why)), txn_id, TXN_INIT_MS, why, sizeof(why));
+	verdict = obx_core_txn_init_end(obx_kafka_txn_init(e->io.kf, TXN_INIT_MS, status_tick, e, detail,
+	    sizeof(detail)), txn_id, TXN_INIT_MS, detail, sizeof(detail));
 	if (verdict != OBX_CORE_RUNNING) {
-		*end = verdict;
-		snprintf(reason, reasonlen, "%s", why);
-		return false;
+		snprintf(errbuf, errlen, "%s", detail);
+		return verdict;
 	}
 	obx_progress_source_init(&e->source, st->sysid, PQdb(st->conn), (uint32_t)st->timeline,
 	    st->slot_created, cfg);
 	if (!st->slot_made)
-		rc = obx_lookup_progress(cfg, txn_id, PROGRESS_READ_MS, status_tick, e, &e->floor, &nparts, why,
-		    sizeof(why));
-	f = obx_progress_floor(cfg, txn_id, &e->source, st->server_lsn, st->slot_made, rc, why, &e->floor,
+		rc = obx_lookup_progress(cfg, txn_id, PROGRESS_READ_MS, status_tick, e, &e->floor, &nparts, detail,
+		    sizeof(detail));
+	f = obx_progress_floor(cfg, txn_id, &e->source, st->server_lsn, st->slot_made, rc, detail, &e->floor,
 	    line, sizeof(line));
 	if (f == OBX_PROGRESS_FLOOR_UNREADABLE) {
-		*end = OBX_CORE_END_RETRY;
-		snprintf(reason, reasonlen, "%s", line);
-		return false;
+		snprintf(errbuf, errlen, "%s", line);
+		return OBX_CORE_END_RETRY;
 	}
 	if (!st->slot_made) /* the record goes to the key's own partition, where the next session reads first */
 		e->partition = obx_progress_partition(txn_id, nparts);
@@ -95,7 +93,7 @@ obx_relay_eos_open(struct obx_relay_eos *e, const struct obx_relay_eos_io *io, e
 		obx_log_warn("%s", line);
 	else
 		obx_log_info("%s", line);
-	return true;
+	return OBX_CORE_RUNNING;
 }
 
 void
@@ -117,8 +115,8 @@ begin_commit(struct obx_relay_eos *e, bool idle)
 	struct obx_kafka *kf = e->io.kf;
 	struct obx_core_progress p;
 	struct obx_progress pr;
-	rd_kafka_resp_err_t err;
-	char why[768], text[256];
+	enum obx_produce_result res;
+	char errbuf[768], text[256];
 	char *value;
 
 	if (!obx_core_commit_due(e->io.core, obx_mono_ms(), idle, &p))
@@ -129,15 +127,14 @@ begin_commit(struct obx_relay_eos *e, bool idle)
 		obx_core_commit_done(e->io.core, OBX_CORE_COMMIT_FATAL, "out of memory", obx_pg_now());
 		return false;
 	}
-	err = obx_kafka_produce(kf, cfg->progress_topic, e->partition, kf->txn_id, strlen(kf->txn_id), value,
+	res = obx_kafka_produce(kf, cfg->progress_topic, e->partition, kf->txn_id, strlen(kf->txn_id), value,
 	    strlen(value), (obx_pg_now() + OBX_PG_EPOCH_OFFSET_US) / 1000, NULL, 0, NULL, NULL,
-	    OBX_KAFKA_OPAQUE_PROGRESS);
+	    OBX_KAFKA_OPAQUE_PROGRESS, NULL, text, sizeof(text));
 	free(value);
-	if (err != RD_KAFKA_RESP_ERR_NO_ERROR) {
-		e->io.produce_error(e->io.produce_error_ctx, err, text, sizeof(text));
-		snprintf(why, sizeof(why), "could not produce the progress record to %s: %s", cfg->progress_topic,
+	if (res != OBX_PRODUCE_OK) {
+		snprintf(errbuf, sizeof(errbuf), "could not produce the progress record to %s: %s", cfg->progress_topic,
 		    text);
-		obx_core_commit_done(e->io.core, OBX_CORE_COMMIT_ABORT, why, obx_pg_now());
+		obx_core_commit_done(e->io.core, OBX_CORE_COMMIT_ABORT, errbuf, obx_pg_now());
 		return false;
 	}
 	e->committing = true;
@@ -149,27 +146,27 @@ obx_relay_eos_commit(struct obx_relay_eos *e, bool idle)
 {
 	struct obx_kafka *kf = e->io.kf;
 	struct obx_core *core = e->io.core;
-	enum obx_txn_result res;
-	char why[768];
+	int res;
+	char errbuf[768];
 
 	if (!e->committing && !begin_commit(e, idle))
 		return;
 	*e->io.reports_at_us = obx_pg_now(); /* delivery reports are served from inside the commit */
-	res = obx_kafka_txn_commit(kf, COMMIT_SLICE_MS, why, sizeof(why));
-	if (res == OBX_TXN_PENDING)
+	res = obx_kafka_txn_commit(kf, COMMIT_SLICE_MS, errbuf, sizeof(errbuf));
+	if (res == OBX_ETIMEDOUT)
 		return;
 	e->committing = false;
-	if (res == OBX_TXN_FENCED) {
+	if (res == OBX_EFENCED) {
 		obx_metrics_kafka_error(e->io.m, "_FENCED");
 		obx_core_commit_done(core, obx_core_commit_verdict(res, connection_ours(e), kf->txn_id,
-		    e->io.cfg->slot, why, sizeof(why)), why, obx_pg_now());
+		    e->io.cfg->slot, errbuf, sizeof(errbuf)), errbuf, obx_pg_now());
 		return;
 	}
-	if (res == OBX_TXN_OK)
+	if (res == OBX_OK)
 		obx_log_debug("committed Kafka transaction %s (%" PRIu64 " record(s))", kf->txn_name,
 		    obx_core_stats(core).txn_records);
-	obx_core_commit_done(core, obx_core_commit_verdict(res, false, kf->txn_id, e->io.cfg->slot, why,
-	    sizeof(why)), why, obx_pg_now());
+	obx_core_commit_done(core, obx_core_commit_verdict(res, false, kf->txn_id, e->io.cfg->slot, errbuf,
+	    sizeof(errbuf)), errbuf, obx_pg_now());
 #ifdef OBX_TEST_HOOKS
 	/* test builds only: die right after the commit, before its status update */
 	if (e->io.kill_after > 0 && obx_core_stats(core).published >= (uint64_t)e->io.kill_after)
@@ -180,30 +177,30 @@ obx_relay_eos_commit(struct obx_relay_eos *e, bool idle)
 void
 obx_relay_eos_fenced(struct obx_relay_eos *e)
 {
-	char why[768];
+	char errbuf[768];
 	enum obx_core_end end;
 
 	obx_metrics_kafka_error(e->io.m, "_FENCED");
-	end = obx_core_fenced_end(connection_ours(e), e->io.kf->txn_id, e->io.cfg->slot, why, sizeof(why));
-	obx_core_fail(e->io.core, end, "%s", why);
+	end = obx_core_fenced_end(connection_ours(e), e->io.kf->txn_id, e->io.cfg->slot, errbuf, sizeof(errbuf));
+	obx_core_fail(e->io.core, end, "%s", errbuf);
 }
 
 bool
-obx_relay_eos_close(struct obx_relay_eos *e, enum obx_core_end end, char *reason, size_t reasonlen)
+obx_relay_eos_close(struct obx_relay_eos *e, enum obx_core_end end, char *errbuf, size_t errlen)
 {
 	struct obx_kafka *kf = e->io.kf;
-	char err[512], why[768];
+	char err[512], detail[768];
 	bool fenced;
 
 	/* what the transaction holds is purged; a new session starts from the slot */
 	*e->io.reports_at_us = obx_pg_now();
-	fenced = obx_kafka_txn_abort(kf, 5000, err, sizeof(err)) == OBX_TXN_FENCED || kf->fenced;
+	fenced = obx_kafka_txn_abort(kf, 5000, err, sizeof(err)) == OBX_EFENCED || kf->fenced;
 	e->committing = false;
 	if (!fenced || end == OBX_CORE_END_FATAL)
 		return false;
-	if (obx_core_fenced_end(connection_ours(e), kf->txn_id, e->io.cfg->slot, why, sizeof(why)) ==
+	if (obx_core_fenced_end(connection_ours(e), kf->txn_id, e->io.cfg->slot, detail, sizeof(detail)) ==
 	    OBX_CORE_END_FATAL) {
-		snprintf(reason, reasonlen, "%s", why);
+		snprintf(errbuf, errlen, "%s", detail);
 		return true;
 	}
 	/* the connection looked alive: if the next session finds the slot taken, the fence was a

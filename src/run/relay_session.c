@@ -155,12 +155,17 @@ static bool
 eos_open(struct relay *r)
 {
 	struct obx_relay_eos_io io = { r->cfg, &r->st, &r->kf, r->core, &r->m, &r->reports_at_us,
-		obx_relay_setup_tick, r, obx_relay_produce_error, r, 0 };
+		obx_relay_setup_tick, r, 0 };
+	enum obx_core_end end;
 
 #ifdef OBX_TEST_HOOKS
 	io.kill_after = r->test_kill_after;
 #endif
-	return obx_relay_eos_open(&r->eos, &io, &r->end, r->reason, sizeof(r->reason));
+	end = obx_relay_eos_open(&r->eos, &io, r->reason, sizeof(r->reason));
+	if (end == OBX_CORE_RUNNING)
+		return true;
+	r->end = end;
+	return false;
 }
 
 /*
@@ -172,7 +177,6 @@ static bool
 snapshot_then_start(struct relay *r)
 {
 	char err[1024];
-	enum obx_fail f;
 	int rc;
 
 	if (obx_snapshot_init(&r->snap, r->cfg, r->core, &r->kf, &r->m) != 0) {
@@ -202,10 +206,10 @@ snapshot_then_start(struct relay *r)
 	}
 	r->snapshotting = false;
 	obx_snapshot_reset(&r->snap);
-	f = obx_pgstream_start(&r->st, r->cfg, err, sizeof(err));
-	if (f != OBX_FAIL_NONE) {
-		r->standby = f == OBX_FAIL_SLOT_IN_USE;
-		r->end = f == OBX_FAIL_FATAL ? OBX_CORE_END_FATAL : OBX_CORE_END_RETRY;
+	rc = obx_pgstream_start(&r->st, r->cfg, err, sizeof(err));
+	if (rc != 0) {
+		r->standby = rc == OBX_EBUSY;
+		r->end = rc == OBX_EFATAL ? OBX_CORE_END_FATAL : OBX_CORE_END_RETRY;
 		snprintf(r->reason, sizeof(r->reason), "%s", err);
 		return false;
 	}
@@ -226,21 +230,21 @@ static bool
 open_stream(struct relay *r)
 {
 	char err[1024];
-	enum obx_fail f;
+	int rc;
 
 	/* --recreate-slot is for the slot missing at start-up: once a session has found or
 	 * created the slot (also as a standby), one lost later is refused as usual */
-	f = obx_pgstream_open(&r->st, r->cfg, r->opts->recreate_slot && !r->slot_seen,
+	rc = obx_pgstream_open(&r->st, r->cfg, r->opts->recreate_slot && !r->slot_seen,
 	    obx_core_streaming_allowed(r->core), &r->setup, err, sizeof(err));
-	if (f == OBX_FAIL_NONE || f == OBX_FAIL_SLOT_IN_USE || r->st.slot_made)
+	if (rc == 0 || rc == OBX_EBUSY || r->st.slot_made)
 		r->slot_seen = true;
-	if (f == OBX_FAIL_NONE) {
+	if (rc == 0) {
 		r->eos.fenced_before = false;
 		return true;
 	}
 	obx_pgstream_close(&r->st);
-	r->standby = f == OBX_FAIL_SLOT_IN_USE;
-	open_failed(r, f == OBX_FAIL_FATAL ? OBX_CORE_END_FATAL : OBX_CORE_END_RETRY, err);
+	r->standby = rc == OBX_EBUSY;
+	open_failed(r, rc == OBX_EFATAL ? OBX_CORE_END_FATAL : OBX_CORE_END_RETRY, err);
 	/* fenced, and now another instance holds the slot: it took over (README, "Exactly-once") */
 	if (obx_progress_taken_over(r->eos.fenced_before, r->standby, r->eos.fenced_id, r->cfg->slot,
 	    r->reason, sizeof(r->reason))) {

@@ -20,6 +20,7 @@ obx_runner_init(struct obx_runner *run, const struct obx_config *cfg,
     const struct obx_run_opts *opts, struct obx_metrics *m, const struct obx_runner_ops *ops, void *ctx)
 {
 	char err[512];
+	int rc;
 
 	run->cfg = cfg;
 	run->opts = opts;
@@ -27,9 +28,9 @@ obx_runner_init(struct obx_runner *run, const struct obx_config *cfg,
 	run->ops = ops;
 	run->ctx = ctx;
 	run->title_state = OBX_STATE_COUNT;
-	if (obx_http_start(&run->http, cfg, err, sizeof(err)) != 0) {
+	if ((rc = obx_http_start(&run->http, cfg, err, sizeof(err))) != 0) {
 		obx_log_error("%s", err);
-		return -1;
+		return rc;
 	}
 	run->http_on = true;
 	obx_log_info("metrics and health on %s:%d (/metrics, /healthz, /readyz)", cfg->metrics_host,

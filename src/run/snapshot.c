@@ -87,18 +87,17 @@ fail(struct obx_snapshot *s, int end, const char *fmt, ...)
 /* ---- the delivery policy's actions (delivery.h) ---- */
 
 static enum obx_produce_result
-snap_produce(void *ctx, const struct obx_record *rec, uint64_t opaque, char *why, size_t whylen)
+snap_produce(void *ctx, const struct obx_record *rec, uint64_t opaque, char *errbuf, size_t errlen)
 {
 	struct obx_snapshot *s = ctx;
-	rd_kafka_resp_err_t err;
+	enum obx_produce_result res;
+	const char *name;
 
-	err = obx_kafka_produce(s->kf, rec->topic, RD_KAFKA_PARTITION_UA, rec->key, rec->keylen, rec->value,
-	    rec->len, rec->timestamp_ms, rec->headers, rec->nheaders, NULL, NULL, opaque);
-	if (err != RD_KAFKA_RESP_ERR_NO_ERROR && err != RD_KAFKA_RESP_ERR__QUEUE_FULL) {
-		obx_metrics_kafka_error(s->m, rd_kafka_err2name(err));
-		snprintf(why, whylen, "%s", rd_kafka_err2str(err));
-	}
-	return obx_kafka_produce_result(err);
+	res = obx_kafka_produce(s->kf, rec->topic, RD_KAFKA_PARTITION_UA, rec->key, rec->keylen, rec->value,
+	    rec->len, rec->timestamp_ms, rec->headers, rec->nheaders, NULL, NULL, opaque, &name, errbuf, errlen);
+	if (res != OBX_PRODUCE_OK && res != OBX_PRODUCE_QUEUE_FULL)
+		obx_metrics_kafka_error(s->m, name);
+	return res;
 }
 
 static void
@@ -119,12 +118,12 @@ static const struct obx_delivery_ops snapshot_ops = { NULL, snap_produce, NULL, 
 static int
 delivered(struct obx_snapshot *s, enum obx_dlv_outcome o, const struct obx_dlv_result *res)
 {
-	char why[sizeof(s->reason)];
-	int end = obx_snap_outcome(o, s->cfg->slot, res->why, why, sizeof(why));
+	char errbuf[sizeof(s->reason)];
+	int end = obx_snap_outcome(o, s->cfg->slot, res->reason, errbuf, sizeof(errbuf));
 
 	if (end == 0)
 		return 0;
-	fail(s, end, "%s", why);
+	fail(s, end, "%s", errbuf);
 	return s->end;
 }
 
@@ -302,10 +301,10 @@ static int wait_reports(struct obx_snapshot *s, bool (*room)(const struct obx_sn
 static bool room_for(const struct obx_snapshot *s, size_t bytes);
 
 static int
-bad_row(struct obx_snapshot *s, const struct obx_pg_tuple *t, const char *table_ctid, const char *why)
+bad_row(struct obx_snapshot *s, const struct obx_pg_tuple *t, const char *table_ctid, const char *reason)
 {
 	struct obx_header hs[2] = {
-		{ "error", why, strlen(why) },
+		{ "error", reason, strlen(reason) },
 		{ "snapshot", s->point, strlen(s->point) },
 	};
 	struct obx_dlv_result res;
@@ -316,7 +315,7 @@ bad_row(struct obx_snapshot *s, const struct obx_pg_tuple *t, const char *table_
 	if (s->cfg->on_error != OBX_ON_ERROR_DEAD_LETTER) {
 		fail(s, OBX_ECONFIG, "snapshot of slot %s: row %s of %s.%s cannot become an event: %s "
 		    "([delivery] on_error = stop)", s->cfg->slot, table_ctid, s->cfg->table_schema,
-		    s->cfg->table_name, why);
+		    s->cfg->table_name, reason);
 		return s->end;
 	}
 	if ((row = obx_event_row_json(&s->rel, t)) == NULL) {
@@ -330,7 +329,7 @@ bad_row(struct obx_snapshot *s, const struct obx_pg_tuple *t, const char *table_
 	free(row);
 	if (r == 0)
 		obx_log_warn("snapshot of slot %s: row %s of %s.%s cannot become an event (%s): dead-lettering "
-		    "it to %s", s->cfg->slot, table_ctid, s->cfg->table_schema, s->cfg->table_name, why,
+		    "it to %s", s->cfg->slot, table_ctid, s->cfg->table_schema, s->cfg->table_name, reason,
 		    s->cfg->dead_letter_topic);
 	return r;
 }
@@ -425,7 +424,7 @@ produce_row(struct obx_snapshot *s, const PGresult *res)
 	struct obx_event ev;
 	struct obx_record rec;
 	struct obx_dlv_result dres;
-	char why[512];
+	char errbuf[512];
 	size_t nh;
 	int r;
 
@@ -435,14 +434,14 @@ produce_row(struct obx_snapshot *s, const PGresult *res)
 		s->datums[f].len = (uint32_t)PQgetlength(res, 0, f + 1);
 	}
 	/* seq: the ordinal in this snapshot (uint32 in the mark; wraps past 4 billion rows) */
-	r = obx_event_build(&s->eb, &s->rel, &t, &txn, (uint32_t)s->rows, &ev, why, sizeof(why));
+	r = obx_event_build(&s->eb, &s->rel, &t, &txn, (uint32_t)s->rows, &ev, errbuf, sizeof(errbuf));
 	s->rows++;
 	if (r == OBX_ENOMEM) {
 		fail(s, OBX_ENOMEM, "out of memory");
 		return s->end;
 	}
 	if (r != 0)
-		return bad_row(s, &t, PQgetvalue(res, 0, 0), why);
+		return bad_row(s, &t, PQgetvalue(res, 0, 0), errbuf);
 	if (obx_snap_headers(&ev, s->point, &s->hdrs, &s->hdr_cap, &nh) != 0) {
 		fail(s, OBX_ENOMEM, "out of memory");
 		return s->end;

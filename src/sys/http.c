@@ -181,7 +181,7 @@ handle(void *cls, struct MHD_Connection *c, const char *url, const char *method,
 		return reply(c, 200, "text/plain", "ok\n", 3, false);
 	}
 	if (strcmp(url, "/readyz") == 0) {
-		const char *why, *detail;
+		const char *phrase, *detail;
 		int n;
 
 		if (m.state == OBX_STATE_STREAMING || m.state == OBX_STATE_BACKPRESSURED ||
@@ -190,10 +190,10 @@ handle(void *cls, struct MHD_Connection *c, const char *url, const char *method,
 			return reply(c, 200, "text/plain", buf, (size_t)n, false);
 		}
 		/* a fixed phrase for anyone; the error text (hosts, users, SQL) only when allowed */
-		why = obx_not_ready_text(m.not_ready);
+		phrase = obx_not_ready_text(m.not_ready);
 		detail = h->cfg->detailed_health ? m.state_reason : "";
 		n = snprintf(buf, sizeof(buf), "not ready: %s%s%s%s%s\n", obx_state_name(m.state),
-		    why[0] ? ": " : "", why, detail[0] ? ": " : "", detail);
+		    phrase[0] ? ": " : "", phrase, detail[0] ? ": " : "", detail);
 		if (n < 0 || (size_t)n >= sizeof(buf)) {
 			n = (int)sizeof(buf) - 1;
 			buf[n - 1] = '\n';

@@ -1,6 +1,7 @@
 /*
  * procstat.c - the process's numbers from /proc; see procstat.h.
  */
+#include <errno.h>
 #include <dirent.h>
 #include <fcntl.h>
 #include <stdbool.h>
@@ -48,8 +49,9 @@ boot_time(void)
 		return -1;
 	while (fgets(line, sizeof(line), fp) != NULL) {
 		if (at_start && strncmp(line, "btime ", 6) == 0) {
+			errno = 0;
 			v = strtoll(line + 6, &end, 10);
-			if (end == line + 6 || v <= 0)
+			if (end == line + 6 || errno != 0 || v <= 0)
 				v = -1;
 			break;
 		}
@@ -78,8 +80,9 @@ self_stat(unsigned long long fields[STAT_FIELDS])
 	p++; /* the state letter */
 	fields[0] = 0;
 	for (int i = 1; i < STAT_FIELDS; i++) {
+		errno = 0;
 		fields[i] = strtoull(p, &end, 10);
-		if (end == p)
+		if (end == p || errno != 0)
 			return false;
 		p = end;
 	}

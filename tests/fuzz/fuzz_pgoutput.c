@@ -71,7 +71,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		if (obx_walmsg_parse(copy, len, &w) == 0 && w.kind == 'w' &&
 		    obx_pgoutput_decode(&dec, w.payload, w.payload_len, &m) == 0) {
 			struct obx_event ev;
-			char why[256];
+			char errbuf[256];
 
 			if (m.type == 'R') {
 				obx_relcache_update(&rc, &m);
@@ -81,7 +81,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 				if (rel != NULL && dec.in_stream)
 					obx_streambuf_add(&sb, stream_xid, m.xid, rel, &m.u.insert.tuple);
 				else if (rel != NULL)
-					obx_event_build(&eb, rel, &m.u.insert.tuple, &txn, seq++, &ev, why, sizeof(why));
+					obx_event_build(&eb, rel, &m.u.insert.tuple, &txn, seq++, &ev, errbuf, sizeof(errbuf));
 			} else if (m.type == 'S') {
 				stream_xid = m.u.stream_start.xid;
 				obx_streambuf_start(&sb, stream_xid);
@@ -93,7 +93,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 				obx_event_builder_forget(&eb);
 				for (size_t i = 0; t != NULL && i < t->nrows; i++)
 					obx_event_build(&eb, &t->rels[t->rows[i].rel], &t->rows[i].tuple, &txn,
-					    (uint32_t)i, &ev, why, sizeof(why));
+					    (uint32_t)i, &ev, errbuf, sizeof(errbuf));
 				obx_event_builder_forget(&eb);
 				obx_streambuf_drop(&sb, m.u.stream_commit.xid);
 			}

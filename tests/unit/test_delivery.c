@@ -50,7 +50,7 @@ hdr(const struct obx_record *r, const char *name, char *out, size_t len)
 }
 
 static enum obx_produce_result
-fake_produce(void *ctx, const struct obx_record *r, uint64_t opaque, char *why, size_t whylen)
+fake_produce(void *ctx, const struct obx_record *r, uint64_t opaque, char *errbuf, size_t errlen)
 {
 	struct fake *f = ctx;
 	enum obx_produce_result pr = f->next < f->nscript ? f->script[f->next++] : OBX_PRODUCE_OK;
@@ -58,7 +58,7 @@ fake_produce(void *ctx, const struct obx_record *r, uint64_t opaque, char *why, 
 
 	f->calls++;
 	if (pr != OBX_PRODUCE_OK) {
-		snprintf(why, whylen, "scripted refusal %d", (int)pr);
+		snprintf(errbuf, errlen, "scripted refusal %d", (int)pr);
 		return pr;
 	}
 	assert_true(f->n < MAXREC);
@@ -80,7 +80,7 @@ fake_produce(void *ctx, const struct obx_record *r, uint64_t opaque, char *why, 
 }
 
 static enum obx_dlv_gate
-fake_gate(void *ctx, const struct obx_record *r, uint64_t ticket, bool dl, char *why, size_t whylen)
+fake_gate(void *ctx, const struct obx_record *r, uint64_t ticket, bool dl, char *errbuf, size_t errlen)
 {
 	struct fake *f = ctx;
 
@@ -89,7 +89,7 @@ fake_gate(void *ctx, const struct obx_record *r, uint64_t ticket, bool dl, char 
 	if (f->gate == OBX_DLV_GATE_REFUSED) {
 		if (dl)
 			return OBX_DLV_GATE_SEND; /* it refuses the record, not its copy */
-		snprintf(why, whylen, "refused by the gate");
+		snprintf(errbuf, errlen, "refused by the gate");
 	}
 	return f->gate;
 }
@@ -278,14 +278,14 @@ test_on_error_stop(void **state)
 	start(OBX_DLV_STREAM, OBX_DLV_ON_ERROR, false);
 	fk.script[fk.nscript++] = OBX_PRODUCE_PERMANENT;
 	assert_int_equal(send("t", 1, 0), OBX_DLV_STOP);
-	assert_non_null(strstr(res.why, "event id=e1 at lsn 0/200 (xid 7) cannot be published"));
-	assert_non_null(strstr(res.why, "on_error = stop"));
+	assert_non_null(strstr(res.reason, "event id=e1 at lsn 0/200 (xid 7) cannot be published"));
+	assert_non_null(strstr(res.reason, "on_error = stop"));
 	assert_string_equal(res.f_id, "e1");
 	assert_int_equal(fk.n, 0);
 	/* the broker's refusal, the same */
 	send("t", 2, 0);
 	assert_int_equal(report(0, OBX_REPORT_PERMANENT, 1), OBX_DLV_STOP);
-	assert_non_null(strstr(res.why, "event id=e1 lsn=0/200 rejected by the broker for topic t"));
+	assert_non_null(strstr(res.reason, "event id=e1 lsn=0/200 rejected by the broker for topic t"));
 	{
 		uint64_t errors = 0;
 
@@ -322,7 +322,7 @@ test_dead_letter_ladder(void **state)
 	assert_true(obx_dlv_untag(fk.recs[1].opaque, &t) && t.dead_letter && t.bare && t.ticket == 1);
 	/* even that refused: nothing more can be done */
 	assert_int_equal(report(1, OBX_REPORT_PERMANENT, 2), OBX_DLV_STOP);
-	assert_non_null(strstr(res.why, "could not dead-letter event id=e1 at lsn 0/200 to outbox.dead_letter"));
+	assert_non_null(strstr(res.reason, "could not dead-letter event id=e1 at lsn 0/200 to outbox.dead_letter"));
 	/* a copy acknowledged counts for its record */
 	send("t", 2, 3);
 	fk.script[fk.nscript++] = OBX_PRODUCE_OK;
@@ -344,7 +344,7 @@ test_attempts_policy(void **state)
 	start(OBX_DLV_POLL, OBX_DLV_ATTEMPTS, false);
 	fk.script[fk.nscript++] = OBX_PRODUCE_PERMANENT;
 	assert_int_equal(send("t", 1, 0), OBX_DLV_RETRY);
-	assert_string_equal(res.why, "scripted refusal 2");
+	assert_string_equal(res.reason, "scripted refusal 2");
 	send("t", 2, 0);
 	assert_int_equal(report(0, OBX_REPORT_PERMANENT, 1), OBX_DLV_RETRY);
 	assert_int_equal(res.ticket, 2);
@@ -402,7 +402,7 @@ test_missing_topic_then_on_error(void **state)
 	start(OBX_DLV_SNAPSHOT, OBX_DLV_ON_ERROR, false);
 	fk.script[fk.nscript++] = OBX_PRODUCE_MISSING_TOPIC;
 	assert_int_equal(send("gone", 1, 1000), OBX_DLV_WAIT_TOPIC);
-	assert_non_null(strstr(res.why, "topic gone does not exist (yet): waiting up to 5 s"));
+	assert_non_null(strstr(res.reason, "topic gone does not exist (yet): waiting up to 5 s"));
 	assert_string_equal(met.missing_topic, "gone");
 	send("gone", 2, 2000);
 	assert_int_equal(report(0, OBX_REPORT_MISSING_TOPIC, 3000), OBX_DLV_WAIT_TOPIC);
@@ -413,7 +413,7 @@ test_missing_topic_then_on_error(void **state)
 	assert_string_equal(fk.recs[2].original_topic, "gone");
 	/* the copy's topic is missing too: stop, naming it */
 	assert_int_equal(report(2, OBX_REPORT_MISSING_TOPIC, 6600), OBX_DLV_STOP);
-	assert_non_null(strstr(res.why, "the dead-letter topic outbox.dead_letter does not exist: event id=e1 "
+	assert_non_null(strstr(res.reason, "the dead-letter topic outbox.dead_letter does not exist: event id=e1 "
 	    "for gone"));
 	/* an acknowledgement of the topic ends its wait */
 	send("gone", 4, 7000);
@@ -445,7 +445,7 @@ test_reports_of_others_ignored(void **state)
 	assert_int_equal(report(2, OBX_REPORT_PURGED, 1), OBX_DLV_IGNORED);
 	send("t", 4, 0);
 	assert_int_equal(report(3, OBX_REPORT_TRANSIENT, 1), OBX_DLV_RETRY);
-	assert_non_null(strstr(res.why, "delivery of event id=e1 to t failed"));
+	assert_non_null(strstr(res.reason, "delivery of event id=e1 to t failed"));
 	/* a transient produce refusal too */
 	fk.script[fk.nscript++] = OBX_PRODUCE_TRANSIENT;
 	assert_int_equal(send("t", 5, 0), OBX_DLV_RETRY);
@@ -461,7 +461,7 @@ test_transactional_rejection(void **state)
 	send("t", 1, 0);
 	assert_int_equal(report(0, OBX_REPORT_PERMANENT, 1), OBX_DLV_REJECTED);
 	assert_int_equal(fk.n, 1); /* no copy inside the doomed transaction */
-	assert_non_null(strstr(res.why, "inside a Kafka transaction"));
+	assert_non_null(strstr(res.reason, "inside a Kafka transaction"));
 }
 
 /* The gate: held records stay in order, settled ones are done, refused ones meet on_error. */

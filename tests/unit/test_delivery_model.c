@@ -83,14 +83,14 @@ row_of(const struct obx_record *r)
 }
 
 static enum obx_produce_result
-produce(void *ctx, const struct obx_record *r, uint64_t opaque, char *why, size_t whylen)
+produce(void *ctx, const struct obx_record *r, uint64_t opaque, char *errbuf, size_t errlen)
 {
 	struct obx_dlv_tag t;
 	unsigned dice = M.faults ? rnd(100) : 99;
 	size_t row = row_of(r);
 
 	(void)ctx;
-	snprintf(why, whylen, "refused at random");
+	snprintf(errbuf, errlen, "refused at random");
 	if (dice < 10)
 		return OBX_PRODUCE_QUEUE_FULL;
 	if (dice < 12)
@@ -150,7 +150,7 @@ outcome(enum obx_dlv_outcome o, const struct obx_dlv_result *res)
 		return 2;
 	case OBX_DLV_STOP:
 		/* only on_error = stop, a missing dead-letter topic, or the headers alone refused */
-		assert_true(M.cfg.on_error == OBX_ON_ERROR_STOP || strstr(res->why, "dead-letter") != NULL);
+		assert_true(M.cfg.on_error == OBX_ON_ERROR_STOP || strstr(res->reason, "dead-letter") != NULL);
 		return 2;
 	}
 	return 2;

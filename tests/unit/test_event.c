@@ -124,12 +124,12 @@ test_debezium_defaults(void **state)
 {
 	struct fixture *f = *state;
 	struct obx_event e;
-	char why[256];
+	char errbuf[256];
 
 	assert_int_equal(obx_event_builder_init(&f->eb, &f->cfg), 0);
 	row(f, "public", "outbox", debezium_cols, 5);
 	assert_true(obx_event_is_outbox(&f->eb, f->rel));
-	assert_int_equal(obx_event_build(&f->eb, f->rel, &f->ins.u.insert.tuple, &txn, 3, &e, why, sizeof(why)), 0);
+	assert_int_equal(obx_event_build(&f->eb, f->rel, &f->ins.u.insert.tuple, &txn, 3, &e, errbuf, sizeof(errbuf)), 0);
 	assert_string_equal(e.topic, "outbox.event.order");
 	assert_int_equal(e.keylen, 4);
 	assert_memory_equal(e.key, "o-42", 4);
@@ -150,7 +150,7 @@ test_other_names_template_and_extras(void **state)
 {
 	struct fixture *f = *state;
 	struct obx_event e;
-	char why[256];
+	char errbuf[256];
 	size_t len;
 	static const struct col cols[] = {
 		{ "event_id", 25, "e1" },
@@ -173,7 +173,7 @@ test_other_names_template_and_extras(void **state)
 	assert_int_equal(obx_event_builder_init(&f->eb, &f->cfg), 0);
 	row(f, "billing", "events", cols, 6);
 	assert_true(obx_event_is_outbox(&f->eb, f->rel));
-	assert_int_equal(obx_event_build(&f->eb, f->rel, &f->ins.u.insert.tuple, &txn, 0, &e, why, sizeof(why)), 0);
+	assert_int_equal(obx_event_build(&f->eb, f->rel, &f->ins.u.insert.tuple, &txn, 0, &e, errbuf, sizeof(errbuf)), 0);
 	assert_string_equal(e.topic, "billing.invoice.v1");
 	assert_int_equal(e.len, 3); /* bytea: raw bytes, not \x hex */
 	assert_memory_equal(e.value, "\x00\xff\x41", 3);
@@ -189,7 +189,7 @@ test_rows_that_cannot_become_events(void **state)
 {
 	struct fixture *f = *state;
 	struct obx_event e;
-	char why[256];
+	char errbuf[256];
 	struct col cols[5];
 
 	assert_int_equal(obx_event_builder_init(&f->eb, &f->cfg), 0);
@@ -197,38 +197,38 @@ test_rows_that_cannot_become_events(void **state)
 	memcpy(cols, debezium_cols, sizeof(cols));
 	cols[2].value = NULL;
 	row(f, "public", "outbox", cols, 5);
-	assert_int_equal(obx_event_build(&f->eb, f->rel, &f->ins.u.insert.tuple, &txn, 0, &e, why, sizeof(why)), OBX_EINVAL);
-	assert_string_equal(why, "key column 'aggregateid' is NULL");
+	assert_int_equal(obx_event_build(&f->eb, f->rel, &f->ins.u.insert.tuple, &txn, 0, &e, errbuf, sizeof(errbuf)), OBX_EINVAL);
+	assert_string_equal(errbuf, "key column 'aggregateid' is NULL");
 
 	memcpy(cols, debezium_cols, sizeof(cols));
 	cols[0].value = NULL;
 	row(f, "public", "outbox", cols, 5);
-	assert_int_equal(obx_event_build(&f->eb, f->rel, &f->ins.u.insert.tuple, &txn, 0, &e, why, sizeof(why)), OBX_EINVAL);
-	assert_string_equal(why, "id column 'id' is NULL");
+	assert_int_equal(obx_event_build(&f->eb, f->rel, &f->ins.u.insert.tuple, &txn, 0, &e, errbuf, sizeof(errbuf)), OBX_EINVAL);
+	assert_string_equal(errbuf, "id column 'id' is NULL");
 
 	memcpy(cols, debezium_cols, sizeof(cols));
 	cols[1].value = NULL;
 	row(f, "public", "outbox", cols, 5);
-	assert_int_equal(obx_event_build(&f->eb, f->rel, &f->ins.u.insert.tuple, &txn, 0, &e, why, sizeof(why)), OBX_EINVAL);
-	assert_string_equal(why, "topic column 'aggregatetype' is NULL");
+	assert_int_equal(obx_event_build(&f->eb, f->rel, &f->ins.u.insert.tuple, &txn, 0, &e, errbuf, sizeof(errbuf)), OBX_EINVAL);
+	assert_string_equal(errbuf, "topic column 'aggregatetype' is NULL");
 
 	memcpy(cols, debezium_cols, sizeof(cols));
 	cols[1].value = "bad topic!";
 	row(f, "public", "outbox", cols, 5);
-	assert_int_equal(obx_event_build(&f->eb, f->rel, &f->ins.u.insert.tuple, &txn, 0, &e, why, sizeof(why)), OBX_EINVAL);
-	assert_non_null(strstr(why, "is not a valid Kafka topic name"));
+	assert_int_equal(obx_event_build(&f->eb, f->rel, &f->ins.u.insert.tuple, &txn, 0, &e, errbuf, sizeof(errbuf)), OBX_EINVAL);
+	assert_non_null(strstr(errbuf, "is not a valid Kafka topic name"));
 
 	memcpy(cols, debezium_cols, sizeof(cols));
 	cols[3].name = "kind"; /* the table lost its 'type' column */
 	row(f, "public", "outbox", cols, 5);
-	assert_int_equal(obx_event_build(&f->eb, f->rel, &f->ins.u.insert.tuple, &txn, 0, &e, why, sizeof(why)), OBX_EINVAL);
-	assert_string_equal(why, "column 'type' (type) is missing from the outbox table");
+	assert_int_equal(obx_event_build(&f->eb, f->rel, &f->ins.u.insert.tuple, &txn, 0, &e, errbuf, sizeof(errbuf)), OBX_EINVAL);
+	assert_string_equal(errbuf, "column 'type' (type) is missing from the outbox table");
 
 	/* a NULL payload is a tombstone, not an error */
 	memcpy(cols, debezium_cols, sizeof(cols));
 	cols[4].value = NULL;
 	row(f, "public", "outbox", cols, 5);
-	assert_int_equal(obx_event_build(&f->eb, f->rel, &f->ins.u.insert.tuple, &txn, 0, &e, why, sizeof(why)), 0);
+	assert_int_equal(obx_event_build(&f->eb, f->rel, &f->ins.u.insert.tuple, &txn, 0, &e, errbuf, sizeof(errbuf)), 0);
 	assert_null(e.value);
 
 	/* other tables are not the outbox */
@@ -246,7 +246,7 @@ test_reserved_header_names(void **state)
 {
 	struct fixture *f = *state;
 	struct obx_event e;
-	char why[256], hdrs[128], want[256], list[256] = "";
+	char errbuf[256], hdrs[128], want[256], list[256] = "";
 	struct col cols[6];
 	size_t n = 0;
 
@@ -268,18 +268,18 @@ test_reserved_header_names(void **state)
 	for (size_t i = 0; obx_reserved_headers[i] != NULL; i++) {
 		snprintf(hdrs, sizeof(hdrs), "{\"tenant\": \"t1\", \"%s\": \"x\"}", obx_reserved_headers[i]);
 		row(f, "public", "outbox", cols, 6);
-		assert_int_equal(obx_event_build(&f->eb, f->rel, &f->ins.u.insert.tuple, &txn, 0, &e, why,
-		    sizeof(why)), OBX_EINVAL);
+		assert_int_equal(obx_event_build(&f->eb, f->rel, &f->ins.u.insert.tuple, &txn, 0, &e, errbuf,
+		    sizeof(errbuf)), OBX_EINVAL);
 		snprintf(want, sizeof(want), "headers column 'headers' holds header '%s', a name outboxd "
 		    "writes itself (reserved: %s)", obx_reserved_headers[i], OBX_RESERVED_HEADERS);
-		assert_string_equal(why, want);
+		assert_string_equal(errbuf, want);
 	}
 
 	/* other names, and the same letters in another case, are the user's */
 	snprintf(hdrs, sizeof(hdrs), "{\"tenant\": \"t1\", \"ID\": \"x\"}");
 	row(f, "public", "outbox", cols, 6);
-	assert_int_equal(obx_event_build(&f->eb, f->rel, &f->ins.u.insert.tuple, &txn, 0, &e, why,
-	    sizeof(why)), 0);
+	assert_int_equal(obx_event_build(&f->eb, f->rel, &f->ins.u.insert.tuple, &txn, 0, &e, errbuf,
+	    sizeof(errbuf)), 0);
 	expect_hdr(&e, "id", debezium_cols[0].value);
 	expect_hdr(&e, "ID", "x");
 	expect_hdr(&e, "tenant", "t1");

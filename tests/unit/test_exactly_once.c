@@ -66,7 +66,7 @@ test_record_from_batch(void **state)
 		.end_lsn = 0x16B3B00, .commit_time = 13000000, .records = 42 };
 	struct obx_progress_source src;
 	struct obx_progress pr, back;
-	char why[256], *v;
+	char errbuf[256], *v;
 
 	(void)state;
 	obx_progress_source_init(&src, "7301", "shop", 3, 0x1000, &cfg);
@@ -81,11 +81,11 @@ test_record_from_batch(void **state)
 	assert_memory_equal(&pr.src, &src, sizeof(src));
 	v = obx_progress_encode(&pr, "s1", "t1");
 	assert_non_null(v);
-	assert_int_equal(obx_progress_parse(v, strlen(v), "s1", &back, why, sizeof(why)), 0);
+	assert_int_equal(obx_progress_parse(v, strlen(v), "s1", &back, errbuf, sizeof(errbuf)), 0);
 	free(v);
 	assert_true(back.has_source);
 	/* what it writes is what the next session trusts */
-	assert_true(obx_progress_trusted(&back, &src, 0x16B3B00, why, sizeof(why)));
+	assert_true(obx_progress_trusted(&back, &src, 0x16B3B00, errbuf, sizeof(errbuf)));
 }
 
 /* A new slot skips nothing; an unreadable record never guesses; none; untrusted; trusted. */
@@ -129,20 +129,20 @@ test_floor(void **state)
 static void
 test_txn_init_end(void **state)
 {
-	char why[256];
+	char errbuf[256];
 
 	(void)state;
-	snprintf(why, sizeof(why), "kept");
-	assert_int_equal(obx_core_txn_init_end(OBX_TXN_OK, "t1", 15000, why, sizeof(why)), OBX_CORE_RUNNING);
-	assert_int_equal(obx_core_txn_init_end(OBX_TXN_FENCED, "t1", 15000, why, sizeof(why)),
+	snprintf(errbuf, sizeof(errbuf), "kept");
+	assert_int_equal(obx_core_txn_init_end(OBX_OK, "t1", 15000, errbuf, sizeof(errbuf)), OBX_CORE_RUNNING);
+	assert_int_equal(obx_core_txn_init_end(OBX_EFENCED, "t1", 15000, errbuf, sizeof(errbuf)),
 	    OBX_CORE_END_FATAL);
-	assert_string_equal(why, "kept");
-	assert_int_equal(obx_core_txn_init_end(OBX_TXN_ABORT, "t1", 15000, why, sizeof(why)), OBX_CORE_END_RETRY);
-	assert_int_equal(obx_core_txn_init_end(OBX_TXN_FATAL, "t1", 15000, why, sizeof(why)), OBX_CORE_END_RETRY);
-	assert_string_equal(why, "kept");
-	assert_int_equal(obx_core_txn_init_end(OBX_TXN_PENDING, "t1", 15000, why, sizeof(why)),
+	assert_string_equal(errbuf, "kept");
+	assert_int_equal(obx_core_txn_init_end(OBX_EABORT, "t1", 15000, errbuf, sizeof(errbuf)), OBX_CORE_END_RETRY);
+	assert_int_equal(obx_core_txn_init_end(OBX_EFATAL, "t1", 15000, errbuf, sizeof(errbuf)), OBX_CORE_END_RETRY);
+	assert_string_equal(errbuf, "kept");
+	assert_int_equal(obx_core_txn_init_end(OBX_ETIMEDOUT, "t1", 15000, errbuf, sizeof(errbuf)),
 	    OBX_CORE_END_RETRY);
-	assert_string_equal(why, "Kafka transactions for transactional.id t1 not initialised within 15 s");
+	assert_string_equal(errbuf, "Kafka transactions for transactional.id t1 not initialised within 15 s");
 }
 
 /*
@@ -154,40 +154,40 @@ test_txn_init_end(void **state)
 static void
 test_fenced_end(void **state)
 {
-	char why[768];
+	char errbuf[768];
 
 	(void)state;
-	assert_int_equal(obx_core_fenced_end(false, "t1", "s1", why, sizeof(why)), OBX_CORE_END_FATAL);
-	assert_non_null(strstr(why, "fenced: another instance took over transactional.id t1"));
-	assert_non_null(strstr(why, "stopping without publishing anything more"));
-	assert_int_equal(obx_core_fenced_end(true, "t1", "s1", why, sizeof(why)), OBX_CORE_END_RETRY);
-	assert_non_null(strstr(why, "while this instance still holds slot s1"));
-	assert_non_null(strstr(why, "starting a new session"));
+	assert_int_equal(obx_core_fenced_end(false, "t1", "s1", errbuf, sizeof(errbuf)), OBX_CORE_END_FATAL);
+	assert_non_null(strstr(errbuf, "fenced: another instance took over transactional.id t1"));
+	assert_non_null(strstr(errbuf, "stopping without publishing anything more"));
+	assert_int_equal(obx_core_fenced_end(true, "t1", "s1", errbuf, sizeof(errbuf)), OBX_CORE_END_RETRY);
+	assert_non_null(strstr(errbuf, "while this instance still holds slot s1"));
+	assert_non_null(strstr(errbuf, "starting a new session"));
 }
 
 /* A commit's result as obx_core_commit_done() takes it; only a fence looks at the connection. */
 static void
 test_commit_verdict(void **state)
 {
-	char why[768];
+	char errbuf[768];
 
 	(void)state;
-	snprintf(why, sizeof(why), "kept");
-	assert_int_equal(obx_core_commit_verdict(OBX_TXN_OK, false, "t1", "s1", why, sizeof(why)),
+	snprintf(errbuf, sizeof(errbuf), "kept");
+	assert_int_equal(obx_core_commit_verdict(OBX_OK, false, "t1", "s1", errbuf, sizeof(errbuf)),
 	    OBX_CORE_COMMIT_OK);
-	assert_int_equal(obx_core_commit_verdict(OBX_TXN_ABORT, true, "t1", "s1", why, sizeof(why)),
+	assert_int_equal(obx_core_commit_verdict(OBX_EABORT, true, "t1", "s1", errbuf, sizeof(errbuf)),
 	    OBX_CORE_COMMIT_ABORT);
-	assert_int_equal(obx_core_commit_verdict(OBX_TXN_FATAL, false, "t1", "s1", why, sizeof(why)),
+	assert_int_equal(obx_core_commit_verdict(OBX_EFATAL, false, "t1", "s1", errbuf, sizeof(errbuf)),
 	    OBX_CORE_COMMIT_FATAL);
-	assert_string_equal(why, "kept"); /* the producer's words */
+	assert_string_equal(errbuf, "kept"); /* the producer's words */
 	/* the zombie: its connection is gone, so the run stops */
-	assert_int_equal(obx_core_commit_verdict(OBX_TXN_FENCED, false, "t1", "s1", why, sizeof(why)),
+	assert_int_equal(obx_core_commit_verdict(OBX_EFENCED, false, "t1", "s1", errbuf, sizeof(errbuf)),
 	    OBX_CORE_COMMIT_FENCED);
-	assert_non_null(strstr(why, "fenced: another instance took over transactional.id t1"));
+	assert_non_null(strstr(errbuf, "fenced: another instance took over transactional.id t1"));
 	/* still holding the slot: a rewind and a new session */
-	assert_int_equal(obx_core_commit_verdict(OBX_TXN_FENCED, true, "t1", "s1", why, sizeof(why)),
+	assert_int_equal(obx_core_commit_verdict(OBX_EFENCED, true, "t1", "s1", errbuf, sizeof(errbuf)),
 	    OBX_CORE_COMMIT_FATAL);
-	assert_non_null(strstr(why, "starting a new session"));
+	assert_non_null(strstr(errbuf, "starting a new session"));
 }
 
 /* A third of wal_sender_timeout when that is sooner than [source] status_interval. */

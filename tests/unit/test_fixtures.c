@@ -77,7 +77,7 @@ test_v3_capture(void **state)
 	for (long i = 0; i < n; i++) {
 		struct obx_pgmsg m;
 		struct obx_event ev;
-		char why[256];
+		char errbuf[256];
 		const struct obx_rel *rel;
 
 		if (obx_pgoutput_decode(&dec, fx[i].data, fx[i].len, &m) != 0)
@@ -112,8 +112,8 @@ test_v3_capture(void **state)
 				assert_int_equal(obx_streambuf_add(&sb, stream_xid, m.xid, rel, &m.u.insert.tuple), 0);
 				break;
 			}
-			assert_int_equal(obx_event_build(&eb, rel, &m.u.insert.tuple, &txn, seq++, &ev, why,
-			    sizeof(why)), 0);
+			assert_int_equal(obx_event_build(&eb, rel, &m.u.insert.tuple, &txn, seq++, &ev, errbuf,
+			    sizeof(errbuf)), 0);
 			published++;
 			if (strcmp(ev.id, "00000000-0000-4000-8000-000000000001") == 0) {
 				assert_string_equal(ev.topic, "outbox.event.order");
@@ -168,7 +168,7 @@ test_v3_capture(void **state)
 				long v;
 
 				assert_int_equal(obx_event_build(&eb, &t->rels[t->rows[r].rel], &t->rows[r].tuple,
-				    &st, (uint32_t)r, &ev, why, sizeof(why)), 0);
+				    &st, (uint32_t)r, &ev, errbuf, sizeof(errbuf)), 0);
 				v = value_n(&ev);
 				/* the rolled-back savepoint held n = 400..699 */
 				assert_true((v >= 100 && v <= 399) || (v >= 700 && v <= 999));

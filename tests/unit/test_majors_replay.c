@@ -43,14 +43,14 @@ struct sink {
 static struct sink sink;
 
 static enum obx_produce_result
-sink_produce(void *ctx, const struct obx_record *r, uint64_t opaque, char *why, size_t whylen)
+sink_produce(void *ctx, const struct obx_record *r, uint64_t opaque, char *errbuf, size_t errlen)
 {
 	struct sink *s = ctx;
 	struct rec *o;
 	const char *p;
 
-	(void)why;
-	(void)whylen;
+	(void)errbuf;
+	(void)errlen;
 	assert_true(s->n < MAXREC);
 	o = &s->recs[s->n++];
 	memset(o, 0, sizeof(*o));
@@ -128,7 +128,7 @@ replay(int version)
 		uint8_t *w = malloc(25 + fx[i].len);
 		struct obx_pgmsg m;
 		obx_lsn at;
-		const char *why;
+		const char *reason;
 
 		assert_int_equal(obx_lsn_parse(fx[i].lsn, &at), 0);
 		/* the last commit's end, from an independent decode */
@@ -145,9 +145,9 @@ replay(int version)
 		assert_true(obx_core_can_read(&core));
 		obx_core_copydata(&core, w, 25 + fx[i].len);
 		free(w);
-		if (obx_core_ended(&core, &why) != OBX_CORE_RUNNING)
+		if (obx_core_ended(&core, &reason) != OBX_CORE_RUNNING)
 			fail_msg("PostgreSQL %d: message %ld at %s (%c) ended the session: %s", f.major, i,
-			    fx[i].lsn, fx[i].data[0], why);
+			    fx[i].lsn, fx[i].data[0], reason);
 		/* the broker acknowledges everything at once; a Stream Commit publishes over pumps */
 		do {
 			for (; acked < sink.n; acked++) {

@@ -62,7 +62,7 @@ hdr(const struct obx_record *r, const char *name, char *out, size_t len)
 }
 
 static enum obx_produce_result
-fake_produce(void *ctx, const struct obx_record *r, uint64_t opaque, char *why, size_t whylen)
+fake_produce(void *ctx, const struct obx_record *r, uint64_t opaque, char *errbuf, size_t errlen)
 {
 	struct fake *f = ctx;
 	enum obx_produce_result res = f->next < f->nscript ? f->script[f->next++] : OBX_PRODUCE_OK;
@@ -70,7 +70,7 @@ fake_produce(void *ctx, const struct obx_record *r, uint64_t opaque, char *why, 
 
 	f->calls++;
 	if (res != OBX_PRODUCE_OK) {
-		snprintf(why, whylen, "scripted refusal %d", (int)res);
+		snprintf(errbuf, errlen, "scripted refusal %d", (int)res);
 		return res;
 	}
 	assert_true(f->n < MAXREC);
@@ -1897,14 +1897,14 @@ parse_id(const char *id, int *t, int *e)
 }
 
 static enum obx_produce_result
-ex_produce(void *ctx, const struct obx_record *r, uint64_t opaque, char *why, size_t whylen)
+ex_produce(void *ctx, const struct obx_record *r, uint64_t opaque, char *errbuf, size_t errlen)
 {
 	char id[32] = "";
 	int t, e;
 
 	(void)ctx;
-	(void)why;
-	(void)whylen;
+	(void)errbuf;
+	(void)errlen;
 	hdr(r, "id", id, sizeof(id));
 	assert_true(parse_id(id, &t, &e));
 	assert_true(ex.nopen < EOS_MAXREC);

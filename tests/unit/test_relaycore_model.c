@@ -860,7 +860,7 @@ keep_record(const struct obx_record *r, uint64_t opaque, int e, bool dl)
 }
 
 static enum obx_produce_result
-m_produce(void *ctx, const struct obx_record *r, uint64_t opaque, char *why, size_t whylen)
+m_produce(void *ctx, const struct obx_record *r, uint64_t opaque, char *errbuf, size_t errlen)
 {
 	char id[64], otopic[64], err[128], topic[64];
 	bool has_id, has_err;
@@ -907,7 +907,7 @@ m_produce(void *ctx, const struct obx_record *r, uint64_t opaque, char *why, siz
 	if (!M.quiet && M.qfull_phase && chance(M.qfull_pm)) {
 		trace("produce %s%s: QUEUE_FULL", e->id, dl ? " (dead-letter)" : "");
 		stats[ST_QUEUE_FULL]++;
-		snprintf(why, whylen, "Local: Queue full");
+		snprintf(errbuf, errlen, "Local: Queue full");
 		return OBX_PRODUCE_QUEUE_FULL;
 	}
 	if (!M.quiet && M.dead_letter && !bare && chance(8)) {
@@ -917,14 +917,14 @@ m_produce(void *ctx, const struct obx_record *r, uint64_t opaque, char *why, siz
 			e->dlperm_sess = M.sess;
 		else
 			e->perm_sess = M.sess;
-		snprintf(why, whylen, "Broker: Message size too large");
+		snprintf(errbuf, errlen, "Broker: Message size too large");
 		return OBX_PRODUCE_PERMANENT;
 	}
 	if (!M.quiet && chance(2)) {
 		trace("produce %s%s: TRANSIENT", e->id, dl ? " (dead-letter)" : "");
 		stats[ST_TRANSIENT]++;
 		M.expect_retry = true;
-		snprintf(why, whylen, "Local: Unknown partition");
+		snprintf(errbuf, errlen, "Local: Unknown partition");
 		return OBX_PRODUCE_TRANSIENT;
 	}
 	/* accepted */

@@ -262,7 +262,7 @@ test_window_protocol(void **state)
 	obx_dd_scan_finish(s, "its read-back did not finish within 5000 ms");
 	assert_int_equal(s->parts[0].state, OBX_DD_FALLBACK);
 	assert_int_equal(s->parts[1].state, OBX_DD_FALLBACK);
-	assert_string_equal(s->parts[0].why, "its read-back did not finish within 5000 ms");
+	assert_string_equal(s->parts[0].reason, "its read-back did not finish within 5000 ms");
 	obx_dd_scan_free(s);
 
 	/* the metadata never came */
@@ -353,7 +353,7 @@ test_fallbacks_in_scan(void **state)
 	for (int32_t p = 0; p < 4; p++)
 		obx_dd_scan_window_done(s, p);
 	assert_int_equal(s->parts[1].state, OBX_DD_FALLBACK);
-	assert_non_null(strstr(s->parts[1].why, "the record at offset 2 has no lsn and seq headers of outboxd"));
+	assert_non_null(strstr(s->parts[1].reason, "the record at offset 2 has no lsn and seq headers of outboxd"));
 	assert_int_equal(s->parts[1].n, 0);
 	assert_int_equal(s->parts[2].state, OBX_DD_CHECKING);
 	assert_int_equal(s->parts[2].n, 1);
@@ -368,7 +368,7 @@ test_fallbacks_in_scan(void **state)
 	feed(s, 3, 1, key_for(5, 8, 0), 1000, 1, "b");
 	obx_dd_scan_window_done(s, 3);
 	assert_true(s->failed);
-	assert_non_null(strstr(s->why, "the record at offset 1 of partition 3 has a key that maps to "
+	assert_non_null(strstr(s->reason, "the record at offset 1 of partition 3 has a key that maps to "
 	    "partition 5 of today's 8: the partition count changed"));
 	obx_dd_scan_free(s);
 
@@ -405,7 +405,7 @@ test_fallbacks_in_scan(void **state)
 	}
 	assert_int_equal(s->parts[0].state, OBX_DD_FALLBACK);
 	assert_int_equal(s->nmarks, 0);
-	assert_non_null(strstr(s->parts[0].why, "more than 131072 records"));
+	assert_non_null(strstr(s->parts[0].reason, "more than 131072 records"));
 	obx_dd_scan_free(s);
 
 	/* a failure names the first reason */
@@ -413,10 +413,10 @@ test_fallbacks_in_scan(void **state)
 	assert_int_equal(obx_dd_scan_partitions(s, 1), 0);
 	obx_dd_scan_fail(s, 0, "first %d", 1);
 	obx_dd_scan_fail(s, 0, "second");
-	assert_string_equal(s->parts[0].why, "first 1");
+	assert_string_equal(s->parts[0].reason, "first 1");
 	obx_dd_scan_fail(s, -1, "topic");
 	obx_dd_scan_fail(s, -1, "again");
-	assert_string_equal(s->why, "topic");
+	assert_string_equal(s->reason, "topic");
 	obx_dd_scan_free(s);
 }
 
@@ -650,7 +650,7 @@ test_progress_record(void **state)
 	struct obx_progress p = { .mark = { 0x16B3A28, 7, 0 }, .mark_commit_time = 12000000,
 		.has_source = true, .src = source(), .end_lsn = 0x16B3B00, .commit_time = 12345678,
 		.records = 42 }, q;
-	char why[128];
+	char errbuf[128];
 	char *v;
 
 	(void)state;
@@ -662,7 +662,7 @@ test_progress_record(void **state)
 	assert_non_null(strstr(v, "\"slot_created\":\"0/1000\""));
 	assert_non_null(strstr(v, "\"events\":\"public.outbox\""));
 	assert_non_null(strstr(v, "\"commit_time\":\"2000-01-01T00:00:12.345678Z\""));
-	assert_int_equal(obx_progress_parse(v, strlen(v), "s1", &q, why, sizeof(why)), 0);
+	assert_int_equal(obx_progress_parse(v, strlen(v), "s1", &q, errbuf, sizeof(errbuf)), 0);
 	assert_int_equal(q.mark.lsn, 0x16B3A28);
 	assert_int_equal(q.mark.seq, 7);
 	assert_int_equal(q.mark_commit_time, 12000000);
@@ -674,16 +674,16 @@ test_progress_record(void **state)
 	assert_string_equal(q.src.events, "public.outbox");
 	assert_int_equal(q.end_lsn, 0x16B3B00);
 	assert_int_equal(q.records, 42);
-	assert_int_equal(obx_progress_parse(v, strlen(v), "s2", &q, why, sizeof(why)), OBX_ENOENT);
+	assert_int_equal(obx_progress_parse(v, strlen(v), "s2", &q, errbuf, sizeof(errbuf)), OBX_ENOENT);
 	free(v);
-	assert_int_equal(obx_progress_parse("nope", 4, "s1", &q, why, sizeof(why)), OBX_EINVAL);
-	assert_int_equal(obx_progress_parse("{\"slot\":\"s1\",\"lsn\":\"x\",\"seq\":1}", 31, "s1", &q, why,
-	    sizeof(why)), OBX_EINVAL);
-	assert_int_equal(obx_progress_parse("{\"slot\":\"s1\",\"seq\":1}", 21, "s1", &q, why, sizeof(why)),
+	assert_int_equal(obx_progress_parse("nope", 4, "s1", &q, errbuf, sizeof(errbuf)), OBX_EINVAL);
+	assert_int_equal(obx_progress_parse("{\"slot\":\"s1\",\"lsn\":\"x\",\"seq\":1}", 31, "s1", &q, errbuf,
+	    sizeof(errbuf)), OBX_EINVAL);
+	assert_int_equal(obx_progress_parse("{\"slot\":\"s1\",\"seq\":1}", 21, "s1", &q, errbuf, sizeof(errbuf)),
 	    OBX_EINVAL);
 	/* an earlier version's record: no timeline, no source */
-	assert_int_equal(obx_progress_parse("{\"slot\":\"s1\",\"lsn\":\"0/10\",\"seq\":1}", 34, "s1", &q, why,
-	    sizeof(why)), 0);
+	assert_int_equal(obx_progress_parse("{\"slot\":\"s1\",\"lsn\":\"0/10\",\"seq\":1}", 34, "s1", &q, errbuf,
+	    sizeof(errbuf)), 0);
 	assert_int_equal(q.src.timeline, 0);
 	assert_false(q.has_source);
 	assert_int_equal(q.mark.lsn, 0x10);
@@ -693,22 +693,22 @@ test_progress_record(void **state)
 static void
 test_progress_fence_and_partition(void **state)
 {
-	char why[512];
+	char errbuf[512];
 
 	(void)state;
 	/* the connection still ours: nobody took over, a transaction was aborted; a new session */
-	assert_int_equal(obx_progress_fenced(true, "t1", "s1", why, sizeof(why)), OBX_PROGRESS_NEW_SESSION);
-	assert_non_null(strstr(why, "while this instance still holds slot s1"));
+	assert_int_equal(obx_progress_fenced(true, "t1", "s1", errbuf, sizeof(errbuf)), OBX_PROGRESS_NEW_SESSION);
+	assert_non_null(strstr(errbuf, "while this instance still holds slot s1"));
 	/* the connection gone: another instance took the slot, then the id */
-	assert_int_equal(obx_progress_fenced(false, "t1", "s1", why, sizeof(why)), OBX_PROGRESS_STOP);
-	assert_non_null(strstr(why, "fenced: another instance took over transactional.id t1"));
+	assert_int_equal(obx_progress_fenced(false, "t1", "s1", errbuf, sizeof(errbuf)), OBX_PROGRESS_STOP);
+	assert_non_null(strstr(errbuf, "fenced: another instance took over transactional.id t1"));
 	/* a fence that looked like an abort, then the slot in use: a takeover after all */
-	why[0] = '\0';
-	assert_false(obx_progress_taken_over(false, true, "t1", "s1", why, sizeof(why)));
-	assert_false(obx_progress_taken_over(true, false, "t1", "s1", why, sizeof(why)));
-	assert_string_equal(why, "");
-	assert_true(obx_progress_taken_over(true, true, "t1", "s1", why, sizeof(why)));
-	assert_non_null(strstr(why, "slot s1 is in use by another instance"));
+	errbuf[0] = '\0';
+	assert_false(obx_progress_taken_over(false, true, "t1", "s1", errbuf, sizeof(errbuf)));
+	assert_false(obx_progress_taken_over(true, false, "t1", "s1", errbuf, sizeof(errbuf)));
+	assert_string_equal(errbuf, "");
+	assert_true(obx_progress_taken_over(true, true, "t1", "s1", errbuf, sizeof(errbuf)));
+	assert_non_null(strstr(errbuf, "slot s1 is in use by another instance"));
 	/* the key's own partition, as librdkafka's murmur2 puts it; the partitioner's while unknown */
 	assert_int_equal(obx_progress_partition("outboxd-1-db-s1", 6), obx_dd_partition("outboxd-1-db-s1", 15, 6));
 	assert_int_equal(obx_progress_partition("outboxd-1-db-s1", 0), -1);
@@ -722,41 +722,41 @@ test_progress_trusted(void **state)
 		.src = source(), .end_lsn = 0x4F00 };
 	struct obx_progress_source now = source(), other;
 	struct obx_progress r2;
-	char why[256];
+	char errbuf[256];
 
 	(void)state;
-	assert_true(obx_progress_trusted(&rec, &now, 0x6000, why, sizeof(why)));
-	assert_true(obx_progress_trusted(&rec, &now, 0x5000, why, sizeof(why)));
+	assert_true(obx_progress_trusted(&rec, &now, 0x6000, errbuf, sizeof(errbuf)));
+	assert_true(obx_progress_trusted(&rec, &now, 0x5000, errbuf, sizeof(errbuf)));
 	/* the server went back (a restore from a copy): its WAL ends before the mark */
-	assert_false(obx_progress_trusted(&rec, &now, 0x4FFF, why, sizeof(why)));
-	assert_non_null(strstr(why, "beyond the server's WAL position 0/4FFF"));
+	assert_false(obx_progress_trusted(&rec, &now, 0x4FFF, errbuf, sizeof(errbuf)));
+	assert_non_null(strstr(errbuf, "beyond the server's WAL position 0/4FFF"));
 	r2 = rec;
 	r2.has_source = false;
-	assert_false(obx_progress_trusted(&r2, &now, 0x6000, why, sizeof(why)));
-	assert_non_null(strstr(why, "earlier version"));
+	assert_false(obx_progress_trusted(&r2, &now, 0x6000, errbuf, sizeof(errbuf)));
+	assert_non_null(strstr(errbuf, "earlier version"));
 	r2 = rec;
 	r2.mark_commit_time = 0;
-	assert_false(obx_progress_trusted(&r2, &now, 0x6000, why, sizeof(why)));
+	assert_false(obx_progress_trusted(&r2, &now, 0x6000, errbuf, sizeof(errbuf)));
 	other = now;
 	strcpy(other.system_id, "8");
-	assert_false(obx_progress_trusted(&rec, &other, 0x6000, why, sizeof(why)));
-	assert_non_null(strstr(why, "system 7, the server is system 8"));
+	assert_false(obx_progress_trusted(&rec, &other, 0x6000, errbuf, sizeof(errbuf)));
+	assert_non_null(strstr(errbuf, "system 7, the server is system 8"));
 	other = now;
 	strcpy(other.database, "db2"); /* two databases sharing a transactional.id */
-	assert_false(obx_progress_trusted(&rec, &other, 0x6000, why, sizeof(why)));
-	assert_non_null(strstr(why, "database db"));
+	assert_false(obx_progress_trusted(&rec, &other, 0x6000, errbuf, sizeof(errbuf)));
+	assert_non_null(strstr(errbuf, "database db"));
 	other = now;
 	other.timeline = 4;
-	assert_false(obx_progress_trusted(&rec, &other, 0x6000, why, sizeof(why)));
+	assert_false(obx_progress_trusted(&rec, &other, 0x6000, errbuf, sizeof(errbuf)));
 	other = now;
 	other.slot_created = 0x5800; /* the slot was dropped and created again after the record */
-	assert_false(obx_progress_trusted(&rec, &other, 0x6000, why, sizeof(why)));
-	assert_non_null(strstr(why, "dropped and created again"));
+	assert_false(obx_progress_trusted(&rec, &other, 0x6000, errbuf, sizeof(errbuf)));
+	assert_non_null(strstr(errbuf, "dropped and created again"));
 	other = now;
 	obx_progress_events(&other, "public", "outbox", true, "outboxd"); /* [source] messages toggled */
 	assert_string_equal(other.events, "public.outbox+messages:outboxd");
-	assert_false(obx_progress_trusted(&rec, &other, 0x6000, why, sizeof(why)));
-	assert_non_null(strstr(why, "numbers the events of public.outbox,"));
+	assert_false(obx_progress_trusted(&rec, &other, 0x6000, errbuf, sizeof(errbuf)));
+	assert_non_null(strstr(errbuf, "numbers the events of public.outbox,"));
 }
 
 int

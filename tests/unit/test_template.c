@@ -15,10 +15,10 @@ static void
 expect_parts(const char *text, const char *const *want, size_t n)
 {
 	struct obx_template t;
-	char why[256] = "";
+	char errbuf[256] = "";
 
-	if (obx_template_parse(&t, text, why, sizeof(why)) != 0)
-		fail_msg("template '%s' refused: %s", text, why);
+	if (obx_template_parse(&t, text, errbuf, sizeof(errbuf)) != 0)
+		fail_msg("template '%s' refused: %s", text, errbuf);
 	if (t.nparts != n)
 		fail_msg("template '%s': want %zu parts, got %zu", text, n, t.nparts);
 	for (size_t i = 0; i < n; i++) {
@@ -35,11 +35,11 @@ static void
 expect_refused(const char *text, const char *want)
 {
 	struct obx_template t;
-	char why[256] = "";
+	char errbuf[256] = "";
 
-	assert_int_equal(obx_template_parse(&t, text, why, sizeof(why)), OBX_EINVAL);
-	if (strstr(why, want) == NULL)
-		fail_msg("template '%s': want a reason containing \"%s\", got \"%s\"", text, want, why);
+	assert_int_equal(obx_template_parse(&t, text, errbuf, sizeof(errbuf)), OBX_EINVAL);
+	if (strstr(errbuf, want) == NULL)
+		fail_msg("template '%s': want a reason containing \"%s\", got \"%s\"", text, want, errbuf);
 	/* nothing is left to free after a refusal */
 	assert_null(t.parts);
 	assert_int_equal(t.nparts, 0);
@@ -91,10 +91,10 @@ test_columns_distinct_in_order(void **state)
 {
 	struct obx_template t;
 	struct obx_names names = { 0 };
-	char why[64];
+	char errbuf[64];
 
 	(void)state;
-	assert_int_equal(obx_template_parse(&t, "${b}.${a}-${b}.x.${c}${a}", why, sizeof(why)), 0);
+	assert_int_equal(obx_template_parse(&t, "${b}.${a}-${b}.x.${c}${a}", errbuf, sizeof(errbuf)), 0);
 	assert_int_equal(obx_names_add(&names, "a"), 0); /* already there: not added again */
 	assert_int_equal(obx_template_columns(&t, &names), 0);
 	assert_int_equal(names.n, 3);
@@ -116,13 +116,13 @@ test_many_columns(void **state)
 {
 	struct obx_template t;
 	struct obx_names names = { 0 };
-	char text[2048], why[64];
+	char text[2048], errbuf[64];
 	size_t o = 0;
 
 	(void)state;
 	for (int i = 0; i < 40; i++)
 		o += (size_t)snprintf(text + o, sizeof(text) - o, "%s${column_%02d}", i ? "." : "", i);
-	assert_int_equal(obx_template_parse(&t, text, why, sizeof(why)), 0);
+	assert_int_equal(obx_template_parse(&t, text, errbuf, sizeof(errbuf)), 0);
 	assert_int_equal(t.nparts, 79);
 	assert_int_equal(obx_template_columns(&t, &names), 0);
 	assert_int_equal(names.n, 40);

@@ -131,22 +131,22 @@ enum obx_dlv_gate {
 	OBX_DLV_GATE_SEND,    /* produce it */
 	OBX_DLV_GATE_HOLD,    /* not yet: keep it pending, in order (a read-back it waits for) */
 	OBX_DLV_GATE_SETTLED, /* the source settled it without producing (found in Kafka already) */
-	OBX_DLV_GATE_REFUSED, /* on_error applies now; why says what refused it */
+	OBX_DLV_GATE_REFUSED, /* on_error applies now; errbuf says what refused it */
 };
 
 /*
  * The source's side.  gate (NULL: always send) is asked before every
  * produce of a record, its first and any later one from the pending
  * queue.  produce hands a record to the producer, which copies it, and
- * writes why into why when it is not queued.  accepted (NULL: nothing) is
+ * writes why into errbuf when it is not queued.  accepted (NULL: nothing) is
  * told of every record the producer queued.  note gives a line for the log
  * and what it concerns.  Called only from inside obx_dlv_* calls.
  */
 struct obx_delivery_ops {
 	enum obx_dlv_gate (*gate)(void *ctx, const struct obx_record *rec, uint64_t ticket, bool dl,
-	    char *why, size_t whylen);
+	    char *errbuf, size_t errlen);
 	enum obx_produce_result (*produce)(void *ctx, const struct obx_record *rec, uint64_t opaque,
-	    char *why, size_t whylen);
+	    char *errbuf, size_t errlen);
 	void (*accepted)(void *ctx, const struct obx_record *rec, uint64_t ticket, bool dl);
 	void (*note)(void *ctx, enum obx_log_level level, const struct obx_logfields *f, const char *line);
 };
@@ -178,7 +178,7 @@ enum obx_dlv_outcome {
 struct obx_dlv_result {
 	uint64_t ticket;
 	bool dead_letter;
-	char why[768];
+	char reason[768];
 	struct obx_logfields f;   /* what the record is: its id, lsn, xid and (original) topic */
 	char f_id[128], f_topic[256];
 };

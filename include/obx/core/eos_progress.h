@@ -30,18 +30,6 @@
 #include "obx/core/restart_dedupe.h"
 #include "obx/core/lsn.h"
 
-/*
- * How a transactional call of the producer ended (kafka/producer.h makes the calls;
- * relaycore.h turns the result into the session's verdict).
- */
-enum obx_txn_result {
-	OBX_TXN_OK,
-	OBX_TXN_PENDING,   /* still under way (a retriable time-out): call again */
-	OBX_TXN_ABORT,     /* the transaction cannot commit: abort it and rewind */
-	OBX_TXN_FENCED,    /* another producer with the same transactional.id took over */
-	OBX_TXN_FATAL,     /* the producer is unusable: recreate it and rewind */
-};
-
 /* The history a progress record belongs to. */
 struct obx_progress_source {
 	char system_id[32];  /* IDENTIFY_SYSTEM's systemid */
@@ -86,15 +74,15 @@ char *obx_progress_encode(const struct obx_progress *p, const char *slot, const 
 
 /*
  * Reads a value; slot must match.  Returns 0, OBX_ENOENT (another slot's
- * record) or OBX_EINVAL (not a progress record: why says what is wrong).
+ * record) or OBX_EINVAL (not a progress record: errbuf says what is wrong).
  */
 int obx_progress_parse(const void *value, size_t len, const char *slot, struct obx_progress *out,
-    char *why, size_t whylen);
+    char *errbuf, size_t errlen);
 
 /*
  * Whether a session on source now, whose server's WAL position is
  * server_lsn (IDENTIFY_SYSTEM's xlogpos), may skip replayed events up to
- * the record's mark.  Returns true, or false with why saying what tells
+ * the record's mark.  Returns true, or false with errbuf saying what tells
  * the record apart from this session's history: no source named (an
  * earlier version's record), another system, database, timeline, slot
  * creation or event numbering, a mark beyond the server's WAL position
@@ -104,7 +92,7 @@ int obx_progress_parse(const void *value, size_t len, const char *slot, struct o
  * obx_core_exactly_once()).
  */
 bool obx_progress_trusted(const struct obx_progress *rec, const struct obx_progress_source *now,
-    obx_lsn server_lsn, char *why, size_t whylen);
+    obx_lsn server_lsn, char *errbuf, size_t errlen);
 
 /*
  * The broker refused this producer's epoch (exactly-once).  Another
@@ -113,20 +101,20 @@ bool obx_progress_trusted(const struct obx_progress *rec, const struct obx_progr
  * stops at once (OBX_PROGRESS_STOP, exit 1).  While the connection is still
  * ours (connection_ours) nobody can have taken over: a transaction outlived
  * transaction.timeout.ms and the broker aborted it, and a new session goes
- * on (OBX_PROGRESS_NEW_SESSION).  why gets the line.
+ * on (OBX_PROGRESS_NEW_SESSION).  errbuf gets the line.
  */
 enum obx_progress_fence { OBX_PROGRESS_NEW_SESSION, OBX_PROGRESS_STOP };
 enum obx_progress_fence obx_progress_fenced(bool connection_ours, const char *txn_id, const char *slot,
-    char *why, size_t whylen);
+    char *errbuf, size_t errlen);
 
 /*
  * The session after a fence that looked like an aborted transaction
  * (obx_progress_fenced() said NEW_SESSION) finds the slot in use by another
- * instance: it was a takeover after all, and the process stops (true, why
+ * instance: it was a takeover after all, and the process stops (true, errbuf
  * filled) instead of waiting as a hot standby.
  */
 bool obx_progress_taken_over(bool fenced_before, bool slot_in_use, const char *txn_id, const char *slot,
-    char *why, size_t whylen);
+    char *errbuf, size_t errlen);
 
 /*
  * The partition of the progress topic a transactional.id's records go to:

@@ -101,7 +101,7 @@ bool obx_event_is_outbox(const struct obx_event_builder *b, const struct obx_rel
  */
 int obx_event_build(struct obx_event_builder *b, const struct obx_rel *rel,
     const struct obx_pg_tuple *tuple, const struct obx_txninfo *txn, uint32_t seq,
-    struct obx_event *out, char *why, size_t whylen);
+    struct obx_event *out, char *errbuf, size_t errlen);
 
 /*
  * Every column of a row that cannot become an event as one JSON object of

@@ -181,13 +181,13 @@ uint64_t obx_pollcore_opaque(const struct obx_pollcore *pc, size_t i, bool dead_
 void obx_pollcore_sent(struct obx_pollcore *pc, size_t i, bool dead_letter);
 
 /*
- * Row i failed in the produce step, for why (copied).  A row that cannot
+ * Row i failed in the produce step, for reason (copied).  A row that cannot
  * be built or whose produce call failed holds back the later rows of its
  * key in this batch; a dead-letter copy that could not be produced does
  * not (the row is exhausted and goes aside again on its next claim).
  * Returns 0 or OBX_ENOMEM.
  */
-int obx_pollcore_failed(struct obx_pollcore *pc, size_t i, enum obx_poll_failure what, const char *why);
+int obx_pollcore_failed(struct obx_pollcore *pc, size_t i, enum obx_poll_failure what, const char *reason);
 
 /*
  * Row i's topic does not exist (yet) and the wait for it goes on
@@ -197,7 +197,7 @@ int obx_pollcore_failed(struct obx_pollcore *pc, size_t i, enum obx_poll_failure
  */
 int obx_pollcore_wait_topic(struct obx_pollcore *pc, size_t i);
 
-/* Row i is given up ([poll] exhausted = mark): published without a send, with why in last_error. */
+/* Row i is given up ([poll] exhausted = mark): published without a send, with reason in last_error. */
 void obx_pollcore_give_up(struct obx_pollcore *pc, size_t i);
 
 /*

@@ -187,13 +187,14 @@ void obx_core_progress_record(const struct obx_core_progress *p, const struct ob
 
 /*
  * Exactly-once: how a session's start goes on after init_transactions
- * ended with res.  Returns OBX_CORE_RUNNING on OBX_TXN_OK;
+ * ended with res (0 or an OBX_E* code of obx_kafka_txn_init()).  Returns
+ * OBX_CORE_RUNNING on 0;
  * OBX_CORE_END_FATAL when fenced (another producer of the id is newer:
  * never publish beside it); else OBX_CORE_END_RETRY.  why holds the
- * producer's words on entry and is rewritten for a time-out (PENDING after
+ * producer's words on entry and is rewritten for a time-out (OBX_ETIMEDOUT after
  * budget_ms, or a stop that cut the wait short).
  */
-enum obx_core_end obx_core_txn_init_end(enum obx_txn_result res, const char *txn_id, int budget_ms,
+enum obx_core_end obx_core_txn_init_end(int res, const char *txn_id, int budget_ms,
     char *why, size_t whylen);
 
 /*
@@ -208,14 +209,15 @@ enum obx_core_end obx_core_fenced_end(bool connection_ours, const char *txn_id, 
     char *why, size_t whylen);
 
 /*
- * Exactly-once: how a commit call that ended (res is not OBX_TXN_PENDING:
+ * Exactly-once: how a commit call that ended (res, 0 or an OBX_E* code of
+ * obx_kafka_txn_commit(), is not OBX_ETIMEDOUT:
  * the commit goes on) is reported to obx_core_commit_done().  A fence
  * while the replication connection is still ours (connection_ours, only
- * looked at for OBX_TXN_FENCED) is FATAL (a new session), else FENCED
+ * looked at for OBX_EFENCED) is FATAL (a new session), else FENCED
  * (stop); why holds the producer's words on entry and gets the fence's line
- * for OBX_TXN_FENCED.
+ * for OBX_EFENCED.
  */
-enum obx_core_commit obx_core_commit_verdict(enum obx_txn_result res, bool connection_ours,
+enum obx_core_commit obx_core_commit_verdict(int res, bool connection_ours,
     const char *txn_id, const char *slot, char *why, size_t whylen);
 
 /*

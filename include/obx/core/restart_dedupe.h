@@ -109,7 +109,7 @@ struct obx_dd_part {
 	struct obx_dd_mark *marks; /* marks at or above the floor, sorted once installed */
 	size_t n, cap;
 	uint64_t skipped;      /* records of the session found here */
-	char why[256];         /* FALLBACK: the reason, for the log */
+	char reason[256];         /* FALLBACK: the reason, for the log */
 };
 
 struct obx_dd_scan {
@@ -119,7 +119,7 @@ struct obx_dd_scan {
 	struct obx_dd_part *parts;
 	size_t nmarks;         /* over all partitions */
 	bool failed;           /* the whole topic falls back */
-	char why[512];
+	char reason[512];
 };
 
 /*
@@ -163,7 +163,7 @@ void obx_dd_scan_window_done(struct obx_dd_scan *s, int32_t p);
 
 /*
  * Partition p (or, with p < 0, the whole topic) falls back to publishing
- * everything; why (printf-style) says why, for the log.  The first reason
+ * everything; fmt (printf-style) says why, for the log.  The first reason
  * stays.
  */
 void obx_dd_scan_fail(struct obx_dd_scan *s, int32_t p, const char *fmt, ...)
@@ -227,8 +227,8 @@ enum obx_dd_verdict obx_dedupe_check(struct obx_dedupe *d, const char *topic, co
  */
 void obx_dedupe_install(struct obx_dedupe *d, struct obx_dd_scan *s);
 
-/* The read-back of topic could not be started: its records are all sent; why goes to the log. */
-void obx_dedupe_unavailable(struct obx_dedupe *d, const char *topic, const char *why);
+/* The read-back of topic could not be started: its records are all sent; reason goes to the log. */
+void obx_dedupe_unavailable(struct obx_dedupe *d, const char *topic, const char *reason);
 
 /* True while some topic's read-back is under way. */
 bool obx_dedupe_waiting(const struct obx_dedupe *d);

@@ -22,7 +22,7 @@
  * on_error cannot take, a record rejected for good or on_error = stop
  * (exit 1).  On a non-zero return errbuf gets the run's reason.
  */
-int obx_snap_outcome(enum obx_dlv_outcome o, const char *slot, const char *why, char *errbuf,
+int obx_snap_outcome(enum obx_dlv_outcome o, const char *slot, const char *reason, char *errbuf,
     size_t errlen);
 
 /*

@@ -39,12 +39,12 @@ struct obx_names {
 
 /*
  * Parses text into t (zeroed or reset before).  Returns 0; OBX_EINVAL with
- * why filled when a "${" has no closing "}" ("unclosed '${' in topic
+ * errbuf filled when a "${" has no closing "}" ("unclosed '${' in topic
  * template '...'") or a reference names no column ("empty '${}' in topic
  * template '...'"); OBX_ENOMEM.  On failure t holds nothing.  The empty
  * template parses to no parts: whether it is allowed is the caller's rule.
  */
-int obx_template_parse(struct obx_template *t, const char *text, char *why, size_t whylen);
+int obx_template_parse(struct obx_template *t, const char *text, char *errbuf, size_t errlen);
 
 /* Frees what t owns and zeroes it. */
 void obx_template_reset(struct obx_template *t);

@@ -83,12 +83,12 @@ void obx_lookup_job_free(struct obx_lookup_job *job);
  * the newest ones in the others (core/eos_progress.h).  *nparts gets the topic's
  * partition count (0: no such topic).  Waits at most budget_ms, calling tick(arg)
  * between slices (true gives up).  Returns 1 with *out filled, 0 when there
- * is none (no topic, or no such record), or OBX_EIO with why filled (it
+ * is none (no topic, or no such record), or OBX_EIO with errbuf filled (it
  * could not be read: the caller must not guess).
  */
 int obx_lookup_progress(const struct obx_config *cfg, const char *key, int budget_ms,
-    bool (*tick)(void *), void *arg, struct obx_progress *out, int32_t *nparts, char *why,
-    size_t whylen);
+    bool (*tick)(void *), void *arg, struct obx_progress *out, int32_t *nparts, char *errbuf,
+    size_t errlen);
 
 /* Stops the thread (a read-back under way ends within a few hundred ms) and frees every job. */
 void obx_lookup_close(struct obx_lookup *l);

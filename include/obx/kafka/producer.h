@@ -18,7 +18,7 @@
 #include "obx/core/delivery.h"
 #include "obx/core/metrics.h"
 #include "obx/core/event.h"
-#include "obx/core/eos_progress.h" /* enum obx_txn_result */
+#include "obx/core/err.h"
 
 /* Called from obx_kafka_poll() for each delivery report; m is borrowed. */
 typedef void (*obx_delivery_fn)(void *ctx, uint64_t opaque, const rd_kafka_message_t *m);
@@ -81,34 +81,41 @@ void obx_kafka_txn_id(const struct obx_config *cfg, const char *sysid, const cha
  * Exactly-once: init_transactions, which fences every older producer with
  * the same transactional.id and waits until its open transaction is over.
  * Waits up to timeout_ms, in slices of at most 500 ms after each of which
- * tick(arg) is called (a true return gives up).  Returns an obx_txn_result;
- * why is filled when it is not OBX_TXN_OK.
+ * tick(arg) is called (a true return gives up).  Returns 0, OBX_ETIMEDOUT
+ * (still under way after timeout_ms, or tick gave up), OBX_EABORT (the
+ * transaction cannot commit: abort it and rewind), OBX_EFENCED (another
+ * producer with the same transactional.id took over) or OBX_EFATAL (the
+ * producer is unusable: recreate it and rewind); errbuf is filled when it is
+ * not 0.
  */
-enum obx_txn_result obx_kafka_txn_init(struct obx_kafka *k, int timeout_ms, bool (*tick)(void *),
-    void *arg, char *why, size_t whylen);
+int obx_kafka_txn_init(struct obx_kafka *k, int timeout_ms, bool (*tick)(void *),
+    void *arg, char *errbuf, size_t errlen);
 
 /*
  * Commits the open transaction (flushing its records first; delivery
  * reports are served from inside the call), waiting at most timeout_ms:
- * OBX_TXN_PENDING means call again to go on.  OBX_TXN_OK with no
- * transaction open too.
+ * returns as obx_kafka_txn_init(); OBX_ETIMEDOUT means call again to go
+ * on.  0 with no transaction open too.
  */
-enum obx_txn_result obx_kafka_txn_commit(struct obx_kafka *k, int timeout_ms, char *why, size_t whylen);
+int obx_kafka_txn_commit(struct obx_kafka *k, int timeout_ms, char *errbuf, size_t errlen);
 
-/* Aborts the open transaction, if any (its records are purged), waiting at most timeout_ms. */
-enum obx_txn_result obx_kafka_txn_abort(struct obx_kafka *k, int timeout_ms, char *why, size_t whylen);
+/* Aborts the open transaction, if any (its records are purged), waiting at most timeout_ms; returns as obx_kafka_txn_init(). */
+int obx_kafka_txn_abort(struct obx_kafka *k, int timeout_ms, char *errbuf, size_t errlen);
 
 /*
  * Hands one record to the producer (copied), to partition (RD_KAFKA_PARTITION_UA:
  * the partitioner's choice).  A transactional producer begins a transaction
- * first when none is open.  Returns librdkafka's synchronous result: 0, or
- * e.g. RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE, RD_KAFKA_RESP_ERR__QUEUE_FULL,
- * RD_KAFKA_RESP_ERR__STATE (no transaction could begin).
+ * first when none is open.  Returns OBX_PRODUCE_OK (queued), or what the
+ * refusal means to the delivery policy (delivery.h; the one classification
+ * of librdkafka's errors, for every source): then errbuf gets librdkafka's
+ * words for it, or that the Kafka transaction can take no more records
+ * (none could begin), and *errname (errname NULL: not wanted) its short
+ * name, for the metrics.
  */
-rd_kafka_resp_err_t obx_kafka_produce(struct obx_kafka *k, const char *topic, int32_t partition,
+enum obx_produce_result obx_kafka_produce(struct obx_kafka *k, const char *topic, int32_t partition,
     const void *key, size_t keylen, const void *value, size_t len, int64_t timestamp_ms,
     const struct obx_header *headers, size_t nheaders, const char *extra_name,
-    const char *extra_value, uint64_t opaque);
+    const char *extra_value, uint64_t opaque, const char **errname, char *errbuf, size_t errlen);
 
 /* The fd to poll for readability. */
 int obx_kafka_fd(const struct obx_kafka *k);
@@ -124,20 +131,6 @@ int obx_kafka_outq_len(const struct obx_kafka *k);
  * to wait_ms for requests in flight to finish, and destroys the producer.
  */
 void obx_kafka_close(struct obx_kafka *k, int wait_ms);
-
-/* True for errors that say the cluster does not have the topic (yet). */
-bool obx_kafka_err_is_missing_topic(rd_kafka_resp_err_t err);
-
-/* True for errors that will never succeed on retry (the event is poison). */
-bool obx_kafka_err_is_permanent(rd_kafka_resp_err_t err);
-
-/*
- * The one classification of the broker's and the producer's refusals for
- * the delivery policy (delivery.h), used by every source: what a produce
- * call's result means, and how a delivery report ended.
- */
-enum obx_produce_result obx_kafka_produce_result(rd_kafka_resp_err_t err);
-enum obx_report_status obx_kafka_report_status(rd_kafka_resp_err_t err);
 
 /*
  * A delivery report as the delivery policy reads it: *rep describes m,

@@ -20,14 +20,6 @@
 #include "obx/core/lsn.h"
 #include "obx/pg/setup.h"
 
-/* How a failure should be handled by the caller. */
-enum obx_fail {
-	OBX_FAIL_NONE = 0,
-	OBX_FAIL_RETRY,     /* transient: reconnect with backoff */
-	OBX_FAIL_FATAL,     /* permanent: stop with exit status 1 */
-	OBX_FAIL_SLOT_IN_USE, /* another instance streams from the slot: wait as a standby */
-};
-
 struct obx_pgstream {
 	PGconn *conn;
 	char sysid[32];
@@ -55,13 +47,14 @@ struct obx_pgstream {
  * pg/setup.h).  streaming asks for in-progress transactions (cfg->streaming
  * may be overridden by the caller after a buffer overflow); s->streaming
  * says whether it was requested.  ctx is the caller's for the life of the
- * process (struct obx_pgsetup_ctx).  Returns OBX_FAIL_NONE, or a failure class
- * with errbuf filled (one line, no secrets): OBX_FAIL_RETRY for a transient
- * failure (OBX_EIO from the setup), OBX_FAIL_SLOT_IN_USE when another
- * instance holds or is creating the slot, OBX_FAIL_FATAL otherwise.  Call
+ * process (struct obx_pgsetup_ctx).  Returns 0, or one of three codes with
+ * errbuf filled (one line, no secrets): OBX_EIO for a transient failure
+ * (reconnect with backoff), OBX_EBUSY when another instance holds or is
+ * creating the slot (wait as a standby), OBX_EFATAL for any other (stop
+ * with exit status 1).  Call
  * obx_pgstream_close() either way.
  */
-enum obx_fail obx_pgstream_open(struct obx_pgstream *s, const struct obx_config *cfg,
+int obx_pgstream_open(struct obx_pgstream *s, const struct obx_config *cfg,
     bool recreate_slot, bool streaming, struct obx_pgsetup_ctx *ctx, char *errbuf, size_t errlen);
 
 /*
@@ -71,7 +64,7 @@ enum obx_fail obx_pgstream_open(struct obx_pgstream *s, const struct obx_config 
  * starts streaming from the slot's creation point.  Returns as
  * obx_pgstream_open().
  */
-enum obx_fail obx_pgstream_start(struct obx_pgstream *s, const struct obx_config *cfg,
+int obx_pgstream_start(struct obx_pgstream *s, const struct obx_config *cfg,
     char *errbuf, size_t errlen);
 
 /* The socket to poll for reading (and writing while obx_pgstream_flush() returns 1). */
@@ -80,7 +73,7 @@ int obx_pgstream_fd(const struct obx_pgstream *s);
 /*
  * Reads the next CopyData message without blocking.  Returns 1 with
  * buf and len set (borrowed until the next call), 0 when nothing is buffered,
- * -1 when the stream ended or failed (errbuf filled), -2 (errbuf filled) when
+ * OBX_EIO when the stream ended or failed (errbuf filled), OBX_ENOENT (errbuf filled) when
  * the server cannot decode the slot's backlog because the publication does
  * not exist at that point in the WAL: dropped (and maybe created again)
  * behind the slot, which no retry heals.  Before PostgreSQL 18 the server
@@ -90,14 +83,14 @@ int obx_pgstream_fd(const struct obx_pgstream *s);
 int obx_pgstream_read(struct obx_pgstream *s, const uint8_t **buf, size_t *len,
     char *errbuf, size_t errlen);
 
-/* Reads what arrived on the socket into libpq's buffer.  Returns 0 or -1 (errbuf). */
+/* Reads what arrived on the socket into libpq's buffer.  Returns 0 or OBX_EIO (errbuf filled). */
 int obx_pgstream_consume(struct obx_pgstream *s, char *errbuf, size_t errlen);
 
-/* Queues a standby status update.  Returns 0 or -1 (errbuf). */
+/* Queues a standby status update.  Returns 0 or OBX_EIO (errbuf filled). */
 int obx_pgstream_send_status(struct obx_pgstream *s, obx_lsn write, obx_lsn flush,
     bool reply_requested, char *errbuf, size_t errlen);
 
-/* Flushes queued output.  Returns 0 (all sent), 1 (more to send: poll for POLLOUT), -1. */
+/* Flushes queued output.  Returns 0 (all sent), 1 (more to send: poll for POLLOUT) or OBX_EIO. */
 int obx_pgstream_flush(struct obx_pgstream *s);
 
 /* Ends COPY politely when possible and closes the connection. */

@@ -7,6 +7,7 @@
 #define OBX_PGUTIL_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include <libpq-fe.h>
 
@@ -42,6 +43,16 @@ char *obx_pg_error_line(PGconn *conn, char *buf, size_t len);
 
 /* Same, for a result's error message. */
 char *obx_pg_result_error_line(const PGresult *res, char *buf, size_t len);
+
+/*
+ * The integer (int8, int4, ...) in row, col of res: the whole text, in the
+ * range of int64_t.  Returns 0 with *out set, or OBX_EPROTO (NULL or not
+ * such an integer) with *out left alone.
+ */
+int obx_pg_int64(const PGresult *res, int row, int col, int64_t *out);
+
+/* Same for a floating-point value (float8, numeric, ...) into *out. */
+int obx_pg_double(const PGresult *res, int row, int col, double *out);
 
 /*
  * What the server on c offers (obx_pgfacts_for on PQserverVersion); also

@@ -96,6 +96,6 @@ int obx_poll_build_rel(struct poller *p, const PGresult *res);
 /* poll_io.c: ev's headers for a polled row into p->hdrs (*n of them): seq is the row's. */
 int obx_poll_headers(struct poller *p, const struct obx_event *ev, const char *seq, size_t *n);
 /* poll_io.c: the state, /readyz's phrase for it and the full reason; published at once. */
-void obx_poll_set_state(struct poller *p, enum obx_state s, enum obx_not_ready why, const char *reason);
+void obx_poll_set_state(struct poller *p, enum obx_state s, enum obx_not_ready not_ready, const char *reason);
 
 #endif

@@ -30,8 +30,6 @@ struct obx_relay_eos_io {
 	int64_t *reports_at_us;   /* the loop's: set before each call that serves delivery reports */
 	bool (*tick)(void *);     /* health and signals while the start waits (true: give up) */
 	void *tick_arg;
-	void (*produce_error)(void *ctx, rd_kafka_resp_err_t err, char *why, size_t whylen);
-	void *produce_error_ctx;  /* words for a refused produce call, the loop's own */
 	long kill_after;          /* test builds: SIGKILL after a commit past N events (0: never) */
 };
 
@@ -52,11 +50,12 @@ struct obx_relay_eos {
  * Once the slot is ours: init_transactions (fencing every older producer
  * of the transactional.id and ending its open transaction), then the last
  * committed progress record of the slot, with one line saying what the
- * replay will skip.  io is copied.  Returns true, or false with *end and
- * reason set when the session cannot go on.
+ * replay will skip.  io is copied.  Returns OBX_CORE_RUNNING, or how the
+ * session ends (OBX_CORE_END_RETRY, OBX_CORE_END_FATAL) with errbuf set
+ * when it cannot go on.
  */
-bool obx_relay_eos_open(struct obx_relay_eos *e, const struct obx_relay_eos_io *io,
-    enum obx_core_end *end, char *reason, size_t reasonlen);
+enum obx_core_end obx_relay_eos_open(struct obx_relay_eos *e, const struct obx_relay_eos_io *io,
+    char *errbuf, size_t errlen);
 
 /* Hands the floor found by obx_relay_eos_open() to the core; after obx_core_session_start(). */
 void obx_relay_eos_start(struct obx_relay_eos *e);
@@ -75,10 +74,11 @@ void obx_relay_eos_fenced(struct obx_relay_eos *e);
 /*
  * At a session's end (end: how it ended): aborts the open transaction,
  * purging what it holds.  Returns true when a fence found another instance
- * took over (the run must stop: reason rewritten); a fence while the
+ * took over (the run must stop: errbuf rewritten); a fence while the
  * connection looked alive is remembered for the next session
  * (obx_progress_taken_over()).
  */
-bool obx_relay_eos_close(struct obx_relay_eos *e, enum obx_core_end end, char *reason, size_t reasonlen);
+bool obx_relay_eos_close(struct obx_relay_eos *e, enum obx_core_end end, char *errbuf,
+    size_t errlen);
 
 #endif

@@ -68,8 +68,6 @@ struct relay {
 /* relay.c: the core's actions, and the delivery reports of every source of the session. */
 extern const struct obx_core_ops obx_relay_core_ops;
 void obx_relay_on_delivery(void *ctx, uint64_t opaque, const rd_kafka_message_t *m);
-/* What a refused produce call means, in words (ctx: the relay). */
-void obx_relay_produce_error(void *ctx, rd_kafka_resp_err_t err, char *why, size_t whylen);
 /* One session's loop, until the core says it ended (the runner's run). */
 void obx_relay_loop(void *ctx);
 

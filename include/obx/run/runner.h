@@ -82,7 +82,8 @@ struct obx_runner {
 
 /*
  * Starts the HTTP server on [metrics] listen and logs where.  Returns 0,
- * or -1 with the error logged (obx_runner_reset() still applies).
+ * or obx_http_start()'s OBX_ECONFIG or OBX_EIO with the error logged
+ * (obx_runner_reset() still applies).
  */
 int obx_runner_init(struct obx_runner *run, const struct obx_config *cfg,
     const struct obx_run_opts *opts, struct obx_metrics *m, const struct obx_runner_ops *ops, void *ctx);
