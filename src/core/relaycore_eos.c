@@ -34,13 +34,13 @@ obx_rc_rejected_before(const struct obx_core *c, const struct obx_record *rec, b
 	for (size_t i = 0; i < c->nrejected; i++)
 		if (obx_dd_mark_cmp(&c->rejected[i].mark, &m) == 0 && c->rejected[i].dead_letter == dl &&
 		    c->rejected[i].bare == is_bare(rec))
-			return c->rejected[i].why;
+			return c->rejected[i].reason;
 	return NULL;
 }
 
 /* Remembers that the broker rejected rec for good. */
 void
-obx_rc_remember_rejected(struct obx_core *c, const struct obx_record *rec, bool dl, const char *why)
+obx_rc_remember_rejected(struct obx_core *c, const struct obx_record *rec, bool dl, const char *reason)
 {
 	size_t i;
 
@@ -61,7 +61,7 @@ obx_rc_remember_rejected(struct obx_core *c, const struct obx_record *rec, bool 
 		memset(&c->rejected[i].mark, 0, sizeof(c->rejected[i].mark));
 	c->rejected[i].dead_letter = dl;
 	c->rejected[i].bare = is_bare(rec);
-	snprintf(c->rejected[i].why, sizeof(c->rejected[i].why), "%s", why);
+	snprintf(c->rejected[i].reason, sizeof(c->rejected[i].reason), "%s", reason);
 }
 
 /* A record went into the open Kafka transaction: its ticket waits for the commit. */
@@ -242,16 +242,16 @@ obx_core_commit_due(struct obx_core *c, int64_t now_ms, bool idle, struct obx_co
 }
 
 void
-obx_core_commit_done(struct obx_core *c, enum obx_core_commit how, const char *why, int64_t now_us)
+obx_core_commit_done(struct obx_core *c, enum obx_core_commit how, const char *reason, int64_t now_us)
 {
 	if (!c->active || !c->committing)
 		return;
 	if (how != OBX_CORE_COMMIT_OK) {
 		c->end_kafka = true;
 		if (how == OBX_CORE_COMMIT_FENCED)
-			fail(c, OBX_CORE_END_FATAL, "%s", why);
+			fail(c, OBX_CORE_END_FATAL, "%s", reason);
 		else
-			fail(c, OBX_CORE_END_RETRY, "%s; rewinding to the slot", why);
+			fail(c, OBX_CORE_END_RETRY, "%s; rewinding to the slot", reason);
 		return;
 	}
 	for (size_t i = 0; i < c->nbatch; i++) {
@@ -284,27 +284,27 @@ obx_core_progress_record(const struct obx_core_progress *p, const struct obx_pro
 }
 
 enum obx_core_end
-obx_core_txn_init_end(int res, const char *txn_id, int budget_ms, char *why,
-    size_t whylen)
+obx_core_txn_init_end(int res, const char *txn_id, int budget_ms, char *errbuf,
+    size_t errlen)
 {
 	if (res == OBX_OK)
 		return OBX_CORE_RUNNING;
 	if (res == OBX_ETIMEDOUT)
-		snprintf(why, whylen, "Kafka transactions for transactional.id %s not initialised within %d s",
+		snprintf(errbuf, errlen, "Kafka transactions for transactional.id %s not initialised within %d s",
 		    txn_id, budget_ms / 1000);
 	return res == OBX_EFENCED ? OBX_CORE_END_FATAL : OBX_CORE_END_RETRY;
 }
 
 enum obx_core_end
-obx_core_fenced_end(bool connection_ours, const char *txn_id, const char *slot, char *why, size_t whylen)
+obx_core_fenced_end(bool connection_ours, const char *txn_id, const char *slot, char *errbuf, size_t errlen)
 {
-	return obx_progress_fenced(connection_ours, txn_id, slot, why, whylen) == OBX_PROGRESS_STOP ?
+	return obx_progress_fenced(connection_ours, txn_id, slot, errbuf, errlen) == OBX_PROGRESS_STOP ?
 	    OBX_CORE_END_FATAL : OBX_CORE_END_RETRY;
 }
 
 enum obx_core_commit
 obx_core_commit_verdict(int res, bool connection_ours, const char *txn_id,
-    const char *slot, char *why, size_t whylen)
+    const char *slot, char *errbuf, size_t errlen)
 {
 	switch (res) {
 	case OBX_OK:
@@ -313,7 +313,7 @@ obx_core_commit_verdict(int res, bool connection_ours, const char *txn_id,
 		return OBX_CORE_COMMIT_ABORT;
 	case OBX_EFENCED:
 		/* a new session goes on through the rewind of a FATAL commit */
-		return obx_core_fenced_end(connection_ours, txn_id, slot, why, whylen) == OBX_CORE_END_FATAL ?
+		return obx_core_fenced_end(connection_ours, txn_id, slot, errbuf, errlen) == OBX_CORE_END_FATAL ?
 		    OBX_CORE_COMMIT_FENCED : OBX_CORE_COMMIT_FATAL;
 	default:
 		return OBX_CORE_COMMIT_FATAL;

@@ -65,7 +65,7 @@ publish_event(struct obx_core *c, const struct obx_rel *rel, const struct obx_pg
 {
 	struct obx_event ev;
 	struct obx_record rec;
-	char why[512];
+	char errbuf[512];
 	uint64_t ticket;
 	int rc;
 
@@ -80,13 +80,13 @@ publish_event(struct obx_core *c, const struct obx_rel *rel, const struct obx_pg
 		poison_row(c, rel, tuple, ticket, why_not);
 		return;
 	}
-	rc = obx_event_build(&c->eb, rel, tuple, &c->txn, c->txn_events - 1, &ev, why, sizeof(why));
+	rc = obx_event_build(&c->eb, rel, tuple, &c->txn, c->txn_events - 1, &ev, errbuf, sizeof(errbuf));
 	if (rc == OBX_ENOMEM) {
 		fail(c, OBX_CORE_END_FATAL, "out of memory");
 		return;
 	}
 	if (rc != 0) {
-		poison_row(c, rel, tuple, ticket, why);
+		poison_row(c, rel, tuple, ticket, errbuf);
 		return;
 	}
 	rec = (struct obx_record){ ev.topic, ev.key, ev.keylen, ev.value, ev.len, ev.timestamp_ms,
@@ -118,11 +118,11 @@ obx_rc_message_row_free(struct obx_core *c)
  * applies unchanged: strings are column text as they are, other values
  * their compact JSON, null a NULL.  A content that is not such an object
  * becomes a row with one column "content" (for the dead-letter record) and
- * *why says why.  Returns 0, OBX_EINVAL (why filled) or OBX_ENOMEM.
+ * errbuf says why.  Returns 0, OBX_EINVAL (errbuf filled) or OBX_ENOMEM.
  */
 static int
 message_row(struct obx_core *c, const uint8_t *content, uint32_t len, struct obx_pg_tuple *t,
-    char *why, size_t whylen)
+    char *errbuf, size_t errlen)
 {
 	struct obx_core_msgrow *mr = &c->mrow;
 	json_error_t jerr;
@@ -137,7 +137,7 @@ message_row(struct obx_core *c, const uint8_t *content, uint32_t len, struct obx
 	mr->json = json_loadb((const char *)content, len, 0, &jerr);
 	if (mr->json == NULL || !json_is_object(mr->json) ||
 	    json_object_size(mr->json) > OBX_CORE_MESSAGE_KEYS) {
-		snprintf(why, whylen, mr->json == NULL ? "message content is not JSON: %s" :
+		snprintf(errbuf, errlen, mr->json == NULL ? "message content is not JSON: %s" :
 		    !json_is_object(mr->json) ? "message content is not a JSON object%s" :
 		    "message content has more than 64 keys%s", mr->json == NULL ? jerr.text : "");
 		mr->cols[0] = (struct obx_relcol){ "content", 25 };
@@ -173,13 +173,13 @@ void
 obx_rc_publish_message(struct obx_core *c, const uint8_t *content, uint32_t len)
 {
 	struct obx_pg_tuple t;
-	char why[512];
-	int rc = message_row(c, content, len, &t, why, sizeof(why));
+	char errbuf[512];
+	int rc = message_row(c, content, len, &t, errbuf, sizeof(errbuf));
 
 	if (rc == OBX_ENOMEM)
 		fail(c, OBX_CORE_END_FATAL, "out of memory");
 	else
-		publish_event(c, &c->mrow.rel, &t, rc != 0 ? why : NULL);
+		publish_event(c, &c->mrow.rel, &t, rc != 0 ? errbuf : NULL);
 	obx_rc_message_row_free(c);
 }
 

@@ -99,14 +99,14 @@ dedupe(struct obx_core *c, const struct obx_record *rec)
 
 /* Before each produce: a record rejected inside an aborted Kafka transaction, or de-duplication. */
 static enum obx_dlv_gate
-dlv_gate(void *ctx, const struct obx_record *rec, uint64_t ticket, bool dl, char *why, size_t whylen)
+dlv_gate(void *ctx, const struct obx_record *rec, uint64_t ticket, bool dl, char *errbuf, size_t errlen)
 {
 	struct obx_core *c = ctx;
 	const char *was;
 
 	if (c->eos && (was = obx_rc_rejected_before(c, rec, dl)) != NULL) {
 		/* the broker rejected it inside a transaction that was aborted: on_error now */
-		snprintf(why, whylen, "%s", was);
+		snprintf(errbuf, errlen, "%s", was);
 		return OBX_DLV_GATE_REFUSED;
 	}
 	switch (dedupe(c, rec)) {
@@ -121,11 +121,11 @@ dlv_gate(void *ctx, const struct obx_record *rec, uint64_t ticket, bool dl, char
 }
 
 static enum obx_produce_result
-dlv_produce(void *ctx, const struct obx_record *rec, uint64_t opaque, char *why, size_t whylen)
+dlv_produce(void *ctx, const struct obx_record *rec, uint64_t opaque, char *errbuf, size_t errlen)
 {
 	struct obx_core *c = ctx;
 
-	return c->ops->produce(c->ctx, rec, opaque, why, whylen);
+	return c->ops->produce(c->ctx, rec, opaque, errbuf, errlen);
 }
 
 static void

@@ -52,7 +52,7 @@
 
 /*
  * The actions.  produce hands a record to the producer (which copies it)
- * tagged with opaque, and writes why it failed into why (not OK).  note
+ * tagged with opaque, and writes why it failed into errbuf (not OK).  note
  * gives a line for the log and what it concerns (f: the event's lsn, xid,
  * id and topic, borrowed for the call; NULL: nothing in particular).  lookup starts reading topic back from the end
  * of its partitions down to floor, for restart de-duplication (core/restart_dedupe.h;
@@ -64,7 +64,7 @@
  */
 struct obx_core_ops {
 	enum obx_produce_result (*produce)(void *ctx, const struct obx_record *rec, uint64_t opaque,
-	    char *why, size_t whylen);
+	    char *errbuf, size_t errlen);
 	void (*note)(void *ctx, enum obx_log_level level, const struct obx_logfields *f,
 	    const char *line);
 	bool (*lookup)(void *ctx, const char *topic, const struct obx_dd_mark *floor, uint32_t gen);
@@ -86,7 +86,7 @@ struct obx_core_progress {
 enum obx_core_commit {
 	OBX_CORE_COMMIT_OK,
 	OBX_CORE_COMMIT_ABORT,  /* it cannot commit: the session ends and rewinds */
-	OBX_CORE_COMMIT_FENCED, /* another instance took over the transactional.id: exit 1 (why says so) */
+	OBX_CORE_COMMIT_FENCED, /* another instance took over the transactional.id: exit 1 (errbuf says so) */
 	OBX_CORE_COMMIT_FATAL,  /* the producer is unusable: the session ends and rewinds */
 };
 
@@ -172,10 +172,10 @@ bool obx_core_commit_due(struct obx_core *c, int64_t now_ms, bool idle, struct o
 /*
  * Exactly-once: the commit asked for ended.  OK acknowledges every event
  * of the transaction (the flush position may move); the rest end the
- * session (why, borrowed, says how).  now_us (PostgreSQL-epoch
+ * session (reason, borrowed, says how).  now_us (PostgreSQL-epoch
  * microseconds) feeds the commit-to-acknowledgement histogram.
  */
-void obx_core_commit_done(struct obx_core *c, enum obx_core_commit how, const char *why,
+void obx_core_commit_done(struct obx_core *c, enum obx_core_commit how, const char *reason,
     int64_t now_us);
 
 /*
@@ -190,23 +190,23 @@ void obx_core_progress_record(const struct obx_core_progress *p, const struct ob
  * ended with res (0 or an OBX_E* code of obx_kafka_txn_init()).  Returns
  * OBX_CORE_RUNNING on 0;
  * OBX_CORE_END_FATAL when fenced (another producer of the id is newer:
- * never publish beside it); else OBX_CORE_END_RETRY.  why holds the
+ * never publish beside it); else OBX_CORE_END_RETRY.  errbuf holds the
  * producer's words on entry and is rewritten for a time-out (OBX_ETIMEDOUT after
  * budget_ms, or a stop that cut the wait short).
  */
 enum obx_core_end obx_core_txn_init_end(int res, const char *txn_id, int budget_ms,
-    char *why, size_t whylen);
+    char *errbuf, size_t errlen);
 
 /*
  * Exactly-once: the broker refused this producer's epoch, and
  * connection_ours says whether the replication connection is still this
  * instance's (obx_progress_fenced()).  Returns OBX_CORE_END_FATAL (another
  * instance took over: stop, exit 1) or OBX_CORE_END_RETRY (a transaction
- * outlived transaction.timeout.ms: a new session goes on).  why gets the
+ * outlived transaction.timeout.ms: a new session goes on).  errbuf gets the
  * line.
  */
 enum obx_core_end obx_core_fenced_end(bool connection_ours, const char *txn_id, const char *slot,
-    char *why, size_t whylen);
+    char *errbuf, size_t errlen);
 
 /*
  * Exactly-once: how a commit call that ended (res, 0 or an OBX_E* code of
@@ -214,11 +214,11 @@ enum obx_core_end obx_core_fenced_end(bool connection_ours, const char *txn_id, 
  * the commit goes on) is reported to obx_core_commit_done().  A fence
  * while the replication connection is still ours (connection_ours, only
  * looked at for OBX_EFENCED) is FATAL (a new session), else FENCED
- * (stop); why holds the producer's words on entry and gets the fence's line
+ * (stop); errbuf holds the producer's words on entry and gets the fence's line
  * for OBX_EFENCED.
  */
 enum obx_core_commit obx_core_commit_verdict(int res, bool connection_ours,
-    const char *txn_id, const char *slot, char *why, size_t whylen);
+    const char *txn_id, const char *slot, char *errbuf, size_t errlen);
 
 /*
  * The status interval of a session: [source] status_interval

@@ -131,7 +131,7 @@ struct obx_core {
 		struct obx_dd_mark mark;
 		bool dead_letter;
 		bool bare;            /* a record of headers only (no key, no value) */
-		char why[255];        /* the broker's words */
+		char reason[255];     /* the broker's words */
 	} *rejected;                  /* kept across sessions: on_error applies at the replay */
 	size_t nrejected, rejected_cap;
 	uint64_t eos_commits;         /* Kafka transactions committed */
@@ -224,7 +224,7 @@ bool obx_rc_floor_skip(struct obx_core *c, uint64_t ticket);
 const char *obx_rc_rejected_before(const struct obx_core *c, const struct obx_record *rec, bool dl);
 /* Remembers that the broker rejected rec for good. */
 void obx_rc_remember_rejected(struct obx_core *c, const struct obx_record *rec, bool dl,
-    const char *why);
+    const char *reason);
 /* A record went into the open Kafka transaction: its ticket waits for the commit. */
 void obx_rc_batch_add(struct obx_core *c, const struct obx_record *rec, uint64_t ticket, bool dl);
 /* The open Kafka transaction holds nothing (any more). */
