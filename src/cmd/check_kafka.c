@@ -81,12 +81,14 @@ obx_check_kafka(struct obx_check *cx, PGconn *conn, const struct obx_config *cfg
 	}
 	e = rd_kafka_metadata(rk, 1, NULL, &md, 10000);
 	if (e != RD_KAFKA_RESP_ERR_NO_ERROR) {
-		obx_check_report(cx, "FAIL", "broker: could not reach %s: %s", obx_config_kafka_get(cfg, "bootstrap.servers"),
+		obx_check_report(cx, "FAIL",
+		    "broker: could not reach %s: %s", obx_config_kafka_get(cfg, "bootstrap.servers"),
 		    rd_kafka_err2str(e));
 		rd_kafka_destroy(rk);
 		return;
 	}
-	obx_check_report(cx, "ok", "broker: reachable, %d broker(s), %d topic(s)", md->broker_cnt, md->topic_cnt);
+	obx_check_report(cx, "ok",
+	    "broker: reachable, %d broker(s), %d topic(s)", md->broker_cnt, md->topic_cnt);
 	if (has_table) {
 		char *expr = NULL, *tq = NULL, *sql = NULL;
 		int missing = 0, total = 0;
@@ -114,17 +116,21 @@ obx_check_kafka(struct obx_check *cx, PGconn *conn, const struct obx_config *cfg
 				for (int j = 0; j < md->topic_cnt && !found; j++)
 					found = strcmp(md->topics[j].topic, t) == 0;
 				if (!found) {
-					obx_check_report(cx, "WARN", "topic: %s does not exist (create it, or allow auto-creation)", t);
+					obx_check_report(cx, "WARN",
+					    "topic: %s does not exist (create it, or allow auto-creation)", t);
 					missing++;
 				}
 			}
 			if (total == 0)
-				obx_check_report(cx, "ok", "topics: the outbox is empty; topic names come from '%s' at run time",
+				obx_check_report(cx, "ok",
+				    "topics: the outbox is empty; topic names come from '%s' at run time",
 				    cfg->topic);
 			else if (missing == 0)
-				obx_check_report(cx, "ok", "topics: all %d topic(s) the outbox's rows map to exist", total);
+				obx_check_report(cx, "ok",
+				    "topics: all %d topic(s) the outbox's rows map to exist", total);
 		} else {
-			obx_check_report(cx, "FAIL", "topics: template '%s' does not fit the outbox's columns: %s", cfg->topic,
+			obx_check_report(cx, "FAIL",
+			    "topics: template '%s' does not fit the outbox's columns: %s", cfg->topic,
 			    r ? PQresultErrorMessage(r) : "out of memory");
 		}
 		PQclear(r);
@@ -139,10 +145,12 @@ obx_check_kafka(struct obx_check *cx, PGconn *conn, const struct obx_config *cfg
 			if (strcmp(md->topics[j].topic, cfg->progress_topic) == 0)
 				parts = md->topics[j].partition_cnt;
 		if (parts >= 0)
-			obx_check_report(cx, "ok", "exactly-once: progress topic %s exists (%d partition(s))", cfg->progress_topic,
+			obx_check_report(cx, "ok",
+			    "exactly-once: progress topic %s exists (%d partition(s))", cfg->progress_topic,
 			    parts);
 		else
-			obx_check_report(cx, "WARN", "exactly-once: progress topic %s does not exist (create it with "
+			obx_check_report(cx, "WARN",
+			    "exactly-once: progress topic %s does not exist (create it with "
 			    "cleanup.policy=compact, or allow auto-creation)", cfg->progress_topic);
 	}
 	rd_kafka_metadata_destroy(md);

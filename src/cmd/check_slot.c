@@ -29,15 +29,19 @@ obx_check_slot(struct obx_check *cx, PGconn *conn, const struct obx_config *cfg)
 		    PQgetvalue(r, 0, 1), PQgetvalue(r, 0, 2),
 		    strcmp(PQgetvalue(r, 0, 0), "lost") == 0 ? " (events may have been lost: recreate the slot and reconcile)" : "");
 	} else {
-		obx_check_query_value(conn, "SELECT (current_setting('max_replication_slots')::int - "
+		obx_check_query_value(conn,
+		    "SELECT (current_setting('max_replication_slots')::int - "
 		    "(SELECT count(*) FROM pg_replication_slots))::text", 0, NULL, &v, err, sizeof(err));
 		if (!cfg->create_slot)
-			obx_check_report(cx, "FAIL", "slot: %s does not exist and create_slot = false", cfg->slot);
+			obx_check_report(cx, "FAIL",
+			    "slot: %s does not exist and create_slot = false", cfg->slot);
 		else if (v != NULL && obx_check_count(v) <= 0)
-			obx_check_report(cx, "FAIL", "slot: %s does not exist and no replication slot is free "
+			obx_check_report(cx, "FAIL",
+			    "slot: %s does not exist and no replication slot is free "
 			    "(raise max_replication_slots)", cfg->slot);
 		else
-			obx_check_report(cx, "ok", "slot: %s does not exist (will be created; %s slot(s) free)", cfg->slot,
+			obx_check_report(cx, "ok",
+			    "slot: %s does not exist (will be created; %s slot(s) free)", cfg->slot,
 			    v ? v : "?");
 		free(v);
 	}
@@ -47,10 +51,12 @@ obx_check_slot(struct obx_check *cx, PGconn *conn, const struct obx_config *cfg)
 	obx_check_report(cx, obx_check_count(v) > 0 ? "ok" : "FAIL", "wal senders: %s free%s",
 	    v ? v : "?", obx_check_count(v) > 0 ? "" : " (raise max_wal_senders)");
 	free(v);
-	obx_check_query_value(conn, "SELECT current_setting('max_slot_wal_keep_size')", 0, NULL, &v, err,
+	obx_check_query_value(conn,
+	    "SELECT current_setting('max_slot_wal_keep_size')", 0, NULL, &v, err,
 	    sizeof(err));
 	if (v != NULL && strcmp(v, "-1") == 0)
-		obx_check_report(cx, "WARN", "max_slot_wal_keep_size = -1: nothing bounds the WAL a stalled slot retains "
+		obx_check_report(cx, "WARN",
+		    "max_slot_wal_keep_size = -1: nothing bounds the WAL a stalled slot retains "
 		    "(the disk can fill; set a limit and alert on outboxd_slot_safe_wal_size_bytes)");
 	else
 		obx_check_report(cx, "ok", "max_slot_wal_keep_size = %s", v ? v : "?");
@@ -85,7 +91,8 @@ obx_check_snapshot(struct obx_check *cx, PGconn *conn, const struct obx_config *
 	}
 	PQclear(r);
 	if (slot && !marked) {
-		obx_check_report(cx, "ok", "snapshot: pending, but slot %s exists: nothing is published before the "
+		obx_check_report(cx, "ok",
+		    "snapshot: pending, but slot %s exists: nothing is published before the "
 		    "stream (only a slot outboxd creates starts with its pending rows)", cfg->slot);
 		return;
 	}
@@ -98,14 +105,17 @@ obx_check_snapshot(struct obx_check *cx, PGconn *conn, const struct obx_config *
 	    table, filter) < 0)
 		sql = NULL;
 	if (sql == NULL || obx_check_query_value(conn, sql, 0, NULL, &v, err, sizeof(err)) != 0)
-		obx_check_report(cx, "FAIL", "snapshot: [source] snapshot_filter does not work on %s.%s (WHERE %s): %s",
+		obx_check_report(cx, "FAIL",
+		    "snapshot: [source] snapshot_filter does not work on %s.%s (WHERE %s): %s",
 		    cfg->table_schema, cfg->table_name, filter, sql == NULL ? "out of memory" : err);
 	else if (slot)
-		obx_check_report(cx, "WARN", "snapshot: the snapshot of slot %s did not finish (slot %s exists): the "
+		obx_check_report(cx, "WARN",
+		    "snapshot: the snapshot of slot %s did not finish (slot %s exists): the "
 		    "next start publishes the %s row(s) WHERE %s again, ORDER BY %s, then streams",
 		    cfg->slot, marker, strcmp(v, "1000001") == 0 ? "over 1,000,000" : v, filter, order);
 	else
-		obx_check_report(cx, "ok", "snapshot: pending: creating slot %s will publish the %s row(s) WHERE %s "
+		obx_check_report(cx, "ok",
+		    "snapshot: pending: creating slot %s will publish the %s row(s) WHERE %s "
 		    "first, ORDER BY %s (one more free replication slot, %s, is used meanwhile)", cfg->slot,
 		    strcmp(v, "1000001") == 0 ? "over 1,000,000" : v, filter, order, marker);
 	free(v);
@@ -132,7 +142,8 @@ obx_check_failover(struct obx_check *cx, PGconn *conn, const struct obx_config *
 
 	if (!f->failover_slots) {
 		if (cfg->failover && cfg->failover_set)
-			obx_check_report(cx, "ok", "failover: [source] failover = on is ignored: PostgreSQL %s does not "
+			obx_check_report(cx, "ok",
+			    "failover: [source] failover = on is ignored: PostgreSQL %s does not "
 			    "synchronize slots to standbys (17 does); a failover loses the slot and the slot "
 			    "guard then refuses to go on", obx_pgversion_format(f->version, ver, sizeof(ver)));
 		return;
@@ -151,29 +162,35 @@ obx_check_failover(struct obx_check *cx, PGconn *conn, const struct obx_config *
 	PQclear(r);
 	if (in_recovery) {
 		if (synced)
-			obx_check_report(cx, "ok", "failover: slot %s is synchronized from the primary; it can be used "
+			obx_check_report(cx, "ok",
+			    "failover: slot %s is synchronized from the primary; it can be used "
 			    "here once this server is promoted (outboxd waits until then)", cfg->slot);
 		else if (cfg->failover)
-			obx_check_report(cx, "ok", "failover: a hot standby's own slot cannot have failover; outboxd "
+			obx_check_report(cx, "ok",
+			    "failover: a hot standby's own slot cannot have failover; outboxd "
 			    "enables it on slot %s after this server's promotion", cfg->slot);
 		return;
 	}
 	if (!cfg->failover) {
-		obx_check_report(cx, "ok", "failover: off: a failover to a standby loses slot %s (the slot guard then "
+		obx_check_report(cx, "ok",
+		    "failover: off: a failover to a standby loses slot %s (the slot guard then "
 		    "refuses to go on)%s", cfg->slot, failover ? "; outboxd disables failover on it at start" : "");
 		return;
 	}
-	obx_check_report(cx, "ok", "failover: slot %s %s", cfg->slot, !exists ? "will be created with failover" :
+	obx_check_report(cx, "ok",
+	    "failover: slot %s %s", cfg->slot, !exists ? "will be created with failover" :
 	    failover ? "is failover-enabled" : "is not failover-enabled yet (outboxd enables it at start)");
 	obx_check_query_value(conn, "SELECT count(*)::text FROM pg_stat_activity "
 	    "WHERE application_name LIKE '%slotsync worker'", 0, NULL, &v, err, sizeof(err));
 	workers = obx_check_count(v);
 	free(v);
 	if (workers > 0)
-		obx_check_report(cx, "ok", "failover: %lld slot sync worker(s) connected: standbys keep a copy of "
+		obx_check_report(cx, "ok",
+		    "failover: %lld slot sync worker(s) connected: standbys keep a copy of "
 		    "failover slots", workers);
 	else
-		obx_check_report(cx, "WARN", "failover: no standby synchronizes slot %s (no slot sync worker is "
+		obx_check_report(cx, "WARN",
+		    "failover: no standby synchronizes slot %s (no slot sync worker is "
 		    "connected; one whose primary_conninfo sets application_name is not recognised): a "
 		    "failover would lose it; on the standby set sync_replication_slots = on, "
 		    "hot_standby_feedback = on, primary_slot_name and a dbname in primary_conninfo",
@@ -183,10 +200,12 @@ obx_check_failover(struct obx_check *cx, PGconn *conn, const struct obx_config *
 	    "' ', ''), ''), ',')) s(name) "
 	    "LEFT JOIN pg_replication_slots r ON r.slot_name = s.name AND r.slot_type = 'physical'");
 	if (PQresultStatus(r) != PGRES_TUPLES_OK) {
-		obx_check_report(cx, "FAIL", "failover: could not read synchronized_standby_slots: %s",
+		obx_check_report(cx, "FAIL",
+		    "failover: could not read synchronized_standby_slots: %s",
 		    obx_pg_result_error_line(r, err, sizeof(err)));
 	} else if (PQntuples(r) == 0) {
-		obx_check_report(cx, "WARN", "failover: synchronized_standby_slots is empty: outboxd may publish a "
+		obx_check_report(cx, "WARN",
+		    "failover: synchronized_standby_slots is empty: outboxd may publish a "
 		    "transaction no standby has received, and after a failover Kafka would hold events "
 		    "the new primary never committed (name the standby's physical slot there)");
 	}
@@ -194,13 +213,16 @@ obx_check_failover(struct obx_check *cx, PGconn *conn, const struct obx_config *
 		const char *name = PQgetvalue(r, i, 0);
 
 		if (strcmp(PQgetvalue(r, i, 1), "t") != 0)
-			obx_check_report(cx, "WARN", "failover: synchronized_standby_slots names %s, which is no physical "
+			obx_check_report(cx, "WARN",
+			    "failover: synchronized_standby_slots names %s, which is no physical "
 			    "slot here: failover slots wait for it, outboxd receives nothing", name);
 		else if (strcmp(PQgetvalue(r, i, 2), "t") != 0)
-			obx_check_report(cx, "WARN", "failover: physical slot %s (synchronized_standby_slots) is not "
+			obx_check_report(cx, "WARN",
+			    "failover: physical slot %s (synchronized_standby_slots) is not "
 			    "active: failover slots wait until its standby is back", name);
 		else
-			obx_check_report(cx, "ok", "failover: physical slot %s (synchronized_standby_slots) is active: "
+			obx_check_report(cx, "ok",
+			    "failover: physical slot %s (synchronized_standby_slots) is active: "
 			    "outboxd receives only what its standby has", name);
 	}
 	PQclear(r);
@@ -238,7 +260,8 @@ obx_check_standby(struct obx_check *cx, PGconn *primary, const struct obx_config
 
 	obx_conninfo_redact(conninfo, safe, sizeof(safe));
 	if (PQserverVersion(primary) < 170000) {
-		obx_check_report(cx, "WARN", "standby: failover slots need PostgreSQL 17 or later (primary is %s): "
+		obx_check_report(cx, "WARN",
+		    "standby: failover slots need PostgreSQL 17 or later (primary is %s): "
 		    "a failover loses slot %s", obx_pgversion_format(PQserverVersion(primary), ver,
 		    sizeof(ver)), cfg->slot);
 		return;
@@ -247,15 +270,18 @@ obx_check_standby(struct obx_check *cx, PGconn *primary, const struct obx_config
 		obx_check_report(cx, "FAIL", "standby: could not connect to %s: %s", safe, err);
 		return;
 	}
-	obx_check_query_value(sb, "SELECT pg_is_in_recovery()::text", 0, NULL, &v, err, sizeof(err));
+	obx_check_query_value(sb,
+	    "SELECT pg_is_in_recovery()::text", 0, NULL, &v, err, sizeof(err));
 	if (v == NULL || strcmp(v, "true") != 0) {
-		obx_check_report(cx, "FAIL", "standby: %s is not a standby (not in recovery)", safe);
+		obx_check_report(cx, "FAIL",
+		    "standby: %s is not a standby (not in recovery)", safe);
 		goto out;
 	}
 	pr = PQexecParams(primary, "SELECT failover, confirmed_flush_lsn::text FROM pg_replication_slots "
 	    "WHERE slot_name = $1", 1, NULL, p, NULL, NULL, 0);
 	if (PQresultStatus(pr) != PGRES_TUPLES_OK) {
-		obx_check_report(cx, "FAIL", "standby: could not read slot %s on the primary: %s", cfg->slot,
+		obx_check_report(cx, "FAIL",
+		    "standby: could not read slot %s on the primary: %s", cfg->slot,
 		    obx_pg_result_error_line(pr, err, sizeof(err)));
 		goto out;
 	}
@@ -276,19 +302,22 @@ obx_check_standby(struct obx_check *cx, PGconn *primary, const struct obx_config
 		const char *at = PQgetvalue(r, 0, 3);
 		const char *primary_at = p_exists ? PQgetvalue(pr, 0, 1) : "?";
 
-		obx_check_report(cx, "ok", "standby: ready: it holds a persistent synchronized copy of slot %s at "
+		obx_check_report(cx, "ok",
+		    "standby: ready: it holds a persistent synchronized copy of slot %s at "
 		    "%s (the primary's is at %s); a failover there keeps the slot", cfg->slot, at,
 		    primary_at);
 		goto out;
 	}
 	if (PQntuples(r) == 1 && strcmp(PQgetvalue(r, 0, 2), "t") == 0) {
-		obx_check_report(cx, "FAIL", "standby: not ready: its copy of slot %s is invalidated%s%s; drop it "
+		obx_check_report(cx, "FAIL",
+		    "standby: not ready: its copy of slot %s is invalidated%s%s; drop it "
 		    "there and let it synchronize again", cfg->slot, PQgetvalue(r, 0, 6)[0] ? ": " : "",
 		    PQgetvalue(r, 0, 6));
 		goto out;
 	}
 	if (PQntuples(r) == 1 && strcmp(PQgetvalue(r, 0, 0), "t") == 0) {
-		obx_check_report(cx, "FAIL", "standby: not ready: its copy of slot %s is temporary (catalog xmin %s, "
+		obx_check_report(cx, "FAIL",
+		    "standby: not ready: its copy of slot %s is temporary (catalog xmin %s, "
 		    "restart_lsn %s) and would be dropped at promotion; it becomes persistent once the "
 		    "primary's slot passes them, i.e. after the next activity the relay confirms (the standby "
 		    "logs \"could not synchronize replication slot\" until then); run this check again, or "
@@ -304,33 +333,42 @@ obx_check_standby(struct obx_check *cx, PGconn *primary, const struct obx_config
 	if (pslot != NULL && pslot[0] != '\0') {
 		const char *q[1] = { pslot };
 
-		obx_check_query_value(primary, "SELECT ($1 = ANY (string_to_array(replace(current_setting("
+		obx_check_query_value(primary,
+		    "SELECT ($1 = ANY (string_to_array(replace(current_setting("
 		    "'synchronized_standby_slots'), ' ', ''), ',')))::text", 1, q, &listed, err, sizeof(err));
 	}
 	if (PQntuples(r) == 1)
-		obx_check_report(cx, "FAIL", "standby: not ready: slot %s there is its own, not a synchronized copy "
+		obx_check_report(cx, "FAIL",
+		    "standby: not ready: slot %s there is its own, not a synchronized copy "
 		    "(drop it there so the primary's can be synchronized)", cfg->slot);
 	else if (!p_exists)
-		obx_check_report(cx, "FAIL", "standby: not ready: slot %s does not exist on the primary yet (outboxd "
+		obx_check_report(cx, "FAIL",
+		    "standby: not ready: slot %s does not exist on the primary yet (outboxd "
 		    "creates it at start)", cfg->slot);
 	else if (!p_failover)
-		obx_check_report(cx, "FAIL", "standby: not ready: slot %s has failover off on the primary, so no "
+		obx_check_report(cx, "FAIL",
+		    "standby: not ready: slot %s has failover off on the primary, so no "
 		    "standby synchronizes it (set [source] failover = on; outboxd enables it at start)",
 		    cfg->slot);
 	else if (sync == NULL || strcmp(sync, "on") != 0)
-		obx_check_report(cx, "FAIL", "standby: not ready: sync_replication_slots is %s there (set it on)",
+		obx_check_report(cx, "FAIL",
+		    "standby: not ready: sync_replication_slots is %s there (set it on)",
 		    sync != NULL ? sync : "unknown");
 	else if (pslot == NULL || pslot[0] == '\0')
-		obx_check_report(cx, "FAIL", "standby: not ready: primary_slot_name is not set there (slot "
+		obx_check_report(cx, "FAIL",
+		    "standby: not ready: primary_slot_name is not set there (slot "
 		    "synchronization needs a physical slot on the primary)");
 	else if (feedback == NULL || strcmp(feedback, "on") != 0)
-		obx_check_report(cx, "FAIL", "standby: not ready: hot_standby_feedback is %s there (set it on)",
+		obx_check_report(cx, "FAIL",
+		    "standby: not ready: hot_standby_feedback is %s there (set it on)",
 		    feedback != NULL ? feedback : "unknown");
 	else
-		obx_check_report(cx, "FAIL", "standby: not ready: no copy of slot %s there yet (the slot sync worker "
+		obx_check_report(cx, "FAIL",
+		    "standby: not ready: no copy of slot %s there yet (the slot sync worker "
 		    "may not have run: check primary_conninfo has a dbname, and the standby's log)", cfg->slot);
 	if (pslot != NULL && pslot[0] != '\0' && (listed == NULL || strcmp(listed, "true") != 0))
-		obx_check_report(cx, "WARN", "standby: synchronized_standby_slots on the primary does not name %s "
+		obx_check_report(cx, "WARN",
+		    "standby: synchronized_standby_slots on the primary does not name %s "
 		    "(the standby's primary_slot_name): outboxd may publish what the standby has not "
 		    "received", pslot);
 out:

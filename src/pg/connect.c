@@ -28,7 +28,8 @@ obx_pgsetup_connect(const char *conninfo, const char *password, PGconn **out, ch
 	/* obx_pg_connect() tells a refusal that cannot heal (OBX_ECONFIG) from one that may */
 	r = obx_pg_connect(conninfo, password, kw, val, "outboxd", out, err, sizeof(err));
 	if (r == OBX_EIO || r == OBX_ECONFIG)
-		r = obx_pgsetup_failf(errbuf, errlen, r, "could not connect to PostgreSQL: %s", err);
+		r = obx_pgsetup_failf(errbuf, errlen, r,
+		    "could not connect to PostgreSQL: %s", err);
 	else if (r != 0)
 		r = obx_pgsetup_failf(errbuf, errlen, r, "%s", err);
 	if (r != 0)
@@ -38,7 +39,8 @@ obx_pgsetup_connect(const char *conninfo, const char *password, PGconn **out, ch
 	if (obx_pgsetup_query(*out, "SET client_min_messages TO warning", &res, NULL, err, sizeof(err)) != 0) {
 		PQfinish(*out);
 		*out = NULL;
-		return obx_pgsetup_failf(errbuf, errlen, OBX_EIO, "could not set client_min_messages: %s", err);
+		return obx_pgsetup_failf(errbuf, errlen, OBX_EIO,
+		    "could not set client_min_messages: %s", err);
 	}
 	PQclear(res);
 	return 0;
@@ -77,13 +79,16 @@ obx_pgsetup_identify(PGconn *c, char *sysid, size_t sysidlen, int *timeline, obx
 	int r;
 
 	if (obx_pgsetup_query(c, "IDENTIFY_SYSTEM", &res, NULL, err, sizeof(err)) != 0)
-		return obx_pgsetup_failf(errbuf, errlen, OBX_EIO, "IDENTIFY_SYSTEM failed: %s", err);
+		return obx_pgsetup_failf(errbuf, errlen, OBX_EIO,
+		    "IDENTIFY_SYSTEM failed: %s", err);
 	if (PQntuples(res) != 1 || PQnfields(res) < 4 || PQgetisnull(res, 0, 3)) {
-		r = obx_pgsetup_failf(errbuf, errlen, OBX_EPROTO, "IDENTIFY_SYSTEM did not name a database: "
+		r = obx_pgsetup_failf(errbuf, errlen, OBX_EPROTO,
+		    "IDENTIFY_SYSTEM did not name a database: "
 		    "the connection is not a logical replication connection");
 	} else if ((tli = strtonum(PQgetvalue(res, 0, 1), 1, INT32_MAX, &bad)) == 0 || bad != NULL ||
 	    obx_lsn_parse(PQgetvalue(res, 0, 2), xlogpos) != 0) {
-		r = obx_pgsetup_failf(errbuf, errlen, OBX_EPROTO, "IDENTIFY_SYSTEM answered timeline '%s' and xlogpos "
+		r = obx_pgsetup_failf(errbuf, errlen, OBX_EPROTO,
+		    "IDENTIFY_SYSTEM answered timeline '%s' and xlogpos "
 		    "'%s', out of form", PQgetvalue(res, 0, 1), PQgetvalue(res, 0, 2));
 	} else {
 		strlcpy(sysid, PQgetvalue(res, 0, 0), sysidlen);
@@ -103,7 +108,8 @@ show(PGconn *c, const char *name, char *val, size_t vallen, char *errbuf, size_t
 
 	snprintf(sql, sizeof(sql), "SHOW %s", name);
 	if (obx_pgsetup_query(c, sql, &res, NULL, err, sizeof(err)) != 0)
-		return obx_pgsetup_failf(errbuf, errlen, OBX_EIO, "could not read %s: %s", name, err);
+		return obx_pgsetup_failf(errbuf, errlen, OBX_EIO,
+		    "could not read %s: %s", name, err);
 	strlcpy(val, PQntuples(res) > 0 ? PQgetvalue(res, 0, 0) : "", vallen);
 	PQclear(res);
 	return 0;
@@ -137,7 +143,8 @@ obx_pgsetup_check_server(PGconn *c, const struct obx_config *cfg, int *wal_sende
 
 	(void)cfg;
 	if (obx_pgsetup_query(c, "SELECT pg_is_in_recovery()", &res, NULL, err, sizeof(err)) != 0)
-		return obx_pgsetup_failf(errbuf, errlen, OBX_EIO, "could not ask whether the server is in recovery: %s",
+		return obx_pgsetup_failf(errbuf, errlen, OBX_EIO,
+		    "could not ask whether the server is in recovery: %s",
 		    err);
 	*in_recovery = PQntuples(res) == 1 && strcmp(PQgetvalue(res, 0, 0), "t") == 0;
 	PQclear(res);
@@ -155,7 +162,8 @@ obx_pgsetup_check_server(PGconn *c, const struct obx_config *cfg, int *wal_sende
 	if ((r = show(c, "wal_sender_timeout", v, sizeof(v), errbuf, errlen)) != 0)
 		return r;
 	if (parse_guc_ms(v, wal_sender_timeout_ms) != 0)
-		return obx_pgsetup_failf(errbuf, errlen, OBX_EPROTO, "cannot parse wal_sender_timeout '%s'", v);
+		return obx_pgsetup_failf(errbuf, errlen, OBX_EPROTO,
+		    "cannot parse wal_sender_timeout '%s'", v);
 	/* a short wal_sender_timeout is no reason to refuse: the relay sends status updates
 	 * at a third of it when that is sooner than [source] status_interval */
 	return 0;

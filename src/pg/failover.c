@@ -82,9 +82,11 @@ obx_pgsetup_match_failover(PGconn *c, const struct obx_config *cfg,
 		return 0;
 	}
 	if (r == OBX_EBUSY)
-		return obx_pgsetup_failf(errbuf, errlen, OBX_EBUSY, "slot %s is in use by another instance", cfg->slot);
+		return obx_pgsetup_failf(errbuf, errlen, OBX_EBUSY,
+		    "slot %s is in use by another instance", cfg->slot);
 	if (r == OBX_ESTATE || PQstatus(c) != CONNECTION_OK)
-		return obx_pgsetup_failf(errbuf, errlen, OBX_EIO, "could not set failover on slot %s: %s", cfg->slot,
+		return obx_pgsetup_failf(errbuf, errlen, OBX_EIO,
+		    "could not set failover on slot %s: %s", cfg->slot,
 		    r == OBX_ESTATE ? "stopped while waiting" : err);
 	obx_log_warn("could not set failover = %s on slot %s: %s; streaming without the change",
 	    cfg->failover ? "on" : "off", cfg->slot, err);

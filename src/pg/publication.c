@@ -75,7 +75,8 @@ message_publication(PGconn *c, const struct obx_config *cfg, const struct obx_pg
 
 	snprintf(sql, sizeof(sql), "SELECT 1 FROM pg_publication WHERE pubname = %s", nm->pub_lit);
 	if (obx_pgsetup_query(c, sql, &res, NULL, err, sizeof(err)) != 0)
-		return obx_pgsetup_failf(errbuf, errlen, OBX_EIO, "could not read publication %s: %s",
+		return obx_pgsetup_failf(errbuf, errlen, OBX_EIO,
+		    "could not read publication %s: %s",
 		    cfg->publication, err);
 	exists = PQntuples(res) > 0;
 	PQclear(res);
@@ -112,7 +113,8 @@ table_relkind(PGconn *c, const struct obx_config *cfg, const struct obx_pgsetup_
 	    "SELECT c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
 	    "WHERE n.nspname = %s AND c.relname = %s", nm->schema_lit, nm->table_lit);
 	if (obx_pgsetup_query(c, sql, &res, NULL, err, sizeof(err)) != 0)
-		return obx_pgsetup_failf(errbuf, errlen, OBX_EIO, "could not look up table %s.%s: %s",
+		return obx_pgsetup_failf(errbuf, errlen, OBX_EIO,
+		    "could not look up table %s.%s: %s",
 		    cfg->table_schema, cfg->table_name, err);
 	if (PQntuples(res) > 0) {
 		*relkind = PQgetvalue(res, 0, 0)[0];
@@ -140,7 +142,8 @@ ensure_publication(PGconn *c, const struct obx_config *cfg, const struct obx_pgs
 		snprintf(sql, sizeof(sql),
 		    "SELECT pubinsert, pubviaroot FROM pg_publication WHERE pubname = %s", nm->pub_lit);
 		if (obx_pgsetup_query(c, sql, &res, NULL, err, sizeof(err)) != 0)
-			return obx_pgsetup_failf(errbuf, errlen, OBX_EIO, "could not read publication %s: %s",
+			return obx_pgsetup_failf(errbuf, errlen, OBX_EIO,
+			    "could not read publication %s: %s",
 			    cfg->publication, err);
 		exists = PQntuples(res) > 0;
 		inserts = exists && strcmp(PQgetvalue(res, 0, 0), "t") == 0;
@@ -172,7 +175,8 @@ ensure_publication(PGconn *c, const struct obx_config *cfg, const struct obx_pgs
 			obx_log_info("created publication %s for table %s.%s (inserts only)",
 			    cfg->publication, cfg->table_schema, cfg->table_name);
 	}
-	return obx_pgsetup_failf(errbuf, errlen, OBX_EIO, "publication %s was dropped each time it was created",
+	return obx_pgsetup_failf(errbuf, errlen, OBX_EIO,
+	    "publication %s was dropped each time it was created",
 	    cfg->publication);
 }
 
@@ -213,7 +217,8 @@ check_publication_columns(PGconn *c, const struct obx_config *cfg, const struct 
 	free(sql);
 	if (r != 0)
 		/* a catalog this server lacks (SQLSTATE class 42) heals with no retry */
-		return obx_pgsetup_failf(errbuf, errlen, strncmp(state, "42", 2) == 0 ? OBX_ECONFIG : OBX_EIO,
+		return obx_pgsetup_failf(errbuf, errlen, strncmp(state,
+		    "42", 2) == 0 ? OBX_ECONFIG : OBX_EIO,
 		    "could not read publication %s: %s", cfg->publication, err);
 	if (PQntuples(res) == 0)
 		r = obx_pgsetup_failf(errbuf, errlen, OBX_ECONFIG,

@@ -41,7 +41,8 @@ read_slot(PGconn *c, const struct obx_config *cfg, const struct obx_pgsetup_name
 	    f.standby_decoding ? "coalesce(conflicting, false)" : "false",
 	    f.failover_slots ? "failover" : "false", f.failover_slots ? "synced" : "false", nm->slot_lit);
 	if (obx_pgsetup_query(c, sql, &res, NULL, err, sizeof(err)) != 0)
-		return obx_pgsetup_failf(errbuf, errlen, OBX_EIO, "could not read slot %s: %s", cfg->slot, err);
+		return obx_pgsetup_failf(errbuf, errlen, OBX_EIO,
+		    "could not read slot %s: %s", cfg->slot, err);
 	if (PQntuples(res) == 0) {
 		PQclear(res);
 		return OBX_ENOENT;
@@ -86,10 +87,12 @@ read_slot(PGconn *c, const struct obx_config *cfg, const struct obx_pgsetup_name
 		    cfg->slot);
 	else if (PQgetisnull(res, 0, 0))
 		/* another instance is creating it right now: wait for it like for a slot in use */
-		r = obx_pgsetup_failf(errbuf, errlen, OBX_EBUSY, "slot %s is being created by another instance",
+		r = obx_pgsetup_failf(errbuf, errlen, OBX_EBUSY,
+		    "slot %s is being created by another instance",
 		    cfg->slot);
 	else if (obx_lsn_parse(PQgetvalue(res, 0, 0), &row->confirmed) != 0)
-		r = obx_pgsetup_failf(errbuf, errlen, OBX_EPROTO, "slot %s has a malformed confirmed position",
+		r = obx_pgsetup_failf(errbuf, errlen, OBX_EPROTO,
+		    "slot %s has a malformed confirmed position",
 		    cfg->slot);
 	PQclear(res);
 	return r;
@@ -139,25 +142,30 @@ create_slot(PGconn *c, const struct obx_config *cfg, const struct obx_pgsetup_na
 		ctx->said_standby_create = true;
 		r = obx_pgsetup_query_waiting(c, sql, 0, ctx, &res, state, err, sizeof(err));
 		if (r == OBX_ESTATE)
-			return obx_pgsetup_failf(errbuf, errlen, OBX_EIO, "stopped while creating slot %s on the hot standby",
+			return obx_pgsetup_failf(errbuf, errlen, OBX_EIO,
+			    "stopped while creating slot %s on the hot standby",
 			    cfg->slot);
 	} else {
 		/* waits for the transactions running now to end: a long or prepared one delays
 		 * it; the wait keeps /healthz fresh and ends on SIGTERM */
 		r = obx_pgsetup_query_waiting(c, sql, 0, ctx, &res, state, err, sizeof(err));
 		if (r == OBX_ESTATE)
-			return obx_pgsetup_failf(errbuf, errlen, OBX_EIO, "stopped while creating slot %s (it waits for "
+			return obx_pgsetup_failf(errbuf, errlen, OBX_EIO,
+			    "stopped while creating slot %s (it waits for "
 			    "the transactions running when it started to end)", cfg->slot);
 	}
 	if (r != 0) {
 		if (PQstatus(c) != CONNECTION_OK)
-			return obx_pgsetup_failf(errbuf, errlen, OBX_EIO, "could not create slot %s: %s", cfg->slot, err);
+			return obx_pgsetup_failf(errbuf, errlen, OBX_EIO,
+			    "could not create slot %s: %s", cfg->slot, err);
 		/* cancelled, a serialization or lock conflict, an object in use: may heal */
 		if (strncmp(state, "40", 2) == 0 || strcmp(state, "57014") == 0 ||
 		    strcmp(state, "55P03") == 0 || strcmp(state, "55006") == 0)
-			return obx_pgsetup_failf(errbuf, errlen, OBX_EIO, "could not create slot %s: %s", cfg->slot, err);
+			return obx_pgsetup_failf(errbuf, errlen, OBX_EIO,
+			    "could not create slot %s: %s", cfg->slot, err);
 		if (strcmp(state, "42710") != 0)
-			return obx_pgsetup_failf(errbuf, errlen, OBX_ECONFIG, "could not create slot %s: %s",
+			return obx_pgsetup_failf(errbuf, errlen, OBX_ECONFIG,
+			    "could not create slot %s: %s",
 			    cfg->slot, err);
 		out->raced = true;
 		return 0;
@@ -165,7 +173,8 @@ create_slot(PGconn *c, const struct obx_config *cfg, const struct obx_pgsetup_na
 	out->made = true;
 	if (PQntuples(res) < 1 || PQnfields(res) < 3 ||
 	    obx_lsn_parse(PQgetvalue(res, 0, 1), &out->confirmed) != 0)
-		r = obx_pgsetup_failf(errbuf, errlen, OBX_EPROTO, "slot %s: unexpected consistent point", cfg->slot);
+		r = obx_pgsetup_failf(errbuf, errlen, OBX_EPROTO,
+		    "slot %s: unexpected consistent point", cfg->slot);
 	else
 		strlcpy(out->point, PQgetvalue(res, 0, 1), sizeof(out->point));
 	/* the export lasts until c runs its next command: imported before anything else */
@@ -252,7 +261,8 @@ obx_pgsetup_slot(PGconn *c, const struct obx_config *cfg, struct obx_pgsetup_slo
 			r = obx_slotguard_may_create(&g.rec, cfg->slot, a->recreate, cfg->create_slot,
 			    errbuf, errlen);
 		if (r == 0 && snap->enabled && in_recovery)
-			r = obx_pgsetup_failf(errbuf, errlen, OBX_ECONFIG, "[source] snapshot = pending: "
+			r = obx_pgsetup_failf(errbuf, errlen, OBX_ECONFIG,
+			    "[source] snapshot = pending: "
 			    "slot %s would be created on a hot standby, which cannot export the snapshot of "
 			    "the pending rows; start outboxd against the primary once, or set snapshot = none",
 			    cfg->slot);

@@ -91,7 +91,8 @@ obx_pgsetup_read_guard(PGconn *c, const struct obx_config *cfg,
 	snprintf(sql, sizeof(sql), "SELECT coalesce(obj_description(oid, 'pg_publication'), '') "
 	    "FROM pg_publication WHERE pubname = %s", nm->pub_lit);
 	if (obx_pgsetup_query(c, sql, &res, NULL, err, sizeof(err)) != 0)
-		return obx_pgsetup_failf(errbuf, errlen, OBX_EIO, "could not read publication comment: %s",
+		return obx_pgsetup_failf(errbuf, errlen, OBX_EIO,
+		    "could not read publication comment: %s",
 		    err);
 	g->comment = strdup(PQntuples(res) > 0 ? PQgetvalue(res, 0, 0) : "");
 	PQclear(res);

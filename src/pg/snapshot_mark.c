@@ -38,9 +38,11 @@ read_snapmark(PGconn *c, const char *slot, const char *marker, bool *exists, cha
 	snprintf(sql, sizeof(sql), "SELECT slot_type FROM pg_replication_slots WHERE slot_name = %s", lit);
 	PQfreemem(lit);
 	if (obx_pgsetup_query(c, sql, &res, NULL, err, sizeof(err)) != 0)
-		return obx_pgsetup_failf(errbuf, errlen, OBX_EIO, "could not read slot %s: %s", marker, err);
+		return obx_pgsetup_failf(errbuf, errlen, OBX_EIO,
+		    "could not read slot %s: %s", marker, err);
 	if (PQntuples(res) == 1 && strcmp(PQgetvalue(res, 0, 0), "physical") != 0)
-		r = obx_pgsetup_failf(errbuf, errlen, OBX_ECONFIG, "slot %s exists and is %s: outboxd keeps a physical "
+		r = obx_pgsetup_failf(errbuf, errlen, OBX_ECONFIG,
+		    "slot %s exists and is %s: outboxd keeps a physical "
 		    "slot of that name while the rows pending at slot %s's creation are published; drop "
 		    "it or rename [source] slot", marker, PQgetvalue(res, 0, 0), slot);
 	else
@@ -68,7 +70,8 @@ obx_pgsetup_create_snapmark(PGconn *c, const char *slot, const char *marker, cha
 	}
 	if (strcmp(state, "42710") == 0) /* left by a run that died before creating the slot */
 		return 0;
-	return obx_pgsetup_failf(errbuf, errlen, PQstatus(c) != CONNECTION_OK || strcmp(state, "53400") != 0 ?
+	return obx_pgsetup_failf(errbuf, errlen, PQstatus(c) != CONNECTION_OK || strcmp(state,
+	    "53400") != 0 ?
 	    OBX_EIO : OBX_ECONFIG, "could not create slot %s, which marks the snapshot of slot %s as "
 	    "unfinished: %s", marker, slot, err);
 }
@@ -114,7 +117,8 @@ read_legacy_mark(PGconn *c, const char *slot, const char *legacy, bool *exists, 
 	if (r != 0)
 		return r;
 	if (obx_pgsetup_query(c, sql, &res, NULL, err, sizeof(err)) != 0)
-		return obx_pgsetup_failf(errbuf, errlen, OBX_EIO, "could not read slot %s: %s", legacy, err);
+		return obx_pgsetup_failf(errbuf, errlen, OBX_EIO,
+		    "could not read slot %s: %s", legacy, err);
 	*exists = strcmp(PQgetvalue(res, 0, 0), "t") == 0;
 	*ours = *exists && strcmp(PQgetvalue(res, 0, 1), "t") == 0;
 	PQclear(res);
@@ -139,7 +143,8 @@ drop_snapmark(PGconn *c, const char *name, char *errbuf, size_t errlen)
 	}
 	if (strcmp(state, "42704") == 0)
 		return 0;
-	return obx_pgsetup_failf(errbuf, errlen, OBX_EIO, "could not drop slot %s after the snapshot: %s", name, err);
+	return obx_pgsetup_failf(errbuf, errlen, OBX_EIO,
+	    "could not drop slot %s after the snapshot: %s", name, err);
 }
 
 /*
@@ -178,7 +183,8 @@ obx_pgsetup_snapshot_open(PGconn *c, const struct obx_config *cfg,
 	if (obx_pg_connect(cfg->conninfo, cfg->password, kw, val, "outboxd snapshot", &snap->conn, err,
 	    sizeof(err)) != 0) {
 		snap->conn = NULL;
-		return obx_pgsetup_failf(errbuf, errlen, OBX_EIO, "could not open the connection that reads the rows "
+		return obx_pgsetup_failf(errbuf, errlen, OBX_EIO,
+		    "could not open the connection that reads the rows "
 		    "pending at slot %s's creation: %s", cfg->slot, err);
 	}
 	/* its transaction stays open while the broker acknowledges (or is down) */
@@ -192,10 +198,12 @@ obx_pgsetup_snapshot_open(PGconn *c, const struct obx_config *cfg,
 	res = PQexecParams(snap->conn, "SELECT pg_try_advisory_lock($1::int, hashtext($2))", 2, NULL,
 	    params, NULL, NULL, 0);
 	if (PQresultStatus(res) != PGRES_TUPLES_OK)
-		r = obx_pgsetup_failf(errbuf, errlen, OBX_EIO, "could not take the lock of slot %s's snapshot: %s",
+		r = obx_pgsetup_failf(errbuf, errlen, OBX_EIO,
+		    "could not take the lock of slot %s's snapshot: %s",
 		    cfg->slot, obx_pg_result_error_line(res, err, sizeof(err)));
 	else if (strcmp(PQgetvalue(res, 0, 0), "t") != 0)
-		r = obx_pgsetup_failf(errbuf, errlen, OBX_EBUSY, "another instance is publishing the rows pending at "
+		r = obx_pgsetup_failf(errbuf, errlen, OBX_EBUSY,
+		    "another instance is publishing the rows pending at "
 		    "the creation of slot %s", cfg->slot);
 	else
 		r = 0;
@@ -227,7 +235,8 @@ snapshot_lock_free(PGconn *c, const struct obx_config *cfg, char *errbuf, size_t
 	    ", hashtext(%s))", lit);
 	PQfreemem(lit);
 	if (obx_pgsetup_query(c, sql, &res, NULL, err, sizeof(err)) != 0)
-		return obx_pgsetup_failf(errbuf, errlen, OBX_EIO, "could not read the lock of slot %s's snapshot: %s",
+		return obx_pgsetup_failf(errbuf, errlen, OBX_EIO,
+		    "could not read the lock of slot %s's snapshot: %s",
 		    cfg->slot, err);
 	r = strcmp(PQgetvalue(res, 0, 0), "t") == 0 ? 0 : obx_pgsetup_failf(errbuf, errlen, OBX_EBUSY,
 	    "another instance is publishing the rows pending at the creation of slot %s", cfg->slot);
@@ -265,11 +274,13 @@ obx_pgsetup_import_snapshot(PGconn *importer, const struct obx_config *cfg, cons
 	char *lit;
 
 	if (name[0] == '\0')
-		return obx_pgsetup_failf(errbuf, errlen, OBX_EPROTO, "slot %s was created without the snapshot asked for",
+		return obx_pgsetup_failf(errbuf, errlen, OBX_EPROTO,
+		    "slot %s was created without the snapshot asked for",
 		    cfg->slot);
 	if (obx_pgsetup_query(importer, "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY", &res, NULL, err,
 	    sizeof(err)) != 0)
-		return obx_pgsetup_failf(errbuf, errlen, OBX_EIO, "could not begin the snapshot of slot %s: %s",
+		return obx_pgsetup_failf(errbuf, errlen, OBX_EIO,
+		    "could not begin the snapshot of slot %s: %s",
 		    cfg->slot, err);
 	PQclear(res);
 	if ((lit = PQescapeLiteral(importer, name, strlen(name))) == NULL)
@@ -277,7 +288,8 @@ obx_pgsetup_import_snapshot(PGconn *importer, const struct obx_config *cfg, cons
 	snprintf(sql, sizeof(sql), "SET TRANSACTION SNAPSHOT %s", lit);
 	PQfreemem(lit);
 	if (obx_pgsetup_query(importer, sql, &res, NULL, err, sizeof(err)) != 0)
-		return obx_pgsetup_failf(errbuf, errlen, OBX_EIO, "could not use the snapshot slot %s exported: %s",
+		return obx_pgsetup_failf(errbuf, errlen, OBX_EIO,
+		    "could not use the snapshot slot %s exported: %s",
 		    cfg->slot, err);
 	PQclear(res);
 	return 0;
@@ -295,9 +307,8 @@ obx_pgsetup_import_snapshot(PGconn *importer, const struct obx_config *cfg, cons
  */
 int
 obx_pgsetup_snapshot_wanted(PGconn *c, const struct obx_config *cfg,
-    const struct obx_pgsetup_names *nm,
-    const struct obx_pgsetup_slotrow *row, bool in_recovery, struct obx_pgsetup_snapshot *snap,
-    struct obx_pgsetup_ctx *ctx, char *errbuf, size_t errlen)
+    const struct obx_pgsetup_names *nm, const struct obx_pgsetup_slotrow *row, bool in_recovery,
+    struct obx_pgsetup_snapshot *snap, struct obx_pgsetup_ctx *ctx, char *errbuf, size_t errlen)
 {
 	struct obx_pgsetup_guard g = { 0 };
 	char legacy[64];
