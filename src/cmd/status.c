@@ -3,8 +3,8 @@
  * polling mode, the pending rows), as text or one JSON object.  Uses an
  * ordinary (non-replication) connection and only reads.
  */
-#include <errno.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,27 +17,18 @@
 #include "obx/run/poll.h"
 
 /*
- * A number the server printed, as JSON: an integer, or a real unless
- * integer; null when v is not one in full (these queries print numbers).
+ * The number in row, col of res as JSON: an integer, or a real unless
+ * integer; null when it is not one (these queries print numbers).
  */
 static json_t *
-json_number(const char *v, bool integer)
+json_number(const PGresult *res, int row, int col, bool integer)
 {
-	char *end;
+	int64_t n;
+	double d;
 
-	errno = 0;
-	if (integer) {
-		long long n = strtoll(v, &end, 10);
-
-		if (errno == 0 && end != v && *end == '\0')
-			return json_integer(n);
-	} else {
-		double d = strtod(v, &end);
-
-		if (errno == 0 && end != v && *end == '\0')
-			return json_real(d);
-	}
-	return json_null();
+	if (integer)
+		return obx_pg_int64(res, row, col, &n) == 0 ? json_integer(n) : json_null();
+	return obx_pg_double(res, row, col, &d) == 0 ? json_real(d) : json_null();
 }
 
 /* "outboxd status" in polling mode: the pending rows. */
@@ -65,7 +56,7 @@ poll_status(PGconn *conn, const struct obx_config *cfg, bool json)
 
 		json_object_set_new(o, "mode", json_string("poll"));
 		for (int i = 0; i < 4; i++)
-			json_object_set_new(o, names[i], json_number(PQgetvalue(res, 0, i), i != 1));
+			json_object_set_new(o, names[i], json_number(res, 0, i, i != 1));
 		s = json_dumps(o, JSON_COMPACT);
 		if (s != NULL)
 			printf("%s\n", s);
@@ -126,7 +117,7 @@ obx_cmd_status(const struct obx_config *cfg, bool json)
 			else if (i == 1)
 				val = json_boolean(strcmp(PQgetvalue(res, 0, i), "t") == 0);
 			else if (i == 2 || i == 6 || i == 8)
-				val = json_number(PQgetvalue(res, 0, i), true);
+				val = json_number(res, 0, i, true);
 			else
 				val = json_string(PQgetvalue(res, 0, i));
 			json_object_set_new(o, names[i], val);
