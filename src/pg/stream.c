@@ -1,7 +1,7 @@
 /*
- * pg/stream.c - the replication stream: the setup (pg/setup.c), then
- * START_REPLICATION, CopyData in, standby status updates out, and the end
- * of COPY.
+ * pg/stream.c - the replication stream: the setup (pg/setup.h,
+ * pg/slot.h), then START_REPLICATION, CopyData in, standby status updates
+ * out, and the end of COPY.
  */
 #include <poll.h>
 #include <stdio.h>
@@ -141,6 +141,7 @@ int
 obx_pgstream_open(struct obx_pgstream *s, const struct obx_config *cfg, bool recreate_slot,
     bool streaming, struct obx_pgsetup_ctx *ctx, char *errbuf, size_t errlen)
 {
+	struct obx_pgsetup_slot_args sa = { .sysid = NULL };
 	int r;
 
 	memset(s, 0, sizeof(*s));
@@ -161,8 +162,15 @@ obx_pgstream_open(struct obx_pgstream *s, const struct obx_config *cfg, bool rec
 	if ((r = obx_pgsetup_publication(s->conn, cfg, s->in_recovery, errbuf, errlen)) != 0)
 		goto out;
 	s->snap.enabled = cfg->snapshot;
-	if ((r = obx_pgsetup_slot(s->conn, cfg, s->sysid, recreate_slot, s->in_recovery, ctx,
-	    &s->snap, &s->start_confirmed, &s->slot_made, &s->slot_created, errbuf, errlen)) != 0)
+	sa.sysid = s->sysid;
+	sa.recreate = recreate_slot;
+	sa.in_recovery = s->in_recovery;
+	sa.confirmed = s->start_confirmed;
+	r = obx_pgsetup_slot(s->conn, cfg, &sa, ctx, &s->snap, errbuf, errlen);
+	s->start_confirmed = sa.confirmed;
+	s->slot_made = sa.created;
+	s->slot_created = sa.born;
+	if (r != 0)
 		goto out;
 	if (s->snap.wanted) {
 		/* the replication connection waits in command mode meanwhile: no idle_session_timeout

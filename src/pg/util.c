@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "obx/core/connfail.h"
 #include "obx/core/err.h"
 #include "obx/pg/util.h"
 
@@ -91,9 +92,13 @@ obx_pg_connect(const char *conninfo, const char *password, const char *const *ex
 		return OBX_ENOMEM;
 	}
 	if (PQstatus(c) != CONNECTION_OK) {
-		obx_pg_error_line(c, errbuf, errlen);
+		char err[1024];
+
+		/* classified on libpq's whole message: errbuf may be shorter */
+		obx_pg_error_line(c, err, sizeof(err));
+		snprintf(errbuf, errlen, "%s", err);
 		PQfinish(c);
-		return OBX_EIO;
+		return obx_connfail_class(err);
 	}
 	if (pin_session(c, errbuf, errlen) != 0) {
 		PQfinish(c);

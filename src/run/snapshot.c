@@ -576,8 +576,8 @@ obx_snapshot_run(struct obx_snapshot *s, PGconn *conn, bool imported, obx_lsn st
 		snprintf(errbuf, errlen, "%s", s->reason);
 		return r;
 	}
-	/* the connection (and the lock pg/setup.c took on it) stays until the caller has dropped
-	 * the marker: an instance that then finds the marker still finds the lock taken */
+	/* the connection (and the lock pg/snapshot_mark.c took on it) stays until the caller has
+	 * dropped the marker: an instance that then finds the marker still finds the lock taken */
 	obx_log_info("snapshot of slot %s at %s: %" PRIu64 " row(s) published in %.1f s; streaming "
 	    "follows", cfg->slot, s->point, s->acked - s->dead_lettered,
 	    (double)(obx_mono_ms() - s->started_ms) / 1000);

@@ -1,6 +1,6 @@
 /*
  * snapmark.h - the name of the marker of an unfinished snapshot of pending
- * rows ([source] snapshot = pending; pg/setup.c keeps the marker, a
+ * rows ([source] snapshot = pending; pg/snapshot_mark.c keeps the marker, a
  * physical slot).  Pure.
  */
 #ifndef OBX_SNAPMARK_H

@@ -1,9 +1,9 @@
 /*
  * pg/setup.h - preparing the replication connection (I/O): connect with
  * replication=database, the server checks, IDENTIFY_SYSTEM, the publication
- * and then the slot, guarded against silently recreating a lost slot.
- * pg/stream.c calls these in that order and then starts streaming; the
- * order matters: a slot created before its publication breaks decoding.
+ * and then the slot (pg/slot.h), guarded against silently recreating a lost
+ * slot.  pg/stream.c calls these in that order and then starts streaming;
+ * the order matters: a slot created before its publication breaks decoding.
  *
  * Return values.  Each function returns 0 or a negative OBX_E* code with
  * one line in errbuf (never a password).  The code tells the caller what
@@ -20,21 +20,8 @@
  * Ownership: the connection is the caller's; these functions run commands
  * on it and never close it.  Nothing is kept between calls.
  *
- * The slot guard.  When the setup creates the slot it adds the line
- * "outboxd-slot SLOT SYSID LSN" to the publication's comment.  Finding that
- * line while the slot is missing means the slot existed and was lost
- * (failover, DROP, restore of an older backup): events committed since its
- * last confirmed position may never be published, so obx_pgsetup_slot()
- * refuses to create it again unless told to (outboxd run --recreate-slot),
- * and then says what may have been skipped.  A slot synchronized to a
- * standby (PostgreSQL 17+, failover) is the same slot once that standby is
- * promoted: it exists there, so the guard has nothing to refuse
- * (docs/internals/design.md, "Slot guard").
- *
- * A hot standby as the source (PostgreSQL 16+).  The server is read-only:
- * the publication must come from the primary, the guard's record cannot be
- * written (it is read from the primary's copy), and failover cannot be
- * enabled on a standby's own slot.
+ * The slot, its guard, the snapshot marker and a hot standby as the
+ * source: pg/slot.h.
  */
 #ifndef OBX_PGSETUP_H
 #define OBX_PGSETUP_H
@@ -73,7 +60,8 @@ struct obx_pgsetup_ctx {
  * code is OBX_EIO (may heal: server down, network), OBX_ECONFIG (refused
  * for good: authentication, unknown host or database, TLS) or OBX_ENOMEM.
  */
-int obx_pgsetup_connect(const char *conninfo, const char *password, PGconn **out, char *errbuf, size_t errlen);
+int obx_pgsetup_connect(const char *conninfo, const char *password, PGconn **out, char *errbuf,
+    size_t errlen);
 
 /*
  * Checks the server release (PQserverVersion) against cfg and picks the
@@ -117,60 +105,5 @@ int obx_pgsetup_check_server(PGconn *c, const struct obx_config *cfg, int *wal_s
  */
 int obx_pgsetup_publication(PGconn *c, const struct obx_config *cfg, bool in_recovery,
     char *errbuf, size_t errlen);
-
-/*
- * [source] snapshot = pending (docs/internals/design.md, "Rows pending at the slot's
- * creation").  While those rows are not all published, a physical slot
- * without WAL, the marker (SLOT_snapshot: obx_snapmark_name), exists beside the slot; it is
- * created before the slot and dropped only once every row is acknowledged,
- * so a crash in between leaves both and the next start publishes the
- * pending rows again before it streams.
- */
-struct obx_pgsetup_snapshot {
-	bool enabled;    /* in: [source] snapshot = pending */
-	bool wanted;     /* out: the pending rows are to be published before streaming, on conn */
-	bool imported;   /* out: conn is in a transaction in the slot's exported snapshot */
-	PGconn *conn;    /* out while wanted: an ordinary connection to the same server that holds
-	                  * the snapshot's advisory lock (the caller closes it with PQfinish) */
-	char marker[64]; /* out: the marker slot's name (obx_snapmark_name) */
-	char legacy[64]; /* out: a marker an earlier version named with the slot's first 54
-	                  * characters, found to be this slot's and dropped with marker; "" if none */
-	char slot[64];   /* out: the slot's name */
-};
-
-/*
- * Makes sure cfg's logical pgoutput slot exists, creating it when cfg
- * allows and the slot guard agrees (recreate: --recreate-slot).  sysid
- * goes into the guard's record.  On PostgreSQL 17+ the slot's failover
- * flag is made [source] failover (created with FAILOVER, or changed with
- * ALTER_REPLICATION_SLOT when no other instance holds it); a standby's own
- * slot keeps failover off.  in_recovery: the server is a hot standby
- * (obx_pgsetup_check_server); a slot synchronized from the primary cannot
- * be used there until the server is promoted, which is waited for.  Sets
- * *confirmed to the slot's confirmed_flush (its consistent point when
- * created) and *created.  An instance racing to create the same slot makes
- * this one use it.  With snap->enabled, a slot created here exports its
- * snapshot, imported on snap->conn at once (nothing else runs on c
- * before), and an existing slot whose marker is still there wants its
- * pending rows published again; either way only under the snapshot's
- * lock, and OBX_EBUSY while another instance holds it.  Without, a
- * leftover marker is logged, and OBX_EBUSY while its lock is held.  ctx
- * is the caller's (see struct obx_pgsetup_ctx).
- * Returns 0, OBX_EIO (also: a synchronized slot on a standby in recovery,
- * a wait given up on a stop signal), OBX_EBUSY (another instance is
- * creating or holding it), OBX_ECONFIG (not a pgoutput slot, invalidated,
- * lost, or missing with create_slot = false), OBX_EPROTO or OBX_ENOMEM.
- */
-int obx_pgsetup_slot(PGconn *c, const struct obx_config *cfg, const char *sysid, bool recreate,
-    bool in_recovery, struct obx_pgsetup_ctx *ctx, struct obx_pgsetup_snapshot *snap,
-    obx_lsn *confirmed, bool *created, obx_lsn *born, char *errbuf, size_t errlen);
-
-/*
- * Drops snap's marker slot: the rows pending at the slot's creation are all
- * acknowledged; also snap->legacy, unless another slot may need it by now.
- * A marker already gone is fine.  Returns 0, OBX_EIO or OBX_ENOMEM.
- */
-int obx_pgsetup_snapshot_done(PGconn *c, const struct obx_pgsetup_snapshot *snap, char *errbuf,
-    size_t errlen);
 
 #endif

@@ -1,6 +1,6 @@
 /*
  * pg/stream.h - the replication stream (I/O): a connection prepared by
- * pg/setup.h (connect with replication=database, server checks,
+ * pg/setup.h and pg/slot.h (connect with replication=database, server checks,
  * IDENTIFY_SYSTEM, publication first and then the slot), then
  * START_REPLICATION, CopyData in and standby status updates out.
  *
@@ -19,6 +19,7 @@
 #include "obx/core/config.h"
 #include "obx/core/lsn.h"
 #include "obx/pg/setup.h"
+#include "obx/pg/slot.h"
 
 struct obx_pgstream {
 	PGconn *conn;

@@ -27,9 +27,10 @@
  * values with, whatever the database or role sets: bytea_output = hex,
  * client_encoding = UTF8, DateStyle ISO, extra_float_digits = 1.
  * Returns 0 with *out set (the caller
- * closes it with PQfinish()); otherwise *out is NULL and the code is
- * OBX_EIO (could not connect or set those: the message is in errbuf, one
- * line) or OBX_ENOMEM.
+ * closes it with PQfinish()); otherwise *out is NULL, the message is in
+ * errbuf (one line) and the code is OBX_ECONFIG (a refusal no retry heals,
+ * obx_connfail_class(): authentication, an unknown database, TLS),
+ * OBX_EIO (could not connect or set those, and may heal) or OBX_ENOMEM.
  */
 int obx_pg_connect(const char *conninfo, const char *password, const char *const *extra_kw,
     const char *const *extra_val, const char *application_name, PGconn **out, char *errbuf,

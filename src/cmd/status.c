@@ -1,0 +1,139 @@
+/*
+ * cmd/status.c - "outboxd status": the slot as the server sees it (or, in
+ * polling mode, the pending rows), as text or one JSON object.  Uses an
+ * ordinary (non-replication) connection and only reads.
+ */
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "obx/cmd/cli.h"
+#include "obx/core/err.h"
+#include "obx/pg/util.h"
+#include "obx/run/poll.h"
+
+/*
+ * The number in row, col of res as JSON: an integer, or a real unless
+ * integer; null when it is not one (these queries print numbers).
+ */
+static json_t *
+json_number(const PGresult *res, int row, int col, bool integer)
+{
+	int64_t n;
+	double d;
+
+	if (integer)
+		return obx_pg_int64(res, row, col, &n) == 0 ? json_integer(n) : json_null();
+	return obx_pg_double(res, row, col, &d) == 0 ? json_real(d) : json_null();
+}
+
+/* "outboxd status" in polling mode: the pending rows. */
+static int
+poll_status(PGconn *conn, const struct obx_config *cfg, bool json)
+{
+	static const char *const names[] = { "pending_rows", "oldest_pending_age_seconds",
+		"retrying_rows", "max_attempts" };
+	struct obx_poll_sql sql;
+	char err[1024];
+	PGresult *res;
+	int rc = OBX_EXIT_FAILURE;
+
+	if (obx_poll_sql_build(&sql, cfg) != 0) {
+		fprintf(stderr, "outboxd: out of memory\n");
+		return OBX_EXIT_FAILURE;
+	}
+	res = PQexec(conn, sql.stats);
+	if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1) {
+		fprintf(stderr, "outboxd: could not read the pending rows of %s.%s: %s\n", cfg->table_schema,
+		    cfg->table_name, obx_pg_result_error_line(res, err, sizeof(err)));
+	} else if (json) {
+		json_t *o = json_object();
+		char *s;
+
+		json_object_set_new(o, "mode", json_string("poll"));
+		for (int i = 0; i < 4; i++)
+			json_object_set_new(o, names[i], json_number(res, 0, i, i != 1));
+		s = json_dumps(o, JSON_COMPACT);
+		if (s != NULL)
+			printf("%s\n", s);
+		free(s);
+		json_decref(o);
+		rc = OBX_EXIT_OK;
+	} else {
+		printf("%-27s %s\n", "mode", "poll");
+		for (int i = 0; i < 4; i++)
+			printf("%-27s %s\n", names[i], PQgetvalue(res, 0, i));
+		rc = OBX_EXIT_OK;
+	}
+	PQclear(res);
+	obx_poll_sql_reset(&sql);
+	return rc;
+}
+
+int
+obx_cmd_status(const struct obx_config *cfg, bool json)
+{
+	static const char *const names[] = { "slot", "active", "active_pid", "restart_lsn",
+		"confirmed_flush_lsn", "wal_status", "safe_wal_size", "server_wal_lsn", "lag_bytes" };
+	const char *p[1] = { cfg->slot };
+	char err[1024];
+	PGconn *conn;
+	PGresult *res;
+	int rc = OBX_EXIT_FAILURE;
+
+	if (obx_pg_connect(cfg->conninfo, cfg->password, NULL, NULL, "outboxd status", &conn, err, sizeof(err)) != 0) {
+		fprintf(stderr, "outboxd: could not connect: %s\n", err);
+		return OBX_EXIT_FAILURE;
+	}
+	if (cfg->mode == OBX_SOURCE_POLL) {
+		rc = poll_status(conn, cfg, json);
+		PQfinish(conn);
+		return rc;
+	}
+	res = PQexecParams(conn,
+	    "SELECT slot_name, active, active_pid, restart_lsn, confirmed_flush_lsn, wal_status, safe_wal_size, "
+	    "w.lsn, pg_wal_lsn_diff(w.lsn, confirmed_flush_lsn)::bigint "
+	    "FROM pg_replication_slots, (SELECT CASE WHEN pg_is_in_recovery() "
+	    "THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END AS lsn) w "
+	    "WHERE slot_name = $1", 1, NULL, p, NULL, NULL, 0);
+	if (PQresultStatus(res) != PGRES_TUPLES_OK) {
+		fprintf(stderr, "outboxd: could not read slot %s: %s\n", cfg->slot,
+		    obx_pg_result_error_line(res, err, sizeof(err)));
+	} else if (PQntuples(res) == 0) {
+		fprintf(stderr, "outboxd: slot %s does not exist\n", cfg->slot);
+	} else if (json) {
+		json_t *o = json_object();
+		char *s;
+
+		for (int i = 0; i < PQnfields(res); i++) {
+			json_t *val;
+
+			if (PQgetisnull(res, 0, i))
+				val = json_null();
+			else if (i == 1)
+				val = json_boolean(strcmp(PQgetvalue(res, 0, i), "t") == 0);
+			else if (i == 2 || i == 6 || i == 8)
+				val = json_number(res, 0, i, true);
+			else
+				val = json_string(PQgetvalue(res, 0, i));
+			json_object_set_new(o, names[i], val);
+		}
+		s = json_dumps(o, JSON_COMPACT);
+		if (s != NULL)
+			printf("%s\n", s);
+		free(s);
+		json_decref(o);
+		rc = OBX_EXIT_OK;
+	} else {
+		for (int i = 0; i < PQnfields(res); i++)
+			printf("%-20s %s\n", names[i], PQgetisnull(res, 0, i) ? "-" : PQgetvalue(res, 0, i));
+		rc = OBX_EXIT_OK;
+	}
+	PQclear(res);
+	PQfinish(conn);
+	return rc;
+}
