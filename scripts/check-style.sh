@@ -17,7 +17,7 @@ cd "$(dirname "$0")/.."
 
 # The parse helpers that may call strto* (each checks errno and the end pointer).
 STRTO_HELPERS=(
-	src/core/config.c          # split_number(): config values with a unit suffix
+	src/core/config_value.c    # split_number(): config values with a unit suffix
 	src/pg/util.c              # obx_pg_int64(), obx_pg_double(): values of a PGresult
 	src/sys/procstat.c         # boot_time(), self_stat(): fields of /proc
 	src/demo/order_service.c   # its COUNT argument (the demo links no libbsd)
