@@ -8,7 +8,7 @@
  * stops on its own.  A window starts at an explicit offset and ends with
  * its last offset: no offset query for "the last n", no waiting for the end
  * of the partition (both cost a round trip and a broker-held fetch each).
- * Every call into librdkafka waits at most SLICE_MS, so a stop request or
+ * Every call into librdkafka waits at most OBX_KAFKA_SLICE_MS, so a stop request or
  * the budget ends a read-back promptly.
  */
 #include <errno.h>
@@ -25,84 +25,10 @@
 
 #include "obx/core/err.h"
 #include "obx/sys/log.h"
+#include "obx/kafka/consumer.h"
 #include "obx/kafka/dedupe_lookup.h"
 
-#define SLICE_MS 200
 #define MAX_HEADERS 64
-
-static void
-log_cb(const rd_kafka_t *rk, int level, const char *fac, const char *msg)
-{
-	(void)rk;
-	(void)level;
-	/* the producer's properties that a consumer ignores, and connection trouble the
-	 * producer reports too: nothing here is news */
-	obx_log_debug("kafka (dedupe read-back) %s: %s", fac, msg);
-}
-
-static void
-error_cb(rd_kafka_t *rk, int err, const char *reason, void *opaque)
-{
-	(void)rk;
-	(void)opaque;
-	obx_log_debug("kafka (dedupe read-back): %s: %s", rd_kafka_err2name((rd_kafka_resp_err_t)err),
-	    reason);
-}
-
-/* A consumer with the producer's connection settings; NULL with errbuf filled. */
-static rd_kafka_t *
-consumer_new(const struct obx_config *cfg, const char *client_id, char *errbuf, size_t errlen)
-{
-	static const char *const own[][2] = {
-		/* what a transaction that was aborted or is still open wrote is not read (progress) */
-		{ "isolation.level", "read_committed" },
-		{ "enable.partition.eof", "true" },
-		{ "enable.auto.commit", "false" },
-		{ "enable.auto.offset.store", "false" },
-		{ "auto.offset.reset", "earliest" }, /* a window below the first offset starts there */
-		/* a fetch at the end of a partition is answered at once, not held: it would delay
-		 * every request behind it on the connection (metadata, watermarks) */
-		{ "fetch.wait.max.ms", "0" },
-		{ "fetch.max.bytes", "4194304" },
-		{ "max.partition.fetch.bytes", "1048576" },
-		{ "queued.max.messages.kbytes", "8192" },
-	};
-	rd_kafka_conf_t *conf = rd_kafka_conf_new();
-	char err[512];
-	rd_kafka_t *rk;
-
-	if (conf == NULL) {
-		snprintf(errbuf, errlen, "out of memory");
-		return NULL;
-	}
-	for (size_t i = 0; i < cfg->n_kafka; i++)
-		if (rd_kafka_conf_set(conf, cfg->kafka[i].key, cfg->kafka[i].value, err, sizeof(err)) !=
-		    RD_KAFKA_CONF_OK) {
-			snprintf(errbuf, errlen, "kafka property %s: %.300s", cfg->kafka[i].key,
-			    obx_kafka_prop_is_secret(cfg->kafka[i].key) ? "invalid value" : err);
-			goto fail;
-		}
-	for (size_t i = 0; i < sizeof(own) / sizeof(own[0]); i++)
-		if (rd_kafka_conf_set(conf, own[i][0], own[i][1], err, sizeof(err)) != RD_KAFKA_CONF_OK) {
-			snprintf(errbuf, errlen, "kafka property %s: %.300s", own[i][0], err);
-			goto fail;
-		}
-	if (rd_kafka_conf_set(conf, "client.id", client_id, err, sizeof(err)) != RD_KAFKA_CONF_OK) {
-		snprintf(errbuf, errlen, "kafka property client.id: %.300s", err);
-		goto fail;
-	}
-	rd_kafka_conf_set_log_cb(conf, log_cb);
-	rd_kafka_conf_set_error_cb(conf, error_cb);
-	rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, err, sizeof(err));
-	if (rk == NULL) {
-		snprintf(errbuf, errlen, "could not create a consumer: %.300s", err);
-		goto fail;
-	}
-	return rk;
-fail:
-	rd_kafka_conf_destroy(conf);
-	return NULL;
-}
 
 static bool
 stopping(struct obx_lookup *l)
@@ -115,14 +41,6 @@ stopping(struct obx_lookup *l)
 	return stop;
 }
 
-static int
-slice(int64_t deadline)
-{
-	int64_t left = deadline - obx_mono_ms();
-
-	return left <= 0 ? 0 : left < SLICE_MS ? (int)left : SLICE_MS;
-}
-
 /* Reads the topic's partition count into s; false when the read-back is over. */
 static bool
 read_metadata(struct obx_lookup *l, rd_kafka_t *rk, rd_kafka_topic_t *rkt, struct obx_dd_scan *s,
@@ -132,7 +50,7 @@ read_metadata(struct obx_lookup *l, rd_kafka_t *rk, rd_kafka_topic_t *rkt, struc
 	rd_kafka_resp_err_t err;
 
 	for (;;) {
-		err = rd_kafka_metadata(rk, 0, rkt, &md, slice(deadline) > 0 ? slice(deadline) : 1);
+		err = rd_kafka_metadata(rk, 0, rkt, &md, obx_kafka_slice(deadline) > 0 ? obx_kafka_slice(deadline) : 1);
 		if (err == RD_KAFKA_RESP_ERR_NO_ERROR)
 			break;
 		if (stopping(l) || obx_mono_ms() >= deadline) {
@@ -160,7 +78,7 @@ read_bounds(struct obx_lookup *l, rd_kafka_t *rk, struct obx_dd_scan *s, int64_t
 		rd_kafka_resp_err_t err = RD_KAFKA_RESP_ERR__TIMED_OUT;
 
 		while (!stopping(l) && obx_mono_ms() < deadline) {
-			err = rd_kafka_query_watermark_offsets(rk, s->topic, p, &lo, &hi, slice(deadline));
+			err = rd_kafka_query_watermark_offsets(rk, s->topic, p, &lo, &hi, obx_kafka_slice(deadline));
 			if (err == RD_KAFKA_RESP_ERR_NO_ERROR)
 				break;
 		}
@@ -219,7 +137,7 @@ read_round(struct obx_lookup *l, rd_kafka_t *rk, rd_kafka_topic_t *rkt, struct o
 		nactive++;
 	}
 	while (nactive > 0 && !stopping(l) && obx_mono_ms() < deadline) {
-		rd_kafka_message_t *m = rd_kafka_consume_queue(q, slice(deadline));
+		rd_kafka_message_t *m = rd_kafka_consume_queue(q, obx_kafka_slice(deadline));
 		int32_t p;
 
 		if (m == NULL)
@@ -314,7 +232,7 @@ worker(void *arg)
 
 	sigfillset(&all);
 	pthread_sigmask(SIG_BLOCK, &all, NULL); /* signals are the relay loop's */
-	rk = consumer_new(l->cfg, "outboxd-dedupe", errbuf, sizeof(errbuf));
+	rk = obx_kafka_consumer_new(l->cfg, "outboxd-dedupe", errbuf, sizeof(errbuf));
 	for (;;) {
 		struct obx_lookup_job *job, **tail;
 
@@ -463,197 +381,4 @@ obx_lookup_close(struct obx_lookup *l)
 		close(l->wake[1]);
 	}
 	obx_lookup_init(l, l->cfg);
-}
-
-/* ---- exactly-once: the progress record ---- */
-
-#define PROGRESS_WINDOW 64
-
-/*
- * Reads partition p of the progress topic from its end backwards, window by
- * window, until a record keyed key turns up, and takes the last one (the
- * newest: a tombstone, or a record without a value, is a reset and leaves
- * *have as it was).  The newest window is read up to the end of the
- * partition, and that end must be the high watermark: a read_committed
- * consumer stops at the first offset of a transaction still open (another
- * instance's, on a shared topic), and a record of ours after it would be
- * missed; it is waited for up to the deadline.  Returns 1 when a record of
- * the key was found (*out filled when it is not a reset), 0 none, OBX_EIO
- * with errbuf filled.
- */
-static int
-progress_partition(const struct obx_config *cfg, const char *key, rd_kafka_t *rk,
-    rd_kafka_topic_t *rkt, int32_t p, int64_t deadline, bool (*tick)(void *), void *arg,
-    struct obx_progress *out, bool *have, char *errbuf, size_t errlen)
-{
-	int64_t lo, hi, from, end;
-	rd_kafka_resp_err_t err = RD_KAFKA_RESP_ERR__TIMED_OUT;
-	int64_t window = PROGRESS_WINDOW;
-	bool newest = true;
-
-	while (obx_mono_ms() < deadline) {
-		err = rd_kafka_query_watermark_offsets(rk, cfg->progress_topic, p, &lo, &hi, slice(deadline));
-		if (err == RD_KAFKA_RESP_ERR_NO_ERROR || (tick != NULL && tick(arg)))
-			break;
-	}
-	if (err != RD_KAFKA_RESP_ERR_NO_ERROR) {
-		snprintf(errbuf, errlen, "could not read the watermarks of %s [%d]: %s", cfg->progress_topic,
-		    (int)p, rd_kafka_err2str(err));
-		return OBX_EIO;
-	}
-	end = hi; /* the newest window reads on past it, to the end of the partition */
-	do {
-		int64_t last = -1;
-		rd_kafka_message_t *keep = NULL;
-
-		from = end - window > lo ? end - window : lo;
-		if (rd_kafka_consume_start(rkt, p, from) != 0) {
-			snprintf(errbuf, errlen, "could not read %s [%d]: %s", cfg->progress_topic, (int)p,
-			    rd_kafka_err2str(rd_kafka_last_error()));
-			return OBX_EIO;
-		}
-		for (;;) {
-			rd_kafka_message_t *m;
-			int64_t off;
-
-			if (obx_mono_ms() >= deadline || (tick != NULL && tick(arg))) {
-				if (keep != NULL)
-					rd_kafka_message_destroy(keep);
-				rd_kafka_consume_stop(rkt, p);
-				snprintf(errbuf, errlen, "reading %s [%d] back did not finish in time%s",
-				    cfg->progress_topic, (int)p, newest ? " (a transaction still open there, of "
-				    "another producer, holds its last stable offset below its high watermark)" : "");
-				return OBX_EIO;
-			}
-			m = rd_kafka_consume(rkt, p, slice(deadline));
-			if (m == NULL)
-				continue;
-			if (m->err == RD_KAFKA_RESP_ERR__PARTITION_EOF) {
-				int64_t wlo, whi;
-				bool stable = !newest ||
-				    rd_kafka_get_watermark_offsets(rk, cfg->progress_topic, p, &wlo, &whi) != 0 ||
-				    m->offset >= whi;
-
-				rd_kafka_message_destroy(m);
-				if (stable)
-					break;
-				continue; /* an open transaction: its end lets the rest through */
-			}
-			if (m->err != RD_KAFKA_RESP_ERR_NO_ERROR) {
-				snprintf(errbuf, errlen, "could not read %s [%d]: %s", cfg->progress_topic, (int)p,
-				    rd_kafka_message_errstr(m));
-				rd_kafka_message_destroy(m);
-				if (keep != NULL)
-					rd_kafka_message_destroy(keep);
-				rd_kafka_consume_stop(rkt, p);
-				return OBX_EIO;
-			}
-			if (!newest && m->offset >= end) {
-				rd_kafka_message_destroy(m);
-				break;
-			}
-			off = m->offset;
-			if (m->key_len == strlen(key) && memcmp(m->key, key, m->key_len) == 0 && off > last) {
-				if (keep != NULL)
-					rd_kafka_message_destroy(keep);
-				keep = m;
-				last = off;
-			} else {
-				rd_kafka_message_destroy(m);
-			}
-			if (!newest && off >= end - 1)
-				break;
-		}
-		rd_kafka_consume_stop(rkt, p);
-		if (keep != NULL) {
-			struct obx_progress pr;
-			char bad[128];
-			int rc = keep->payload == NULL ? OBX_ENOENT :
-			    obx_progress_parse(keep->payload, keep->len, cfg->slot, &pr, bad, sizeof(bad));
-
-			if (rc == OBX_EINVAL) {
-				snprintf(errbuf, errlen, "%s [%d] offset %" PRId64 " is keyed %s but is not a progress "
-				    "record: %s (a tombstone for the key resets the progress)", cfg->progress_topic,
-				    (int)p, keep->offset, key, bad);
-				rd_kafka_message_destroy(keep);
-				return OBX_EIO;
-			}
-			if (rc == 0 && (!*have || obx_dd_mark_cmp(&pr.mark, &out->mark) > 0)) {
-				*out = pr;
-				*have = true;
-			}
-			rd_kafka_message_destroy(keep);
-			return 1;
-		}
-		end = from;
-		newest = false;
-		window *= 4;
-	} while (end > lo);
-	return 0;
-}
-
-int
-obx_lookup_progress(const struct obx_config *cfg, const char *key, int budget_ms,
-    bool (*tick)(void *), void *arg, struct obx_progress *out, int32_t *nparts_out, char *errbuf,
-    size_t errlen)
-{
-	int64_t deadline = obx_mono_ms() + budget_ms;
-	const struct rd_kafka_metadata *md = NULL;
-	rd_kafka_resp_err_t err = RD_KAFKA_RESP_ERR__TIMED_OUT;
-	rd_kafka_topic_t *rkt;
-	int32_t nparts = 0, own;
-	bool have = false;
-	int rc = 0;
-	rd_kafka_t *rk = consumer_new(cfg, "outboxd-progress", errbuf, errlen);
-
-	if (rk == NULL)
-		return OBX_EIO;
-	rkt = rd_kafka_topic_new(rk, cfg->progress_topic, NULL);
-	if (rkt == NULL) {
-		snprintf(errbuf, errlen, "%s", rd_kafka_err2str(rd_kafka_last_error()));
-		rd_kafka_destroy(rk);
-		return OBX_EIO;
-	}
-	while (obx_mono_ms() < deadline) {
-		err = rd_kafka_metadata(rk, 0, rkt, &md, slice(deadline) > 0 ? slice(deadline) : 1);
-		if (err == RD_KAFKA_RESP_ERR_NO_ERROR || (tick != NULL && tick(arg)))
-			break;
-	}
-	if (err != RD_KAFKA_RESP_ERR_NO_ERROR) {
-		snprintf(errbuf, errlen, "could not read the metadata of %s: %s", cfg->progress_topic,
-		    rd_kafka_err2str(err));
-		rc = OBX_EIO;
-	} else {
-		err = md->topic_cnt == 1 ? md->topics[0].err : RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC;
-		if (err == RD_KAFKA_RESP_ERR_NO_ERROR)
-			nparts = md->topics[0].partition_cnt;
-		else if (err != RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART &&
-		    err != RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC) {
-			snprintf(errbuf, errlen, "the metadata of %s says %s", cfg->progress_topic,
-			    rd_kafka_err2str(err));
-			rc = OBX_EIO;
-		}
-		rd_kafka_metadata_destroy(md);
-	}
-	/*
-	 * The key's own partition (murmur2, where outboxd writes it); only when it
-	 * holds no record of the key, the others (a record written by a
-	 * partitioner of the user's while the topic did not exist yet)
-	 */
-	*nparts_out = nparts;
-	own = nparts > 0 ? obx_dd_partition(key, strlen(key), nparts) : 0;
-	if (rc == 0 && nparts > 0)
-		rc = progress_partition(cfg, key, rk, rkt, own, deadline, tick, arg, out, &have, errbuf, errlen);
-	for (int32_t p = 0; p < nparts && rc == 0; p++) {
-		int r = p == own ? 0 : progress_partition(cfg, key, rk, rkt, p, deadline, tick, arg, out, &have,
-		    errbuf, errlen);
-
-		if (r < 0)
-			rc = r;
-	}
-	rd_kafka_topic_destroy(rkt);
-	rd_kafka_destroy(rk);
-	if (rc < 0)
-		return rc;
-	return have ? 1 : 0;
 }

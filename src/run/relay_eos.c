@@ -12,6 +12,7 @@
 
 #include "obx/sys/log.h"
 #include "obx/kafka/dedupe_lookup.h"
+#include "obx/kafka/progress_read.h"
 #include "obx/run/relay_eos.h"
 #include "obx/core/walmsg.h"
 
@@ -78,7 +79,7 @@ obx_relay_eos_open(struct obx_relay_eos *e, const struct obx_relay_eos_io *io, c
 	obx_progress_source_init(&e->source, st->sysid, PQdb(st->conn), (uint32_t)st->timeline,
 	    st->slot_created, cfg);
 	if (!st->slot_made)
-		rc = obx_lookup_progress(cfg, txn_id, PROGRESS_READ_MS, status_tick, e, &e->floor, &nparts, detail,
+		rc = obx_kafka_progress_read(cfg, txn_id, PROGRESS_READ_MS, status_tick, e, &e->floor, &nparts, detail,
 		    sizeof(detail));
 	f = obx_progress_floor(cfg, txn_id, &e->source, st->server_lsn, st->slot_made, rc, detail, &e->floor,
 	    line, sizeof(line));

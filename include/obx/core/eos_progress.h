@@ -137,7 +137,7 @@ enum obx_progress_floor {
  * server_lsn, for transactional.id txn_id and cfg's slot and progress
  * topic.  slot_made: the slot was created this session, so nothing was
  * read (read_rc, read_why and rec are then not looked at); else read_rc
- * is obx_lookup_progress()'s return (kafka/dedupe_lookup.h: 1 with *rec, 0 none,
+ * is obx_kafka_progress_read()'s return (kafka/progress_read.h: 1 with *rec, 0 none,
  * negative with read_why) and rec the record read.  Never guesses: a read
  * that failed is UNREADABLE, since without the record a replay would
  * publish committed events again.  line gets what to say: the session's

@@ -74,22 +74,6 @@ int obx_lookup_fd(const struct obx_lookup *l);
 struct obx_lookup_job *obx_lookup_take(struct obx_lookup *l);
 void obx_lookup_job_free(struct obx_lookup_job *job);
 
-/*
- * Exactly-once: reads the progress topic ([delivery] progress_topic) back
- * with a read_committed consumer of its own and finds the latest progress
- * record keyed key (the transactional.id) for cfg's slot: the newest record
- * of the key in its own partition (murmur2 of the key, where outboxd
- * writes it; a tombstone resets the progress), else the highest mark of
- * the newest ones in the others (core/eos_progress.h).  *nparts gets the topic's
- * partition count (0: no such topic).  Waits at most budget_ms, calling tick(arg)
- * between slices (true gives up).  Returns 1 with *out filled, 0 when there
- * is none (no topic, or no such record), or OBX_EIO with errbuf filled (it
- * could not be read: the caller must not guess).
- */
-int obx_lookup_progress(const struct obx_config *cfg, const char *key, int budget_ms,
-    bool (*tick)(void *), void *arg, struct obx_progress *out, int32_t *nparts, char *errbuf,
-    size_t errlen);
-
 /* Stops the thread (a read-back under way ends within a few hundred ms) and frees every job. */
 void obx_lookup_close(struct obx_lookup *l);
 
