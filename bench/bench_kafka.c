@@ -129,8 +129,8 @@ payload(size_t size)
 }
 
 static void
-produce_one(rd_kafka_t *rk, const char *topic, const char *key, const char *value, size_t len,
-    const char *hname, const char *hval)
+produce_one(rd_kafka_t *rk, const char *topic, const char *key, const char *value, size_t len, const char *hname,
+    const char *hval)
 {
 	rd_kafka_resp_err_t e;
 
@@ -171,8 +171,8 @@ cmd_produce(const char *bootstrap, const char *topic, long count, size_t size, l
 	}
 	while (delivered + failed < count)
 		rd_kafka_poll(rk, 10);
-	printf("events_per_s=%.1f seconds=%.3f failed=%ld\n", (double)count / (mono_s() - t0),
-	    mono_s() - t0, failed);
+	printf("events_per_s=%.1f seconds=%.3f failed=%ld\n", (double)count / (mono_s() - t0), mono_s() - t0,
+	    failed);
 	rd_kafka_destroy(rk);
 	free(value);
 	return failed != 0;
@@ -223,8 +223,8 @@ iso_us(const char *s, size_t len)
 		return 0;
 	memcpy(buf, s, len);
 	buf[len] = '\0';
-	if (sscanf(buf, "%4d-%2d-%2dT%2d:%2d:%2d.%6ldZ", &tm.tm_year, &tm.tm_mon, &tm.tm_mday,
-	    &tm.tm_hour, &tm.tm_min, &tm.tm_sec, &frac) != 7)
+	if (sscanf(buf, "%4d-%2d-%2dT%2d:%2d:%2d.%6ldZ", &tm.tm_year, &tm.tm_mon, &tm.tm_mday, &tm.tm_hour,
+	        &tm.tm_min, &tm.tm_sec, &frac) != 7)
 		return 0;
 	tm.tm_year -= 1900;
 	tm.tm_mon -= 1;
@@ -247,7 +247,8 @@ add_partitions_at_end(rd_kafka_t *rk, rd_kafka_topic_partition_list_t *parts, co
 	rd_kafka_topic_t *rkt = rd_kafka_topic_new(rk, topic, NULL);
 
 	for (int tries = 0; rd_kafka_metadata(rk, 0, rkt, &md, 5000) != 0 || md->topics[0].err ||
-	    md->topics[0].partition_cnt == 0; tries++) {
+	     md->topics[0].partition_cnt == 0;
+	     tries++) {
 		if (md != NULL)
 			rd_kafka_metadata_destroy(md);
 		md = NULL;
@@ -268,8 +269,7 @@ struct held {
 };
 
 static int
-cmd_latency(const char *bootstrap, const char *topic, double seconds, const char *header,
-    const char *progress)
+cmd_latency(const char *bootstrap, const char *topic, double seconds, const char *header, const char *progress)
 {
 	struct held *held = NULL;
 	size_t nheld = 0, heldcap = 0;
@@ -408,7 +408,8 @@ main(int argc, char **argv)
 		return cmd_rate(argv[2], argv[3], atof(argv[4]), atof(argv[5]), (size_t)atol(argv[6]));
 	if ((argc == 6 || argc == 7) && strcmp(argv[1], "latency") == 0)
 		return cmd_latency(argv[2], argv[3], atof(argv[4]), argv[5], argc == 7 ? argv[6] : NULL);
-	fprintf(stderr, "usage: bench_kafka produce BOOTSTRAP TOPIC COUNT SIZE KEYS\n"
+	fprintf(stderr,
+	    "usage: bench_kafka produce BOOTSTRAP TOPIC COUNT SIZE KEYS\n"
 	    "       bench_kafka rate BOOTSTRAP TOPIC RATE SECONDS SIZE\n"
 	    "       bench_kafka latency BOOTSTRAP TOPIC SECONDS HEADER [PROGRESS_TOPIC]\n");
 	return 2;

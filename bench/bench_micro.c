@@ -144,7 +144,8 @@ bench_decoder(double seconds)
 			    obx_pgoutput_decode(&dec, ins.b, ins.n, &m) != 0)
 				exit(1);
 			r = obx_relcache_get(&rc, m.u.insert.relid);
-			if (obx_event_build(&eb, r, &m.u.insert.tuple, &txn, 0, &ev, errbuf, sizeof(errbuf)) != 0 ||
+			if (obx_event_build(&eb, r, &m.u.insert.tuple, &txn, 0, &ev, errbuf, sizeof(errbuf)) !=
+			        0 ||
 			    obx_pgoutput_decode(&dec, com.b, com.n, &m) != 0)
 				exit(1);
 			msgs += 3;
@@ -228,8 +229,8 @@ bench_fixtures(const char *path, double seconds)
 		rounds++;
 	} while ((el = now_s() - t0) < seconds);
 	printf("decoder on %s: %.1f MB/s, %.0f messages/s (%ld captured messages, %d rounds)\n",
-	    strrchr(path, '/') ? strrchr(path, '/') + 1 : path, (double)bytes / el / 1e6,
-	    (double)msgs / el, n, rounds);
+	    strrchr(path, '/') ? strrchr(path, '/') + 1 : path, (double)bytes / el / 1e6, (double)msgs / el, n,
+	    rounds);
 	obx_pgoutput_reset(&dec);
 	fx_free(fx, n);
 	return 0;

@@ -105,8 +105,10 @@ main(int argc, char **argv)
 	c = PQconnectdb(ci);
 	if (PQstatus(c) != CONNECTION_OK)
 		die(c, "could not connect");
-	snprintf(sql, sizeof(sql), "START_REPLICATION SLOT \"%s\" LOGICAL 0/0 (proto_version '%s', "
-	    "publication_names '%s')", argv[2], argv[4], argv[3]);
+	snprintf(sql, sizeof(sql),
+	    "START_REPLICATION SLOT \"%s\" LOGICAL 0/0 (proto_version '%s', "
+	    "publication_names '%s')",
+	    argv[2], argv[4], argv[3]);
 	res = PQexec(c, sql);
 	if (PQresultStatus(res) != PGRES_COPY_BOTH)
 		die(c, "could not start replication");

@@ -42,14 +42,14 @@ extern "C" {
 
 enum outbox_result {
 	OUTBOX_OK = 0,
-	OUTBOX_DUPLICATE = 1,             /* the consumer already processed this message */
-	OUTBOX_ERR_INVALID = -1,          /* an argument is missing or malformed (e.g. payload not JSON) */
+	OUTBOX_DUPLICATE = 1,               /* the consumer already processed this message */
+	OUTBOX_ERR_INVALID = -1,            /* an argument is missing or malformed (e.g. payload not JSON) */
 	OUTBOX_ERR_NOT_IN_TRANSACTION = -2, /* outbox_write() outside BEGIN ... COMMIT: nothing written */
-	OUTBOX_ERR_DB = -3,               /* PostgreSQL reported an error, or COMMIT rolled back (detail in errbuf) */
-	OUTBOX_ERR_HANDLER = -4,          /* the handler failed: rolled back, the message will come again */
-	OUTBOX_ERR_NO_ID = -5,            /* the Kafka message has no "id" header */
+	OUTBOX_ERR_DB = -3,      /* PostgreSQL reported an error, or COMMIT rolled back (detail in errbuf) */
+	OUTBOX_ERR_HANDLER = -4, /* the handler failed: rolled back, the message will come again */
+	OUTBOX_ERR_NO_ID = -5,   /* the Kafka message has no "id" header */
 	OUTBOX_ERR_NOMEM = -6,
-	OUTBOX_ERR_KAFKA = -7,            /* storing the offset or seeking back failed */
+	OUTBOX_ERR_KAFKA = -7, /* storing the offset or seeking back failed */
 };
 
 /* "0.1.0"; static. */
@@ -85,8 +85,8 @@ typedef struct outbox_writer outbox_writer;
  * Creates a writer on conn (borrowed).  The INSERT (and DELETE) are prepared
  * on first use.  Returns the writer, or NULL with errbuf filled.
  */
-outbox_writer *outbox_writer_new(PGconn *conn, const struct outbox_writer_config *cfg,
-    char *errbuf, size_t errlen);
+outbox_writer *outbox_writer_new(PGconn *conn, const struct outbox_writer_config *cfg, char *errbuf,
+    size_t errlen);
 void outbox_writer_free(outbox_writer *w);
 
 struct outbox_event {
@@ -106,8 +106,8 @@ struct outbox_event {
  * OUTBOX_ERR_INVALID (bad JSON, missing field: nothing written);
  * OUTBOX_ERR_DB (the transaction is now aborted: roll it back).
  */
-int outbox_write(outbox_writer *w, const struct outbox_event *ev, char *id_out, size_t idlen,
-    char *errbuf, size_t errlen);
+int outbox_write(outbox_writer *w, const struct outbox_event *ev, char *id_out, size_t idlen, char *errbuf,
+    size_t errlen);
 
 /* ---- consumer ------------------------------------------------------------ */
 
@@ -127,8 +127,8 @@ typedef int (*outbox_handler)(PGconn *conn, const rd_kafka_message_t *msg, void 
  * offsets outbox_consume() stores; it should run with
  * enable.auto.offset.store=false.  Returns NULL with errbuf filled.
  */
-outbox_consumer *outbox_consumer_new(PGconn *conn, rd_kafka_t *rk, const char *name,
-    const char *inbox_table, char *errbuf, size_t errlen);
+outbox_consumer *outbox_consumer_new(PGconn *conn, rd_kafka_t *rk, const char *name, const char *inbox_table,
+    char *errbuf, size_t errlen);
 void outbox_consumer_free(outbox_consumer *c);
 
 /*
@@ -144,12 +144,12 @@ void outbox_consumer_free(outbox_consumer *c);
  * message, so it is delivered again.  The connection must not be inside a
  * transaction.
  */
-int outbox_consume(outbox_consumer *c, const rd_kafka_message_t *msg, outbox_handler handler,
-    void *arg, char *errbuf, size_t errlen);
+int outbox_consume(outbox_consumer *c, const rd_kafka_message_t *msg, outbox_handler handler, void *arg,
+    char *errbuf, size_t errlen);
 
 /* The same with a message id only (no offsets involved). */
-int outbox_consume_id(outbox_consumer *c, const char *message_id, outbox_handler handler,
-    void *arg, char *errbuf, size_t errlen);
+int outbox_consume_id(outbox_consumer *c, const char *message_id, outbox_handler handler, void *arg, char *errbuf,
+    size_t errlen);
 
 /*
  * Copies the first value of header name ("id", "type", "lsn", "seq", ...)

@@ -36,8 +36,8 @@ obx_check_report(struct obx_check *cx, const char *verdict, const char *fmt, ...
 }
 
 int
-obx_check_query_value(PGconn *conn, const char *sql, int nparams, const char *const *params,
-    char **out, char *errbuf, size_t errlen)
+obx_check_query_value(PGconn *conn, const char *sql, int nparams, const char *const *params, char **out,
+    char *errbuf, size_t errlen)
 {
 	PGresult *res = PQexecParams(conn, sql, nparams, NULL, params, NULL, NULL, 0);
 	int r = 0;
@@ -73,8 +73,7 @@ obx_check_count(const char *v)
  * table has it: the columns and the rule by which the relay refuses to start.
  */
 static void
-check_column_list(struct obx_check *cx, PGconn *conn, const struct obx_config *cfg,
-    const char *const *params)
+check_column_list(struct obx_check *cx, PGconn *conn, const struct obx_config *cfg, const char *const *params)
 {
 	struct obx_names cols = { 0 };
 	char *list = NULL, *sql = NULL;
@@ -82,26 +81,25 @@ check_column_list(struct obx_check *cx, PGconn *conn, const struct obx_config *c
 	char err[1024];
 
 	if (obx_config_mapped_columns(cfg, &cols) != 0 || obx_pg_literal_list(conn, &cols, &list) != 0 ||
-	    asprintf(&sql, "SELECT m FROM pg_publication_tables t, unnest(ARRAY[%s]::name[]) m "
-	    "WHERE t.pubname = $1 AND t.schemaname = $2 AND t.tablename = $3 AND t.attnames IS NOT NULL "
-	    "AND NOT m = ANY(t.attnames) AND m IN (SELECT attname FROM pg_attribute "
-	    "WHERE attrelid = (quote_ident($2) || '.' || quote_ident($3))::regclass "
-	    "AND attnum > 0 AND NOT attisdropped)", list) < 0) {
+	    asprintf(&sql,
+	        "SELECT m FROM pg_publication_tables t, unnest(ARRAY[%s]::name[]) m "
+	        "WHERE t.pubname = $1 AND t.schemaname = $2 AND t.tablename = $3 AND t.attnames IS NOT NULL "
+	        "AND NOT m = ANY(t.attnames) AND m IN (SELECT attname FROM pg_attribute "
+	        "WHERE attrelid = (quote_ident($2) || '.' || quote_ident($3))::regclass "
+	        "AND attnum > 0 AND NOT attisdropped)",
+	        list) < 0) {
 		sql = NULL;
-		obx_check_report(cx, "FAIL",
-		    "publication: could not check its column list: out of memory");
+		obx_check_report(cx, "FAIL", "publication: could not check its column list: out of memory");
 		goto out;
 	}
 	r = PQexecParams(conn, sql, 3, NULL, params, NULL, NULL, 0);
 	if (PQresultStatus(r) != PGRES_TUPLES_OK) {
-		obx_check_report(cx, "FAIL",
-		    "publication: could not read the column list of %s: %s",
+		obx_check_report(cx, "FAIL", "publication: could not read the column list of %s: %s",
 		    cfg->publication, obx_pg_result_error_line(r, err, sizeof(err)));
 		goto out;
 	}
 	for (int i = 0; i < PQntuples(r); i++)
-		obx_check_report(cx, "FAIL",
-		    "publication: %s's column list hides the mapped column %s",
+		obx_check_report(cx, "FAIL", "publication: %s's column list hides the mapped column %s",
 		    cfg->publication, PQgetvalue(r, i, 0));
 out:
 	PQclear(r);
@@ -119,25 +117,25 @@ check_publication(struct obx_check *cx, PGconn *conn, const struct obx_config *c
 	PGresult *r;
 	int rc;
 
-	rc = obx_check_query_value(conn,
-	    "SELECT pubinsert::text FROM pg_publication WHERE pubname = $1", 1, p,
-	    &v, err, sizeof(err));
+	rc = obx_check_query_value(conn, "SELECT pubinsert::text FROM pg_publication WHERE pubname = $1", 1, p, &v,
+	    err, sizeof(err));
 	if (rc != 0 && rc != OBX_ENOENT) {
-		obx_check_report(cx, "FAIL",
-		    "publication: could not read %s: %s", cfg->publication, err);
+		obx_check_report(cx, "FAIL", "publication: could not read %s: %s", cfg->publication, err);
 		return;
 	}
 	if (rc == OBX_ENOENT && in_recovery) {
 		obx_check_report(cx, "FAIL",
 		    "publication: %s does not exist and this hot standby cannot create it "
-		    "(run sql/002_publication.sql on the primary)", cfg->publication);
+		    "(run sql/002_publication.sql on the primary)",
+		    cfg->publication);
 		return;
 	}
 	if (rc == OBX_ENOENT) {
-		obx_check_report(cx, cfg->create_publication ? "ok" : "FAIL",
-		    "publication: %s does not exist%s",
-		    cfg->publication, cfg->create_publication ? " (will be created)" :
-		    " and create_publication = false (run sql/002_publication.sql as the table owner)");
+		obx_check_report(cx, cfg->create_publication ? "ok" : "FAIL", "publication: %s does not exist%s",
+		    cfg->publication,
+		    cfg->create_publication ?
+		        " (will be created)" :
+		        " and create_publication = false (run sql/002_publication.sql as the table owner)");
 		return;
 	}
 	if (strcmp(v, "true") != 0)
@@ -146,15 +144,16 @@ check_publication(struct obx_check *cx, PGconn *conn, const struct obx_config *c
 		    cfg->publication, cfg->publication);
 	free(v);
 	if (!has_table) {
-		obx_check_report(cx, "ok",
-		    "publication: %s exists (messages only: its tables do not matter)",
+		obx_check_report(cx, "ok", "publication: %s exists (messages only: its tables do not matter)",
 		    cfg->publication);
 		return;
 	}
 	/* row filters (pg_publication_tables.rowfilter) arrive in PostgreSQL 15 */
-	r = PQexecParams(conn, obx_pg_facts(conn).publication_filters ? "SELECT rowfilter IS NOT NULL "
-	    "FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3" :
-	    "SELECT false FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3",
+	r = PQexecParams(conn,
+	    obx_pg_facts(conn).publication_filters ?
+	        "SELECT rowfilter IS NOT NULL "
+	        "FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3" :
+	        "SELECT false FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3",
 	    3, NULL, p, NULL, NULL, 0);
 	if (PQresultStatus(r) != PGRES_TUPLES_OK) {
 		obx_check_report(cx, "FAIL", "publication: could not read %s: %s", cfg->publication,
@@ -165,7 +164,8 @@ check_publication(struct obx_check *cx, PGconn *conn, const struct obx_config *c
 	if (PQntuples(r) == 0) {
 		obx_check_report(cx, "FAIL",
 		    "publication: %s does not publish %s.%s (or publishes its partitions "
-		    "without publish_via_partition_root)", cfg->publication, cfg->table_schema, cfg->table_name);
+		    "without publish_via_partition_root)",
+		    cfg->publication, cfg->table_schema, cfg->table_name);
 		PQclear(r);
 		return;
 	}
@@ -191,8 +191,8 @@ check_publication(struct obx_check *cx, PGconn *conn, const struct obx_config *c
 static int
 check_poll(struct obx_check *cx, PGconn *conn, const struct obx_config *cfg)
 {
-	const char *tp[6] = { cfg->table_schema, cfg->table_name, cfg->col_published_at,
-		cfg->col_attempts, cfg->col_last_error, cfg->col_next_attempt_at };
+	const char *tp[6] = { cfg->table_schema, cfg->table_name, cfg->col_published_at, cfg->col_attempts,
+		cfg->col_last_error, cfg->col_next_attempt_at };
 	struct obx_poll_sql sql;
 	char err[1024];
 	PGresult *res;
@@ -206,17 +206,18 @@ check_poll(struct obx_check *cx, PGconn *conn, const struct obx_config *cfg)
 	res = PQexec(conn, sql.check);
 	r = PQresultStatus(res) == PGRES_TUPLES_OK ? 0 : OBX_ECONFIG;
 	if (r == 0)
-		obx_check_report(cx, "ok",
-		    "polling: %s.%s has every mapped column and %s, %s, %s, %s, %s%s%s",
-		    cfg->table_schema, cfg->table_name, cfg->col_seq, cfg->col_published_at,
-		    cfg->col_attempts, cfg->col_last_error, cfg->col_next_attempt_at,
-		    cfg->col_created_at[0] != '\0' ? ", " : "", cfg->col_created_at);
+		obx_check_report(cx, "ok", "polling: %s.%s has every mapped column and %s, %s, %s, %s, %s%s%s",
+		    cfg->table_schema, cfg->table_name, cfg->col_seq, cfg->col_published_at, cfg->col_attempts,
+		    cfg->col_last_error, cfg->col_next_attempt_at, cfg->col_created_at[0] != '\0' ? ", " : "",
+		    cfg->col_created_at);
 	else
 		obx_check_report(cx, "FAIL",
 		    "polling: cannot read %s.%s: %s (apply sql/008_polling.sql, or map the "
-		    "columns in [outbox])", cfg->table_schema, cfg->table_name,
+		    "columns in [outbox])",
+		    cfg->table_schema, cfg->table_name,
 		    PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY) != NULL ?
-		    PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY) : obx_pg_result_error_line(res, err, sizeof(err)));
+		        PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY) :
+		        obx_pg_result_error_line(res, err, sizeof(err)));
 	PQclear(res);
 	obx_poll_sql_reset(&sql);
 	if (r != 0)
@@ -225,42 +226,46 @@ check_poll(struct obx_check *cx, PGconn *conn, const struct obx_config *cfg)
 	    "SELECT (has_table_privilege(r, 'SELECT') AND has_column_privilege(r, $3, 'UPDATE') "
 	    "AND has_column_privilege(r, $4, 'UPDATE') AND has_column_privilege(r, $5, 'UPDATE') "
 	    "AND has_column_privilege(r, $6, 'UPDATE'))::text "
-	    "FROM (SELECT (quote_ident($1) || '.' || quote_ident($2))::regclass AS r) t", 6, tp, &v, err,
-	    sizeof(err));
+	    "FROM (SELECT (quote_ident($1) || '.' || quote_ident($2))::regclass AS r) t",
+	    6, tp, &v, err, sizeof(err));
 	if (v != NULL && strcmp(v, "true") == 0)
 		obx_check_report(cx, "ok", "polling: the role may read the table and mark rows");
 	else
 		obx_check_report(cx, "FAIL",
 		    "polling: the role may not read the table or update %s, %s, %s, %s "
-		    "(sql/008_polling.sql grants it to outboxd)", cfg->col_published_at, cfg->col_attempts,
-		    cfg->col_last_error, cfg->col_next_attempt_at);
+		    "(sql/008_polling.sql grants it to outboxd)",
+		    cfg->col_published_at, cfg->col_attempts, cfg->col_last_error, cfg->col_next_attempt_at);
 	free(v);
-	obx_check_query_value(conn, "SELECT count(*)::text FROM pg_index i WHERE i.indrelid = "
+	obx_check_query_value(conn,
+	    "SELECT count(*)::text FROM pg_index i WHERE i.indrelid = "
 	    "(quote_ident($1) || '.' || quote_ident($2))::regclass AND i.indpred IS NOT NULL "
-	    "AND pg_get_expr(i.indpred, i.indrelid) LIKE ('%' || quote_ident($3) || ' IS NULL%')", 3, tp, &v, err,
-	    sizeof(err));
+	    "AND pg_get_expr(i.indpred, i.indrelid) LIKE ('%' || quote_ident($3) || ' IS NULL%')",
+	    3, tp, &v, err, sizeof(err));
 	if (v != NULL && strcmp(v, "0") != 0)
 		obx_check_report(cx, "ok", "polling: %s partial index(es) on the pending rows", v);
 	else
 		obx_check_report(cx, "WARN",
 		    "polling: no index WHERE %s IS NULL: every claim scans the table "
-		    "(sql/008_polling.sql creates two)", cfg->col_published_at);
+		    "(sql/008_polling.sql creates two)",
+		    cfg->col_published_at);
 	free(v);
 	obx_check_query_value(conn,
 	    "SELECT count(*)::text FROM pg_trigger WHERE NOT tgisinternal AND tgrelid = "
-	    "(quote_ident($1) || '.' || quote_ident($2))::regclass", 2, tp, &v, err, sizeof(err));
+	    "(quote_ident($1) || '.' || quote_ident($2))::regclass",
+	    2, tp, &v, err, sizeof(err));
 	if (cfg->poll_notify_channel[0] == '\0')
-		obx_check_report(cx, "ok",
-		    "polling: every %d ms when idle ([poll] notify_channel is empty)",
+		obx_check_report(cx, "ok", "polling: every %d ms when idle ([poll] notify_channel is empty)",
 		    cfg->poll_interval_ms);
 	else if (v != NULL && strcmp(v, "0") != 0)
 		obx_check_report(cx, "ok",
 		    "polling: every %d ms when idle, sooner on NOTIFY %s (the table has %s "
-		    "trigger(s))", cfg->poll_interval_ms, cfg->poll_notify_channel, v);
+		    "trigger(s))",
+		    cfg->poll_interval_ms, cfg->poll_notify_channel, v);
 	else
 		obx_check_report(cx, "ok",
 		    "polling: every %d ms when idle (no trigger: sql/009_polling_notify.sql "
-		    "wakes it at each commit)", cfg->poll_interval_ms);
+		    "wakes it at each commit)",
+		    cfg->poll_interval_ms);
 	free(v);
 	return 0;
 }
@@ -270,8 +275,8 @@ obx_cmd_check(const struct obx_config *cfg, const char *standby)
 {
 	struct obx_check cx = { 0, 0 };
 	const char *tparams[2] = { cfg->table_schema, cfg->table_name };
-	const char *cols[] = { cfg->col_id, cfg->col_key, cfg->col_aggregate_type,
-		cfg->col_type, cfg->col_payload, cfg->col_headers, cfg->col_timestamp };
+	const char *cols[] = { cfg->col_id, cfg->col_key, cfg->col_aggregate_type, cfg->col_type, cfg->col_payload,
+		cfg->col_headers, cfg->col_timestamp };
 	char err[1024], ver[32];
 	struct obx_pgfacts facts;
 	PGconn *conn;
@@ -279,7 +284,8 @@ obx_cmd_check(const struct obx_config *cfg, const char *standby)
 	bool has_table, in_recovery;
 	int rc;
 
-	if (obx_pg_connect(cfg->conninfo, cfg->password, NULL, NULL, "outboxd check", &conn, err, sizeof(err)) != 0) {
+	if (obx_pg_connect(cfg->conninfo, cfg->password, NULL, NULL, "outboxd check", &conn, err, sizeof(err)) !=
+	    0) {
 		obx_check_report(&cx, "FAIL", "server: could not connect: %s", err);
 		return OBX_EXIT_FAILURE;
 	}
@@ -287,32 +293,31 @@ obx_cmd_check(const struct obx_config *cfg, const char *standby)
 	if (obx_pgfacts_for(PQserverVersion(conn), &facts, err, sizeof(err)) != 0)
 		obx_check_report(&cx, "FAIL", "server: %s", err);
 	else
-		obx_check_report(&cx, "ok",
-		    "server: reachable, PostgreSQL %s (pgoutput protocol %d%s%s%s)",
+		obx_check_report(&cx, "ok", "server: reachable, PostgreSQL %s (pgoutput protocol %d%s%s%s)",
 		    obx_pgversion_format(facts.version, ver, sizeof(ver)), facts.proto,
-		    facts.streaming ? ", streaming" : "", facts.publication_filters ?
-		    ", row filters" : "", facts.failover_slots ? ", failover slots" : "");
-	obx_check_query_value(conn,
-	    "SELECT pg_is_in_recovery()::text", 0, NULL, &v, err, sizeof(err));
+		    facts.streaming ? ", streaming" : "", facts.publication_filters ? ", row filters" : "",
+		    facts.failover_slots ? ", failover slots" : "");
+	obx_check_query_value(conn, "SELECT pg_is_in_recovery()::text", 0, NULL, &v, err, sizeof(err));
 	in_recovery = v != NULL && strcmp(v, "true") == 0;
 	free(v);
 	if (in_recovery && !facts.standby_decoding) {
 		obx_check_report(&cx, "FAIL",
 		    "server: a hot standby (in recovery): PostgreSQL %s cannot decode there "
-		    "(16 and later can); point conninfo at the primary", ver);
+		    "(16 and later can); point conninfo at the primary",
+		    ver);
 	} else if (in_recovery) {
 		obx_check_report(&cx, "ok",
 		    "server: a hot standby (in recovery): outboxd decodes here; the publication "
 		    "comes from the primary");
-		obx_check_query_value(conn,
-		    "SELECT current_setting('hot_standby_feedback')", 0, NULL, &v, err,
+		obx_check_query_value(conn, "SELECT current_setting('hot_standby_feedback')", 0, NULL, &v, err,
 		    sizeof(err));
 		if (v != NULL && strcmp(v, "on") == 0)
 			obx_check_report(&cx, "ok", "hot_standby_feedback: on");
 		else
 			obx_check_report(&cx, "WARN",
 			    "hot_standby_feedback: %s: the primary may remove catalog rows the "
-			    "slot needs, which invalidates it (set it on, with primary_slot_name)", v ? v : err);
+			    "slot needs, which invalidates it (set it on, with primary_slot_name)",
+			    v ? v : err);
 		free(v);
 	}
 	if (cfg->mode == OBX_SOURCE_POLL) {
@@ -323,19 +328,19 @@ obx_cmd_check(const struct obx_config *cfg, const char *standby)
 	if (cfg->messages && !facts.messages)
 		obx_check_report(&cx, "FAIL",
 		    "messages: [source] messages = on needs PostgreSQL 14 or later "
-		    "(server is %s)", ver);
+		    "(server is %s)",
+		    ver);
 	if (cfg->streaming && !facts.streaming)
 		obx_check_report(&cx, "WARN",
 		    "streaming: [source] streaming = on needs PostgreSQL 14 or later "
-		    "(server is %s): large transactions are decoded whole", ver);
+		    "(server is %s): large transactions are decoded whole",
+		    ver);
 
-	obx_check_query_value(conn,
-	    "SELECT current_setting('wal_level')", 0, NULL, &v, err, sizeof(err));
+	obx_check_query_value(conn, "SELECT current_setting('wal_level')", 0, NULL, &v, err, sizeof(err));
 	if (v != NULL && strcmp(v, "logical") == 0)
 		obx_check_report(&cx, "ok", "wal_level: logical");
 	else
-		obx_check_report(&cx, "FAIL",
-		    "wal_level: %s (set wal_level = logical and restart the server)",
+		obx_check_report(&cx, "FAIL", "wal_level: %s (set wal_level = logical and restart the server)",
 		    v ? v : err);
 	free(v);
 
@@ -344,7 +349,8 @@ obx_cmd_check(const struct obx_config *cfg, const char *standby)
 	obx_check_query_value(conn,
 	    "SELECT rolreplication OR rolsuper OR EXISTS (SELECT 1 FROM pg_roles m "
 	    "WHERE m.rolname = 'rds_replication' AND pg_has_role(current_user, m.oid, 'MEMBER')) "
-	    "FROM pg_roles WHERE rolname = current_user", 0, NULL, &v, err, sizeof(err));
+	    "FROM pg_roles WHERE rolname = current_user",
+	    0, NULL, &v, err, sizeof(err));
 	if (v != NULL && strcmp(v, "t") == 0)
 		obx_check_report(&cx, "ok", "role: may replicate");
 	else
@@ -355,21 +361,20 @@ obx_cmd_check(const struct obx_config *cfg, const char *standby)
 
 	rc = obx_check_query_value(conn,
 	    "SELECT c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-	    "WHERE n.nspname = $1 AND c.relname = $2", 2, tparams, &v, err, sizeof(err));
+	    "WHERE n.nspname = $1 AND c.relname = $2",
+	    2, tparams, &v, err, sizeof(err));
 	if (rc != 0 && rc != OBX_ENOENT) {
-		obx_check_report(&cx, "FAIL",
-		    "table: could not look up %s.%s: %s", cfg->table_schema,
+		obx_check_report(&cx, "FAIL", "table: could not look up %s.%s: %s", cfg->table_schema,
 		    cfg->table_name, err);
 	} else if (v == NULL && cfg->messages) {
 		obx_check_report(&cx, "ok",
 		    "table: %s.%s does not exist: logical decoding messages with prefix '%s' "
-		    "only", cfg->table_schema, cfg->table_name, cfg->message_prefix);
+		    "only",
+		    cfg->table_schema, cfg->table_name, cfg->message_prefix);
 	} else if (v == NULL) {
-		obx_check_report(&cx, "FAIL",
-		    "table: %s.%s does not exist", cfg->table_schema, cfg->table_name);
+		obx_check_report(&cx, "FAIL", "table: %s.%s does not exist", cfg->table_schema, cfg->table_name);
 	} else {
-		obx_check_report(&cx, "ok",
-		    "table: %s.%s exists", cfg->table_schema, cfg->table_name);
+		obx_check_report(&cx, "ok", "table: %s.%s exists", cfg->table_schema, cfg->table_name);
 		for (size_t i = 0; i < sizeof(cols) / sizeof(cols[0]); i++) {
 			const char *p[3] = { cfg->table_schema, cfg->table_name, cols[i] };
 			char *t;
@@ -382,8 +387,7 @@ obx_cmd_check(const struct obx_config *cfg, const char *standby)
 			    "AND a.attname = $3 AND a.attnum > 0 AND NOT a.attisdropped",
 			    3, p, &t, err, sizeof(err));
 			if (t == NULL)
-				obx_check_report(&cx, "FAIL",
-				    "column: %s is missing from the outbox table",
+				obx_check_report(&cx, "FAIL", "column: %s is missing from the outbox table",
 				    cols[i]);
 			else
 				obx_check_report(&cx, "ok", "column: %s (%s)", cols[i], t);

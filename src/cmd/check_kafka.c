@@ -58,8 +58,7 @@ template_sql(PGconn *conn, const char *topic, char **out)
 }
 
 void
-obx_check_kafka(struct obx_check *cx, PGconn *conn, const struct obx_config *cfg,
-    bool has_table)
+obx_check_kafka(struct obx_check *cx, PGconn *conn, const struct obx_config *cfg, bool has_table)
 {
 	const struct rd_kafka_metadata *md = NULL;
 	rd_kafka_conf_t *conf;
@@ -81,14 +80,12 @@ obx_check_kafka(struct obx_check *cx, PGconn *conn, const struct obx_config *cfg
 	}
 	e = rd_kafka_metadata(rk, 1, NULL, &md, 10000);
 	if (e != RD_KAFKA_RESP_ERR_NO_ERROR) {
-		obx_check_report(cx, "FAIL",
-		    "broker: could not reach %s: %s", obx_config_kafka_get(cfg, "bootstrap.servers"),
-		    rd_kafka_err2str(e));
+		obx_check_report(cx, "FAIL", "broker: could not reach %s: %s",
+		    obx_config_kafka_get(cfg, "bootstrap.servers"), rd_kafka_err2str(e));
 		rd_kafka_destroy(rk);
 		return;
 	}
-	obx_check_report(cx, "ok",
-	    "broker: reachable, %d broker(s), %d topic(s)", md->broker_cnt, md->topic_cnt);
+	obx_check_report(cx, "ok", "broker: reachable, %d broker(s), %d topic(s)", md->broker_cnt, md->topic_cnt);
 	if (has_table) {
 		char *expr = NULL, *tq = NULL, *sql = NULL;
 		int missing = 0, total = 0;
@@ -100,8 +97,11 @@ obx_check_kafka(struct obx_check *cx, PGconn *conn, const struct obx_config *cfg
 			char *sq = PQescapeIdentifier(conn, cfg->table_schema, strlen(cfg->table_schema));
 
 			/* a sample, never the whole outbox (which may hold millions of kept rows) */
-			if (sq != NULL && asprintf(&sql, "SELECT DISTINCT %s FROM (SELECT * FROM %s.%s LIMIT 10000) s "
-			    "LIMIT 1000", expr, sq, tq) > 0)
+			if (sq != NULL &&
+			    asprintf(&sql,
+			        "SELECT DISTINCT %s FROM (SELECT * FROM %s.%s LIMIT 10000) s "
+			        "LIMIT 1000",
+			        expr, sq, tq) > 0)
 				r = PQexec(conn, sql);
 			PQfreemem(sq);
 		}
@@ -129,9 +129,8 @@ obx_check_kafka(struct obx_check *cx, PGconn *conn, const struct obx_config *cfg
 				obx_check_report(cx, "ok",
 				    "topics: all %d topic(s) the outbox's rows map to exist", total);
 		} else {
-			obx_check_report(cx, "FAIL",
-			    "topics: template '%s' does not fit the outbox's columns: %s", cfg->topic,
-			    r ? PQresultErrorMessage(r) : "out of memory");
+			obx_check_report(cx, "FAIL", "topics: template '%s' does not fit the outbox's columns: %s",
+			    cfg->topic, r ? PQresultErrorMessage(r) : "out of memory");
 		}
 		PQclear(r);
 		free(sql);
@@ -145,13 +144,13 @@ obx_check_kafka(struct obx_check *cx, PGconn *conn, const struct obx_config *cfg
 			if (strcmp(md->topics[j].topic, cfg->progress_topic) == 0)
 				parts = md->topics[j].partition_cnt;
 		if (parts >= 0)
-			obx_check_report(cx, "ok",
-			    "exactly-once: progress topic %s exists (%d partition(s))", cfg->progress_topic,
-			    parts);
+			obx_check_report(cx, "ok", "exactly-once: progress topic %s exists (%d partition(s))",
+			    cfg->progress_topic, parts);
 		else
 			obx_check_report(cx, "WARN",
 			    "exactly-once: progress topic %s does not exist (create it with "
-			    "cleanup.policy=compact, or allow auto-creation)", cfg->progress_topic);
+			    "cleanup.policy=compact, or allow auto-creation)",
+			    cfg->progress_topic);
 	}
 	rd_kafka_metadata_destroy(md);
 	rd_kafka_destroy(rk);

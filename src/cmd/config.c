@@ -90,8 +90,9 @@ out:
 int
 obx_cmd_config(const struct obx_config *cfg, bool defaults)
 {
-	int r = print_config(stdout, cfg, defaults ? "outboxd defaults (outboxd config --defaults)" :
-	    "outboxd configuration: file, environment, --set (outboxd config); secrets not shown");
+	int r = print_config(stdout, cfg,
+	    defaults ? "outboxd defaults (outboxd config --defaults)" :
+	               "outboxd configuration: file, environment, --set (outboxd config); secrets not shown");
 
 	if (r != 0 || fflush(stdout) != 0 || ferror(stdout)) {
 		fprintf(stderr, "outboxd: could not print the configuration: %s\n",
@@ -145,8 +146,7 @@ reference_row(FILE *out, const struct obx_cfg_key *k)
 	if (k->type == OBX_CFG_BOOL || k->type == OBX_CFG_ENUM)
 		choices_cell(out, k);
 	else
-		cell(out, k->range != NULL ? k->range : (k->flags & OBX_CFG_NONEMPTY) ? "not empty" : "",
-		    false);
+		cell(out, k->range != NULL ? k->range : (k->flags & OBX_CFG_NONEMPTY) ? "not empty" : "", false);
 	cell(out, reloads[k->reload], false);
 	if (obx_cfg_env_name(k, env, sizeof(env)) == 0)
 		cell(out, env, true);
@@ -199,7 +199,8 @@ obx_cmd_config_reference(void)
 
 		fprintf(out, "\n## [%s]\n\n%s\n\n", sec->name, sec->desc);
 		fputs("| Key | Type | Default | Range / choices | Reload | Environment | Description |\n"
-		    "| --- | --- | --- | --- | --- | --- | --- |\n", out);
+		      "| --- | --- | --- | --- | --- | --- | --- |\n",
+		    out);
 		for (size_t i = 0; i < obx_cfg_nkeys; i++)
 			if (strcmp(obx_cfg_keys[i].section, sec->name) == 0)
 				reference_row(out, &obx_cfg_keys[i]);

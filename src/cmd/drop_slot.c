@@ -29,15 +29,15 @@
 
 /* What the server holds of one instance. */
 struct drop_plan {
-	bool slot;              /* the logical slot exists */
-	char confirmed[32];     /* its confirmed_flush_lsn, "" when NULL */
-	char marker[80];        /* the snapshot marker's name */
-	bool has_marker;        /* ... and it exists (a physical slot) */
-	bool publication;       /* the publication exists */
-	char *comment;          /* its comment ("" for none) */
-	bool guard;             /* the comment records the slot */
-	char *rest;             /* the comment without that record */
-	int other_guards;       /* records of other slots in it */
+	bool slot;          /* the logical slot exists */
+	char confirmed[32]; /* its confirmed_flush_lsn, "" when NULL */
+	char marker[80];    /* the snapshot marker's name */
+	bool has_marker;    /* ... and it exists (a physical slot) */
+	bool publication;   /* the publication exists */
+	char *comment;      /* its comment ("" for none) */
+	bool guard;         /* the comment records the slot */
+	char *rest;         /* the comment without that record */
+	int other_guards;   /* records of other slots in it */
 };
 
 /*
@@ -98,7 +98,8 @@ read_plan(PGconn *conn, const struct obx_config *cfg, struct drop_plan *pl)
 	    "SELECT slot_name = $1, slot_type, coalesce(plugin, ''), coalesce(database::text, ''), "
 	    "database IS NOT DISTINCT FROM current_database(), active, coalesce(active_pid::text, '?'), "
 	    "coalesce(confirmed_flush_lsn::text, ''), current_database() "
-	    "FROM pg_replication_slots WHERE slot_name IN ($1, $2)", 2, NULL, p, NULL, NULL, 0);
+	    "FROM pg_replication_slots WHERE slot_name IN ($1, $2)",
+	    2, NULL, p, NULL, NULL, 0);
 	if (PQresultStatus(res) != PGRES_TUPLES_OK) {
 		fprintf(stderr, "outboxd: could not read slot %s: %s\n", cfg->slot,
 		    obx_pg_result_error_line(res, err, sizeof(err)));
@@ -109,21 +110,26 @@ read_plan(PGconn *conn, const struct obx_config *cfg, struct drop_plan *pl)
 		const char *name = ours ? cfg->slot : pl->marker;
 
 		if (strcmp(PQgetvalue(res, i, 5), "t") == 0) {
-			fprintf(stderr, "outboxd: slot %s is active (pid %s streams from it): stop every "
-			    "instance first (scale the Deployment to 0), then drop it\n", name,
-			    PQgetvalue(res, i, 6));
+			fprintf(stderr,
+			    "outboxd: slot %s is active (pid %s streams from it): stop every "
+			    "instance first (scale the Deployment to 0), then drop it\n",
+			    name, PQgetvalue(res, i, 6));
 			goto out;
 		}
-		if (ours && (strcmp(PQgetvalue(res, i, 1), "logical") != 0 ||
-		    strcmp(PQgetvalue(res, i, 2), "pgoutput") != 0)) {
-			fprintf(stderr, "outboxd: slot %s is not a logical pgoutput slot (plugin %s): not "
-			    "outboxd's, not dropped\n", name, PQgetvalue(res, i, 2));
+		if (ours &&
+		    (strcmp(PQgetvalue(res, i, 1), "logical") != 0 ||
+		        strcmp(PQgetvalue(res, i, 2), "pgoutput") != 0)) {
+			fprintf(stderr,
+			    "outboxd: slot %s is not a logical pgoutput slot (plugin %s): not "
+			    "outboxd's, not dropped\n",
+			    name, PQgetvalue(res, i, 2));
 			goto out;
 		}
 		if (ours && strcmp(PQgetvalue(res, i, 4), "t") != 0) {
-			fprintf(stderr, "outboxd: slot %s belongs to database %s, not %s: connect to %s "
-			    "to drop it\n", name, PQgetvalue(res, i, 3), PQgetvalue(res, i, 8),
-			    PQgetvalue(res, i, 3));
+			fprintf(stderr,
+			    "outboxd: slot %s belongs to database %s, not %s: connect to %s "
+			    "to drop it\n",
+			    name, PQgetvalue(res, i, 3), PQgetvalue(res, i, 8), PQgetvalue(res, i, 3));
 			goto out;
 		}
 		if (ours) {
@@ -134,8 +140,10 @@ read_plan(PGconn *conn, const struct obx_config *cfg, struct drop_plan *pl)
 		}
 	}
 	PQclear(res);
-	res = PQexecParams(conn, "SELECT coalesce(obj_description(oid, 'pg_publication'), '') "
-	    "FROM pg_publication WHERE pubname = $1", 1, NULL, pub, NULL, NULL, 0);
+	res = PQexecParams(conn,
+	    "SELECT coalesce(obj_description(oid, 'pg_publication'), '') "
+	    "FROM pg_publication WHERE pubname = $1",
+	    1, NULL, pub, NULL, NULL, 0);
 	if (PQresultStatus(res) != PGRES_TUPLES_OK) {
 		fprintf(stderr, "outboxd: could not read publication %s: %s\n", cfg->publication,
 		    obx_pg_result_error_line(res, err, sizeof(err)));
@@ -180,8 +188,8 @@ set_comment(PGconn *conn, const struct obx_config *cfg, const char *text)
 	char *sql = NULL, what[200];
 	int r = -1;
 
-	snprintf(what, sizeof(what), "remove the guard record of slot %s from publication %s",
-	    cfg->slot, cfg->publication);
+	snprintf(what, sizeof(what), "remove the guard record of slot %s from publication %s", cfg->slot,
+	    cfg->publication);
 	if (ident == NULL || (text[0] != '\0' && lit == NULL) ||
 	    asprintf(&sql, "COMMENT ON PUBLICATION %s IS %s", ident, lit != NULL ? lit : "NULL") < 0) {
 		sql = NULL;
@@ -211,8 +219,8 @@ obx_cmd_drop_slot(const struct obx_config *cfg, bool yes, bool drop_publication)
 		return OBX_EXIT_USAGE;
 	}
 	obx_snapmark_name(cfg->slot, pl.marker, sizeof(pl.marker));
-	if (obx_pg_connect(cfg->conninfo, cfg->password, NULL, NULL, "outboxd drop-slot", &conn,
-	    err, sizeof(err)) != 0) {
+	if (obx_pg_connect(cfg->conninfo, cfg->password, NULL, NULL, "outboxd drop-slot", &conn, err,
+	        sizeof(err)) != 0) {
 		fprintf(stderr, "outboxd: could not connect: %s\n", err);
 		return OBX_EXIT_FAILURE;
 	}
@@ -220,9 +228,10 @@ obx_cmd_drop_slot(const struct obx_config *cfg, bool yes, bool drop_publication)
 		goto out;
 	drop_publication = drop_publication && pl.publication;
 	if (drop_publication && pl.other_guards > 0) {
-		fprintf(stderr, "outboxd: publication %s also records %d other slot(s) in its comment: "
-		    "not dropped (drop-slot without --drop-publication leaves it)\n", cfg->publication,
-		    pl.other_guards);
+		fprintf(stderr,
+		    "outboxd: publication %s also records %d other slot(s) in its comment: "
+		    "not dropped (drop-slot without --drop-publication leaves it)\n",
+		    cfg->publication, pl.other_guards);
 		goto out;
 	}
 	if (!pl.slot && !pl.has_marker && !pl.guard && !drop_publication) {
@@ -272,8 +281,8 @@ obx_cmd_drop_slot(const struct obx_config *cfg, bool yes, bool drop_publication)
 	} else if (pl.guard) {
 		if (yes && set_comment(conn, cfg, pl.rest) != 0)
 			goto out;
-		printf("%s the guard record of slot %s in the comment of publication %s\n", verb,
-		    cfg->slot, cfg->publication);
+		printf("%s the guard record of slot %s in the comment of publication %s\n", verb, cfg->slot,
+		    cfg->publication);
 		n++;
 	}
 	if (!yes) {

@@ -80,7 +80,7 @@ static int signal_pipe[2] = { -1, -1 };
 
 /* What SIGHUP re-reads: the same file, environment and --set overrides. */
 struct reload_args {
-	char *path;  /* copies: setproctitle() reuses the memory of argv */
+	char *path; /* copies: setproctitle() reuses the memory of argv */
 	char **sets;
 	size_t nsets;
 };
@@ -90,8 +90,7 @@ reload_config(void *ctx, struct obx_config *out, char *errbuf, size_t errlen)
 {
 	const struct reload_args *a = ctx;
 
-	return obx_config_load(out, a->path, environ, (const char *const *)a->sets, a->nsets, errbuf,
-	    errlen);
+	return obx_config_load(out, a->path, environ, (const char *const *)a->sets, a->nsets, errbuf, errlen);
 }
 
 static void
@@ -188,7 +187,8 @@ config_command(const char *path, const char **sets, size_t nsets, bool defaults,
 
 	if ((defaults || reference) && (path != NULL || nsets > 0 || (defaults && reference)))
 		return usage_error(defaults && reference ? "--defaults and --reference exclude each other" :
-		    "--defaults and --reference take no -c or --set", NULL);
+		                                           "--defaults and --reference take no -c or --set",
+		    NULL);
 	if (reference)
 		return obx_cmd_config_reference();
 	if (defaults)
@@ -317,8 +317,8 @@ main(int argc, char **argv)
 	}
 	if ((defaults || reference) && cmd != CMD_CONFIG) {
 		free(sets);
-		return usage_error(defaults ? "--defaults applies to config only" :
-		    "--reference applies to config only", NULL);
+		return usage_error(
+		    defaults ? "--defaults applies to config only" : "--reference applies to config only", NULL);
 	}
 	if (cmd == CMD_CONFIG) {
 		rc = config_command(config_path, sets, nsets, defaults, reference);
@@ -344,7 +344,8 @@ main(int argc, char **argv)
 	if ((yes || drop_publication) && cmd != CMD_DROP_SLOT) {
 		free(sets);
 		return usage_error(yes ? "--yes applies to drop-slot only" :
-		    "--drop-publication applies to drop-slot only", NULL);
+		                         "--drop-publication applies to drop-slot only",
+		    NULL);
 	}
 
 	reload.path = strdup(config_path); /* optarg lives in argv, which setproctitle() reuses */

@@ -35,8 +35,8 @@ json_number(const PGresult *res, int row, int col, bool integer)
 static int
 poll_status(PGconn *conn, const struct obx_config *cfg, bool json)
 {
-	static const char *const names[] = { "pending_rows", "oldest_pending_age_seconds",
-		"retrying_rows", "max_attempts" };
+	static const char *const names[] = { "pending_rows", "oldest_pending_age_seconds", "retrying_rows",
+		"max_attempts" };
 	struct obx_poll_sql sql;
 	char err[1024];
 	PGresult *res;
@@ -77,15 +77,16 @@ poll_status(PGconn *conn, const struct obx_config *cfg, bool json)
 int
 obx_cmd_status(const struct obx_config *cfg, bool json)
 {
-	static const char *const names[] = { "slot", "active", "active_pid", "restart_lsn",
-		"confirmed_flush_lsn", "wal_status", "safe_wal_size", "server_wal_lsn", "lag_bytes" };
+	static const char *const names[] = { "slot", "active", "active_pid", "restart_lsn", "confirmed_flush_lsn",
+		"wal_status", "safe_wal_size", "server_wal_lsn", "lag_bytes" };
 	const char *p[1] = { cfg->slot };
 	char err[1024];
 	PGconn *conn;
 	PGresult *res;
 	int rc = OBX_EXIT_FAILURE;
 
-	if (obx_pg_connect(cfg->conninfo, cfg->password, NULL, NULL, "outboxd status", &conn, err, sizeof(err)) != 0) {
+	if (obx_pg_connect(cfg->conninfo, cfg->password, NULL, NULL, "outboxd status", &conn, err, sizeof(err)) !=
+	    0) {
 		fprintf(stderr, "outboxd: could not connect: %s\n", err);
 		return OBX_EXIT_FAILURE;
 	}
@@ -99,7 +100,8 @@ obx_cmd_status(const struct obx_config *cfg, bool json)
 	    "w.lsn, pg_wal_lsn_diff(w.lsn, confirmed_flush_lsn)::bigint "
 	    "FROM pg_replication_slots, (SELECT CASE WHEN pg_is_in_recovery() "
 	    "THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END AS lsn) w "
-	    "WHERE slot_name = $1", 1, NULL, p, NULL, NULL, 0);
+	    "WHERE slot_name = $1",
+	    1, NULL, p, NULL, NULL, 0);
 	if (PQresultStatus(res) != PGRES_TUPLES_OK) {
 		fprintf(stderr, "outboxd: could not read slot %s: %s\n", cfg->slot,
 		    obx_pg_result_error_line(res, err, sizeof(err)));

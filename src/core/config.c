@@ -54,9 +54,16 @@ obx_kafka_prop_is_secret(const char *key)
 {
 	/* The properties librdkafka itself marks sensitive (CONFIGURATION.md). */
 	static const char *const secret[] = {
-		"sasl.username", "sasl.password", "ssl.key.password", "ssl.key.pem",
-		"ssl_key", "ssl.keystore.password", "sasl.oauthbearer.config",
-		"sasl.oauthbearer.client.secret", "ssl.certificate.pem", "ssl_certificate",
+		"sasl.username",
+		"sasl.password",
+		"ssl.key.password",
+		"ssl.key.pem",
+		"ssl_key",
+		"ssl.keystore.password",
+		"sasl.oauthbearer.config",
+		"sasl.oauthbearer.client.secret",
+		"ssl.certificate.pem",
+		"ssl_certificate",
 	};
 
 	for (size_t i = 0; i < sizeof(secret) / sizeof(secret[0]); i++)
@@ -154,7 +161,10 @@ choice_list(const struct obx_cfg_key *k, char *out, size_t outlen)
 	out[0] = '\0';
 	for (size_t i = 0; i < k->nchoices && used < outlen; i++) {
 		int n = snprintf(out + used, outlen - used, "%s%s",
-		    i == 0 ? "" : i + 1 == k->nchoices ? " or " : ", ", k->choices[i].name);
+		    i == 0                   ? "" :
+		        i + 1 == k->nchoices ? " or " :
+		                               ", ",
+		    k->choices[i].name);
 
 		if (n < 0)
 			break;
@@ -184,8 +194,8 @@ parse_number(const struct obx_cfg_key *k, const char *value, long long *v)
  * (errbuf filled) or OBX_ENOMEM.
  */
 static int
-set_value(struct obx_config *cfg, const struct obx_cfg_key *k, const char *key, const char *sub,
-    const char *value, const char *origin, bool given, char *errbuf, size_t errlen)
+set_value(struct obx_config *cfg, const struct obx_cfg_key *k, const char *key, const char *sub, const char *value,
+    const char *origin, bool given, char *errbuf, size_t errlen)
 {
 	char reason[512];
 	long long v;
@@ -265,8 +275,8 @@ given:
 }
 
 int
-obx_config_set(struct obx_config *cfg, const char *section, const char *key, const char *value,
-    const char *origin, bool from_file, char *errbuf, size_t errlen)
+obx_config_set(struct obx_config *cfg, const char *section, const char *key, const char *value, const char *origin,
+    bool from_file, char *errbuf, size_t errlen)
 {
 	const struct obx_cfg_key *k;
 	const char *sub;
@@ -284,8 +294,8 @@ obx_config_set(struct obx_config *cfg, const char *section, const char *key, con
 		for (size_t i = 0; i < obx_cfg_nsections && used < sizeof(full); i++)
 			used += (size_t)snprintf(full + used, sizeof(full) - used, "%s%s", i ? ", " : "",
 			    obx_cfg_sections[i].name);
-		obx_config_fail(errbuf, errlen, origin, NULL, "section '%s': unknown section (known: %s)",
-		    section, full);
+		obx_config_fail(errbuf, errlen, origin, NULL, "section '%s': unknown section (known: %s)", section,
+		    full);
 		return OBX_ECONFIG;
 	}
 	if (key[0] == '\0') {
@@ -298,8 +308,8 @@ obx_config_set(struct obx_config *cfg, const char *section, const char *key, con
 		snprintf(full, sizeof(full), "%s.%s", section, key);
 		prev = kv_find(cfg->seen, cfg->n_seen, full);
 		if (prev != NULL) {
-			obx_config_fail(errbuf, errlen, origin, key, "set twice in [%s] (first at %s)",
-			    section, prev->origin);
+			obx_config_fail(errbuf, errlen, origin, key, "set twice in [%s] (first at %s)", section,
+			    prev->origin);
 			return OBX_ECONFIG;
 		}
 		if ((r = kv_put(&cfg->seen, &cfg->n_seen, full, "", origin)) != 0)
@@ -325,8 +335,8 @@ obx_config_init(struct obx_config *cfg)
 		const struct obx_cfg_key *k = &obx_cfg_keys[i];
 
 		/* every default is valid (test_config_table checks), so only memory can run out */
-		if (k->def != NULL && set_value(cfg, k, k->name, NULL, k->def, "default", false, errbuf,
-		    sizeof(errbuf)) != 0)
+		if (k->def != NULL &&
+		    set_value(cfg, k, k->name, NULL, k->def, "default", false, errbuf, sizeof(errbuf)) != 0)
 			r = OBX_ENOMEM;
 	}
 	return r;
@@ -365,8 +375,8 @@ obx_config_kafka_get(const struct obx_config *cfg, const char *key)
 int
 obx_config_mapped_columns(const struct obx_config *cfg, struct obx_names *out)
 {
-	const char *fixed[] = { cfg->col_id, cfg->col_key, cfg->col_type, cfg->col_payload,
-		cfg->col_headers, cfg->col_timestamp };
+	const char *fixed[] = { cfg->col_id, cfg->col_key, cfg->col_type, cfg->col_payload, cfg->col_headers,
+		cfg->col_timestamp };
 	struct obx_template tpl;
 	char reason[256];
 	int r;
@@ -434,8 +444,7 @@ obx_config_finish(struct obx_config *cfg, const char *path, char *errbuf, size_t
 		return OBX_ECONFIG;
 	}
 	if (cfg->on_error == OBX_ON_ERROR_DEAD_LETTER && cfg->dead_letter_topic[0] == '\0') {
-		obx_config_fail(errbuf, errlen, path, "dead_letter_topic",
-		    "required when on_error = dead_letter");
+		obx_config_fail(errbuf, errlen, path, "dead_letter_topic", "required when on_error = dead_letter");
 		return OBX_ECONFIG;
 	}
 	return 0;
@@ -474,8 +483,7 @@ key_differs(const struct obx_config *a, const struct obx_config *b, const struct
 }
 
 size_t
-obx_config_diff(const struct obx_config *a, const struct obx_config *b, const char **names,
-    size_t max)
+obx_config_diff(const struct obx_config *a, const struct obx_config *b, const char **names, size_t max)
 {
 	size_t n = 0;
 

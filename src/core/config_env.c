@@ -100,8 +100,8 @@ env_value(char *const *envp, const char *name)
 
 /* Splits OUTBOXD_<SECTION>_<KEY> into lowercase section and key ('_' -> '.' in [kafka]). */
 static int
-env_key(const char *name, const char *origin, char *section, size_t seclen, char *key, size_t keylen,
-    char *errbuf, size_t errlen)
+env_key(const char *name, const char *origin, char *section, size_t seclen, char *key, size_t keylen, char *errbuf,
+    size_t errlen)
 {
 	const char *rest = name + strlen("OUTBOXD_");
 	const char *under = strchr(rest, '_');
@@ -128,8 +128,8 @@ env_key(const char *name, const char *origin, char *section, size_t seclen, char
 
 /* Applies one OUTBOXD_ variable; name is without "=value". */
 static int
-apply_env_one(struct obx_config *cfg, char *const *envp, const char *name, const char *value,
-    char *errbuf, size_t errlen)
+apply_env_one(struct obx_config *cfg, char *const *envp, const char *name, const char *value, char *errbuf,
+    size_t errlen)
 {
 	char section[64], key[192], origin[300], plain[256], reason[256];
 	size_t len = strlen(name);

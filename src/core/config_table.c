@@ -31,12 +31,12 @@ replace_str(char **dst, const char *src)
 /* ---- checks of single values ------------------------------------------ */
 
 static int
-check_conninfo(const struct obx_config *cfg, const char *sub, const char *value, char *errbuf,
-    size_t errlen)
+check_conninfo(const struct obx_config *cfg, const char *sub, const char *value, char *errbuf, size_t errlen)
 {
 	(void)sub;
 	if (cfg->checks != NULL && cfg->checks->conninfo != NULL && cfg->checks->conninfo(value) != 0) {
-		snprintf(errbuf, errlen, "not a valid libpq connection string or URI (value not shown, it "
+		snprintf(errbuf, errlen,
+		    "not a valid libpq connection string or URI (value not shown, it "
 		    "may hold a password)");
 		return OBX_ECONFIG;
 	}
@@ -44,8 +44,7 @@ check_conninfo(const struct obx_config *cfg, const char *sub, const char *value,
 }
 
 static int
-check_password(const struct obx_config *cfg, const char *sub, const char *value, char *errbuf,
-    size_t errlen)
+check_password(const struct obx_config *cfg, const char *sub, const char *value, char *errbuf, size_t errlen)
 {
 	(void)cfg;
 	(void)sub;
@@ -58,15 +57,16 @@ check_password(const struct obx_config *cfg, const char *sub, const char *value,
 }
 
 static int
-check_snapshot_filter(const struct obx_config *cfg, const char *sub, const char *value,
-    char *errbuf, size_t errlen)
+check_snapshot_filter(const struct obx_config *cfg, const char *sub, const char *value, char *errbuf,
+    size_t errlen)
 {
 	(void)cfg;
 	(void)sub;
 	/* one condition inside the snapshot's read-only transaction: a ';' would end the statement
 	 * (snapshot.c also sends it as a single statement, which the server holds to) */
 	if (strchr(value, ';') != NULL) {
-		snprintf(errbuf, errlen, "must be one SQL condition, without ';' (write chr(59) for the "
+		snprintf(errbuf, errlen,
+		    "must be one SQL condition, without ';' (write chr(59) for the "
 		    "character)");
 		return OBX_ECONFIG;
 	}
@@ -75,8 +75,7 @@ check_snapshot_filter(const struct obx_config *cfg, const char *sub, const char 
 
 /* A topic must be a template the event builder can fill: text with ${column} references. */
 static int
-check_topic(const struct obx_config *cfg, const char *sub, const char *value, char *errbuf,
-    size_t errlen)
+check_topic(const struct obx_config *cfg, const char *sub, const char *value, char *errbuf, size_t errlen)
 {
 	struct obx_template t;
 	int r;
@@ -94,8 +93,7 @@ check_topic(const struct obx_config *cfg, const char *sub, const char *value, ch
 
 /* [outbox] header.<sub> = column */
 static int
-check_header(const struct obx_config *cfg, const char *sub, const char *value, char *errbuf,
-    size_t errlen)
+check_header(const struct obx_config *cfg, const char *sub, const char *value, char *errbuf, size_t errlen)
 {
 	(void)cfg;
 	if (sub[0] == '\0' || value[0] == '\0') {
@@ -103,8 +101,10 @@ check_header(const struct obx_config *cfg, const char *sub, const char *value, c
 		return OBX_ECONFIG;
 	}
 	if (obx_header_is_reserved(sub)) {
-		snprintf(errbuf, errlen, "header '%s' is reserved: outboxd writes it itself (reserved: "
-		    OBX_RESERVED_HEADERS "); choose another name", sub);
+		snprintf(errbuf, errlen,
+		    "header '%s' is reserved: outboxd writes it itself (reserved: " OBX_RESERVED_HEADERS
+		    "); choose another name",
+		    sub);
 		return OBX_ECONFIG;
 	}
 	return 0;
@@ -112,8 +112,7 @@ check_header(const struct obx_config *cfg, const char *sub, const char *value, c
 
 /* [kafka] property = value: the relay's guarantees first, then librdkafka's judgement. */
 static int
-check_kafka(const struct obx_config *cfg, const char *key, const char *value, char *errbuf,
-    size_t errlen)
+check_kafka(const struct obx_config *cfg, const char *key, const char *value, char *errbuf, size_t errlen)
 {
 	char reason[512];
 	bool b;
@@ -125,13 +124,14 @@ check_kafka(const struct obx_config *cfg, const char *key, const char *value, ch
 		    "must stay true: without idempotence retries can reorder or duplicate events");
 		return OBX_ECONFIG;
 	}
-	if ((strcmp(key, "acks") == 0 || strcmp(key, "request.required.acks") == 0) &&
-	    strcmp(value, "all") != 0 && strcmp(value, "-1") != 0) {
+	if ((strcmp(key, "acks") == 0 || strcmp(key, "request.required.acks") == 0) && strcmp(value, "all") != 0 &&
+	    strcmp(value, "-1") != 0) {
 		snprintf(errbuf, errlen, "must stay 'all': an event acknowledged by fewer replicas can be lost");
 		return OBX_ECONFIG;
 	}
 	if (strcmp(key, "partitioner") == 0 && strcmp(value, "random") == 0) {
-		snprintf(errbuf, errlen, "must not be 'random': it spreads one aggregate's events over "
+		snprintf(errbuf, errlen,
+		    "must not be 'random': it spreads one aggregate's events over "
 		    "partitions and breaks their order (keyed partitioners such as murmur2_random keep it)");
 		return OBX_ECONFIG;
 	}
@@ -141,14 +141,16 @@ check_kafka(const struct obx_config *cfg, const char *key, const char *value, ch
 		return OBX_ECONFIG;
 	}
 	if (strcmp(key, "transactional.id") == 0) {
-		snprintf(errbuf, errlen, "is set by outboxd: use [delivery] exactly_once = on, and "
+		snprintf(errbuf, errlen,
+		    "is set by outboxd: use [delivery] exactly_once = on, and "
 		    "[delivery] transactional_id to choose the id");
 		return OBX_ECONFIG;
 	}
 
 	/* Let librdkafka judge the property; it knows every name and range. */
 	r = cfg->checks != NULL && cfg->checks->kafka_property != NULL ?
-	    cfg->checks->kafka_property(key, value, reason, sizeof(reason)) : 0;
+	    cfg->checks->kafka_property(key, value, reason, sizeof(reason)) :
+	    0;
 	if (r == 0 || r == OBX_ENOMEM)
 		return r;
 	if (r == OBX_ENOENT)
@@ -215,8 +217,8 @@ parse_qualified_name(const char *s, char **schema, char **name)
 }
 
 static int
-table_set(struct obx_config *cfg, const char *key, const char *value, const char *origin,
-    char *errbuf, size_t errlen)
+table_set(struct obx_config *cfg, const char *key, const char *value, const char *origin, char *errbuf,
+    size_t errlen)
 {
 	char *schema = NULL, *name = NULL;
 	int r = parse_qualified_name(value, &schema, &name);
@@ -240,7 +242,12 @@ put_ident(char *out, size_t outlen, size_t *used, const char *id)
 {
 	bool plain = id[0] != '\0' && strspn(id, "abcdefghijklmnopqrstuvwxyz0123456789_$") == strlen(id);
 
-#define PUT(c) do { if (*used + 1 >= outlen) return OBX_ERANGE; out[(*used)++] = (c); } while (0)
+#define PUT(c)                                                                                                    \
+	do {                                                                                                      \
+		if (*used + 1 >= outlen)                                                                          \
+			return OBX_ERANGE;                                                                        \
+		out[(*used)++] = (c);                                                                             \
+	} while (0)
 	if (!plain)
 		PUT('"');
 	for (const char *p = id; *p != '\0'; p++) {
@@ -298,8 +305,8 @@ static const struct obx_cfg_custom table_fns = { table_set, table_format, table_
 /* ---- [metrics] listen: host:port --------------------------------------- */
 
 static int
-listen_set(struct obx_config *cfg, const char *key, const char *value, const char *origin,
-    char *errbuf, size_t errlen)
+listen_set(struct obx_config *cfg, const char *key, const char *value, const char *origin, char *errbuf,
+    size_t errlen)
 {
 	const char *colon = strrchr(value, ':');
 	char host[256];
@@ -345,21 +352,27 @@ static const struct obx_cfg_custom listen_fns = { listen_set, listen_format, lis
 static const struct obx_cfg_choice on_off[] = { { "on", 1 }, { "off", 0 } };
 static const struct obx_cfg_choice true_false[] = { { "true", 1 }, { "false", 0 } };
 static const struct obx_cfg_choice modes[] = {
-	{ "logical", OBX_SOURCE_LOGICAL }, { "poll", OBX_SOURCE_POLL },
+	{ "logical", OBX_SOURCE_LOGICAL },
+	{ "poll", OBX_SOURCE_POLL },
 };
 static const struct obx_cfg_choice snapshots[] = { { "pending", 1 }, { "none", 0 } };
 static const struct obx_cfg_choice on_errors[] = {
-	{ "stop", OBX_ON_ERROR_STOP }, { "dead_letter", OBX_ON_ERROR_DEAD_LETTER },
+	{ "stop", OBX_ON_ERROR_STOP },
+	{ "dead_letter", OBX_ON_ERROR_DEAD_LETTER },
 };
 static const struct obx_cfg_choice exhausted[] = {
-	{ "dead_letter", OBX_POLL_EXHAUSTED_DEAD_LETTER }, { "mark", OBX_POLL_EXHAUSTED_MARK },
+	{ "dead_letter", OBX_POLL_EXHAUSTED_DEAD_LETTER },
+	{ "mark", OBX_POLL_EXHAUSTED_MARK },
 };
 static const struct obx_cfg_choice levels[] = {
-	{ "error", OBX_LOG_ERROR }, { "warn", OBX_LOG_WARN }, { "info", OBX_LOG_INFO },
+	{ "error", OBX_LOG_ERROR },
+	{ "warn", OBX_LOG_WARN },
+	{ "info", OBX_LOG_INFO },
 	{ "debug", OBX_LOG_DEBUG },
 };
 static const struct obx_cfg_choice formats[] = {
-	{ "json", OBX_LOG_FORMAT_JSON }, { "text", OBX_LOG_FORMAT_TEXT },
+	{ "json", OBX_LOG_FORMAT_JSON },
+	{ "text", OBX_LOG_FORMAT_TEXT },
 };
 
 #define N(a) (sizeof(a) / sizeof((a)[0]))
@@ -367,18 +380,17 @@ static const struct obx_cfg_choice formats[] = {
 #define FIELD(f) .off = offsetof(struct obx_config, f), .size = sizeof(((struct obx_config *)0)->f)
 #define TEXT(f, fl, tn) .type = OBX_CFG_STRING, .type_name = tn, FIELD(f), .flags = (fl)
 #define STR(f, fl) TEXT(f, fl, "string")
-#define BOOL(f, words) .type = OBX_CFG_BOOL, .type_name = "boolean", FIELD(f), .choices = words, \
-	.nchoices = 2
-#define ENUM(f, ch) .type = OBX_CFG_ENUM, .type_name = "enum", FIELD(f), .choices = ch, \
-	.nchoices = N(ch)
-#define INT(f, lo, hi, txt) .type = OBX_CFG_INT, .type_name = "integer", FIELD(f), .min = (lo), \
-	.max = (hi), .range = txt
-#define DURATION(f, lo, hi, txt, ex) .type = OBX_CFG_DURATION, .type_name = "duration", FIELD(f), \
-	.min = (lo), .max = (hi), .range = txt, .example = ex
-#define SIZE(f, lo, hi, txt, ex) .type = OBX_CFG_SIZE, .type_name = "size", FIELD(f), .min = (lo), \
-	.max = (hi), .range = txt, .example = ex
-#define MAP(f, n) .type = OBX_CFG_MAP, .off = offsetof(struct obx_config, f), \
-	.size = offsetof(struct obx_config, n)
+#define BOOL(f, words) .type = OBX_CFG_BOOL, .type_name = "boolean", FIELD(f), .choices = words, .nchoices = 2
+#define ENUM(f, ch) .type = OBX_CFG_ENUM, .type_name = "enum", FIELD(f), .choices = ch, .nchoices = N(ch)
+#define INT(f, lo, hi, txt)                                                                                       \
+	.type = OBX_CFG_INT, .type_name = "integer", FIELD(f), .min = (lo), .max = (hi), .range = txt
+#define DURATION(f, lo, hi, txt, ex)                                                                              \
+	.type = OBX_CFG_DURATION, .type_name = "duration", FIELD(f), .min = (lo), .max = (hi), .range = txt,      \
+	.example = ex
+#define SIZE(f, lo, hi, txt, ex)                                                                                  \
+	.type = OBX_CFG_SIZE, .type_name = "size", FIELD(f), .min = (lo), .max = (hi), .range = txt, .example = ex
+#define MAP(f, n)                                                                                                 \
+	.type = OBX_CFG_MAP, .off = offsetof(struct obx_config, f), .size = offsetof(struct obx_config, n)
 
 #define HOUR (3600LL * 1000)
 #define TIB (1LL << 40)
@@ -386,7 +398,8 @@ static const struct obx_cfg_choice formats[] = {
 const struct obx_cfg_section obx_cfg_sections[] = {
 	{ "source", "Where the events come from: the PostgreSQL server, the slot and the outbox table." },
 	{ "outbox", "The outbox table's columns and how a row becomes a Kafka record." },
-	{ "kafka", "The producer's librdkafka properties, verbatim (any name librdkafka knows); "
+	{ "kafka",
+	    "The producer's librdkafka properties, verbatim (any name librdkafka knows); "
 	    "`bootstrap.servers` is required." },
 	{ "delivery", "How events are handed to Kafka: bounds, failures, de-duplication, exactly-once." },
 	{ "metrics", "The HTTP endpoint for `/metrics`, `/healthz` and `/readyz`." },
@@ -399,31 +412,30 @@ const struct obx_cfg_key obx_cfg_keys[] = {
 	/* [source] */
 	{ KEY("source", "mode"), ENUM(mode, modes), .def = "logical",
 	    .desc = "logical: read the replication slot; poll: read the table instead of the log" },
-	{ KEY("source", "conninfo"), TEXT(conninfo, 0, "conninfo"), .def = "",
-	    .secret = OBX_CFG_CONNINFO, .check = check_conninfo,
+	{ KEY("source", "conninfo"), TEXT(conninfo, 0, "conninfo"), .def = "", .secret = OBX_CFG_CONNINFO,
+	    .check = check_conninfo,
 	    .desc = "libpq key/value string or postgresql:// URI; empty: libpq's environment only" },
 	{ KEY("source", "password"), STR(password, 0), .def = "", .secret = OBX_CFG_SECRET,
 	    .check = check_password,
 	    .desc = "PostgreSQL password, over conninfo's and PGPASSWORD; set it with "
-	    "OUTBOXD_SOURCE_PASSWORD_FILE" },
+	            "OUTBOXD_SOURCE_PASSWORD_FILE" },
 	{ KEY("source", "slot"), STR(slot, OBX_CFG_NONEMPTY), .def = "outboxd",
 	    .desc = "logical replication slot" },
 	{ KEY("source", "publication"), STR(publication, OBX_CFG_NONEMPTY), .def = "outboxd",
 	    .desc = "publication of the outbox table" },
-	{ KEY("source", "table"), .type = OBX_CFG_CUSTOM, .type_name = "[schema.]table",
-	    .custom = &table_fns, .def = "public.outbox",
+	{ KEY("source", "table"), .type = OBX_CFG_CUSTOM, .type_name = "[schema.]table", .custom = &table_fns,
+	    .def = "public.outbox",
 	    .desc = "outbox table; unquoted names fold to lower case, double-quoted ones keep it" },
 	{ KEY("source", "create_slot"), BOOL(create_slot, true_false), .def = "true",
 	    .desc = "create the slot the first time" },
 	{ KEY("source", "create_publication"), BOOL(create_publication, true_false), .def = "true",
 	    .desc = "create the publication if missing" },
-	{ KEY("source", "status_interval"), DURATION(status_interval_ms, 100, HOUR, "100ms to 1h",
-	    "10s or 500ms"), .def = "10s",
-	    .desc = "standby status update interval (a third of wal_sender_timeout when sooner)" },
+	{ KEY("source", "status_interval"), DURATION(status_interval_ms, 100, HOUR, "100ms to 1h", "10s or 500ms"),
+	    .def = "10s", .desc = "standby status update interval (a third of wal_sender_timeout when sooner)" },
 	{ KEY("source", "streaming"), ENUM(streaming, on_off), .def = "off",
 	    .desc = "on: the server streams large transactions before they commit (PostgreSQL 14+)" },
-	{ KEY("source", "stream_buffer"), SIZE(stream_buffer_bytes, 1024, TIB, "1KiB to 1TiB",
-	    "64MiB or 65536"), .def = "64MiB",
+	{ KEY("source", "stream_buffer"), SIZE(stream_buffer_bytes, 1024, TIB, "1KiB to 1TiB", "64MiB or 65536"),
+	    .def = "64MiB",
 	    .desc = "memory for rows of streamed transactions not yet committed; past it, streaming off" },
 	{ KEY("source", "messages"), BOOL(messages, true_false), .def = "false",
 	    .desc = "transactional logical decoding messages with the prefix become events (14+)" },
@@ -432,23 +444,22 @@ const struct obx_cfg_key obx_cfg_keys[] = {
 	{ KEY("source", "failover"), BOOL(failover, on_off), .def = "on",
 	    .given_off = offsetof(struct obx_config, failover_set),
 	    .desc = "the slot is synchronized to standbys that run slot synchronization (17+)" },
-	{ KEY("source", "snapshot"), ENUM(snapshot, snapshots), .group = "[source] snapshot",
-	    .def = "none",
+	{ KEY("source", "snapshot"), ENUM(snapshot, snapshots), .group = "[source] snapshot", .def = "none",
 	    .desc = "pending: a slot outboxd creates first publishes the rows already in the table" },
-	{ KEY("source", "snapshot_filter"), STR(snapshot_filter, 0), .group = "[source] snapshot",
-	    .def = "", .check = check_snapshot_filter,
+	{ KEY("source", "snapshot_filter"), STR(snapshot_filter, 0), .group = "[source] snapshot", .def = "",
+	    .check = check_snapshot_filter,
 	    .desc = "SQL condition selecting those rows, without ';'; empty: published_at IS NULL when "
-	    "the table has it, else every row" },
+	            "the table has it, else every row" },
 
 	/* [outbox] */
-	{ KEY("outbox", "id"), STR(col_id, OBX_CFG_NONEMPTY), .group = "[outbox] columns",
-	    .def = "id", .desc = "event id column (header id)" },
-	{ KEY("outbox", "key"), STR(col_key, OBX_CFG_NONEMPTY), .group = "[outbox] columns",
-	    .def = "aggregateid", .desc = "Kafka key column" },
-	{ KEY("outbox", "aggregate_type"), STR(col_aggregate_type, OBX_CFG_NONEMPTY),
-	    .group = "[outbox] columns", .def = "aggregatetype", .desc = "aggregate type column" },
-	{ KEY("outbox", "type"), STR(col_type, OBX_CFG_NONEMPTY), .group = "[outbox] columns",
-	    .def = "type", .desc = "event type column (header type)" },
+	{ KEY("outbox", "id"), STR(col_id, OBX_CFG_NONEMPTY), .group = "[outbox] columns", .def = "id",
+	    .desc = "event id column (header id)" },
+	{ KEY("outbox", "key"), STR(col_key, OBX_CFG_NONEMPTY), .group = "[outbox] columns", .def = "aggregateid",
+	    .desc = "Kafka key column" },
+	{ KEY("outbox", "aggregate_type"), STR(col_aggregate_type, OBX_CFG_NONEMPTY), .group = "[outbox] columns",
+	    .def = "aggregatetype", .desc = "aggregate type column" },
+	{ KEY("outbox", "type"), STR(col_type, OBX_CFG_NONEMPTY), .group = "[outbox] columns", .def = "type",
+	    .desc = "event type column (header type)" },
 	{ KEY("outbox", "payload"), STR(col_payload, OBX_CFG_NONEMPTY), .group = "[outbox] columns",
 	    .def = "payload", .desc = "value column" },
 	{ KEY("outbox", "headers"), STR(col_headers, 0), .group = "[outbox] columns", .def = "",
@@ -460,44 +471,42 @@ const struct obx_cfg_key obx_cfg_keys[] = {
 	{ KEY("outbox", "header.*"), MAP(extra_headers, n_extra_headers), .type_name = "column",
 	    .check = check_header,
 	    .desc = "`header.<name> = column` adds header `<name>` from a column; outboxd's own "
-	    "names are refused" },
-	{ KEY("outbox", "seq"), STR(col_seq, OBX_CFG_NONEMPTY), .group = "[outbox] polling columns",
-	    .def = "seq", .desc = "polling: ordering column (bigint identity)" },
+	            "names are refused" },
+	{ KEY("outbox", "seq"), STR(col_seq, OBX_CFG_NONEMPTY), .group = "[outbox] polling columns", .def = "seq",
+	    .desc = "polling: ordering column (bigint identity)" },
 	{ KEY("outbox", "published_at"), STR(col_published_at, OBX_CFG_NONEMPTY),
 	    .group = "[outbox] polling columns", .def = "published_at",
 	    .desc = "polling: timestamptz, NULL while pending" },
-	{ KEY("outbox", "attempts"), STR(col_attempts, OBX_CFG_NONEMPTY),
-	    .group = "[outbox] polling columns", .def = "attempts",
-	    .desc = "polling: integer, failed attempts" },
-	{ KEY("outbox", "last_error"), STR(col_last_error, OBX_CFG_NONEMPTY),
-	    .group = "[outbox] polling columns", .def = "last_error",
-	    .desc = "polling: text, why the last attempt failed" },
+	{ KEY("outbox", "attempts"), STR(col_attempts, OBX_CFG_NONEMPTY), .group = "[outbox] polling columns",
+	    .def = "attempts", .desc = "polling: integer, failed attempts" },
+	{ KEY("outbox", "last_error"), STR(col_last_error, OBX_CFG_NONEMPTY), .group = "[outbox] polling columns",
+	    .def = "last_error", .desc = "polling: text, why the last attempt failed" },
 	{ KEY("outbox", "next_attempt_at"), STR(col_next_attempt_at, OBX_CFG_NONEMPTY),
 	    .group = "[outbox] polling columns", .def = "next_attempt_at",
 	    .desc = "polling: timestamptz, not claimed before" },
 	{ KEY("outbox", "created_at"), STR(col_created_at, 0), .group = "[outbox] polling columns",
 	    .def = "created_at",
 	    .desc = "polling: record timestamp unless timestamp is set, and the age of the oldest "
-	    "pending row; empty: none" },
+	            "pending row; empty: none" },
 
 	/* [kafka] */
-	{ KEY("kafka", "*"), MAP(kafka, n_kafka), .type_name = "librdkafka property",
-	    .group = "[kafka]", .secret = OBX_CFG_PROPS, .check = check_kafka,
+	{ KEY("kafka", "*"), MAP(kafka, n_kafka), .type_name = "librdkafka property", .group = "[kafka]",
+	    .secret = OBX_CFG_PROPS, .check = check_kafka,
 	    .desc = "any librdkafka property; enable.idempotence, acks, partitioner, "
-	    "delivery.report.only.error and transactional.id are outboxd's" },
+	            "delivery.report.only.error and transactional.id are outboxd's" },
 
 	/* [delivery] */
-	{ KEY("delivery", "max_inflight"), INT(max_inflight, 1, 10000000, "1 to 10000000"),
-	    .def = "4000", .desc = "events handed to the producer and not yet acknowledged" },
-	{ KEY("delivery", "max_inflight_bytes"), SIZE(max_inflight_bytes, 1024, TIB, "1KiB to 1TiB",
-	    "16MiB or 65536"), .def = "4MiB",
+	{ KEY("delivery", "max_inflight"), INT(max_inflight, 1, 10000000, "1 to 10000000"), .def = "4000",
+	    .desc = "events handed to the producer and not yet acknowledged" },
+	{ KEY("delivery", "max_inflight_bytes"),
+	    SIZE(max_inflight_bytes, 1024, TIB, "1KiB to 1TiB", "16MiB or 65536"), .def = "4MiB",
 	    .desc = "their bytes; a larger record goes out alone" },
 	{ KEY("delivery", "on_error"), ENUM(on_error, on_errors), .def = "stop",
 	    .desc = "what an event the broker rejects for good does" },
 	{ KEY("delivery", "dead_letter_topic"), STR(dead_letter_topic, OBX_CFG_NONEMPTY),
 	    .def = "outbox.dead_letter", .desc = "where dead-lettered events go" },
-	{ KEY("delivery", "missing_topic_timeout"), DURATION(missing_topic_timeout_ms, 0, 7 * 24 * HOUR,
-	    "0 to 7 days", "5min or 30s"), .def = "5min",
+	{ KEY("delivery", "missing_topic_timeout"),
+	    DURATION(missing_topic_timeout_ms, 0, 7 * 24 * HOUR, "0 to 7 days", "5min or 30s"), .def = "5min",
 	    .desc = "how long a topic the cluster does not have (yet) is waited for before on_error" },
 	{ KEY("delivery", "dedupe"), BOOL(dedupe, on_off), .def = "on",
 	    .desc = "after a restart, skip events already in Kafka; off: at-least-once only" },
@@ -505,22 +514,21 @@ const struct obx_cfg_key obx_cfg_keys[] = {
 	    .desc = "Kafka transactions with a progress record (logical mode)" },
 	{ KEY("delivery", "transactional_id"), STR(transactional_id, 0), .def = "",
 	    .desc = "the producer's transactional.id with exactly_once; empty: derived from the slot" },
-	{ KEY("delivery", "progress_topic"), STR(progress_topic, OBX_CFG_NONEMPTY),
-	    .def = "outboxd.progress", .desc = "where each Kafka transaction's progress record goes" },
+	{ KEY("delivery", "progress_topic"), STR(progress_topic, OBX_CFG_NONEMPTY), .def = "outboxd.progress",
+	    .desc = "where each Kafka transaction's progress record goes" },
 	{ KEY("delivery", "transaction_max_events"), INT(txn_max_events, 1, 10000000, "1 to 10000000"),
 	    .group = "[delivery] transaction_max_*", .def = "10000",
 	    .desc = "a Kafka transaction commits at this many records at the latest" },
-	{ KEY("delivery", "transaction_max_bytes"), SIZE(txn_max_bytes, 1024, TIB, "1KiB to 1TiB",
-	    "16MiB or 65536"), .group = "[delivery] transaction_max_*", .def = "16MiB",
-	    .desc = "... or this many bytes" },
-	{ KEY("delivery", "transaction_max_time"), DURATION(txn_max_ms, 0, 60000, "0 to 60s",
-	    "100ms or 1s"), .group = "[delivery] transaction_max_*", .def = "100ms",
+	{ KEY("delivery", "transaction_max_bytes"),
+	    SIZE(txn_max_bytes, 1024, TIB, "1KiB to 1TiB", "16MiB or 65536"),
+	    .group = "[delivery] transaction_max_*", .def = "16MiB", .desc = "... or this many bytes" },
+	{ KEY("delivery", "transaction_max_time"), DURATION(txn_max_ms, 0, 60000, "0 to 60s", "100ms or 1s"),
+	    .group = "[delivery] transaction_max_*", .def = "100ms",
 	    .desc = "... or this long after its first record" },
 
 	/* [metrics] */
-	{ KEY("metrics", "listen"), .type = OBX_CFG_CUSTOM, .type_name = "host:port",
-	    .custom = &listen_fns, .range = "port 0 to 65535", .def = "0.0.0.0:9898",
-	    .desc = "metrics and health endpoint" },
+	{ KEY("metrics", "listen"), .type = OBX_CFG_CUSTOM, .type_name = "host:port", .custom = &listen_fns,
+	    .range = "port 0 to 65535", .def = "0.0.0.0:9898", .desc = "metrics and health endpoint" },
 	{ KEY("metrics", "detailed_health"), BOOL(detailed_health, on_off), .def = "off",
 	    .desc = "/readyz adds the error behind a not-ready state" },
 
@@ -529,28 +537,26 @@ const struct obx_cfg_key obx_cfg_keys[] = {
 	    .desc = "the lowest level logged" },
 	{ KEY("log", "format"), ENUM(log_format, formats), .def = "json",
 	    .desc = "one JSON object or one text line per message" },
-	{ KEY("log", "progress_interval"), DURATION(progress_interval_ms, 1000, 24 * HOUR,
-	    "1s to 24h, or 0 for none", "60s, or 0 for none"), .flags = OBX_CFG_ZERO_NONE,
-	    .reload = OBX_CFG_SIGHUP_LOGICAL, .def = "1min",
+	{ KEY("log", "progress_interval"),
+	    DURATION(progress_interval_ms, 1000, 24 * HOUR, "1s to 24h, or 0 for none", "60s, or 0 for none"),
+	    .flags = OBX_CFG_ZERO_NONE, .reload = OBX_CFG_SIGHUP_LOGICAL, .def = "1min",
 	    .desc = "a progress line (positions, lag, rates) this often" },
 
 	/* [poll] */
-	{ KEY("poll", "batch"), INT(poll_batch, 1, 100000, "1 to 100000"), .group = "[poll]",
-	    .def = "10000", .desc = "rows claimed per cycle" },
-	{ KEY("poll", "poll_interval"), DURATION(poll_interval_ms, 1, 24 * HOUR, "1ms to 24h",
-	    "500ms or 5s"), .group = "[poll]", .def = "1s",
-	    .desc = "the wait when a claim found nothing" },
-	{ KEY("poll", "max_attempts"), INT(poll_max_attempts, 1, 1000000, "1 to 1000000"),
-	    .group = "[poll]", .def = "10", .desc = "failures before a row is exhausted" },
-	{ KEY("poll", "backoff_min"), DURATION(poll_backoff_min_ms, 1, 24 * HOUR, "1ms to 24h",
-	    "500ms or 5s"), .group = "[poll]", .def = "1s", .desc = "delay after the first failure" },
-	{ KEY("poll", "backoff_max"), DURATION(poll_backoff_max_ms, 1, 24 * HOUR, "1ms to 24h",
-	    "500ms or 5s"), .group = "[poll]", .def = "5min", .desc = "the delay's cap" },
-	{ KEY("poll", "exhausted"), ENUM(poll_exhausted, exhausted), .group = "[poll]",
-	    .def = "dead_letter",
+	{ KEY("poll", "batch"), INT(poll_batch, 1, 100000, "1 to 100000"), .group = "[poll]", .def = "10000",
+	    .desc = "rows claimed per cycle" },
+	{ KEY("poll", "poll_interval"), DURATION(poll_interval_ms, 1, 24 * HOUR, "1ms to 24h", "500ms or 5s"),
+	    .group = "[poll]", .def = "1s", .desc = "the wait when a claim found nothing" },
+	{ KEY("poll", "max_attempts"), INT(poll_max_attempts, 1, 1000000, "1 to 1000000"), .group = "[poll]",
+	    .def = "10", .desc = "failures before a row is exhausted" },
+	{ KEY("poll", "backoff_min"), DURATION(poll_backoff_min_ms, 1, 24 * HOUR, "1ms to 24h", "500ms or 5s"),
+	    .group = "[poll]", .def = "1s", .desc = "delay after the first failure" },
+	{ KEY("poll", "backoff_max"), DURATION(poll_backoff_max_ms, 1, 24 * HOUR, "1ms to 24h", "500ms or 5s"),
+	    .group = "[poll]", .def = "5min", .desc = "the delay's cap" },
+	{ KEY("poll", "exhausted"), ENUM(poll_exhausted, exhausted), .group = "[poll]", .def = "dead_letter",
 	    .desc = "an exhausted row goes to dead_letter_topic, or is marked published (mark)" },
-	{ KEY("poll", "notify_channel"), STR(poll_notify_channel, 0), .group = "[poll]",
-	    .def = "outboxd", .desc = "LISTENed; a NOTIFY ends the wait early; empty: no LISTEN" },
+	{ KEY("poll", "notify_channel"), STR(poll_notify_channel, 0), .group = "[poll]", .def = "outboxd",
+	    .desc = "LISTENed; a NOTIFY ends the wait early; empty: no LISTEN" },
 };
 const size_t obx_cfg_nkeys = N(obx_cfg_keys);
 
@@ -653,7 +659,10 @@ obx_cfg_format(const struct obx_config *cfg, const struct obx_cfg_key *k, char *
 {
 	static const struct unit durations[] = { { "h", HOUR }, { "min", 60000 }, { "s", 1000 }, { "ms", 1 } };
 	static const struct unit sizes[] = {
-		{ "GiB", 1LL << 30 }, { "MiB", 1LL << 20 }, { "KiB", 1024 }, { "", 1 },
+		{ "GiB", 1LL << 30 },
+		{ "MiB", 1LL << 20 },
+		{ "KiB", 1024 },
+		{ "", 1 },
 	};
 	const char *s = NULL;
 	long long v;

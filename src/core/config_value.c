@@ -76,8 +76,7 @@ struct unit {
 
 /* A number with one of units' suffixes, scaled and checked against [min, max]. */
 static int
-parse_with_unit(const char *s, const struct unit *units, size_t n, long long min, long long max,
-    long long *out)
+parse_with_unit(const char *s, const struct unit *units, size_t n, long long min, long long max, long long *out)
 {
 	const char *unit;
 	long long v;
@@ -95,7 +94,11 @@ int
 obx_parse_duration_ms(const char *s, long long min, long long max, long long *out)
 {
 	static const struct unit units[] = {
-		{ "ms", 1 }, { "s", 1000 }, { "min", 60000 }, { "m", 60000 }, { "h", 3600000 },
+		{ "ms", 1 },
+		{ "s", 1000 },
+		{ "min", 60000 },
+		{ "m", 60000 },
+		{ "h", 3600000 },
 	};
 
 	return parse_with_unit(s, units, sizeof(units) / sizeof(units[0]), min, max, out);
@@ -105,9 +108,18 @@ int
 obx_parse_size(const char *s, long long min, long long max, long long *out)
 {
 	static const struct unit units[] = {
-		{ "", 1 }, { "B", 1 }, { "k", 1024 }, { "K", 1024 }, { "KiB", 1024 }, { "kB", 1024 },
-		{ "M", 1 << 20 }, { "MiB", 1 << 20 }, { "MB", 1 << 20 },
-		{ "G", 1 << 30 }, { "GiB", 1 << 30 }, { "GB", 1 << 30 },
+		{ "", 1 },
+		{ "B", 1 },
+		{ "k", 1024 },
+		{ "K", 1024 },
+		{ "KiB", 1024 },
+		{ "kB", 1024 },
+		{ "M", 1 << 20 },
+		{ "MiB", 1 << 20 },
+		{ "MB", 1 << 20 },
+		{ "G", 1 << 30 },
+		{ "GiB", 1 << 30 },
+		{ "GB", 1 << 30 },
 	};
 
 	return parse_with_unit(s, units, sizeof(units) / sizeof(units[0]), min, max, out);

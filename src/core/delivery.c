@@ -158,8 +158,7 @@ at_lsn(const struct obx_record *rec, char *buf, size_t len)
 	return buf;
 }
 
-static enum obx_dlv_outcome
-outcome(struct obx_dlv_result *res, enum obx_dlv_outcome o, const char *fmt, ...)
+static enum obx_dlv_outcome outcome(struct obx_dlv_result *res, enum obx_dlv_outcome o, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
 static enum obx_dlv_outcome
@@ -173,9 +172,8 @@ outcome(struct obx_dlv_result *res, enum obx_dlv_outcome o, const char *fmt, ...
 	return o;
 }
 
-static void
-note(struct obx_delivery *d, enum obx_log_level level, const struct obx_logfields *f, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
+static void note(struct obx_delivery *d, enum obx_log_level level, const struct obx_logfields *f, const char *fmt,
+    ...) __attribute__((format(printf, 4, 5)));
 
 static void
 note(struct obx_delivery *d, enum obx_log_level level, const struct obx_logfields *f, const char *fmt, ...)
@@ -345,8 +343,8 @@ send_bare(struct obx_delivery *d, const struct obx_record *rec, uint64_t ticket,
  * alone; when even that is refused nothing more can be done.
  */
 static enum obx_dlv_outcome
-refused(struct obx_delivery *d, const struct obx_record *rec, const struct obx_dlv_tag *t,
-    const char *reason, bool report, struct obx_dlv_result *res)
+refused(struct obx_delivery *d, const struct obx_record *rec, const struct obx_dlv_tag *t, const char *reason,
+    bool report, struct obx_dlv_result *res)
 {
 	char at[OBX_LSN_STRLEN + 16], lsn[OBX_LSN_STRLEN + 8], xid[16];
 
@@ -360,23 +358,33 @@ refused(struct obx_delivery *d, const struct obx_record *rec, const struct obx_d
 		return outcome(res, OBX_DLV_RETRY, "%s", reason);
 	if (!t->dead_letter && d->cfg->on_error == OBX_ON_ERROR_STOP) {
 		if (report)
-			return outcome(res, OBX_DLV_STOP, "event id=%s lsn=%s rejected by the broker for topic %s: "
-			    "%s (on_error = stop: nothing after it is confirmed)", res->f_id, lsn, rec->topic, reason);
-		return outcome(res, OBX_DLV_STOP, "event id=%s%s (xid %s) cannot be published: %s (on_error = "
-		    "stop: nothing after it is confirmed)", res->f_id, at, xid, reason);
+			return outcome(res, OBX_DLV_STOP,
+			    "event id=%s lsn=%s rejected by the broker for topic %s: "
+			    "%s (on_error = stop: nothing after it is confirmed)",
+			    res->f_id, lsn, rec->topic, reason);
+		return outcome(res, OBX_DLV_STOP,
+		    "event id=%s%s (xid %s) cannot be published: %s (on_error = "
+		    "stop: nothing after it is confirmed)",
+		    res->f_id, at, xid, reason);
 	}
 	if (!t->dead_letter) {
 		if (report)
-			note(d, OBX_LOG_WARN, &res->f, "event id=%s lsn=%s rejected by the broker for %s (%s): "
-			    "dead-lettering it to %s", res->f_id, lsn, rec->topic, reason, d->cfg->dead_letter_topic);
+			note(d, OBX_LOG_WARN, &res->f,
+			    "event id=%s lsn=%s rejected by the broker for %s (%s): "
+			    "dead-lettering it to %s",
+			    res->f_id, lsn, rec->topic, reason, d->cfg->dead_letter_topic);
 		else
-			note(d, OBX_LOG_WARN, &res->f, "event id=%s%s cannot be published (%s): dead-lettering it "
-			    "to %s", res->f_id, at, reason, d->cfg->dead_letter_topic);
+			note(d, OBX_LOG_WARN, &res->f,
+			    "event id=%s%s cannot be published (%s): dead-lettering it "
+			    "to %s",
+			    res->f_id, at, reason, d->cfg->dead_letter_topic);
 		return send_copy(d, rec, t->ticket, reason, res);
 	}
 	if (!t->bare && (rec->key != NULL || rec->value != NULL)) {
-		note(d, OBX_LOG_WARN, &res->f, "the dead-letter copy of event id=%s%s was refused too (%s): "
-		    "sending its headers alone to %s", res->f_id, at, reason, d->cfg->dead_letter_topic);
+		note(d, OBX_LOG_WARN, &res->f,
+		    "the dead-letter copy of event id=%s%s was refused too (%s): "
+		    "sending its headers alone to %s",
+		    res->f_id, at, reason, d->cfg->dead_letter_topic);
 		return send_bare(d, rec, t->ticket, res);
 	}
 	return outcome(res, d->policy == OBX_DLV_ATTEMPTS ? OBX_DLV_RETRY : OBX_DLV_STOP,
@@ -385,8 +393,8 @@ refused(struct obx_delivery *d, const struct obx_record *rec, const struct obx_d
 
 /* A refusal because the topic is missing: the wait, then on_error (never for a copy). */
 static enum obx_dlv_outcome
-missing(struct obx_delivery *d, const struct obx_record *rec, const struct obx_dlv_tag *t,
-    const char *reason, bool report, struct obx_dlv_result *res)
+missing(struct obx_delivery *d, const struct obx_record *rec, const struct obx_dlv_tag *t, const char *reason,
+    bool report, struct obx_dlv_result *res)
 {
 	bool waiting;
 
@@ -395,16 +403,18 @@ missing(struct obx_delivery *d, const struct obx_record *rec, const struct obx_d
 		/* on_error has decided: a missing dead-letter topic is not waited for */
 		return outcome(res, d->policy == OBX_DLV_ATTEMPTS ? OBX_DLV_RETRY : OBX_DLV_STOP,
 		    "the dead-letter topic %s does not exist: event id=%s for %s cannot be set aside "
-		    "(create the topic, see [delivery] dead_letter_topic)", rec->topic, res->f_id, res->f_topic);
+		    "(create the topic, see [delivery] dead_letter_topic)",
+		    rec->topic, res->f_id, res->f_topic);
 	}
 	waiting = obx_topic_missing(d->waits, rec->topic, d->now_ms, d->cfg->missing_topic_timeout_ms);
 	obx_topic_gauge(d->waits, d->now_ms, d->m);
 	if (!waiting)
 		return refused(d, rec, t, reason, report, res);
 	describe(res, rec, t->ticket, false);
-	return outcome(res, OBX_DLV_WAIT_TOPIC, "topic %s does not exist (yet): waiting up to %lld s for it "
-	    "([delivery] missing_topic_timeout) before on_error applies", rec->topic,
-	    (long long)(d->cfg->missing_topic_timeout_ms / 1000));
+	return outcome(res, OBX_DLV_WAIT_TOPIC,
+	    "topic %s does not exist (yet): waiting up to %lld s for it "
+	    "([delivery] missing_topic_timeout) before on_error applies",
+	    rec->topic, (long long)(d->cfg->missing_topic_timeout_ms / 1000));
 }
 
 static enum obx_dlv_outcome
@@ -413,8 +423,9 @@ produce_now(struct obx_delivery *d, const struct obx_record *rec, const struct o
 {
 	char errbuf[512] = "";
 
-	switch (d->ops->gate != NULL ? d->ops->gate(d->ctx, rec, t->ticket, t->dead_letter, errbuf, sizeof(errbuf)) :
-	    OBX_DLV_GATE_SEND) {
+	switch (d->ops->gate != NULL ?
+	        d->ops->gate(d->ctx, rec, t->ticket, t->dead_letter, errbuf, sizeof(errbuf)) :
+	        OBX_DLV_GATE_SEND) {
 	case OBX_DLV_GATE_SETTLED:
 		describe(res, rec, t->ticket, t->dead_letter);
 		return OBX_DLV_SETTLED;
@@ -485,8 +496,8 @@ obx_dlv_begin(struct obx_delivery *d, uint32_t gen, bool transactional)
 }
 
 enum obx_dlv_outcome
-obx_dlv_send(struct obx_delivery *d, const struct obx_record *rec, uint64_t ticket, bool dl,
-    int64_t now_ms, struct obx_dlv_result *res)
+obx_dlv_send(struct obx_delivery *d, const struct obx_record *rec, uint64_t ticket, bool dl, int64_t now_ms,
+    struct obx_dlv_result *res)
 {
 	struct obx_dlv_tag t = { d->src, d->gen, ticket, dl, false };
 
@@ -496,8 +507,8 @@ obx_dlv_send(struct obx_delivery *d, const struct obx_record *rec, uint64_t tick
 }
 
 enum obx_dlv_outcome
-obx_dlv_dead_letter(struct obx_delivery *d, const struct obx_record *rec, uint64_t ticket,
-    const char *reason, int64_t now_ms, struct obx_dlv_result *res)
+obx_dlv_dead_letter(struct obx_delivery *d, const struct obx_record *rec, uint64_t ticket, const char *reason,
+    int64_t now_ms, struct obx_dlv_result *res)
 {
 	d->now_ms = now_ms;
 	describe(res, rec, ticket, true);
@@ -539,8 +550,7 @@ obx_dlv_pump(struct obx_delivery *d, int64_t now_ms, struct obx_dlv_result *res)
 }
 
 enum obx_dlv_outcome
-obx_dlv_report(struct obx_delivery *d, const struct obx_report *r, int64_t now_ms,
-    struct obx_dlv_result *res)
+obx_dlv_report(struct obx_delivery *d, const struct obx_report *r, int64_t now_ms, struct obx_dlv_result *res)
 {
 	struct obx_dlv_tag t;
 	size_t bytes = r->record.len + r->record.keylen;
@@ -564,9 +574,10 @@ obx_dlv_report(struct obx_delivery *d, const struct obx_report *r, int64_t now_m
 		obx_metrics_kafka_error(d->m, r->error_name);
 		if (d->transactional && !t.dead_letter &&
 		    obx_topic_missing(d->waits, r->record.topic, now_ms, d->cfg->missing_topic_timeout_ms))
-			return outcome(res, OBX_DLV_WAIT_TOPIC, "topic %s does not exist (yet): waiting up to %lld s "
-			    "for it ([delivery] missing_topic_timeout) before on_error applies", r->record.topic,
-			    (long long)(d->cfg->missing_topic_timeout_ms / 1000));
+			return outcome(res, OBX_DLV_WAIT_TOPIC,
+			    "topic %s does not exist (yet): waiting up to %lld s "
+			    "for it ([delivery] missing_topic_timeout) before on_error applies",
+			    r->record.topic, (long long)(d->cfg->missing_topic_timeout_ms / 1000));
 		if (!d->transactional)
 			return missing(d, &r->record, &t, r->error, true, res);
 		break;
@@ -582,9 +593,10 @@ obx_dlv_report(struct obx_delivery *d, const struct obx_report *r, int64_t now_m
 	if (d->transactional && (t.dead_letter || d->cfg->on_error == OBX_ON_ERROR_DEAD_LETTER))
 		/* a rejected record makes its Kafka transaction abortable: on_error applies to it in
 		 * the next transaction, at the replay (docs/internals/design.md, "Exactly-once") */
-		return outcome(res, OBX_DLV_REJECTED, "%s id=%s rejected by the broker for %s (%s) inside a "
-		    "Kafka transaction", t.dead_letter ? "dead-letter copy of event" : "event", res->f_id,
-		    r->record.topic, r->error);
+		return outcome(res, OBX_DLV_REJECTED,
+		    "%s id=%s rejected by the broker for %s (%s) inside a "
+		    "Kafka transaction",
+		    t.dead_letter ? "dead-letter copy of event" : "event", res->f_id, r->record.topic, r->error);
 	return refused(d, &r->record, &t, r->error, true, res);
 }
 

@@ -14,8 +14,8 @@
 #include "obx/core/eos_progress.h"
 
 void
-obx_progress_events(struct obx_progress_source *src, const char *schema, const char *table,
-    bool messages, const char *prefix)
+obx_progress_events(struct obx_progress_source *src, const char *schema, const char *table, bool messages,
+    const char *prefix)
 {
 	snprintf(src->events, sizeof(src->events), "%s.%s%s%s", schema, table, messages ? "+messages:" : "",
 	    messages ? prefix : "");
@@ -41,17 +41,16 @@ obx_progress_encode(const struct obx_progress *p, const char *slot, const char *
 	if (p->commit_time != 0)
 		obx_format_pg_time(p->commit_time, ts, sizeof(ts));
 	o = json_pack("{s:s, s:s, s:I, s:s, s:I, s:I, s:s, s:s?, s:I}", "slot", slot, "transactional_id", txn_id,
-	    "timeline", (json_int_t)p->src.timeline,
-	    "lsn", obx_lsn_format(p->mark.lsn, lsn, sizeof(lsn)), "seq", (json_int_t)p->mark.seq,
-	    "lsn_commit_time", (json_int_t)p->mark_commit_time,
-	    "end_lsn", obx_lsn_format(p->end_lsn, end, sizeof(end)), "commit_time",
-	    ts[0] != '\0' ? ts : NULL, "records", (json_int_t)p->records);
+	    "timeline", (json_int_t)p->src.timeline, "lsn", obx_lsn_format(p->mark.lsn, lsn, sizeof(lsn)), "seq",
+	    (json_int_t)p->mark.seq, "lsn_commit_time", (json_int_t)p->mark_commit_time, "end_lsn",
+	    obx_lsn_format(p->end_lsn, end, sizeof(end)), "commit_time", ts[0] != '\0' ? ts : NULL, "records",
+	    (json_int_t)p->records);
 	if (o != NULL && p->has_source &&
 	    (json_object_set_new(o, "system_id", json_string(p->src.system_id)) != 0 ||
-	    json_object_set_new(o, "database", json_string(p->src.database)) != 0 ||
-	    json_object_set_new(o, "slot_created", json_string(obx_lsn_format(p->src.slot_created, born,
-	    sizeof(born)))) != 0 ||
-	    json_object_set_new(o, "events", json_string(p->src.events)) != 0)) {
+	        json_object_set_new(o, "database", json_string(p->src.database)) != 0 ||
+	        json_object_set_new(o, "slot_created",
+	            json_string(obx_lsn_format(p->src.slot_created, born, sizeof(born)))) != 0 ||
+	        json_object_set_new(o, "events", json_string(p->src.events)) != 0)) {
 		json_decref(o);
 		return NULL;
 	}
@@ -69,7 +68,8 @@ parse_source(json_t *o, struct obx_progress_source *src)
 	const char *sys = NULL, *db = NULL, *born = NULL, *events = NULL;
 
 	if (json_unpack(o, "{s:s, s:s, s:s, s:s}", "system_id", &sys, "database", &db, "slot_created", &born,
-	    "events", &events) != 0 || obx_lsn_parse(born, &src->slot_created) != 0)
+	        "events", &events) != 0 ||
+	    obx_lsn_parse(born, &src->slot_created) != 0)
 		return false;
 	strlcpy(src->system_id, sys, sizeof(src->system_id));
 	strlcpy(src->database, db, sizeof(src->database));
@@ -78,8 +78,8 @@ parse_source(json_t *o, struct obx_progress_source *src)
 }
 
 int
-obx_progress_parse(const void *value, size_t len, const char *slot, struct obx_progress *out,
-    char *errbuf, size_t errlen)
+obx_progress_parse(const void *value, size_t len, const char *slot, struct obx_progress *out, char *errbuf,
+    size_t errlen)
 {
 	const char *s = NULL, *lsn = NULL, *end = NULL;
 	json_int_t seq = -1, records = 0, timeline = 0, mark_time = 0;
@@ -93,8 +93,8 @@ obx_progress_parse(const void *value, size_t len, const char *slot, struct obx_p
 		snprintf(errbuf, errlen, "not JSON");
 		return OBX_EINVAL;
 	}
-	if (json_unpack(o, "{s:s, s:s, s:I, s?s, s?I, s?I, s?I}", "slot", &s, "lsn", &lsn, "seq", &seq,
-	    "end_lsn", &end, "records", &records, "timeline", &timeline, "lsn_commit_time", &mark_time) != 0) {
+	if (json_unpack(o, "{s:s, s:s, s:I, s?s, s?I, s?I, s?I}", "slot", &s, "lsn", &lsn, "seq", &seq, "end_lsn",
+	        &end, "records", &records, "timeline", &timeline, "lsn_commit_time", &mark_time) != 0) {
 		snprintf(errbuf, errlen, "no slot, lsn or seq");
 		rc = OBX_EINVAL;
 	} else if (strcmp(s, slot) != 0) {
@@ -115,8 +115,8 @@ obx_progress_parse(const void *value, size_t len, const char *slot, struct obx_p
 }
 
 bool
-obx_progress_trusted(const struct obx_progress *rec, const struct obx_progress_source *now,
-    obx_lsn server_lsn, char *errbuf, size_t errlen)
+obx_progress_trusted(const struct obx_progress *rec, const struct obx_progress_source *now, obx_lsn server_lsn,
+    char *errbuf, size_t errlen)
 {
 	char a[OBX_LSN_STRLEN], b[OBX_LSN_STRLEN];
 	const struct obx_progress_source *was = &rec->src;
@@ -127,24 +127,29 @@ obx_progress_trusted(const struct obx_progress *rec, const struct obx_progress_s
 		snprintf(errbuf, errlen, "was written for system %s, the server is system %s", was->system_id,
 		    now->system_id);
 	else if (strcmp(was->database, now->database) != 0)
-		snprintf(errbuf, errlen, "was written for database %s, this session decodes %s (a transactional.id "
-		    "shared by two sources)", was->database, now->database);
+		snprintf(errbuf, errlen,
+		    "was written for database %s, this session decodes %s (a transactional.id "
+		    "shared by two sources)",
+		    was->database, now->database);
 	else if (was->timeline != now->timeline)
 		/* LSNs of another timeline are not comparable (a point-in-time recovery, a failover) */
 		snprintf(errbuf, errlen, "was written on timeline %" PRIu32 ", the server is on timeline %" PRIu32,
 		    was->timeline, now->timeline);
 	else if (was->slot_created != now->slot_created)
-		snprintf(errbuf, errlen, "was written for a slot created at %s, the slot was created at %s (dropped "
-		    "and created again)", obx_lsn_format(was->slot_created, a, sizeof(a)),
+		snprintf(errbuf, errlen,
+		    "was written for a slot created at %s, the slot was created at %s (dropped "
+		    "and created again)",
+		    obx_lsn_format(was->slot_created, a, sizeof(a)),
 		    obx_lsn_format(now->slot_created, b, sizeof(b)));
 	else if (strcmp(was->events, now->events) != 0)
 		/* each at most 200 bytes in the line: a reason, not a dump */
 		snprintf(errbuf, errlen, "numbers the events of %.200s, this session those of %.200s", was->events,
 		    now->events);
 	else if (rec->mark.lsn > server_lsn || rec->end_lsn > server_lsn)
-		snprintf(errbuf, errlen, "marks lsn %s, beyond the server's WAL position %s (the server went back: "
-		    "a data directory restored from a copy?)", obx_lsn_format(rec->mark.lsn, a, sizeof(a)),
-		    obx_lsn_format(server_lsn, b, sizeof(b)));
+		snprintf(errbuf, errlen,
+		    "marks lsn %s, beyond the server's WAL position %s (the server went back: "
+		    "a data directory restored from a copy?)",
+		    obx_lsn_format(rec->mark.lsn, a, sizeof(a)), obx_lsn_format(server_lsn, b, sizeof(b)));
 	else if (rec->mark_commit_time == 0)
 		snprintf(errbuf, errlen, "has no commit time to check its mark with");
 	else
@@ -156,26 +161,32 @@ enum obx_progress_fence
 obx_progress_fenced(bool connection_ours, const char *txn_id, const char *slot, char *errbuf, size_t errlen)
 {
 	if (connection_ours) {
-		snprintf(errbuf, errlen, "the broker fenced transactional.id %s while this instance still holds "
+		snprintf(errbuf, errlen,
+		    "the broker fenced transactional.id %s while this instance still holds "
 		    "slot %s (a Kafka transaction outlived transaction.timeout.ms and was aborted); starting a "
-		    "new session", txn_id, slot);
+		    "new session",
+		    txn_id, slot);
 		return OBX_PROGRESS_NEW_SESSION;
 	}
-	snprintf(errbuf, errlen, "fenced: another instance took over transactional.id %s (the broker refuses "
+	snprintf(errbuf, errlen,
+	    "fenced: another instance took over transactional.id %s (the broker refuses "
 	    "this producer's epoch and the replication connection is gone); stopping without publishing "
-	    "anything more", txn_id);
+	    "anything more",
+	    txn_id);
 	return OBX_PROGRESS_STOP;
 }
 
 bool
-obx_progress_taken_over(bool fenced_before, bool slot_in_use, const char *txn_id, const char *slot,
-    char *errbuf, size_t errlen)
+obx_progress_taken_over(bool fenced_before, bool slot_in_use, const char *txn_id, const char *slot, char *errbuf,
+    size_t errlen)
 {
 	if (!fenced_before || !slot_in_use)
 		return false;
-	snprintf(errbuf, errlen, "fenced: another instance took over transactional.id %s (the broker refuses "
+	snprintf(errbuf, errlen,
+	    "fenced: another instance took over transactional.id %s (the broker refuses "
 	    "this producer's epoch and slot %s is in use by another instance); stopping without "
-	    "publishing anything more", txn_id, slot);
+	    "publishing anything more",
+	    txn_id, slot);
 	return true;
 }
 
@@ -208,12 +219,16 @@ obx_progress_floor(const struct obx_config *cfg, const char *txn_id, const struc
 		return OBX_PROGRESS_FLOOR_NONE;
 	}
 	if (!obx_progress_trusted(rec, now, server_lsn, errbuf, sizeof(errbuf))) {
-		snprintf(line, linelen, "exactly-once: the last progress record of transactional.id %s %s: not "
-		    "skipping anything this session (events may be published again)", txn_id, errbuf);
+		snprintf(line, linelen,
+		    "exactly-once: the last progress record of transactional.id %s %s: not "
+		    "skipping anything this session (events may be published again)",
+		    txn_id, errbuf);
 		return OBX_PROGRESS_FLOOR_UNTRUSTED;
 	}
-	snprintf(line, linelen, "exactly-once: transactional.id %s; the last committed Kafka transaction ends "
+	snprintf(line, linelen,
+	    "exactly-once: transactional.id %s; the last committed Kafka transaction ends "
 	    "at event lsn %s seq %" PRIu32 ": replayed events up to it are not sent again once the replay "
-	    "meets that transaction", txn_id, obx_lsn_format(rec->mark.lsn, a, sizeof(a)), rec->mark.seq);
+	    "meets that transaction",
+	    txn_id, obx_lsn_format(rec->mark.lsn, a, sizeof(a)), rec->mark.seq);
 	return OBX_PROGRESS_FLOOR_TRUSTED;
 }

@@ -14,9 +14,8 @@
 #define TIMESTAMP_OID 1114
 #define TIMESTAMPTZ_OID 1184
 
-const char *const obx_reserved_headers[] = {
-	"id", "type", "lsn", "seq", "xid", "commit_ts", "txn", "snapshot", NULL
-};
+const char *const obx_reserved_headers[] = { "id", "type", "lsn", "seq", "xid", "commit_ts", "txn", "snapshot",
+	NULL };
 
 bool
 obx_header_is_reserved(const char *name)
@@ -119,8 +118,7 @@ obx_event_builder_reset(struct obx_event_builder *b)
 bool
 obx_event_is_outbox(const struct obx_event_builder *b, const struct obx_rel *rel)
 {
-	return strcmp(rel->relname, b->cfg->table_name) == 0 &&
-	    strcmp(rel->nspname, b->cfg->table_schema) == 0;
+	return strcmp(rel->relname, b->cfg->table_name) == 0 && strcmp(rel->nspname, b->cfg->table_schema) == 0;
 }
 
 static int
@@ -152,8 +150,8 @@ resolve(struct obx_event_builder *b, const struct obx_rel *rel)
 
 /* Fetches column i of the tuple; returns 0, or OBX_EINVAL with errbuf filled. */
 static int
-datum(const struct obx_pg_tuple *t, int i, const char *colname, const char *role,
-    const struct obx_pg_datum **out, char *errbuf, size_t errlen)
+datum(const struct obx_pg_tuple *t, int i, const char *colname, const char *role, const struct obx_pg_datum **out,
+    char *errbuf, size_t errlen)
 {
 	if (i < 0) {
 		snprintf(errbuf, errlen, "column '%s' (%s) is missing from the outbox table", colname, role);
@@ -234,8 +232,7 @@ add_header(struct obx_event_builder *b, size_t *n, const char *name, const void 
 }
 
 static int
-add_json_headers(struct obx_event_builder *b, size_t *n, const struct obx_pg_datum *d,
-    char *errbuf, size_t errlen)
+add_json_headers(struct obx_event_builder *b, size_t *n, const struct obx_pg_datum *d, char *errbuf, size_t errlen)
 {
 	json_error_t jerr;
 	const char *k;
@@ -248,10 +245,13 @@ add_json_headers(struct obx_event_builder *b, size_t *n, const struct obx_pg_dat
 		snprintf(errbuf, errlen, "headers column '%s' is not a JSON object", b->cfg->col_headers);
 		return OBX_EINVAL;
 	}
-	json_object_foreach(b->hdr_json, k, v) {
+	json_object_foreach(b->hdr_json, k, v)
+	{
 		if (obx_header_is_reserved(k)) {
-			snprintf(errbuf, errlen, "headers column '%s' holds header '%.64s', a name outboxd writes "
-			    "itself (reserved: " OBX_RESERVED_HEADERS ")", b->cfg->col_headers, k);
+			snprintf(errbuf, errlen,
+			    "headers column '%s' holds header '%.64s', a name outboxd writes "
+			    "itself (reserved: " OBX_RESERVED_HEADERS ")",
+			    b->cfg->col_headers, k);
 			return OBX_EINVAL;
 		}
 		if (json_is_string(v)) {
@@ -295,8 +295,8 @@ obx_format_pg_time(int64_t pg_us, char *buf, size_t len)
 	char tmp[96];
 
 	gmtime_r(&secs, &tm);
-	snprintf(tmp, sizeof(tmp), "%04d-%02d-%02dT%02d:%02d:%02d.%06ldZ", tm.tm_year + 1900,
-	    tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, frac);
+	snprintf(tmp, sizeof(tmp), "%04d-%02d-%02dT%02d:%02d:%02d.%06ldZ", tm.tm_year + 1900, tm.tm_mon + 1,
+	    tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, frac);
 	strlcpy(buf, tmp, len);
 }
 
@@ -322,12 +322,10 @@ obx_parse_pg_timestamp(const char *s, size_t len, int64_t *out_ms)
 	int y, mo, d, h, mi, sec, ms = 0, offh = 0, offm = 0, offs = 0, sign = 1;
 	time_t t;
 
-	if (digits(s, len, &p, 4, &y) || p >= len || s[p++] != '-' ||
-	    digits(s, len, &p, 2, &mo) || p >= len || s[p++] != '-' ||
-	    digits(s, len, &p, 2, &d) || p >= len || (s[p] != ' ' && s[p] != 'T') ||
-	    (p++, digits(s, len, &p, 2, &h)) || p >= len || s[p++] != ':' ||
-	    digits(s, len, &p, 2, &mi) || p >= len || s[p++] != ':' ||
-	    digits(s, len, &p, 2, &sec))
+	if (digits(s, len, &p, 4, &y) || p >= len || s[p++] != '-' || digits(s, len, &p, 2, &mo) || p >= len ||
+	    s[p++] != '-' || digits(s, len, &p, 2, &d) || p >= len || (s[p] != ' ' && s[p] != 'T') ||
+	    (p++, digits(s, len, &p, 2, &h)) || p >= len || s[p++] != ':' || digits(s, len, &p, 2, &mi) ||
+	    p >= len || s[p++] != ':' || digits(s, len, &p, 2, &sec))
 		return OBX_EINVAL;
 	if (p < len && s[p] == '.') {
 		int scale = 100;
@@ -361,9 +359,8 @@ obx_parse_pg_timestamp(const char *s, size_t len, int64_t *out_ms)
 }
 
 int
-obx_event_build(struct obx_event_builder *b, const struct obx_rel *rel,
-    const struct obx_pg_tuple *t, const struct obx_txninfo *txn, uint32_t seq,
-    struct obx_event *out, char *errbuf, size_t errlen)
+obx_event_build(struct obx_event_builder *b, const struct obx_rel *rel, const struct obx_pg_tuple *t,
+    const struct obx_txninfo *txn, uint32_t seq, struct obx_event *out, char *errbuf, size_t errlen)
 {
 	const struct obx_config *c = b->cfg;
 	const struct obx_pg_datum *d_id, *d_key, *d_type, *d_payload, *d;
@@ -428,7 +425,8 @@ obx_event_build(struct obx_event_builder *b, const struct obx_rel *rel,
 	} else if (rel->cols[b->i_payload].type_oid == BYTEA_OID) {
 		rc = decode_bytea(&b->value, d_payload->data, d_payload->len);
 		if (rc == OBX_EINVAL)
-			snprintf(errbuf, errlen, "payload column '%s': bytea not in hex output format", c->col_payload);
+			snprintf(errbuf, errlen, "payload column '%s': bytea not in hex output format",
+			    c->col_payload);
 		if (rc != 0)
 			return rc;
 		out->value = b->value.p;
@@ -458,8 +456,8 @@ obx_event_build(struct obx_event_builder *b, const struct obx_rel *rel,
 					    c->col_timestamp, num);
 					return OBX_EINVAL;
 				}
-			} else if (obx_parse_pg_timestamp((const char *)d->data, d->len,
-			    &out->timestamp_ms) != 0) {
+			} else if (obx_parse_pg_timestamp((const char *)d->data, d->len, &out->timestamp_ms) !=
+			    0) {
 				snprintf(errbuf, errlen, "timestamp column '%s': '%.*s' is not an ISO timestamp",
 				    c->col_timestamp, (int)(d->len > 64 ? 64 : d->len), (const char *)d->data);
 				return OBX_EINVAL;
@@ -488,8 +486,7 @@ obx_event_build(struct obx_event_builder *b, const struct obx_rel *rel,
 	for (size_t i = 0; i < c->n_extra_headers; i++) {
 		if ((rc = datum(t, b->i_extra[i], c->extra_headers[i].value, "header", &d, errbuf, errlen)) != 0)
 			return rc;
-		if (add_header(b, &nh, c->extra_headers[i].key, d->kind == 'n' ? NULL : d->data,
-		    d->len) == NULL)
+		if (add_header(b, &nh, c->extra_headers[i].key, d->kind == 'n' ? NULL : d->data, d->len) == NULL)
 			return OBX_ENOMEM;
 	}
 	if (b->i_headers != -2) {
@@ -513,8 +510,8 @@ obx_event_row_json(const struct obx_rel *rel, const struct obx_pg_tuple *t)
 	for (uint16_t i = 0; i < t->ncols && i < rel->natts; i++) {
 		const struct obx_pg_datum *d = &t->cols[i];
 
-		json_object_set_new(o, rel->cols[i].name, d->kind == 'n' || d->kind == 'u' ? json_null() :
-		    json_stringn((const char *)d->data, d->len));
+		json_object_set_new(o, rel->cols[i].name,
+		    d->kind == 'n' || d->kind == 'u' ? json_null() : json_stringn((const char *)d->data, d->len));
 	}
 	s = json_dumps(o, JSON_COMPACT);
 	json_decref(o);

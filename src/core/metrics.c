@@ -6,11 +6,30 @@
 #include "obx/core/metrics.h"
 
 const double obx_hist_bounds[OBX_HIST_BUCKETS] = {
-	0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 7.5, 10, 30, 60, 300,
+	0.005,
+	0.01,
+	0.025,
+	0.05,
+	0.1,
+	0.25,
+	0.5,
+	1,
+	2,
+	3,
+	5,
+	7.5,
+	10,
+	30,
+	60,
+	300,
 };
 
 static const char *const state_names[OBX_STATE_COUNT] = {
-	"connecting", "streaming", "standby", "backpressured", "draining",
+	"connecting",
+	"streaming",
+	"standby",
+	"backpressured",
+	"draining",
 };
 
 const char *
@@ -20,7 +39,10 @@ obx_state_name(enum obx_state s)
 }
 
 static const char *const not_ready_texts[OBX_NOT_READY_COUNT] = {
-	"", "connecting to PostgreSQL", "waiting for the broker", "snapshot in progress",
+	"",
+	"connecting to PostgreSQL",
+	"waiting for the broker",
+	"snapshot in progress",
 };
 
 const char *
@@ -56,9 +78,19 @@ obx_metrics_observe(struct obx_metrics *m, double seconds)
  * the error callback (connections, brokers), and the transaction's fencing.
  */
 const char *const obx_kafka_error_codes[OBX_KAFKA_ERR_CODES] = {
-	"_MSG_TIMED_OUT", "_TRANSPORT", "_ALL_BROKERS_DOWN", "_FENCED", "_FATAL",
-	"MSG_SIZE_TOO_LARGE", "UNKNOWN_TOPIC_OR_PART", "_UNKNOWN_TOPIC", "TOPIC_AUTHORIZATION_FAILED",
-	"NOT_ENOUGH_REPLICAS", "NOT_ENOUGH_REPLICAS_AFTER_APPEND", "REQUEST_TIMED_OUT", "other",
+	"_MSG_TIMED_OUT",
+	"_TRANSPORT",
+	"_ALL_BROKERS_DOWN",
+	"_FENCED",
+	"_FATAL",
+	"MSG_SIZE_TOO_LARGE",
+	"UNKNOWN_TOPIC_OR_PART",
+	"_UNKNOWN_TOPIC",
+	"TOPIC_AUTHORIZATION_FAILED",
+	"NOT_ENOUGH_REPLICAS",
+	"NOT_ENOUGH_REPLICAS_AFTER_APPEND",
+	"REQUEST_TIMED_OUT",
+	"other",
 };
 
 int
@@ -143,7 +175,8 @@ poll_metrics(FILE *fp, const struct obx_metrics *m)
 		fprintf(fp, "outboxd_poll_oldest_pending_age_seconds %.3f\n", m->poll_oldest_pending_age_seconds);
 		gauge_u64(fp, "outboxd_poll_retrying_rows", "rows not yet published that failed at least once",
 		    (uint64_t)m->poll_retrying_rows);
-		gauge_u64(fp, "outboxd_poll_max_attempts", "the highest attempts count among rows not yet published",
+		gauge_u64(fp, "outboxd_poll_max_attempts",
+		    "the highest attempts count among rows not yet published",
 		    (uint64_t)m->poll_max_attempts_pending);
 	}
 	counter_u64(fp, "outboxd_poll_failed_attempts_total",
@@ -157,7 +190,8 @@ static void
 process_metrics(FILE *fp, const struct obx_process *p)
 {
 	if (p->cpu_seconds >= 0) {
-		family(fp, "process_cpu_seconds_total", "counter", "Total user and system CPU time spent in seconds.");
+		family(fp, "process_cpu_seconds_total", "counter",
+		    "Total user and system CPU time spent in seconds.");
 		fprintf(fp, "process_cpu_seconds_total %.2f\n", p->cpu_seconds);
 	}
 	if (p->resident_bytes >= 0) {
@@ -200,11 +234,15 @@ obx_metrics_render(const struct obx_metrics *m, const struct obx_process *proc, 
 	if (m->poll_mode) {
 		/* polling mode reads no WAL: the positions and lags are not applicable (NaN), not 0 */
 		static const char *const na[][2] = {
-			{ "outboxd_received_lsn", "highest WAL position received from the server (NaN: polling mode)" },
-			{ "outboxd_confirmed_flush_lsn", "WAL position confirmed to the slot (NaN: polling mode)" },
-			{ "outboxd_stream_sent_lsn", "how far the walsender says it has sent (NaN: polling mode)" },
+			{ "outboxd_received_lsn",
+			    "highest WAL position received from the server (NaN: polling mode)" },
+			{ "outboxd_confirmed_flush_lsn",
+			    "WAL position confirmed to the slot (NaN: polling mode)" },
+			{ "outboxd_stream_sent_lsn",
+			    "how far the walsender says it has sent (NaN: polling mode)" },
 			{ "outboxd_server_wal_lsn", "the server's current WAL position (NaN: polling mode)" },
-			{ "outboxd_lag_bytes", "server WAL position minus the slot's confirmed position (NaN: polling mode)" },
+			{ "outboxd_lag_bytes",
+			    "server WAL position minus the slot's confirmed position (NaN: polling mode)" },
 			{ "outboxd_oldest_unacked_age_seconds",
 			    "age (since commit) of the oldest event not yet acknowledged (NaN: polling mode, see outboxd_poll_oldest_pending_age_seconds)" },
 		};
@@ -215,11 +253,15 @@ obx_metrics_render(const struct obx_metrics *m, const struct obx_process *proc, 
 		}
 		poll_metrics(fp, m);
 	} else {
-		gauge_u64(fp, "outboxd_received_lsn", "highest WAL position received from the server", m->received_lsn);
-		gauge_u64(fp, "outboxd_confirmed_flush_lsn", "WAL position confirmed to the slot (everything before it is acknowledged by the broker)",
+		gauge_u64(fp, "outboxd_received_lsn", "highest WAL position received from the server",
+		    m->received_lsn);
+		gauge_u64(fp, "outboxd_confirmed_flush_lsn",
+		    "WAL position confirmed to the slot (everything before it is acknowledged by the broker)",
 		    m->confirmed_flush_lsn);
-		gauge_u64(fp, "outboxd_stream_sent_lsn", "how far the walsender says it has sent (decoding's position, "
-		    "not the server's WAL end: it stops while the stream is paused or down)", m->stream_wal_end_lsn);
+		gauge_u64(fp, "outboxd_stream_sent_lsn",
+		    "how far the walsender says it has sent (decoding's position, "
+		    "not the server's WAL end: it stops while the stream is paused or down)",
+		    m->stream_wal_end_lsn);
 		family(fp, "outboxd_server_wal_lsn", "gauge",
 		    "the server's current WAL position (a standby's replay position), read every status interval; "
 		    "NaN when the last read failed");
@@ -242,7 +284,8 @@ obx_metrics_render(const struct obx_metrics *m, const struct obx_process *proc, 
 	    "time from the transaction's commit to the broker's acknowledgement, per event");
 	for (int i = 0; i < OBX_HIST_BUCKETS; i++) {
 		cum += m->hist_counts[i];
-		fprintf(fp, "outboxd_commit_to_ack_seconds_bucket{le=\"%g\"} %" PRIu64 "\n", obx_hist_bounds[i], cum);
+		fprintf(fp, "outboxd_commit_to_ack_seconds_bucket{le=\"%g\"} %" PRIu64 "\n", obx_hist_bounds[i],
+		    cum);
 	}
 	fprintf(fp, "outboxd_commit_to_ack_seconds_bucket{le=\"+Inf\"} %" PRIu64 "\n", m->hist_count);
 	fprintf(fp, "outboxd_commit_to_ack_seconds_sum %.6f\n", m->hist_sum);
@@ -255,7 +298,8 @@ obx_metrics_render(const struct obx_metrics *m, const struct obx_process *proc, 
 		fprintf(fp, "outboxd_missing_topic_seconds{topic=\"%s\"} %.3f\n",
 		    label_value(m->missing_topic, topic, sizeof(topic)), m->missing_topic_seconds);
 	}
-	counter_u64(fp, "outboxd_events_published_total", "events acknowledged by the broker", m->events_published);
+	counter_u64(fp, "outboxd_events_published_total", "events acknowledged by the broker",
+	    m->events_published);
 	family(fp, "outboxd_last_event_timestamp_seconds", "gauge",
 	    "Unix time the broker last acknowledged an event (counted in outboxd_events_published_total); 0 before the first");
 	fprintf(fp, "outboxd_last_event_timestamp_seconds %.3f\n", m->last_event_unix);
@@ -272,7 +316,8 @@ obx_metrics_render(const struct obx_metrics *m, const struct obx_process *proc, 
 	    "Kafka transactions committed ([delivery] exactly_once)", m->kafka_txn_committed);
 	counter_u64(fp, "outboxd_kafka_transactions_aborted_total",
 	    "Kafka transactions ended without a commit ([delivery] exactly_once): aborted, or left to the next "
-	    "session's init_transactions", m->kafka_txn_aborted);
+	    "session's init_transactions",
+	    m->kafka_txn_aborted);
 	counter_u64(fp, "outboxd_messages_refused_total",
 	    "non-transactional logical decoding messages with the event prefix, not published",
 	    m->messages_refused);
@@ -287,12 +332,14 @@ obx_metrics_render(const struct obx_metrics *m, const struct obx_process *proc, 
 	family(fp, "outboxd_reconnects_total", "counter", "sessions ended by a failure, by the side that failed");
 	fprintf(fp, "outboxd_reconnects_total{target=\"postgres\"} %" PRIu64 "\n", m->reconnects_postgres);
 	fprintf(fp, "outboxd_reconnects_total{target=\"kafka\"} %" PRIu64 "\n", m->reconnects_kafka);
-	family(fp, "outboxd_kafka_errors_total", "counter", "delivery and producer errors by librdkafka code name (other: any code not listed)");
+	family(fp, "outboxd_kafka_errors_total", "counter",
+	    "delivery and producer errors by librdkafka code name (other: any code not listed)");
 	for (int i = 0; i < OBX_KAFKA_ERR_CODES; i++)
 		fprintf(fp, "outboxd_kafka_errors_total{code=\"%s\"} %" PRIu64 "\n", obx_kafka_error_codes[i],
 		    m->kafka_errors[i]);
 	if (m->has_slot) {
-		family(fp, "outboxd_slot_retained_wal_bytes", "gauge", "WAL the slot retains (current WAL LSN minus restart_lsn)");
+		family(fp, "outboxd_slot_retained_wal_bytes", "gauge",
+		    "WAL the slot retains (current WAL LSN minus restart_lsn)");
 		fprintf(fp, "outboxd_slot_retained_wal_bytes %" PRId64 "\n", m->slot_retained_wal_bytes);
 		family(fp, "outboxd_slot_safe_wal_size_bytes", "gauge",
 		    "WAL that can still be written before the slot is lost (-1: unbounded, max_slot_wal_keep_size = -1)");

@@ -30,25 +30,44 @@ const char *
 obx_pgoutput_type_name(char type)
 {
 	switch (type) {
-	case 'B': return "Begin";
-	case 'C': return "Commit";
-	case 'O': return "Origin";
-	case 'R': return "Relation";
-	case 'Y': return "Type";
-	case 'I': return "Insert";
-	case 'U': return "Update";
-	case 'D': return "Delete";
-	case 'T': return "Truncate";
-	case 'M': return "Message";
-	case 'S': return "Stream Start";
-	case 'E': return "Stream Stop";
-	case 'c': return "Stream Commit";
-	case 'A': return "Stream Abort";
-	case 'b': return "Begin Prepare";
-	case 'P': return "Prepare";
-	case 'K': return "Commit Prepared";
-	case 'r': return "Rollback Prepared";
-	case 'p': return "Stream Prepare";
+	case 'B':
+		return "Begin";
+	case 'C':
+		return "Commit";
+	case 'O':
+		return "Origin";
+	case 'R':
+		return "Relation";
+	case 'Y':
+		return "Type";
+	case 'I':
+		return "Insert";
+	case 'U':
+		return "Update";
+	case 'D':
+		return "Delete";
+	case 'T':
+		return "Truncate";
+	case 'M':
+		return "Message";
+	case 'S':
+		return "Stream Start";
+	case 'E':
+		return "Stream Stop";
+	case 'c':
+		return "Stream Commit";
+	case 'A':
+		return "Stream Abort";
+	case 'b':
+		return "Begin Prepare";
+	case 'P':
+		return "Prepare";
+	case 'K':
+		return "Commit Prepared";
+	case 'r':
+		return "Rollback Prepared";
+	case 'p':
+		return "Stream Prepare";
 	}
 	return "unknown";
 }
@@ -131,8 +150,7 @@ decode_relation(struct obx_pgoutput *d, struct obx_reader *r, struct obx_pgmsg *
 	if ((rc = obx_read_u32(r, &m->u.relation.relid)) != 0 ||
 	    (rc = obx_read_cstring(r, &m->u.relation.nspname)) != 0 ||
 	    (rc = obx_read_cstring(r, &m->u.relation.relname)) != 0 ||
-	    (rc = obx_read_u8(r, &m->u.relation.replident)) != 0 ||
-	    (rc = obx_read_u16(r, &natts)) != 0)
+	    (rc = obx_read_u8(r, &m->u.relation.replident)) != 0 || (rc = obx_read_u16(r, &natts)) != 0)
 		return rc;
 	/* a column takes at least 10 bytes (flags, empty name, oid, typmod) */
 	if ((size_t)natts * 10 > obx_reader_left(r))
@@ -143,10 +161,8 @@ decode_relation(struct obx_pgoutput *d, struct obx_reader *r, struct obx_pgmsg *
 		struct obx_pg_relcol *c = &d->relcols[i];
 		uint32_t typmod;
 
-		if ((rc = obx_read_u8(r, &c->flags)) != 0 ||
-		    (rc = obx_read_cstring(r, &c->name)) != 0 ||
-		    (rc = obx_read_u32(r, &c->type_oid)) != 0 ||
-		    (rc = obx_read_u32(r, &typmod)) != 0)
+		if ((rc = obx_read_u8(r, &c->flags)) != 0 || (rc = obx_read_cstring(r, &c->name)) != 0 ||
+		    (rc = obx_read_u32(r, &c->type_oid)) != 0 || (rc = obx_read_u32(r, &typmod)) != 0)
 			return rc;
 		c->typmod = (int32_t)typmod;
 	}
@@ -165,10 +181,8 @@ decode_prepared(struct obx_reader *r, struct obx_pgmsg *m, bool has_flags)
 	m->u.prepared.flags = 0;
 	if ((has_flags && (rc = obx_read_u8(r, &m->u.prepared.flags)) != 0) ||
 	    (rc = obx_read_u64(r, &m->u.prepared.lsn)) != 0 ||
-	    (rc = obx_read_u64(r, &m->u.prepared.end_lsn)) != 0 ||
-	    (rc = obx_read_u64(r, &t)) != 0 ||
-	    (rc = obx_read_u32(r, &m->u.prepared.xid)) != 0 ||
-	    (rc = obx_read_cstring(r, &m->u.prepared.gid)) != 0)
+	    (rc = obx_read_u64(r, &m->u.prepared.end_lsn)) != 0 || (rc = obx_read_u64(r, &t)) != 0 ||
+	    (rc = obx_read_u32(r, &m->u.prepared.xid)) != 0 || (rc = obx_read_cstring(r, &m->u.prepared.gid)) != 0)
 		return rc;
 	m->u.prepared.time = (int64_t)t;
 	return 0;
@@ -179,12 +193,27 @@ static int
 type_version(char t)
 {
 	switch (t) {
-	case 'B': case 'C': case 'O': case 'R': case 'Y': case 'I': case 'U': case 'D': case 'T':
+	case 'B':
+	case 'C':
+	case 'O':
+	case 'R':
+	case 'Y':
+	case 'I':
+	case 'U':
+	case 'D':
+	case 'T':
 	case 'M':
 		return 1;
-	case 'S': case 'E': case 'c': case 'A':
+	case 'S':
+	case 'E':
+	case 'c':
+	case 'A':
 		return 2;
-	case 'b': case 'P': case 'K': case 'r': case 'p':
+	case 'b':
+	case 'P':
+	case 'K':
+	case 'r':
+	case 'p':
 		return 3;
 	}
 	return 0;
@@ -202,8 +231,7 @@ decode_body(struct obx_pgoutput *d, struct obx_reader *r, struct obx_pgmsg *m)
 	if (type_version(m->type) == 0 || type_version(m->type) > d->proto_version)
 		return OBX_EPROTO; /* unknown, or not in the negotiated protocol version */
 	/* inside a streamed block, data messages carry their (sub)transaction id first */
-	if (d->in_stream && strchr("RYIUDTM", m->type) != NULL &&
-	    (rc = obx_read_u32(r, &m->xid)) != 0)
+	if (d->in_stream && strchr("RYIUDTM", m->type) != NULL && (rc = obx_read_u32(r, &m->xid)) != 0)
 		return rc;
 	switch (m->type) {
 	case 'S':
@@ -223,8 +251,7 @@ decode_body(struct obx_pgoutput *d, struct obx_reader *r, struct obx_pgmsg *m)
 		if ((rc = obx_read_u32(r, &m->u.stream_commit.xid)) != 0 ||
 		    (rc = obx_read_u8(r, &m->u.stream_commit.flags)) != 0 ||
 		    (rc = obx_read_u64(r, &m->u.stream_commit.commit_lsn)) != 0 ||
-		    (rc = obx_read_u64(r, &m->u.stream_commit.end_lsn)) != 0 ||
-		    (rc = obx_read_u64(r, &t)) != 0)
+		    (rc = obx_read_u64(r, &m->u.stream_commit.end_lsn)) != 0 || (rc = obx_read_u64(r, &t)) != 0)
 			return rc;
 		m->u.stream_commit.commit_time = (int64_t)t;
 		return 0;
@@ -259,8 +286,7 @@ decode_body(struct obx_pgoutput *d, struct obx_reader *r, struct obx_pgmsg *m)
 		m->u.rollback_prepared.rollback_time = (int64_t)t2;
 		return 0;
 	case 'B':
-		if ((rc = obx_read_u64(r, &m->u.begin.final_lsn)) != 0 ||
-		    (rc = obx_read_u64(r, &t)) != 0 ||
+		if ((rc = obx_read_u64(r, &m->u.begin.final_lsn)) != 0 || (rc = obx_read_u64(r, &t)) != 0 ||
 		    (rc = obx_read_u32(r, &m->u.begin.xid)) != 0)
 			return rc;
 		m->u.begin.commit_time = (int64_t)t;
@@ -268,8 +294,7 @@ decode_body(struct obx_pgoutput *d, struct obx_reader *r, struct obx_pgmsg *m)
 	case 'C':
 		if ((rc = obx_read_u8(r, &m->u.commit.flags)) != 0 ||
 		    (rc = obx_read_u64(r, &m->u.commit.commit_lsn)) != 0 ||
-		    (rc = obx_read_u64(r, &m->u.commit.end_lsn)) != 0 ||
-		    (rc = obx_read_u64(r, &t)) != 0)
+		    (rc = obx_read_u64(r, &m->u.commit.end_lsn)) != 0 || (rc = obx_read_u64(r, &t)) != 0)
 			return rc;
 		m->u.commit.commit_time = (int64_t)t;
 		return 0;
@@ -287,15 +312,13 @@ decode_body(struct obx_pgoutput *d, struct obx_reader *r, struct obx_pgmsg *m)
 			return rc;
 		return 0;
 	case 'I':
-		if ((rc = obx_read_u32(r, &m->u.insert.relid)) != 0 ||
-		    (rc = obx_read_u8(r, &b)) != 0)
+		if ((rc = obx_read_u32(r, &m->u.insert.relid)) != 0 || (rc = obx_read_u8(r, &b)) != 0)
 			return rc;
 		if (b != 'N')
 			return OBX_EPROTO;
 		return read_tuple(d, r, &m->u.insert.tuple);
 	case 'U':
-		if ((rc = obx_read_u32(r, &m->u.change.relid)) != 0 ||
-		    (rc = obx_read_u8(r, &b)) != 0)
+		if ((rc = obx_read_u32(r, &m->u.change.relid)) != 0 || (rc = obx_read_u8(r, &b)) != 0)
 			return rc;
 		m->u.change.old_kind = 0;
 		if (b == 'K' || b == 'O') {
@@ -308,8 +331,7 @@ decode_body(struct obx_pgoutput *d, struct obx_reader *r, struct obx_pgmsg *m)
 			return OBX_EPROTO;
 		return read_tuple(d, r, &m->u.change.tuple);
 	case 'D':
-		if ((rc = obx_read_u32(r, &m->u.change.relid)) != 0 ||
-		    (rc = obx_read_u8(r, &b)) != 0)
+		if ((rc = obx_read_u32(r, &m->u.change.relid)) != 0 || (rc = obx_read_u8(r, &b)) != 0)
 			return rc;
 		if (b != 'K' && b != 'O')
 			return OBX_EPROTO;

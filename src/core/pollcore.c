@@ -107,8 +107,8 @@ obx_pollcore_begin(struct obx_pollcore *pc, const struct obx_config *cfg, size_t
 }
 
 int
-obx_pollcore_add(struct obx_pollcore *pc, int64_t seq, long long attempts, const char *key,
-    size_t keylen, const char *last_error)
+obx_pollcore_add(struct obx_pollcore *pc, int64_t seq, long long attempts, const char *key, size_t keylen,
+    const char *last_error)
 {
 	struct obx_prow *row;
 
@@ -204,15 +204,13 @@ obx_pollcore_give_up(struct obx_pollcore *pc, size_t i)
 	struct obx_prow *row = &pc->rows[i];
 	char text[640];
 
-	snprintf(text, sizeof(text), "given up after %lld attempt(s): %s", row->attempts,
-	    error_or_unknown(row));
+	snprintf(text, sizeof(text), "given up after %lld attempt(s): %s", row->attempts, error_or_unknown(row));
 	set_error(row, text);
 	row->state = OBX_PROW_GIVEN_UP;
 }
 
 enum obx_poll_report
-obx_pollcore_report(struct obx_pollcore *pc, uint64_t opaque, const char *err_name,
-    const char *err_text)
+obx_pollcore_report(struct obx_pollcore *pc, uint64_t opaque, const char *err_name, const char *err_text)
 {
 	struct obx_dlv_tag t;
 	size_t i;
@@ -222,8 +220,7 @@ obx_pollcore_report(struct obx_pollcore *pc, uint64_t opaque, const char *err_na
 	if (!obx_dlv_untag(opaque, &t) || t.src != OBX_DLV_POLL)
 		return OBX_POLL_REPORT_STALE;
 	i = (size_t)t.ticket;
-	if (t.gen != (pc->gen & OPAQUE_GEN_MASK) || i >= pc->nrows ||
-	    pc->rows[i].state != OBX_PROW_INFLIGHT)
+	if (t.gen != (pc->gen & OPAQUE_GEN_MASK) || i >= pc->nrows || pc->rows[i].state != OBX_PROW_INFLIGHT)
 		return OBX_POLL_REPORT_STALE; /* an abandoned batch's report */
 	row = &pc->rows[i];
 	pc->outstanding--;
@@ -239,8 +236,8 @@ obx_pollcore_report(struct obx_pollcore *pc, uint64_t opaque, const char *err_na
 		return OBX_POLL_REPORT_ACKED;
 	}
 	if (err_text != NULL && err_text[0] != '\0' && err_name[0] != '\0')
-		snprintf(errbuf, sizeof(errbuf), "%s%s: %s", row->dead_letter ? "dead-letter copy: " : "", err_name,
-		    err_text);
+		snprintf(errbuf, sizeof(errbuf), "%s%s: %s", row->dead_letter ? "dead-letter copy: " : "",
+		    err_name, err_text);
 	else
 		snprintf(errbuf, sizeof(errbuf), "%s%s", row->dead_letter ? "dead-letter copy: " : "",
 		    err_text != NULL && err_text[0] != '\0' ? err_text : err_name);

@@ -42,8 +42,7 @@ struct sqlbuf {
 	int err;
 };
 
-static void
-put(struct sqlbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void put(struct sqlbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 static void
 put(struct sqlbuf *b, const char *fmt, ...)
@@ -203,8 +202,10 @@ obx_poll_sql_build(struct obx_poll_sql *s, const struct obx_config *cfg)
 	col(&b, "o", cfg->col_next_attempt_at);
 	put(&b, " <= now() ORDER BY ");
 	col(&b, "o", cfg->col_seq);
-	put(&b, " LIMIT %lld FOR UPDATE SKIP LOCKED), k AS (SELECT *, sum(obx_size) OVER (ORDER BY obx_seq) "
-	    "AS obx_bytes FROM c WHERE NOT EXISTS (SELECT 1 FROM ", cfg->poll_batch);
+	put(&b,
+	    " LIMIT %lld FOR UPDATE SKIP LOCKED), k AS (SELECT *, sum(obx_size) OVER (ORDER BY obx_seq) "
+	    "AS obx_bytes FROM c WHERE NOT EXISTS (SELECT 1 FROM ",
+	    cfg->poll_batch);
 	table(&b, cfg);
 	put(&b, " p WHERE ");
 	col(&b, "p", cfg->col_key);
@@ -218,8 +219,10 @@ obx_poll_sql_build(struct obx_poll_sql *s, const struct obx_config *cfg)
 	col(&b, "p", cfg->col_seq);
 	/* the bounds of what is sent, bytes and rows: rows past them stay locked but unsent, pending
 	 * for the next claim; the rows held back per key are dropped before the row bound counts */
-	put(&b, "))) SELECT * FROM k WHERE coalesce(obx_bytes - obx_size, 0) < %lld ORDER BY obx_seq "
-	    "LIMIT %lld", cfg->max_inflight_bytes, obx_poll_claim_rows(cfg));
+	put(&b,
+	    "))) SELECT * FROM k WHERE coalesce(obx_bytes - obx_size, 0) < %lld ORDER BY obx_seq "
+	    "LIMIT %lld",
+	    cfg->max_inflight_bytes, obx_poll_claim_rows(cfg));
 	if ((r = finish(&b, &s->claim)) != 0)
 		goto out;
 
@@ -253,7 +256,8 @@ obx_poll_sql_build(struct obx_poll_sql *s, const struct obx_config *cfg)
 	col(&b, NULL, cfg->col_last_error);
 	put(&b, " = f.e, ");
 	col(&b, NULL, cfg->col_next_attempt_at);
-	put(&b, " = now() + f.d * interval '1 millisecond' "
+	put(&b,
+	    " = now() + f.d * interval '1 millisecond' "
 	    "FROM unnest($1::bigint[], $2::text[], $3::bigint[]) AS f(s, e, d) WHERE ");
 	col(&b, "o", cfg->col_published_at);
 	put(&b, " IS NULL AND ");

@@ -36,8 +36,7 @@ obx_core_opaque(uint32_t gen, uint64_t ticket, bool dead_letter)
 /* ---- log lines, and the end of a session ---- */
 
 void
-obx_rc_note(struct obx_core *c, enum obx_log_level level, const struct obx_logfields *f,
-    const char *fmt, ...)
+obx_rc_note(struct obx_core *c, enum obx_log_level level, const struct obx_logfields *f, const char *fmt, ...)
 {
 	char line[1024];
 	va_list ap;
@@ -50,12 +49,11 @@ obx_rc_note(struct obx_core *c, enum obx_log_level level, const struct obx_logfi
 	c->ops->note(c->ctx, level, f, line);
 }
 
-static void end_session(struct obx_core *c, enum obx_core_end how, const struct obx_logfields *f,
-    const char *fmt, va_list ap) __attribute__((format(printf, 4, 0)));
+static void end_session(struct obx_core *c, enum obx_core_end how, const struct obx_logfields *f, const char *fmt,
+    va_list ap) __attribute__((format(printf, 4, 0)));
 
 static void
-end_session(struct obx_core *c, enum obx_core_end how, const struct obx_logfields *f,
-    const char *fmt, va_list ap)
+end_session(struct obx_core *c, enum obx_core_end how, const struct obx_logfields *f, const char *fmt, va_list ap)
 {
 	if (c->end == OBX_CORE_END_FATAL)
 		return; /* the first fatal reason wins */
@@ -77,8 +75,7 @@ obx_core_fail(struct obx_core *c, enum obx_core_end how, const char *fmt, ...)
 #define fail obx_core_fail
 
 void
-obx_rc_fail_at(struct obx_core *c, enum obx_core_end how, const struct obx_logfields *f,
-    const char *fmt, ...)
+obx_rc_fail_at(struct obx_core *c, enum obx_core_end how, const struct obx_logfields *f, const char *fmt, ...)
 {
 	va_list ap;
 
@@ -100,8 +97,7 @@ obx_rc_ending(const struct obx_core *c)
  * its rows).  Returns false, with the session ended, when one is open already.
  */
 bool
-obx_rc_open_txn(struct obx_core *c, const char *what, obx_lsn commit_lsn, uint32_t xid,
-    int64_t commit_time)
+obx_rc_open_txn(struct obx_core *c, const char *what, obx_lsn commit_lsn, uint32_t xid, int64_t commit_time)
 {
 	char a[OBX_LSN_STRLEN];
 
@@ -143,7 +139,6 @@ handle_commit(struct obx_core *c, const struct obx_pgmsg *m)
 }
 
 
-
 void
 obx_core_pgmsg(struct obx_core *c, const struct obx_pgmsg *m, obx_lsn data_start)
 {
@@ -160,21 +155,43 @@ obx_core_pgmsg(struct obx_core *c, const struct obx_pgmsg *m, obx_lsn data_start
 	if (data_start > c->received)
 		c->received = data_start;
 	switch (m->type) {
-	case 'B': handle_begin(c, m); break;
-	case 'C': handle_commit(c, m); break;
+	case 'B':
+		handle_begin(c, m);
+		break;
+	case 'C':
+		handle_commit(c, m);
+		break;
 	case 'R':
 		if (obx_relcache_update(&c->rels, m) != 0)
 			fail(c, OBX_CORE_END_FATAL, "out of memory");
 		break;
-	case 'I': obx_rc_insert(c, m); break;
-	case 'M': obx_rc_message(c, m); break;
-	case 'S': obx_rc_stream_start(c, m); break;
-	case 'E': c->in_stream = false; break;
-	case 'c': obx_rc_stream_commit(c, m); break;
-	case 'A': obx_rc_stream_abort(c, m); break;
-	case 'b': case 'P': case 'K': case 'r': case 'p':
-		fail(c, OBX_CORE_END_FATAL, "unexpected two-phase %s message at lsn %s: outboxd does not "
-		    "request two_phase", obx_pgoutput_type_name(m->type),
+	case 'I':
+		obx_rc_insert(c, m);
+		break;
+	case 'M':
+		obx_rc_message(c, m);
+		break;
+	case 'S':
+		obx_rc_stream_start(c, m);
+		break;
+	case 'E':
+		c->in_stream = false;
+		break;
+	case 'c':
+		obx_rc_stream_commit(c, m);
+		break;
+	case 'A':
+		obx_rc_stream_abort(c, m);
+		break;
+	case 'b':
+	case 'P':
+	case 'K':
+	case 'r':
+	case 'p':
+		fail(c, OBX_CORE_END_FATAL,
+		    "unexpected two-phase %s message at lsn %s: outboxd does not "
+		    "request two_phase",
+		    obx_pgoutput_type_name(m->type),
 		    obx_lsn_format(data_start ? data_start : c->received, a, sizeof(a)));
 		break;
 	default:
@@ -189,8 +206,7 @@ obx_core_keepalive(struct obx_core *c, obx_lsn wal_end, bool reply_requested)
 	/* between transactions, a walsender that sent past the floor's lsn sent its transaction
 	 * before, if this history has it (the commit record is decoded where it lies) */
 	if (c->eos_checking && c->eos_holding && !c->in_txn && !c->in_stream && wal_end > c->eos_floor.lsn)
-		obx_rc_floor_refused(c,
-		    "the server sent past the record's lsn without its transaction");
+		obx_rc_floor_refused(c, "the server sent past the record's lsn without its transaction");
 	if (wal_end > c->server_wal_end)
 		c->server_wal_end = wal_end;
 	obx_ack_keepalive(&c->ack, wal_end);
@@ -221,8 +237,10 @@ obx_core_copydata(struct obx_core *c, const uint8_t *buf, size_t len)
 		c->server_wal_end = w.wal_end;
 	rc = obx_pgoutput_decode(&c->dec, w.payload, w.payload_len, &m);
 	if (rc != 0) {
-		fail(c, OBX_CORE_END_FATAL, "could not decode pgoutput %s message (type 0x%02x) at offset %zu, "
-		    "lsn %s: %s", w.payload_len ? obx_pgoutput_type_name((char)w.payload[0]) : "empty",
+		fail(c, OBX_CORE_END_FATAL,
+		    "could not decode pgoutput %s message (type 0x%02x) at offset %zu, "
+		    "lsn %s: %s",
+		    w.payload_len ? obx_pgoutput_type_name((char)w.payload[0]) : "empty",
 		    w.payload_len ? w.payload[0] : 0, c->dec.error_offset,
 		    obx_lsn_format(w.data_start ? w.data_start : c->received, a, sizeof(a)), obx_strerror(rc));
 		return;
@@ -248,8 +266,8 @@ obx_core_streaming_allowed(const struct obx_core *c)
 /* ---- lifetime ---- */
 
 int
-obx_core_init(struct obx_core *c, const struct obx_config *cfg, const struct obx_core_ops *ops,
-    void *ctx, struct obx_metrics *m)
+obx_core_init(struct obx_core *c, const struct obx_config *cfg, const struct obx_core_ops *ops, void *ctx,
+    struct obx_metrics *m)
 {
 	memset(c, 0, sizeof(*c));
 	c->cfg = cfg;
@@ -280,8 +298,8 @@ obx_core_reset(struct obx_core *c)
 }
 
 int
-obx_core_new(struct obx_core **out, const struct obx_config *cfg, const struct obx_core_ops *ops,
-    void *ctx, struct obx_metrics *m)
+obx_core_new(struct obx_core **out, const struct obx_config *cfg, const struct obx_core_ops *ops, void *ctx,
+    struct obx_metrics *m)
 {
 	struct obx_core *c = malloc(sizeof(*c));
 
@@ -317,16 +335,17 @@ dedupe_on(struct obx_core *c)
 	if (obx_dd_partitioner_supported(c->cfg, &name))
 		return true;
 	if (!c->dd_noted)
-		obx_rc_note(c, OBX_LOG_WARN, NULL, "[delivery] dedupe is on but partitioner %s is not "
+		obx_rc_note(c, OBX_LOG_WARN, NULL,
+		    "[delivery] dedupe is on but partitioner %s is not "
 		    "one outboxd can reproduce (murmur2_random, murmur2): events after a restart are "
-		    "published again (at-least-once)", name);
+		    "published again (at-least-once)",
+		    name);
 	c->dd_noted = true;
 	return false;
 }
 
 int
-obx_core_session_start(struct obx_core *c, obx_lsn start, int proto, int status_interval_ms,
-    int64_t now_ms)
+obx_core_session_start(struct obx_core *c, obx_lsn start, int proto, int status_interval_ms, int64_t now_ms)
 {
 	obx_core_session_end(c);
 	c->gen++;

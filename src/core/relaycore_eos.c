@@ -85,8 +85,7 @@ obx_rc_batch_add(struct obx_core *c, const struct obx_record *rec, uint64_t tick
 	if (c->batch_records++ == 0)
 		c->batch_since_ms = c->now_ms;
 	c->batch_bytes += rec->len + rec->keylen;
-	if (obx_dd_mark_parse(rec->headers, rec->nheaders, &m) == 0 &&
-	    obx_dd_mark_cmp(&m, &c->batch.mark) > 0) {
+	if (obx_dd_mark_parse(rec->headers, rec->nheaders, &m) == 0 && obx_dd_mark_cmp(&m, &c->batch.mark) > 0) {
 		c->batch.mark = m;
 		c->batch.mark_commit_time = m.lsn == c->txn.commit_lsn ? c->txn.commit_time : 0;
 	}
@@ -128,8 +127,10 @@ obx_rc_floor_skip(struct obx_core *c, uint64_t ticket)
 		return true;
 	}
 	c->eos_floor_set = c->eos_checking = false; /* marks only grow: nothing after it is skipped */
-	obx_rc_note(c, OBX_LOG_INFO, NULL, "exactly-once: %" PRIu64 " replayed event(s) were in "
-	    "committed Kafka transactions already and were not sent again", c->eos_skipped);
+	obx_rc_note(c, OBX_LOG_INFO, NULL,
+	    "exactly-once: %" PRIu64 " replayed event(s) were in "
+	    "committed Kafka transactions already and were not sent again",
+	    c->eos_skipped);
 	return false;
 }
 
@@ -149,15 +150,19 @@ obx_rc_floor_refused(struct obx_core *c, const char *how)
 	c->eos_floor_set = c->eos_checking = false;
 	obx_lsn_format(c->eos_floor.lsn, a, sizeof(a));
 	if (!c->eos_holding) {
-		obx_rc_note(c, OBX_LOG_WARN, NULL, "exactly-once: %s: the last progress record (lsn %s) "
+		obx_rc_note(c, OBX_LOG_WARN, NULL,
+		    "exactly-once: %s: the last progress record (lsn %s) "
 		    "is of another history (a data directory restored from a copy?); nothing was "
-		    "skipped, nothing is", how, a);
+		    "skipped, nothing is",
+		    how, a);
 		return;
 	}
 	/* eos_holding stays: the session's last status update confirms nothing of what it skipped */
-	fail(c, OBX_CORE_END_RETRY, "exactly-once: %s: the last progress record (lsn %s) is of another "
+	fail(c, OBX_CORE_END_RETRY,
+	    "exactly-once: %s: the last progress record (lsn %s) is of another "
 	    "history (a data directory restored from a copy?); %" PRIu64 " replayed event(s) were taken for "
-	    "ones in Kafka, none confirmed: starting again to publish them", how, a, c->eos_skipped);
+	    "ones in Kafka, none confirmed: starting again to publish them",
+	    how, a, c->eos_skipped);
 }
 
 /*
@@ -176,8 +181,7 @@ obx_rc_check_floor(struct obx_core *c, obx_lsn commit_lsn, int64_t commit_time)
 		return;
 	}
 	if (commit_lsn == c->eos_floor.lsn) {
-		obx_rc_floor_refused(c,
-		    "the transaction at the record's lsn committed at another time");
+		obx_rc_floor_refused(c, "the transaction at the record's lsn committed at another time");
 		return;
 	}
 	if (c->eos_holding) {
@@ -206,7 +210,8 @@ obx_core_exactly_once(struct obx_core *c, const struct obx_dd_mark *floor, int64
 	c->eos_hold_flush = c->sent_flush;
 	if (floor != NULL && c->eos_refused_set && obx_dd_mark_cmp(floor, &c->eos_refused) == 0 &&
 	    floor_time == c->eos_refused_time) {
-		obx_rc_note(c, OBX_LOG_INFO, NULL, "exactly-once: the last progress record (lsn %s) is "
+		obx_rc_note(c, OBX_LOG_INFO, NULL,
+		    "exactly-once: the last progress record (lsn %s) is "
 		    "the one the replay contradicted: not skipping anything",
 		    obx_lsn_format(floor->lsn, a, sizeof(a)));
 		floor = NULL;
@@ -223,10 +228,11 @@ obx_core_commit_due(struct obx_core *c, int64_t now_ms, bool idle, struct obx_co
 {
 	if (!c->eos || !c->active || obx_rc_ending(c) || c->committing || c->batch_records == 0)
 		return false;
-	if (!c->commit_wanted && !(idle || c->draining || obx_rc_backpressured(c) ||
-	    c->batch_records >= (uint64_t)c->cfg->txn_max_events ||
-	    c->batch_bytes >= (uint64_t)c->cfg->txn_max_bytes ||
-	    now_ms - c->batch_since_ms >= c->cfg->txn_max_ms))
+	if (!c->commit_wanted &&
+	    !(idle || c->draining || obx_rc_backpressured(c) ||
+	        c->batch_records >= (uint64_t)c->cfg->txn_max_events ||
+	        c->batch_bytes >= (uint64_t)c->cfg->txn_max_bytes ||
+	        now_ms - c->batch_since_ms >= c->cfg->txn_max_ms))
 		return false;
 	/* nothing more joins the transaction; its progress record is produced only once every
 	 * record of it is acknowledged, so that no broker, consumer or crash ever sees the record
@@ -278,14 +284,17 @@ void
 obx_core_progress_record(const struct obx_core_progress *p, const struct obx_progress_source *src,
     struct obx_progress *out)
 {
-	*out = (struct obx_progress){ .mark = p->mark, .mark_commit_time = p->mark_commit_time,
-		.has_source = true, .src = *src, .end_lsn = p->end_lsn, .commit_time = p->commit_time,
+	*out = (struct obx_progress){ .mark = p->mark,
+		.mark_commit_time = p->mark_commit_time,
+		.has_source = true,
+		.src = *src,
+		.end_lsn = p->end_lsn,
+		.commit_time = p->commit_time,
 		.records = p->records };
 }
 
 enum obx_core_end
-obx_core_txn_init_end(int res, const char *txn_id, int budget_ms, char *errbuf,
-    size_t errlen)
+obx_core_txn_init_end(int res, const char *txn_id, int budget_ms, char *errbuf, size_t errlen)
 {
 	if (res == OBX_OK)
 		return OBX_CORE_RUNNING;
@@ -299,12 +308,13 @@ enum obx_core_end
 obx_core_fenced_end(bool connection_ours, const char *txn_id, const char *slot, char *errbuf, size_t errlen)
 {
 	return obx_progress_fenced(connection_ours, txn_id, slot, errbuf, errlen) == OBX_PROGRESS_STOP ?
-	    OBX_CORE_END_FATAL : OBX_CORE_END_RETRY;
+	    OBX_CORE_END_FATAL :
+	    OBX_CORE_END_RETRY;
 }
 
 enum obx_core_commit
-obx_core_commit_verdict(int res, bool connection_ours, const char *txn_id,
-    const char *slot, char *errbuf, size_t errlen)
+obx_core_commit_verdict(int res, bool connection_ours, const char *txn_id, const char *slot, char *errbuf,
+    size_t errlen)
 {
 	switch (res) {
 	case OBX_OK:
@@ -314,7 +324,8 @@ obx_core_commit_verdict(int res, bool connection_ours, const char *txn_id,
 	case OBX_EFENCED:
 		/* a new session goes on through the rewind of a FATAL commit */
 		return obx_core_fenced_end(connection_ours, txn_id, slot, errbuf, errlen) == OBX_CORE_END_FATAL ?
-		    OBX_CORE_COMMIT_FENCED : OBX_CORE_COMMIT_FATAL;
+		    OBX_CORE_COMMIT_FENCED :
+		    OBX_CORE_COMMIT_FATAL;
 	default:
 		return OBX_CORE_COMMIT_FATAL;
 	}

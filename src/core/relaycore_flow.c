@@ -37,8 +37,7 @@ obx_core_can_read(const struct obx_core *c)
 	/* when stopping, read on to the end of an open transaction: stopping inside one
 	 * would leave its acknowledged events unconfirmed, to be sent again */
 	return c->active && !obx_rc_ending(c) && !obx_dlv_pending(&c->dlv) && !c->replaying &&
-	    !obx_rc_backpressured(c) && !c->committing && !c->commit_wanted &&
-	    !(c->draining && !c->in_txn);
+	    !obx_rc_backpressured(c) && !c->committing && !c->commit_wanted && !(c->draining && !c->in_txn);
 }
 
 void
@@ -52,7 +51,8 @@ obx_core_pump(struct obx_core *c, int64_t now_ms)
 	if (c->committing || c->commit_wanted) {
 		/* nothing is produced while a Kafka transaction commits; a drain still ends in time */
 		if (c->draining && obx_stops_abandoned(&c->stops, now_ms, OBX_CORE_DRAIN_TIMEOUT_MS)) {
-			obx_rc_note(c, OBX_LOG_WARN, NULL, "stopping with a Kafka transaction of %" PRIu64
+			obx_rc_note(c, OBX_LOG_WARN, NULL,
+			    "stopping with a Kafka transaction of %" PRIu64
 			    " record(s) not committed after %d s (it is aborted; its events are re-sent "
 			    "from the slot)",
 			    c->batch_records, OBX_CORE_DRAIN_TIMEOUT_MS / 1000);
@@ -78,21 +78,23 @@ obx_core_pump(struct obx_core *c, int64_t now_ms)
 		}
 		level = c->pause_noted ? OBX_LOG_INFO : OBX_LOG_DEBUG;
 		if (c->paused)
-			obx_rc_note(c, level, NULL, "backpressure: %" PRIu64 " event(s), %" PRIu64
-			    " byte(s) in flight, %zu transaction(s) unconfirmed; pausing the replication "
-			    "stream", c->dlv.inflight, c->dlv.inflight_bytes, c->ack.count);
-		else
 			obx_rc_note(c, level, NULL,
-			    "backpressure released: resuming the replication stream");
+			    "backpressure: %" PRIu64 " event(s), %" PRIu64
+			    " byte(s) in flight, %zu transaction(s) unconfirmed; pausing the replication "
+			    "stream",
+			    c->dlv.inflight, c->dlv.inflight_bytes, c->ack.count);
+		else
+			obx_rc_note(c, level, NULL, "backpressure released: resuming the replication stream");
 	}
 	if (!c->draining)
 		return;
 	if (c->ack.outstanding == 0 && !c->in_txn && !obx_dlv_pending(&c->dlv)) {
 		fail(c, OBX_CORE_END_STOP, "stopped");
 	} else if (obx_stops_abandoned(&c->stops, now_ms, OBX_CORE_DRAIN_TIMEOUT_MS)) {
-		obx_rc_note(c, OBX_LOG_WARN, NULL, "stopping with %" PRIu64 " event(s) unacknowledged "
-		    "after %d s (they will be re-sent from the slot)", c->ack.outstanding,
-		    OBX_CORE_DRAIN_TIMEOUT_MS / 1000);
+		obx_rc_note(c, OBX_LOG_WARN, NULL,
+		    "stopping with %" PRIu64 " event(s) unacknowledged "
+		    "after %d s (they will be re-sent from the slot)",
+		    c->ack.outstanding, OBX_CORE_DRAIN_TIMEOUT_MS / 1000);
 		fail(c, OBX_CORE_END_STOP, "stopped");
 	}
 }
@@ -107,14 +109,17 @@ void
 obx_core_signal(struct obx_core *c, int64_t now_ms)
 {
 	if (obx_stops_add(&c->stops, now_ms) == OBX_STOP_NOW) {
-		fail(c, OBX_CORE_END_STOP, "second signal: stopping at once with %" PRIu64
-		    " event(s) unacknowledged (they will be re-sent from the slot)", c->ack.outstanding);
+		fail(c, OBX_CORE_END_STOP,
+		    "second signal: stopping at once with %" PRIu64
+		    " event(s) unacknowledged (they will be re-sent from the slot)",
+		    c->ack.outstanding);
 		return;
 	}
 	c->draining = true;
 	if (c->active)
-		obx_rc_note(c, OBX_LOG_INFO, NULL, "stopping: waiting up to %d s for %" PRIu64
-		    " outstanding event(s)", OBX_CORE_DRAIN_TIMEOUT_MS / 1000, c->ack.outstanding);
+		obx_rc_note(c, OBX_LOG_INFO, NULL,
+		    "stopping: waiting up to %d s for %" PRIu64 " outstanding event(s)",
+		    OBX_CORE_DRAIN_TIMEOUT_MS / 1000, c->ack.outstanding);
 }
 
 /* What may be confirmed: the ack tracker's flush position, held while a floor is checked. */
@@ -128,8 +133,7 @@ flushable(const struct obx_core *c)
 }
 
 bool
-obx_core_status_due(const struct obx_core *c, int64_t now_ms, obx_lsn *write, obx_lsn *flush,
-    bool *reply)
+obx_core_status_due(const struct obx_core *c, int64_t now_ms, obx_lsn *write, obx_lsn *flush, bool *reply)
 {
 	int64_t since = now_ms - c->last_status_ms;
 

@@ -18,8 +18,8 @@
 
 /* A row of the current transaction that cannot become an event (ticket registered): on_error. */
 static void
-poison_row(struct obx_core *c, const struct obx_rel *rel, const struct obx_pg_tuple *t,
-    uint64_t ticket, const char *reason)
+poison_row(struct obx_core *c, const struct obx_rel *rel, const struct obx_pg_tuple *t, uint64_t ticket,
+    const char *reason)
 {
 	char lsn[OBX_LSN_STRLEN], seq[16], xid[16];
 	struct obx_header h[4];
@@ -29,9 +29,10 @@ poison_row(struct obx_core *c, const struct obx_rel *rel, const struct obx_pg_tu
 
 	obx_lsn_format(c->txn.commit_lsn, lsn, sizeof(lsn));
 	if (c->cfg->on_error == OBX_ON_ERROR_STOP) {
-		obx_rc_fail_at(c, OBX_CORE_END_FATAL, &f, "event id=? at lsn %s (xid %" PRIu32 ") cannot "
-		    "be published: %s (on_error = stop: nothing after it is confirmed)", lsn, c->txn.xid,
-		    reason);
+		obx_rc_fail_at(c, OBX_CORE_END_FATAL, &f,
+		    "event id=? at lsn %s (xid %" PRIu32 ") cannot "
+		    "be published: %s (on_error = stop: nothing after it is confirmed)",
+		    lsn, c->txn.xid, reason);
 		return;
 	}
 	snprintf(seq, sizeof(seq), "%" PRIu32, c->txn_events - 1);
@@ -45,8 +46,10 @@ poison_row(struct obx_core *c, const struct obx_rel *rel, const struct obx_pg_tu
 		fail(c, OBX_CORE_END_FATAL, "out of memory");
 		return;
 	}
-	obx_rc_note(c, OBX_LOG_WARN, &f, "event id=? at lsn %s cannot be published (%s): "
-	    "dead-lettering the row to %s", lsn, reason, c->cfg->dead_letter_topic);
+	obx_rc_note(c, OBX_LOG_WARN, &f,
+	    "event id=? at lsn %s cannot be published (%s): "
+	    "dead-lettering the row to %s",
+	    lsn, reason, c->cfg->dead_letter_topic);
 	rec = (struct obx_record){ c->cfg->dead_letter_topic, NULL, 0, row, strlen(row),
 		(c->txn.commit_time + OBX_PG_EPOCH_OFFSET_US) / 1000, h, 4 };
 	obx_rc_send_record(c, &rec, ticket, true);
@@ -60,8 +63,7 @@ poison_row(struct obx_core *c, const struct obx_rel *rel, const struct obx_pg_tu
  * is already known to be unbuildable (a message that is not a JSON object).
  */
 static void
-publish_event(struct obx_core *c, const struct obx_rel *rel, const struct obx_pg_tuple *tuple,
-    const char *why_not)
+publish_event(struct obx_core *c, const struct obx_rel *rel, const struct obx_pg_tuple *tuple, const char *why_not)
 {
 	struct obx_event ev;
 	struct obx_record rec;
@@ -89,8 +91,8 @@ publish_event(struct obx_core *c, const struct obx_rel *rel, const struct obx_pg
 		poison_row(c, rel, tuple, ticket, errbuf);
 		return;
 	}
-	rec = (struct obx_record){ ev.topic, ev.key, ev.keylen, ev.value, ev.len, ev.timestamp_ms,
-		ev.headers, ev.nheaders };
+	rec = (struct obx_record){ ev.topic, ev.key, ev.keylen, ev.value, ev.len, ev.timestamp_ms, ev.headers,
+		ev.nheaders };
 	obx_rc_send_record(c, &rec, ticket, false);
 }
 
@@ -121,8 +123,8 @@ obx_rc_message_row_free(struct obx_core *c)
  * errbuf says why.  Returns 0, OBX_EINVAL (errbuf filled) or OBX_ENOMEM.
  */
 static int
-message_row(struct obx_core *c, const uint8_t *content, uint32_t len, struct obx_pg_tuple *t,
-    char *errbuf, size_t errlen)
+message_row(struct obx_core *c, const uint8_t *content, uint32_t len, struct obx_pg_tuple *t, char *errbuf,
+    size_t errlen)
 {
 	struct obx_core_msgrow *mr = &c->mrow;
 	json_error_t jerr;
@@ -131,22 +133,27 @@ message_row(struct obx_core *c, const uint8_t *content, uint32_t len, struct obx
 	uint16_t n = 0;
 
 	obx_rc_message_row_free(c);
-	mr->rel = (struct obx_rel){ .relid = 0, .nspname = c->cfg->table_schema,
-		.relname = c->cfg->table_name, .cols = mr->cols, .version = ++mr->version };
+	mr->rel = (struct obx_rel){ .relid = 0,
+		.nspname = c->cfg->table_schema,
+		.relname = c->cfg->table_name,
+		.cols = mr->cols,
+		.version = ++mr->version };
 	obx_event_builder_forget(&c->eb);
 	mr->json = json_loadb((const char *)content, len, 0, &jerr);
-	if (mr->json == NULL || !json_is_object(mr->json) ||
-	    json_object_size(mr->json) > OBX_CORE_MESSAGE_KEYS) {
-		snprintf(errbuf, errlen, mr->json == NULL ? "message content is not JSON: %s" :
-		    !json_is_object(mr->json) ? "message content is not a JSON object%s" :
-		    "message content has more than 64 keys%s", mr->json == NULL ? jerr.text : "");
+	if (mr->json == NULL || !json_is_object(mr->json) || json_object_size(mr->json) > OBX_CORE_MESSAGE_KEYS) {
+		snprintf(errbuf, errlen,
+		    mr->json == NULL              ? "message content is not JSON: %s" :
+		        !json_is_object(mr->json) ? "message content is not a JSON object%s" :
+		                                    "message content has more than 64 keys%s",
+		    mr->json == NULL ? jerr.text : "");
 		mr->cols[0] = (struct obx_relcol){ "content", 25 };
 		mr->dat[0] = (struct obx_pg_datum){ 't', content, len };
 		mr->rel.natts = 1;
 		*t = (struct obx_pg_tuple){ 1, mr->dat };
 		return OBX_EINVAL;
 	}
-	json_object_foreach(mr->json, k, v) {
+	json_object_foreach(mr->json, k, v)
+	{
 		mr->cols[n] = (struct obx_relcol){ (char *)k, json_is_object(v) || json_is_array(v) ? 3802 : 25 };
 		if (json_is_null(v)) {
 			mr->dat[n] = (struct obx_pg_datum){ 'n', NULL, 0 };
@@ -191,15 +198,17 @@ obx_rc_insert(struct obx_core *c, const struct obx_pgmsg *m)
 	const struct obx_rel *rel = obx_relcache_get(&c->rels, m->u.insert.relid);
 
 	if (rel == NULL) {
-		fail(c, OBX_CORE_END_FATAL, "Insert for relation %" PRIu32 " that no Relation message "
-		    "announced", m->u.insert.relid);
+		fail(c, OBX_CORE_END_FATAL,
+		    "Insert for relation %" PRIu32 " that no Relation message "
+		    "announced",
+		    m->u.insert.relid);
 		return;
 	}
 	if (!obx_event_is_outbox(&c->eb, rel))
 		return;
 	if (c->in_stream) {
-		obx_rc_buffer_result(c, obx_streambuf_add(&c->sbuf, c->stream_xid, m->xid, rel,
-		    &m->u.insert.tuple));
+		obx_rc_buffer_result(c,
+		    obx_streambuf_add(&c->sbuf, c->stream_xid, m->xid, rel, &m->u.insert.tuple));
 		return;
 	}
 	if (!c->in_txn) {
@@ -221,13 +230,14 @@ obx_rc_message(struct obx_core *c, const struct obx_pgmsg *m)
 		c->m->messages_refused++;
 		obx_rc_note(c, OBX_LOG_WARN, &(struct obx_logfields){ .lsn = m->u.message.lsn },
 		    "non-transactional message with prefix '%s' at lsn %s not published: "
-		    "only pg_logical_emit_message(true, ...) is tied to a commit", m->u.message.prefix,
-		    obx_lsn_format(m->u.message.lsn, a, sizeof(a)));
+		    "only pg_logical_emit_message(true, ...) is tied to a commit",
+		    m->u.message.prefix, obx_lsn_format(m->u.message.lsn, a, sizeof(a)));
 		return;
 	}
 	if (c->in_stream) {
-		obx_rc_buffer_result(c, obx_streambuf_add_message(&c->sbuf, c->stream_xid, m->xid,
-		    m->u.message.content, m->u.message.len));
+		obx_rc_buffer_result(c,
+		    obx_streambuf_add_message(&c->sbuf, c->stream_xid, m->xid, m->u.message.content,
+		        m->u.message.len));
 		return;
 	}
 	if (!c->in_txn) {

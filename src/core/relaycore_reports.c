@@ -86,8 +86,7 @@ dedupe(struct obx_core *c, const struct obx_record *rec)
 
 	if (!c->dd.on)
 		return OBX_DD_SEND;
-	v = obx_dedupe_check(&c->dd, rec->topic, rec->key, rec->keylen, rec->headers, rec->nheaders,
-	    &floor);
+	v = obx_dedupe_check(&c->dd, rec->topic, rec->key, rec->keylen, rec->headers, rec->nheaders, &floor);
 	if (v != OBX_DD_LOOKUP)
 		return v;
 	if (c->ops->lookup(c->ctx, rec->topic, &floor, c->gen))
@@ -170,8 +169,10 @@ obx_core_report(struct obx_core *c, const struct obx_report *r)
 		/* on_error applies to it in the next transaction, at the replay */
 		obx_rc_remember_rejected(c, &r->record, res.dead_letter, r->error);
 		c->end_kafka = true;
-		obx_rc_fail_at(c, OBX_CORE_END_RETRY, &res.f, "%s: aborting it and rewinding to the slot; "
-		    "on_error applies at the replay", res.reason);
+		obx_rc_fail_at(c, OBX_CORE_END_RETRY, &res.f,
+		    "%s: aborting it and rewinding to the slot; "
+		    "on_error applies at the replay",
+		    res.reason);
 		return;
 	}
 	if (o != OBX_DLV_ACKED) {

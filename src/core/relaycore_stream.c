@@ -29,14 +29,17 @@ obx_rc_buffer_result(struct obx_core *c, int rc)
 	if (rc == OBX_EFULL) {
 		/* the server then decodes the transaction whole, spilling to its own disk */
 		c->streaming_off = true;
-		fail(c, OBX_CORE_END_RETRY, "streamed transaction %" PRIu32 " holds more outbox rows than "
+		fail(c, OBX_CORE_END_RETRY,
+		    "streamed transaction %" PRIu32 " holds more outbox rows than "
 		    "[source] stream_buffer (%lld bytes) after lsn %s; reconnecting with streaming off",
 		    c->stream_xid, c->cfg->stream_buffer_bytes, obx_lsn_format(c->received, a, sizeof(a)));
 		return;
 	}
 	if (rc != 0)
-		fail(c, OBX_CORE_END_FATAL, rc == OBX_ENOMEM ? "out of memory" :
-		    "streamed change for transaction %" PRIu32 " outside of Stream Start", c->stream_xid);
+		fail(c, OBX_CORE_END_FATAL,
+		    rc == OBX_ENOMEM ? "out of memory" :
+		                       "streamed change for transaction %" PRIu32 " outside of Stream Start",
+		    c->stream_xid);
 	c->m->stream_buffer_bytes = c->sbuf.bytes;
 }
 
@@ -47,8 +50,8 @@ obx_rc_replay(struct obx_core *c)
 	const struct obx_sbuf_txn *t = obx_streambuf_get(&c->sbuf, c->replay_xid);
 	char a[OBX_LSN_STRLEN];
 
-	while (t != NULL && c->replay_next < t->nrows && !obx_rc_ending(c) &&
-	    !obx_dlv_pending(&c->dlv) && !obx_rc_backpressured(c)) {
+	while (t != NULL && c->replay_next < t->nrows && !obx_rc_ending(c) && !obx_dlv_pending(&c->dlv) &&
+	    !obx_rc_backpressured(c)) {
 		const struct obx_sbuf_row *row = &t->rows[c->replay_next++];
 
 		if (row->rel == OBX_SBUF_MESSAGE)
@@ -79,7 +82,7 @@ void
 obx_rc_stream_commit(struct obx_core *c, const struct obx_pgmsg *m)
 {
 	if (!obx_rc_open_txn(c, "Stream Commit", m->u.stream_commit.commit_lsn, m->u.stream_commit.xid,
-	    m->u.stream_commit.commit_time))
+	        m->u.stream_commit.commit_time))
 		return;
 	c->replaying = true;
 	c->replay_xid = m->u.stream_commit.xid;
@@ -108,17 +111,19 @@ obx_rc_stream_abort(struct obx_core *c, const struct obx_pgmsg *m)
 
 	if (subxid != xid && t != NULL && t->nmessages > 0) {
 		c->streaming_off = true;
-		fail(c, OBX_CORE_END_RETRY, "streamed transaction %" PRIu32 " rolled back subtransaction %"
-		    PRIu32 " and holds %zu logical decoding message(s), which pgoutput does not tag with their "
-		    "subtransaction; reconnecting with streaming off", xid, subxid, t->nmessages);
+		fail(c, OBX_CORE_END_RETRY,
+		    "streamed transaction %" PRIu32 " rolled back subtransaction %" PRIu32
+		    " and holds %zu logical decoding message(s), which pgoutput does not tag with their "
+		    "subtransaction; reconnecting with streaming off",
+		    xid, subxid, t->nmessages);
 		return;
 	}
 	n = obx_streambuf_abort(&c->sbuf, xid, subxid);
 	c->m->stream_aborted_events += n;
 	if (n > 0)
-		obx_rc_note(c, OBX_LOG_DEBUG, NULL, "streamed transaction %" PRIu32 " rolled back %s %"
-		    PRIu32 ": %zu buffered event(s) discarded", xid,
-		    subxid == xid ? "whole, xid" : "savepoint, subxid", subxid, n);
+		obx_rc_note(c, OBX_LOG_DEBUG, NULL,
+		    "streamed transaction %" PRIu32 " rolled back %s %" PRIu32 ": %zu buffered event(s) discarded",
+		    xid, subxid == xid ? "whole, xid" : "savepoint, subxid", subxid, n);
 	streams_changed(c);
 }
 

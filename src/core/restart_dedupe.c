@@ -58,8 +58,7 @@ obx_dd_mark_parse(const struct obx_header *hs, size_t n, struct obx_dd_mark *out
 		else if (id == NULL && strcmp(hs[i].name, "id") == 0)
 			id = &hs[i];
 	}
-	if (lsn == NULL || seq == NULL || lsn->value == NULL || seq->value == NULL ||
-	    lsn->len >= sizeof(buf))
+	if (lsn == NULL || seq == NULL || lsn->value == NULL || seq->value == NULL || lsn->len >= sizeof(buf))
 		return OBX_ENOENT;
 	memcpy(buf, lsn->value, lsn->len);
 	buf[lsn->len] = '\0';
@@ -273,8 +272,7 @@ obx_dd_scan_want(struct obx_dd_scan *s, int32_t p, struct obx_dd_window *w)
 	pt = &s->parts[p];
 	if (!pt->bounded || pt->reached || pt->in_window)
 		return false;
-	n = pt->read_from == pt->hi ? OBX_DD_FIRST_WINDOW :
-	    next_window(pt, (uint64_t)(pt->win.to - pt->win.from));
+	n = pt->read_from == pt->hi ? OBX_DD_FIRST_WINDOW : next_window(pt, (uint64_t)(pt->win.to - pt->win.from));
 	pt->win.to = pt->read_from;
 	pt->win.from = pt->read_from - pt->lo > (int64_t)n ? pt->read_from - (int64_t)n : pt->lo;
 	pt->in_window = true;
@@ -283,8 +281,8 @@ obx_dd_scan_want(struct obx_dd_scan *s, int32_t p, struct obx_dd_window *w)
 }
 
 void
-obx_dd_scan_record(struct obx_dd_scan *s, int32_t p, int64_t offset, const void *key,
-    size_t keylen, size_t len, const struct obx_header *hs, size_t nh)
+obx_dd_scan_record(struct obx_dd_scan *s, int32_t p, int64_t offset, const void *key, size_t keylen, size_t len,
+    const struct obx_header *hs, size_t nh)
 {
 	struct obx_dd_part *pt;
 	struct obx_dd_mark m;
@@ -302,8 +300,10 @@ obx_dd_scan_record(struct obx_dd_scan *s, int32_t p, int64_t offset, const void 
 	if (obx_dd_mark_parse(hs, nh, &m) != 0) {
 		if (offset > pt->last_foreign) {
 			pt->last_foreign = offset;
-			snprintf(pt->reason, sizeof(pt->reason), "the record at offset %" PRId64 " has no lsn and "
-			    "seq headers of outboxd (another writer)", offset);
+			snprintf(pt->reason, sizeof(pt->reason),
+			    "the record at offset %" PRId64 " has no lsn and "
+			    "seq headers of outboxd (another writer)",
+			    offset);
 		}
 		return;
 	}
@@ -315,10 +315,11 @@ obx_dd_scan_record(struct obx_dd_scan *s, int32_t p, int64_t offset, const void 
 	q = obx_dd_partition(key, keylen, s->nparts);
 	if (q >= 0 && q != p && offset > pt->last_moved) {
 		pt->last_moved = offset;
-		snprintf(s->reason, sizeof(s->reason), "the record at offset %" PRId64 " of partition %" PRId32
+		snprintf(s->reason, sizeof(s->reason),
+		    "the record at offset %" PRId64 " of partition %" PRId32
 		    " has a key that maps to partition %" PRId32 " of today's %" PRId32 ": the partition "
-		    "count changed since it was written (or another partitioner placed it)", offset, p, q,
-		    s->nparts);
+		    "count changed since it was written (or another partitioner placed it)",
+		    offset, p, q, s->nparts);
 	}
 	if (obx_dd_mark_cmp(&m, &s->floor) < 0) {
 		if (offset > pt->last_below)
@@ -329,8 +330,7 @@ obx_dd_scan_record(struct obx_dd_scan *s, int32_t p, int64_t offset, const void 
 	if (key == NULL)
 		return; /* placed at random: such a record is never looked for */
 	if (s->nmarks >= OBX_DD_MAX_MARKS) {
-		obx_dd_scan_fail(s, p, "more than %d records since the first event to check",
-		    OBX_DD_MAX_MARKS);
+		obx_dd_scan_fail(s, p, "more than %d records since the first event to check", OBX_DD_MAX_MARKS);
 		return;
 	}
 	if (pt->n == pt->cap) {
@@ -495,8 +495,7 @@ cmp_marks(const void *a, const void *b)
  * there, or (skipped) that last record itself.
  */
 static void
-caught_up(struct obx_dedupe *d, struct obx_dd_topic *t, int32_t p, const struct obx_dd_mark *m,
-    bool skipped)
+caught_up(struct obx_dedupe *d, struct obx_dd_topic *t, int32_t p, const struct obx_dd_mark *m, bool skipped)
 {
 	struct obx_dd_part *pt = &t->scan->parts[p];
 	char a[OBX_LSN_STRLEN];
@@ -504,12 +503,15 @@ caught_up(struct obx_dedupe *d, struct obx_dd_topic *t, int32_t p, const struct 
 	pt->state = OBX_DD_NEW;
 	part_drop_marks(t->scan, pt);
 	t->checking--;
-	note(d, OBX_LOG_DEBUG, "de-duplication: %s [%" PRId32 "] caught up after %" PRIu64 " event(s) "
-	    "found in Kafka: publishing %s lsn %s seq %" PRIu32, t->name, p, pt->skipped,
-	    skipped ? "after" : "from", obx_lsn_format(m->lsn, a, sizeof(a)), m->seq);
+	note(d, OBX_LOG_DEBUG,
+	    "de-duplication: %s [%" PRId32 "] caught up after %" PRIu64 " event(s) "
+	    "found in Kafka: publishing %s lsn %s seq %" PRIu32,
+	    t->name, p, pt->skipped, skipped ? "after" : "from", obx_lsn_format(m->lsn, a, sizeof(a)), m->seq);
 	if (t->checking == 0 && t->skipped > 0)
-		note(d, OBX_LOG_INFO, "de-duplication: %" PRIu64 " event(s) of topic %s were in Kafka "
-		    "already and were not sent again", t->skipped, t->name);
+		note(d, OBX_LOG_INFO,
+		    "de-duplication: %" PRIu64 " event(s) of topic %s were in Kafka "
+		    "already and were not sent again",
+		    t->skipped, t->name);
 }
 
 enum obx_dd_verdict
@@ -571,8 +573,10 @@ obx_dedupe_install(struct obx_dedupe *d, struct obx_dd_scan *s)
 	t->checking = 0;
 	if (s->failed || s->nparts < 0) {
 		d->fallbacks++;
-		note(d, OBX_LOG_WARN, "de-duplication: topic %s: %s; publishing its events from the slot's "
-		    "position (at-least-once)", s->topic, s->failed ? s->reason : "not read back");
+		note(d, OBX_LOG_WARN,
+		    "de-duplication: topic %s: %s; publishing its events from the slot's "
+		    "position (at-least-once)",
+		    s->topic, s->failed ? s->reason : "not read back");
 		for (int32_t p = 0; p < s->nparts; p++)
 			part_drop_marks(s, &s->parts[p]);
 		return;
@@ -582,8 +586,10 @@ obx_dedupe_install(struct obx_dedupe *d, struct obx_dd_scan *s)
 
 		if (pt->state == OBX_DD_FALLBACK) {
 			d->fallbacks++;
-			note(d, OBX_LOG_WARN, "de-duplication: topic %s partition %" PRId32 ": %s; publishing "
-			    "its events from the slot's position (at-least-once)", s->topic, p, pt->reason);
+			note(d, OBX_LOG_WARN,
+			    "de-duplication: topic %s partition %" PRId32 ": %s; publishing "
+			    "its events from the slot's position (at-least-once)",
+			    s->topic, p, pt->reason);
 			continue;
 		}
 		if (pt->n == 0 || !pt->has_last || obx_dd_mark_cmp(&pt->last, &s->floor) < 0) {
@@ -595,8 +601,10 @@ obx_dedupe_install(struct obx_dedupe *d, struct obx_dd_scan *s)
 		marks += pt->n;
 		t->checking++;
 	}
-	note(d, OBX_LOG_DEBUG, "de-duplication: topic %s read back: %" PRId32 " partition(s), %zu of "
-	    "them to check against %zu record(s)", s->topic, s->nparts, t->checking, marks);
+	note(d, OBX_LOG_DEBUG,
+	    "de-duplication: topic %s read back: %" PRId32 " partition(s), %zu of "
+	    "them to check against %zu record(s)",
+	    s->topic, s->nparts, t->checking, marks);
 }
 
 void

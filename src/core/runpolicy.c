@@ -64,10 +64,8 @@ obx_failure_metrics(struct obx_metrics *m, bool broker, bool standby, const char
 	else if (!standby)
 		m->reconnects_postgres++;
 	m->state = standby ? OBX_STATE_STANDBY : OBX_STATE_CONNECTING;
-	m->not_ready = standby ? OBX_NOT_READY_NONE : broker ? OBX_NOT_READY_BROKER :
-	    OBX_NOT_READY_POSTGRES;
-	snprintf(m->state_reason, sizeof(m->state_reason), "%.*s", (int)sizeof(m->state_reason) - 1,
-	    reason);
+	m->not_ready = standby ? OBX_NOT_READY_NONE : broker ? OBX_NOT_READY_BROKER : OBX_NOT_READY_POSTGRES;
+	snprintf(m->state_reason, sizeof(m->state_reason), "%.*s", (int)sizeof(m->state_reason) - 1, reason);
 	m->inflight_events = m->inflight_bytes = 0;
 	m->oldest_unacked_age_seconds = 0;
 }

@@ -5,8 +5,8 @@
 #include "obx/core/slotguard.h"
 
 int
-obx_slotguard_may_create(const struct obx_slotguard *g, const char *slot, bool recreate,
-    bool create_slot, char *errbuf, size_t errlen)
+obx_slotguard_may_create(const struct obx_slotguard *g, const char *slot, bool recreate, bool create_slot,
+    char *errbuf, size_t errlen)
 {
 	if (g->marked && !recreate) {
 		snprintf(errbuf, errlen,

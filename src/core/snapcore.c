@@ -9,8 +9,7 @@
 #include "obx/core/snapcore.h"
 
 int
-obx_snap_outcome(enum obx_dlv_outcome o, const char *slot, const char *reason, char *errbuf,
-    size_t errlen)
+obx_snap_outcome(enum obx_dlv_outcome o, const char *slot, const char *reason, char *errbuf, size_t errlen)
 {
 	switch (o) {
 	case OBX_DLV_SENT:
@@ -31,8 +30,7 @@ obx_snap_outcome(enum obx_dlv_outcome o, const char *slot, const char *reason, c
 }
 
 int
-obx_snap_headers(const struct obx_event *ev, const char *point, struct obx_header **hdrs,
-    size_t *cap, size_t *n)
+obx_snap_headers(const struct obx_event *ev, const char *point, struct obx_header **hdrs, size_t *cap, size_t *n)
 {
 	size_t o = 0;
 
@@ -46,8 +44,8 @@ obx_snap_headers(const struct obx_event *ev, const char *point, struct obx_heade
 	}
 	for (size_t i = 0; i < ev->nheaders; i++) {
 		/* the builder's first six are id, type, lsn, seq, xid, commit_ts (event.c) */
-		if (i < 6 && (strcmp(ev->headers[i].name, "xid") == 0 ||
-		    strcmp(ev->headers[i].name, "commit_ts") == 0))
+		if (i < 6 &&
+		    (strcmp(ev->headers[i].name, "xid") == 0 || strcmp(ev->headers[i].name, "commit_ts") == 0))
 			continue;
 		(*hdrs)[o++] = ev->headers[i];
 	}

@@ -152,8 +152,8 @@ add_row(struct obx_streambuf *b, struct obx_sbuf_txn *t, uint32_t subxid, const 
 }
 
 int
-obx_streambuf_add(struct obx_streambuf *b, uint32_t xid, uint32_t subxid,
-    const struct obx_rel *rel, const struct obx_pg_tuple *tuple)
+obx_streambuf_add(struct obx_streambuf *b, uint32_t xid, uint32_t subxid, const struct obx_rel *rel,
+    const struct obx_pg_tuple *tuple)
 {
 	struct obx_sbuf_txn *t = find(b, xid);
 
@@ -163,8 +163,8 @@ obx_streambuf_add(struct obx_streambuf *b, uint32_t xid, uint32_t subxid,
 }
 
 int
-obx_streambuf_add_message(struct obx_streambuf *b, uint32_t xid, uint32_t subxid,
-    const uint8_t *content, uint32_t len)
+obx_streambuf_add_message(struct obx_streambuf *b, uint32_t xid, uint32_t subxid, const uint8_t *content,
+    uint32_t len)
 {
 	struct obx_sbuf_txn *t = find(b, xid);
 	struct obx_pg_datum d = { 't', content, len };

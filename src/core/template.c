@@ -31,8 +31,8 @@ add_part(struct obx_template *t, bool is_column, const char *text, size_t len)
 
 /* Parses the reference at p ("${..."); on success *next is just past its '}'. */
 static int
-parse_reference(struct obx_template *t, const char *text, const char *p, const char **next,
-    char *errbuf, size_t errlen)
+parse_reference(struct obx_template *t, const char *text, const char *p, const char **next, char *errbuf,
+    size_t errlen)
 {
 	const char *close = strchr(p + 2, '}');
 

@@ -27,8 +27,9 @@ issue_invoice(PGconn *conn, const rd_kafka_message_t *msg, void *arg)
 
 	(void)arg;
 	snprintf(key, sizeof(key), "%.*s", (int)msg->key_len, (const char *)msg->key);
-	r = PQexecParams(conn, "INSERT INTO invoices (order_id, amount) SELECT id, total FROM orders WHERE id = $1::bigint",
-	    1, NULL, p, NULL, NULL, 0);
+	r = PQexecParams(conn,
+	    "INSERT INTO invoices (order_id, amount) SELECT id, total FROM orders WHERE id = $1::bigint", 1, NULL,
+	    p, NULL, NULL, 0);
 	if (PQresultStatus(r) != PGRES_COMMAND_OK) {
 		fprintf(stderr, "billing_consumer: %s", PQresultErrorMessage(r));
 		PQclear(r);
@@ -123,8 +124,9 @@ main(int argc, char **argv)
 			int rc = outbox_consume(oc, m, issue_invoice, NULL, err, sizeof(err));
 
 			printf("   billing| order %.*s event %s: %s\n", (int)m->key_len, (const char *)m->key, id,
-			    rc == OUTBOX_OK ? "invoice issued" : rc == OUTBOX_DUPLICATE ?
-			    "duplicate delivery, skipped" : err);
+			    rc == OUTBOX_OK            ? "invoice issued" :
+			        rc == OUTBOX_DUPLICATE ? "duplicate delivery, skipped" :
+			                                 err);
 		}
 		rd_kafka_message_destroy(m);
 	}

@@ -41,8 +41,10 @@ confirm(PGconn *c, outbox_writer *w, const char *order_id)
 
 	if (!exec_ok(c, "BEGIN"))
 		return -1;
-	r = PQexecParams(c, "UPDATE orders SET status = 'confirmed', updated_at = now() "
-	    "WHERE id = $1 AND status <> 'confirmed' RETURNING customer, total", 1, NULL, p, NULL, NULL, 0);
+	r = PQexecParams(c,
+	    "UPDATE orders SET status = 'confirmed', updated_at = now() "
+	    "WHERE id = $1 AND status <> 'confirmed' RETURNING customer, total",
+	    1, NULL, p, NULL, NULL, 0);
 	if (PQresultStatus(r) != PGRES_TUPLES_OK) {
 		fprintf(stderr, "order_service: %s", PQresultErrorMessage(r));
 		PQclear(r);
@@ -101,7 +103,8 @@ main(int argc, char **argv)
 		return 1;
 	}
 	for (int i = 0; i < n && rc == 0; i++) {
-		PGresult *r = PQexec(c, "INSERT INTO orders (customer, total) "
+		PGresult *r = PQexec(c,
+		    "INSERT INTO orders (customer, total) "
 		    "VALUES ('customer-' || (random() * 1000)::int, round((random() * 100)::numeric, 2)) RETURNING id");
 		char id[32];
 

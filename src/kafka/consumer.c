@@ -26,8 +26,7 @@ error_cb(rd_kafka_t *rk, int err, const char *reason, void *opaque)
 {
 	(void)rk;
 	(void)opaque;
-	obx_log_debug("kafka (dedupe read-back): %s: %s", rd_kafka_err2name((rd_kafka_resp_err_t)err),
-	    reason);
+	obx_log_debug("kafka (dedupe read-back): %s: %s", rd_kafka_err2name((rd_kafka_resp_err_t)err), reason);
 }
 
 rd_kafka_t *

@@ -43,14 +43,14 @@ stopping(struct obx_lookup *l)
 
 /* Reads the topic's partition count into s; false when the read-back is over. */
 static bool
-read_metadata(struct obx_lookup *l, rd_kafka_t *rk, rd_kafka_topic_t *rkt, struct obx_dd_scan *s,
-    int64_t deadline)
+read_metadata(struct obx_lookup *l, rd_kafka_t *rk, rd_kafka_topic_t *rkt, struct obx_dd_scan *s, int64_t deadline)
 {
 	const struct rd_kafka_metadata *md = NULL;
 	rd_kafka_resp_err_t err;
 
 	for (;;) {
-		err = rd_kafka_metadata(rk, 0, rkt, &md, obx_kafka_slice(deadline) > 0 ? obx_kafka_slice(deadline) : 1);
+		err = rd_kafka_metadata(rk, 0, rkt, &md,
+		    obx_kafka_slice(deadline) > 0 ? obx_kafka_slice(deadline) : 1);
 		if (err == RD_KAFKA_RESP_ERR_NO_ERROR)
 			break;
 		if (stopping(l) || obx_mono_ms() >= deadline) {
@@ -78,7 +78,8 @@ read_bounds(struct obx_lookup *l, rd_kafka_t *rk, struct obx_dd_scan *s, int64_t
 		rd_kafka_resp_err_t err = RD_KAFKA_RESP_ERR__TIMED_OUT;
 
 		while (!stopping(l) && obx_mono_ms() < deadline) {
-			err = rd_kafka_query_watermark_offsets(rk, s->topic, p, &lo, &hi, obx_kafka_slice(deadline));
+			err = rd_kafka_query_watermark_offsets(rk, s->topic, p, &lo, &hi,
+			    obx_kafka_slice(deadline));
 			if (err == RD_KAFKA_RESP_ERR_NO_ERROR)
 				break;
 		}
@@ -109,8 +110,7 @@ feed(struct obx_dd_scan *s, rd_kafka_message_t *m)
  * through one queue.  Returns false when no partition wanted one.
  */
 static bool
-read_round(struct obx_lookup *l, rd_kafka_t *rk, rd_kafka_topic_t *rkt, struct obx_dd_scan *s,
-    int64_t deadline)
+read_round(struct obx_lookup *l, rd_kafka_t *rk, rd_kafka_topic_t *rkt, struct obx_dd_scan *s, int64_t deadline)
 {
 	rd_kafka_queue_t *q = rd_kafka_queue_new(rk);
 	int64_t *to = calloc((size_t)s->nparts, sizeof(*to));
@@ -292,8 +292,7 @@ obx_lookup_start(struct obx_lookup *l)
 }
 
 int
-obx_lookup_request(struct obx_lookup *l, const char *topic, const struct obx_dd_mark *floor,
-    uint32_t tag)
+obx_lookup_request(struct obx_lookup *l, const char *topic, const struct obx_dd_mark *floor, uint32_t tag)
 {
 	struct obx_lookup_job *job = calloc(1, sizeof(*job)), **tail;
 	int r;

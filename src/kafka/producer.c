@@ -54,7 +54,7 @@ obx_kafka_conf(const struct obx_config *cfg, char *errbuf, size_t errlen)
 	    conf_set(conf, "message.timeout.ms", "0", errbuf, errlen) != 0 ||
 	    conf_set(conf, "partitioner", "murmur2_random", errbuf, errlen) != 0 ||
 	    (snprintf(num, sizeof(num), "%lld", msgs),
-	     conf_set(conf, "queue.buffering.max.messages", num, errbuf, errlen)) != 0 ||
+	        conf_set(conf, "queue.buffering.max.messages", num, errbuf, errlen)) != 0 ||
 	    conf_set(conf, "client.id", "outboxd", errbuf, errlen) != 0)
 		goto fail;
 	for (size_t i = 0; i < cfg->n_kafka; i++) {
@@ -102,8 +102,7 @@ dr_cb(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
 }
 
 void
-obx_kafka_txn_id(const struct obx_config *cfg, const char *sysid, const char *dbname, char *out,
-    size_t len)
+obx_kafka_txn_id(const struct obx_config *cfg, const char *sysid, const char *dbname, char *out, size_t len)
 {
 	if (cfg->transactional_id != NULL && cfg->transactional_id[0] != '\0')
 		snprintf(out, len, "%s", cfg->transactional_id);
@@ -148,8 +147,8 @@ log_cb(const rd_kafka_t *rk, int level, const char *fac, const char *msg)
 }
 
 int
-obx_kafka_open(struct obx_kafka *k, const struct obx_config *cfg, const char *txn_id,
-    obx_delivery_fn fn, void *ctx, char *errbuf, size_t errlen)
+obx_kafka_open(struct obx_kafka *k, const struct obx_config *cfg, const char *txn_id, obx_delivery_fn fn,
+    void *ctx, char *errbuf, size_t errlen)
 {
 	rd_kafka_conf_t *conf;
 	char detail[512];
@@ -246,13 +245,13 @@ static enum obx_report_status report_status(rd_kafka_resp_err_t err);
 
 /* err (not 0) as obx_kafka_produce() returns it, with errbuf and *errname filled. */
 static enum obx_produce_result
-refused(const struct obx_kafka *k, rd_kafka_resp_err_t err, const char **errname, char *errbuf,
-    size_t errlen)
+refused(const struct obx_kafka *k, rd_kafka_resp_err_t err, const char **errname, char *errbuf, size_t errlen)
 {
 	if (errname != NULL)
 		*errname = rd_kafka_err2name(err);
 	if (err == RD_KAFKA_RESP_ERR__STATE && k->transactional)
-		snprintf(errbuf, errlen, "the Kafka transaction can take no more records (the broker refused "
+		snprintf(errbuf, errlen,
+		    "the Kafka transaction can take no more records (the broker refused "
 		    "part of it, it must be aborted)");
 	else
 		snprintf(errbuf, errlen, "%s", rd_kafka_err2str(err));
@@ -260,10 +259,10 @@ refused(const struct obx_kafka *k, rd_kafka_resp_err_t err, const char **errname
 }
 
 enum obx_produce_result
-obx_kafka_produce(struct obx_kafka *k, const char *topic, int32_t partition, const void *key,
-    size_t keylen, const void *value, size_t len, int64_t timestamp_ms,
-    const struct obx_header *headers, size_t nheaders, const char *extra_name,
-    const char *extra_value, uint64_t opaque, const char **errname, char *errbuf, size_t errlen)
+obx_kafka_produce(struct obx_kafka *k, const char *topic, int32_t partition, const void *key, size_t keylen,
+    const void *value, size_t len, int64_t timestamp_ms, const struct obx_header *headers, size_t nheaders,
+    const char *extra_name, const char *extra_value, uint64_t opaque, const char **errname, char *errbuf,
+    size_t errlen)
 {
 	rd_kafka_headers_t *hdrs;
 	rd_kafka_resp_err_t err;
@@ -281,8 +280,8 @@ obx_kafka_produce(struct obx_kafka *k, const char *topic, int32_t partition, con
 		rd_kafka_header_add(hdrs, "txn", -1, k->txn_name, -1);
 	err = rd_kafka_producev(k->rk, RD_KAFKA_V_TOPIC(topic), RD_KAFKA_V_PARTITION(partition),
 	    RD_KAFKA_V_KEY(key, keylen), RD_KAFKA_V_VALUE((void *)value, len),
-	    RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_TIMESTAMP(timestamp_ms),
-	    RD_KAFKA_V_HEADERS(hdrs), RD_KAFKA_V_OPAQUE((void *)(uintptr_t)opaque), RD_KAFKA_V_END);
+	    RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_TIMESTAMP(timestamp_ms), RD_KAFKA_V_HEADERS(hdrs),
+	    RD_KAFKA_V_OPAQUE((void *)(uintptr_t)opaque), RD_KAFKA_V_END);
 	if (err != RD_KAFKA_RESP_ERR_NO_ERROR) {
 		rd_kafka_headers_destroy(hdrs); /* ownership passes only on success */
 		return refused(k, err, errname, errbuf, errlen);
@@ -485,8 +484,10 @@ obx_kafka_report(const rd_kafka_message_t *m, uint64_t opaque, struct obx_header
 	if (m->err != RD_KAFKA_RESP_ERR_NO_ERROR && rd_kafka_message_headers(m, &h) == 0)
 		for (size_t i = 0; n < nhs && rd_kafka_header_get_all(h, i, &name, &v, &sz) == 0; i++)
 			hs[n++] = (struct obx_header){ name, v, sz };
-	*rep = (struct obx_report){ .opaque = opaque, .status = report_status(m->err),
-		.error = rd_kafka_err2str(m->err), .error_name = rd_kafka_err2name(m->err),
+	*rep = (struct obx_report){ .opaque = opaque,
+		.status = report_status(m->err),
+		.error = rd_kafka_err2str(m->err),
+		.error_name = rd_kafka_err2name(m->err),
 		.record = { rd_kafka_topic_name(m->rkt), m->key, m->key_len, m->payload, m->len,
 		    rd_kafka_message_timestamp(m, NULL), hs, n } };
 }

@@ -31,9 +31,9 @@
  * with errbuf filled.
  */
 static int
-progress_partition(const struct obx_config *cfg, const char *key, rd_kafka_t *rk,
-    rd_kafka_topic_t *rkt, int32_t p, int64_t deadline, bool (*tick)(void *), void *arg,
-    struct obx_progress *out, bool *have, char *errbuf, size_t errlen)
+progress_partition(const struct obx_config *cfg, const char *key, rd_kafka_t *rk, rd_kafka_topic_t *rkt, int32_t p,
+    int64_t deadline, bool (*tick)(void *), void *arg, struct obx_progress *out, bool *have, char *errbuf,
+    size_t errlen)
 {
 	int64_t lo, hi, from, end;
 	rd_kafka_resp_err_t err = RD_KAFKA_RESP_ERR__TIMED_OUT;
@@ -41,7 +41,8 @@ progress_partition(const struct obx_config *cfg, const char *key, rd_kafka_t *rk
 	bool newest = true;
 
 	while (obx_mono_ms() < deadline) {
-		err = rd_kafka_query_watermark_offsets(rk, cfg->progress_topic, p, &lo, &hi, obx_kafka_slice(deadline));
+		err = rd_kafka_query_watermark_offsets(rk, cfg->progress_topic, p, &lo, &hi,
+		    obx_kafka_slice(deadline));
 		if (err == RD_KAFKA_RESP_ERR_NO_ERROR || (tick != NULL && tick(arg)))
 			break;
 	}
@@ -70,8 +71,11 @@ progress_partition(const struct obx_config *cfg, const char *key, rd_kafka_t *rk
 					rd_kafka_message_destroy(keep);
 				rd_kafka_consume_stop(rkt, p);
 				snprintf(errbuf, errlen, "reading %s [%d] back did not finish in time%s",
-				    cfg->progress_topic, (int)p, newest ? " (a transaction still open there, of "
-				    "another producer, holds its last stable offset below its high watermark)" : "");
+				    cfg->progress_topic, (int)p,
+				    newest ?
+				        " (a transaction still open there, of "
+				        "another producer, holds its last stable offset below its high watermark)" :
+				        "");
 				return OBX_EIO;
 			}
 			m = rd_kafka_consume(rkt, p, obx_kafka_slice(deadline));
@@ -117,13 +121,15 @@ progress_partition(const struct obx_config *cfg, const char *key, rd_kafka_t *rk
 		if (keep != NULL) {
 			struct obx_progress pr;
 			char bad[128];
-			int rc = keep->payload == NULL ? OBX_ENOENT :
+			int rc = keep->payload == NULL ?
+			    OBX_ENOENT :
 			    obx_progress_parse(keep->payload, keep->len, cfg->slot, &pr, bad, sizeof(bad));
 
 			if (rc == OBX_EINVAL) {
-				snprintf(errbuf, errlen, "%s [%d] offset %" PRId64 " is keyed %s but is not a progress "
-				    "record: %s (a tombstone for the key resets the progress)", cfg->progress_topic,
-				    (int)p, keep->offset, key, bad);
+				snprintf(errbuf, errlen,
+				    "%s [%d] offset %" PRId64 " is keyed %s but is not a progress "
+				    "record: %s (a tombstone for the key resets the progress)",
+				    cfg->progress_topic, (int)p, keep->offset, key, bad);
 				rd_kafka_message_destroy(keep);
 				return OBX_EIO;
 			}
@@ -142,9 +148,8 @@ progress_partition(const struct obx_config *cfg, const char *key, rd_kafka_t *rk
 }
 
 int
-obx_kafka_progress_read(const struct obx_config *cfg, const char *key, int budget_ms,
-    bool (*tick)(void *), void *arg, struct obx_progress *out, int32_t *nparts_out, char *errbuf,
-    size_t errlen)
+obx_kafka_progress_read(const struct obx_config *cfg, const char *key, int budget_ms, bool (*tick)(void *),
+    void *arg, struct obx_progress *out, int32_t *nparts_out, char *errbuf, size_t errlen)
 {
 	int64_t deadline = obx_mono_ms() + budget_ms;
 	const struct rd_kafka_metadata *md = NULL;
@@ -164,7 +169,8 @@ obx_kafka_progress_read(const struct obx_config *cfg, const char *key, int budge
 		return OBX_EIO;
 	}
 	while (obx_mono_ms() < deadline) {
-		err = rd_kafka_metadata(rk, 0, rkt, &md, obx_kafka_slice(deadline) > 0 ? obx_kafka_slice(deadline) : 1);
+		err = rd_kafka_metadata(rk, 0, rkt, &md,
+		    obx_kafka_slice(deadline) > 0 ? obx_kafka_slice(deadline) : 1);
 		if (err == RD_KAFKA_RESP_ERR_NO_ERROR || (tick != NULL && tick(arg)))
 			break;
 	}
@@ -194,8 +200,9 @@ obx_kafka_progress_read(const struct obx_config *cfg, const char *key, int budge
 	if (rc == 0 && nparts > 0)
 		rc = progress_partition(cfg, key, rk, rkt, own, deadline, tick, arg, out, &have, errbuf, errlen);
 	for (int32_t p = 0; p < nparts && rc == 0; p++) {
-		int r = p == own ? 0 : progress_partition(cfg, key, rk, rkt, p, deadline, tick, arg, out, &have,
-		    errbuf, errlen);
+		int r = p == own ?
+		    0 :
+		    progress_partition(cfg, key, rk, rkt, p, deadline, tick, arg, out, &have, errbuf, errlen);
 
 		if (r < 0)
 			rc = r;

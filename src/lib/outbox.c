@@ -42,22 +42,29 @@ const char *
 outbox_strerror(int result)
 {
 	switch (result) {
-	case OUTBOX_OK: return "ok";
-	case OUTBOX_DUPLICATE: return "duplicate: already processed";
-	case OUTBOX_ERR_INVALID: return "invalid argument";
-	case OUTBOX_ERR_NOT_IN_TRANSACTION: return "not inside a transaction block";
-	case OUTBOX_ERR_DB: return "database error";
-	case OUTBOX_ERR_HANDLER: return "handler failed";
-	case OUTBOX_ERR_NO_ID: return "message has no id header";
-	case OUTBOX_ERR_NOMEM: return "out of memory";
-	case OUTBOX_ERR_KAFKA: return "kafka error";
+	case OUTBOX_OK:
+		return "ok";
+	case OUTBOX_DUPLICATE:
+		return "duplicate: already processed";
+	case OUTBOX_ERR_INVALID:
+		return "invalid argument";
+	case OUTBOX_ERR_NOT_IN_TRANSACTION:
+		return "not inside a transaction block";
+	case OUTBOX_ERR_DB:
+		return "database error";
+	case OUTBOX_ERR_HANDLER:
+		return "handler failed";
+	case OUTBOX_ERR_NO_ID:
+		return "message has no id header";
+	case OUTBOX_ERR_NOMEM:
+		return "out of memory";
+	case OUTBOX_ERR_KAFKA:
+		return "kafka error";
 	}
 	return "unknown result";
 }
 
-static int
-fail(char *errbuf, size_t errlen, int code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
+static int fail(char *errbuf, size_t errlen, int code, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 
 static int
 fail(char *errbuf, size_t errlen, int code, const char *fmt, ...)
@@ -123,11 +130,15 @@ outbox_writer_new(PGconn *conn, const struct outbox_writer_config *cfg, char *er
 	w->has_headers = hd != NULL;
 	ok = sc && tb && id && at && key && ty && pl;
 	if (ok && hd != NULL)
-		ok = asprintf(&w->insert_sql, "INSERT INTO %s.%s (%s, %s, %s, %s, %s) VALUES ($1, $2, $3, $4, $5) "
-		    "RETURNING %s::text", sc, tb, at, key, ty, pl, hd, id) > 0;
+		ok = asprintf(&w->insert_sql,
+		         "INSERT INTO %s.%s (%s, %s, %s, %s, %s) VALUES ($1, $2, $3, $4, $5) "
+		         "RETURNING %s::text",
+		         sc, tb, at, key, ty, pl, hd, id) > 0;
 	else if (ok)
-		ok = asprintf(&w->insert_sql, "INSERT INTO %s.%s (%s, %s, %s, %s) VALUES ($1, $2, $3, $4) "
-		    "RETURNING %s::text", sc, tb, at, key, ty, pl, id) > 0;
+		ok = asprintf(&w->insert_sql,
+		         "INSERT INTO %s.%s (%s, %s, %s, %s) VALUES ($1, $2, $3, $4) "
+		         "RETURNING %s::text",
+		         sc, tb, at, key, ty, pl, id) > 0;
 	/*
 	 * $1 compared with the bare column takes the column's own type at
 	 * PREPARE (uuid, bigint, ...), so the primary key's index finds the
@@ -211,15 +222,14 @@ check_json(const char *what, const char *text, int want_object, char *errbuf, si
 }
 
 int
-outbox_write(outbox_writer *w, const struct outbox_event *ev, char *id_out, size_t idlen,
-    char *errbuf, size_t errlen)
+outbox_write(outbox_writer *w, const struct outbox_event *ev, char *id_out, size_t idlen, char *errbuf,
+    size_t errlen)
 {
 	const char *params[5];
 	PGresult *r;
 	int rc;
 
-	if (w == NULL || ev == NULL || ev->aggregate_type == NULL || ev->aggregate_id == NULL ||
-	    ev->type == NULL)
+	if (w == NULL || ev == NULL || ev->aggregate_type == NULL || ev->aggregate_id == NULL || ev->type == NULL)
 		return fail(errbuf, errlen, OUTBOX_ERR_INVALID,
 		    "outbox_write: aggregate_type, aggregate_id and type are required");
 	if (PQtransactionStatus(w->conn) != PQTRANS_INTRANS)
@@ -271,8 +281,8 @@ outbox_write(outbox_writer *w, const struct outbox_event *ev, char *id_out, size
 /* ---- consumer ------------------------------------------------------------ */
 
 outbox_consumer *
-outbox_consumer_new(PGconn *conn, rd_kafka_t *rk, const char *name, const char *inbox_table,
-    char *errbuf, size_t errlen)
+outbox_consumer_new(PGconn *conn, rd_kafka_t *rk, const char *name, const char *inbox_table, char *errbuf,
+    size_t errlen)
 {
 	struct outbox_consumer *c;
 	char *tb;
@@ -290,8 +300,11 @@ outbox_consumer_new(PGconn *conn, rd_kafka_t *rk, const char *name, const char *
 	c->conn = conn;
 	c->rk = rk;
 	tb = ident(conn, inbox_table != NULL ? inbox_table : "inbox");
-	if (tb == NULL || asprintf(&c->mark_sql, "INSERT INTO %s (consumer, message_id) VALUES ($1, $2) "
-	    "ON CONFLICT DO NOTHING", tb) < 0) {
+	if (tb == NULL ||
+	    asprintf(&c->mark_sql,
+	        "INSERT INTO %s (consumer, message_id) VALUES ($1, $2) "
+	        "ON CONFLICT DO NOTHING",
+	        tb) < 0) {
 		PQfreemem(tb);
 		outbox_consumer_free(c);
 		fail(errbuf, errlen, OUTBOX_ERR_NOMEM, "out of memory");
@@ -338,25 +351,29 @@ commit(PGconn *conn, const char *id, char *errbuf, size_t errlen)
 	/* the handler ended the transaction itself (its own COMMIT or ROLLBACK): a COMMIT now
 	 * would answer COMMIT with nothing to commit, and no one can tell what was kept */
 	if (PQtransactionStatus(conn) == PQTRANS_IDLE)
-		return fail(errbuf, errlen, OUTBOX_ERR_DB, "the handler of message %s ended the transaction "
+		return fail(errbuf, errlen, OUTBOX_ERR_DB,
+		    "the handler of message %s ended the transaction "
 		    "itself (COMMIT or ROLLBACK): the inbox mark may be gone, it will be delivered again "
-		    "(a handler must leave the transaction open)", id);
+		    "(a handler must leave the transaction open)",
+		    id);
 	r = PQexec(conn, "COMMIT");
 
 	if (PQresultStatus(r) != PGRES_COMMAND_OK)
 		rc = fail(errbuf, errlen, OUTBOX_ERR_DB, "COMMIT failed for message %s: %s", id,
 		    PQresultErrorMessage(r));
 	else if (strcmp(PQcmdStatus(r), "COMMIT") != 0)
-		rc = fail(errbuf, errlen, OUTBOX_ERR_DB, "the transaction of message %s was aborted: COMMIT "
+		rc = fail(errbuf, errlen, OUTBOX_ERR_DB,
+		    "the transaction of message %s was aborted: COMMIT "
 		    "answered %s (a statement inside the handler failed although the handler returned 0); "
-		    "nothing was kept, it will be delivered again", id, PQcmdStatus(r));
+		    "nothing was kept, it will be delivered again",
+		    id, PQcmdStatus(r));
 	PQclear(r);
 	return rc;
 }
 
 static int
-run_once(outbox_consumer *c, const char *id, const rd_kafka_message_t *msg, outbox_handler handler,
-    void *arg, char *errbuf, size_t errlen)
+run_once(outbox_consumer *c, const char *id, const rd_kafka_message_t *msg, outbox_handler handler, void *arg,
+    char *errbuf, size_t errlen)
 {
 	const char *params[2] = { c->name, id };
 	PGresult *r;
@@ -390,8 +407,8 @@ run_once(outbox_consumer *c, const char *id, const rd_kafka_message_t *msg, outb
 }
 
 int
-outbox_consume_id(outbox_consumer *c, const char *message_id, outbox_handler handler, void *arg,
-    char *errbuf, size_t errlen)
+outbox_consume_id(outbox_consumer *c, const char *message_id, outbox_handler handler, void *arg, char *errbuf,
+    size_t errlen)
 {
 	if (c == NULL || message_id == NULL || handler == NULL)
 		return fail(errbuf, errlen, OUTBOX_ERR_INVALID, "outbox_consume_id: missing argument");
@@ -399,8 +416,8 @@ outbox_consume_id(outbox_consumer *c, const char *message_id, outbox_handler han
 }
 
 int
-outbox_consume(outbox_consumer *c, const rd_kafka_message_t *msg, outbox_handler handler, void *arg,
-    char *errbuf, size_t errlen)
+outbox_consume(outbox_consumer *c, const rd_kafka_message_t *msg, outbox_handler handler, void *arg, char *errbuf,
+    size_t errlen)
 {
 	char id[256];
 	int rc;
@@ -408,9 +425,8 @@ outbox_consume(outbox_consumer *c, const rd_kafka_message_t *msg, outbox_handler
 	if (c == NULL || msg == NULL || handler == NULL)
 		return fail(errbuf, errlen, OUTBOX_ERR_INVALID, "outbox_consume: missing argument");
 	if (outbox_header(msg, "id", id, sizeof(id)) == NULL)
-		return fail(errbuf, errlen, OUTBOX_ERR_NO_ID,
-		    "message at %s [%d] offset %lld has no id header", rd_kafka_topic_name(msg->rkt),
-		    (int)msg->partition, (long long)msg->offset);
+		return fail(errbuf, errlen, OUTBOX_ERR_NO_ID, "message at %s [%d] offset %lld has no id header",
+		    rd_kafka_topic_name(msg->rkt), (int)msg->partition, (long long)msg->offset);
 	rc = run_once(c, id, msg, handler, arg, errbuf, errlen);
 	if (c->rk == NULL)
 		return rc;
@@ -451,8 +467,7 @@ outbox_header(const rd_kafka_message_t *msg, const char *name, char *buf, size_t
 
 	if (msg == NULL || name == NULL || buf == NULL || len == 0 ||
 	    rd_kafka_message_headers(msg, &h) != RD_KAFKA_RESP_ERR_NO_ERROR ||
-	    rd_kafka_header_get(h, 0, name, &v, &sz) != RD_KAFKA_RESP_ERR_NO_ERROR || v == NULL ||
-	    sz >= len)
+	    rd_kafka_header_get(h, 0, name, &v, &sz) != RD_KAFKA_RESP_ERR_NO_ERROR || v == NULL || sz >= len)
 		return NULL;
 	memcpy(buf, v, sz);
 	buf[sz] = '\0';

@@ -23,8 +23,9 @@ obx_pgsetup_note_failover_ignored(const struct obx_config *cfg, const struct obx
 	if (!cfg->failover || !cfg->failover_set || f->failover_slots || ctx->said_failover_ignored)
 		return;
 	obx_log_info("[source] failover = on is ignored: PostgreSQL %s cannot synchronize slots to "
-	    "standbys (17 and later can); after a failover the slot guard refuses to go on without "
-	    "the slot", obx_pgversion_format(f->version, ver, sizeof(ver)));
+	             "standbys (17 and later can); after a failover the slot guard refuses to go on without "
+	             "the slot",
+	    obx_pgversion_format(f->version, ver, sizeof(ver)));
 	ctx->said_failover_ignored = true;
 }
 
@@ -35,8 +36,9 @@ obx_pgsetup_note_standby_failover(const struct obx_config *cfg, struct obx_pgset
 		return;
 	ctx->said_standby_failover = true;
 	obx_log_info("slot %s is on a hot standby, where failover cannot be enabled (only a primary's "
-	    "slots are synchronized to standbys): outboxd enables it when it connects after this "
-	    "server's promotion", cfg->slot);
+	             "slots are synchronized to standbys): outboxd enables it when it connects after this "
+	             "server's promotion",
+	    cfg->slot);
 }
 
 /*
@@ -50,9 +52,9 @@ obx_pgsetup_note_standby_failover(const struct obx_config *cfg, struct obx_pgset
  * connection failed, or a stop signal came while waiting).
  */
 int
-obx_pgsetup_match_failover(PGconn *c, const struct obx_config *cfg,
-    const struct obx_pgsetup_names *nm, const struct obx_pgsetup_slotrow *row, bool in_recovery,
-    struct obx_pgsetup_ctx *ctx, char *errbuf, size_t errlen)
+obx_pgsetup_match_failover(PGconn *c, const struct obx_config *cfg, const struct obx_pgsetup_names *nm,
+    const struct obx_pgsetup_slotrow *row, bool in_recovery, struct obx_pgsetup_ctx *ctx, char *errbuf,
+    size_t errlen)
 {
 	char sql[512], err[1024], state[6];
 	PGresult *res;
@@ -75,19 +77,20 @@ obx_pgsetup_match_failover(PGconn *c, const struct obx_config *cfg,
 		PQclear(res);
 		if (cfg->failover)
 			obx_log_info("enabled failover on slot %s: standbys that run sync_replication_slots = on "
-			    "keep a copy of it for a failover", cfg->slot);
+			             "keep a copy of it for a failover",
+			    cfg->slot);
 		else
 			obx_log_info("disabled failover on slot %s ([source] failover = off): a failover to a "
-			    "standby loses the slot", cfg->slot);
+			             "standby loses the slot",
+			    cfg->slot);
 		return 0;
 	}
 	if (r == OBX_EBUSY)
-		return obx_pgsetup_failf(errbuf, errlen, OBX_EBUSY,
-		    "slot %s is in use by another instance", cfg->slot);
+		return obx_pgsetup_failf(errbuf, errlen, OBX_EBUSY, "slot %s is in use by another instance",
+		    cfg->slot);
 	if (r == OBX_ESTATE || PQstatus(c) != CONNECTION_OK)
-		return obx_pgsetup_failf(errbuf, errlen, OBX_EIO,
-		    "could not set failover on slot %s: %s", cfg->slot,
-		    r == OBX_ESTATE ? "stopped while waiting" : err);
+		return obx_pgsetup_failf(errbuf, errlen, OBX_EIO, "could not set failover on slot %s: %s",
+		    cfg->slot, r == OBX_ESTATE ? "stopped while waiting" : err);
 	obx_log_warn("could not set failover = %s on slot %s: %s; streaming without the change",
 	    cfg->failover ? "on" : "off", cfg->slot, err);
 	return 0;
@@ -107,6 +110,7 @@ obx_pgsetup_note_synced(const struct obx_config *cfg, obx_lsn confirmed, struct 
 		return;
 	ctx->said_synced = true;
 	obx_log_info("slot %s was synchronized from the former primary before this server's "
-	    "promotion: resuming at %s; events confirmed there after the last synchronization are "
-	    "published again", cfg->slot, obx_lsn_format(confirmed, at, sizeof(at)));
+	             "promotion: resuming at %s; events confirmed there after the last synchronization are "
+	             "published again",
+	    cfg->slot, obx_lsn_format(confirmed, at, sizeof(at)));
 }

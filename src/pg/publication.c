@@ -39,8 +39,8 @@ mapped_columns_sql(PGconn *c, const struct obx_config *cfg, char **out)
  * it.  Returns 0 or OBX_ECONFIG (errbuf).
  */
 static int
-create_publication(PGconn *c, const struct obx_config *cfg, const char *sql, bool *created,
-    char *errbuf, size_t errlen)
+create_publication(PGconn *c, const struct obx_config *cfg, const char *sql, bool *created, char *errbuf,
+    size_t errlen)
 {
 	char err[1024], state[6];
 	PGresult *res;
@@ -65,8 +65,8 @@ create_publication(PGconn *c, const struct obx_config *cfg, const char *sql, boo
  * holds; an empty publication is enough.
  */
 static int
-message_publication(PGconn *c, const struct obx_config *cfg, const struct obx_pgsetup_names *nm,
-    bool in_recovery, char *errbuf, size_t errlen)
+message_publication(PGconn *c, const struct obx_config *cfg, const struct obx_pgsetup_names *nm, bool in_recovery,
+    char *errbuf, size_t errlen)
 {
 	char sql[1024], err[1024];
 	PGresult *res;
@@ -75,8 +75,7 @@ message_publication(PGconn *c, const struct obx_config *cfg, const struct obx_pg
 
 	snprintf(sql, sizeof(sql), "SELECT 1 FROM pg_publication WHERE pubname = %s", nm->pub_lit);
 	if (obx_pgsetup_query(c, sql, &res, NULL, err, sizeof(err)) != 0)
-		return obx_pgsetup_failf(errbuf, errlen, OBX_EIO,
-		    "could not read publication %s: %s",
+		return obx_pgsetup_failf(errbuf, errlen, OBX_EIO, "could not read publication %s: %s",
 		    cfg->publication, err);
 	exists = PQntuples(res) > 0;
 	PQclear(res);
@@ -96,7 +95,8 @@ message_publication(PGconn *c, const struct obx_config *cfg, const struct obx_pg
 			return r;
 	}
 	obx_log_info("outbox table %s.%s does not exist: publishing logical decoding messages with "
-	    "prefix '%s' only", cfg->table_schema, cfg->table_name, cfg->message_prefix);
+	             "prefix '%s' only",
+	    cfg->table_schema, cfg->table_name, cfg->message_prefix);
 	return 0;
 }
 
@@ -111,10 +111,10 @@ table_relkind(PGconn *c, const struct obx_config *cfg, const struct obx_pgsetup_
 
 	snprintf(sql, sizeof(sql),
 	    "SELECT c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-	    "WHERE n.nspname = %s AND c.relname = %s", nm->schema_lit, nm->table_lit);
+	    "WHERE n.nspname = %s AND c.relname = %s",
+	    nm->schema_lit, nm->table_lit);
 	if (obx_pgsetup_query(c, sql, &res, NULL, err, sizeof(err)) != 0)
-		return obx_pgsetup_failf(errbuf, errlen, OBX_EIO,
-		    "could not look up table %s.%s: %s",
+		return obx_pgsetup_failf(errbuf, errlen, OBX_EIO, "could not look up table %s.%s: %s",
 		    cfg->table_schema, cfg->table_name, err);
 	if (PQntuples(res) > 0) {
 		*relkind = PQgetvalue(res, 0, 0)[0];
@@ -130,8 +130,8 @@ table_relkind(PGconn *c, const struct obx_config *cfg, const struct obx_pgsetup_
  * OBX_EIO or OBX_ECONFIG.
  */
 static int
-ensure_publication(PGconn *c, const struct obx_config *cfg, const struct obx_pgsetup_names *nm,
-    char relkind, bool in_recovery, bool *viaroot, char *errbuf, size_t errlen)
+ensure_publication(PGconn *c, const struct obx_config *cfg, const struct obx_pgsetup_names *nm, char relkind,
+    bool in_recovery, bool *viaroot, char *errbuf, size_t errlen)
 {
 	char sql[2048], err[1024];
 	PGresult *res;
@@ -139,11 +139,10 @@ ensure_publication(PGconn *c, const struct obx_config *cfg, const struct obx_pgs
 	int r;
 
 	for (int attempt = 0; attempt < OBX_PGSETUP_ATTEMPTS; attempt++) {
-		snprintf(sql, sizeof(sql),
-		    "SELECT pubinsert, pubviaroot FROM pg_publication WHERE pubname = %s", nm->pub_lit);
+		snprintf(sql, sizeof(sql), "SELECT pubinsert, pubviaroot FROM pg_publication WHERE pubname = %s",
+		    nm->pub_lit);
 		if (obx_pgsetup_query(c, sql, &res, NULL, err, sizeof(err)) != 0)
-			return obx_pgsetup_failf(errbuf, errlen, OBX_EIO,
-			    "could not read publication %s: %s",
+			return obx_pgsetup_failf(errbuf, errlen, OBX_EIO, "could not read publication %s: %s",
 			    cfg->publication, err);
 		exists = PQntuples(res) > 0;
 		inserts = exists && strcmp(PQgetvalue(res, 0, 0), "t") == 0;
@@ -159,7 +158,8 @@ ensure_publication(PGconn *c, const struct obx_config *cfg, const struct obx_pgs
 			return obx_pgsetup_failf(errbuf, errlen, OBX_ECONFIG,
 			    "publication %s does not exist and this server is a hot standby, where it cannot "
 			    "be created: run CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert'%s) "
-			    "on the primary", cfg->publication, nm->pub_ident, nm->qualified,
+			    "on the primary",
+			    cfg->publication, nm->pub_ident, nm->qualified,
 			    relkind == 'p' ? ", publish_via_partition_root = true" : "");
 		if (!cfg->create_publication)
 			return obx_pgsetup_failf(errbuf, errlen, OBX_ECONFIG,
@@ -167,16 +167,14 @@ ensure_publication(PGconn *c, const struct obx_config *cfg, const struct obx_pgs
 			    "(create it FOR TABLE %s.%s WITH (publish = 'insert'), see sql/)",
 			    cfg->publication, cfg->table_schema, cfg->table_name);
 		snprintf(sql, sizeof(sql), "CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert'%s)",
-		    nm->pub_ident, nm->qualified,
-		    relkind == 'p' ? ", publish_via_partition_root = true" : "");
+		    nm->pub_ident, nm->qualified, relkind == 'p' ? ", publish_via_partition_root = true" : "");
 		if ((r = create_publication(c, cfg, sql, &created, errbuf, errlen)) != 0)
 			return r;
 		if (created)
-			obx_log_info("created publication %s for table %s.%s (inserts only)",
-			    cfg->publication, cfg->table_schema, cfg->table_name);
+			obx_log_info("created publication %s for table %s.%s (inserts only)", cfg->publication,
+			    cfg->table_schema, cfg->table_name);
 	}
-	return obx_pgsetup_failf(errbuf, errlen, OBX_EIO,
-	    "publication %s was dropped each time it was created",
+	return obx_pgsetup_failf(errbuf, errlen, OBX_EIO, "publication %s was dropped each time it was created",
 	    cfg->publication);
 }
 
@@ -200,15 +198,15 @@ check_publication_columns(PGconn *c, const struct obx_config *cfg, const struct 
 
 	if (mapped_columns_sql(c, cfg, &cols) != 0 ||
 	    asprintf(&sql,
-	    "WITH t AS (SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(quote_ident(%s) || '.' || quote_ident(%s)) "
-	    "AND attnum > 0 AND NOT attisdropped) "
-	    "SELECT %s, (SELECT string_agg(m, ', ') FROM unnest(ARRAY[%s]::name[]) m "
-	    "WHERE %s AND m IN (SELECT attname FROM t)), "
-	    "(SELECT string_agg(m, ', ') FROM unnest(ARRAY[%s]::name[]) m WHERE m NOT IN (SELECT attname FROM t)) "
-	    "FROM pg_publication_tables WHERE pubname = %s AND schemaname = %s AND tablename = %s",
-	    nm->schema_lit, nm->table_lit, filters ? "rowfilter IS NOT NULL" : "false", cols,
-	    filters ? "attnames IS NOT NULL AND NOT m = ANY(attnames)" : "false", cols, nm->pub_lit,
-	    nm->schema_lit, nm->table_lit) < 0) {
+	        "WITH t AS (SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(quote_ident(%s) || '.' || quote_ident(%s)) "
+	        "AND attnum > 0 AND NOT attisdropped) "
+	        "SELECT %s, (SELECT string_agg(m, ', ') FROM unnest(ARRAY[%s]::name[]) m "
+	        "WHERE %s AND m IN (SELECT attname FROM t)), "
+	        "(SELECT string_agg(m, ', ') FROM unnest(ARRAY[%s]::name[]) m WHERE m NOT IN (SELECT attname FROM t)) "
+	        "FROM pg_publication_tables WHERE pubname = %s AND schemaname = %s AND tablename = %s",
+	        nm->schema_lit, nm->table_lit, filters ? "rowfilter IS NOT NULL" : "false", cols,
+	        filters ? "attnames IS NOT NULL AND NOT m = ANY(attnames)" : "false", cols, nm->pub_lit,
+	        nm->schema_lit, nm->table_lit) < 0) {
 		free(cols);
 		return obx_pgsetup_failf(errbuf, errlen, OBX_ENOMEM, "out of memory");
 	}
@@ -217,8 +215,7 @@ check_publication_columns(PGconn *c, const struct obx_config *cfg, const struct 
 	free(sql);
 	if (r != 0)
 		/* a catalog this server lacks (SQLSTATE class 42) heals with no retry */
-		return obx_pgsetup_failf(errbuf, errlen, strncmp(state,
-		    "42", 2) == 0 ? OBX_ECONFIG : OBX_EIO,
+		return obx_pgsetup_failf(errbuf, errlen, strncmp(state, "42", 2) == 0 ? OBX_ECONFIG : OBX_EIO,
 		    "could not read publication %s: %s", cfg->publication, err);
 	if (PQntuples(res) == 0)
 		r = obx_pgsetup_failf(errbuf, errlen, OBX_ECONFIG,
@@ -230,19 +227,19 @@ check_publication_columns(PGconn *c, const struct obx_config *cfg, const struct 
 		    cfg->publication, cfg->table_schema, cfg->table_name);
 	else if (!PQgetisnull(res, 0, 1))
 		r = obx_pgsetup_failf(errbuf, errlen, OBX_ECONFIG,
-		    "publication %s has a column list without the mapped column(s) %s",
-		    cfg->publication, PQgetvalue(res, 0, 1));
+		    "publication %s has a column list without the mapped column(s) %s", cfg->publication,
+		    PQgetvalue(res, 0, 1));
 	else if (!PQgetisnull(res, 0, 2))
 		obx_log_warn("outbox table %s.%s has no column(s) %s now: rows without them cannot become "
-		    "events and follow on_error (%s)", cfg->table_schema, cfg->table_name,
-		    PQgetvalue(res, 0, 2), cfg->on_error == OBX_ON_ERROR_STOP ? "stop" : "dead_letter");
+		             "events and follow on_error (%s)",
+		    cfg->table_schema, cfg->table_name, PQgetvalue(res, 0, 2),
+		    cfg->on_error == OBX_ON_ERROR_STOP ? "stop" : "dead_letter");
 	PQclear(res);
 	return r;
 }
 
 int
-obx_pgsetup_publication(PGconn *c, const struct obx_config *cfg, bool in_recovery, char *errbuf,
-    size_t errlen)
+obx_pgsetup_publication(PGconn *c, const struct obx_config *cfg, bool in_recovery, char *errbuf, size_t errlen)
 {
 	struct obx_pgsetup_names nm;
 	char relkind = 'r';

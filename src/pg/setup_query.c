@@ -40,8 +40,8 @@ obx_pgsetup_names_free(struct obx_pgsetup_names *n)
 }
 
 int
-obx_pgsetup_names_init(struct obx_pgsetup_names *n, PGconn *c, const struct obx_config *cfg,
-    char *errbuf, size_t errlen)
+obx_pgsetup_names_init(struct obx_pgsetup_names *n, PGconn *c, const struct obx_config *cfg, char *errbuf,
+    size_t errlen)
 {
 	char *si, *ti;
 
@@ -58,8 +58,8 @@ obx_pgsetup_names_init(struct obx_pgsetup_names *n, PGconn *c, const struct obx_
 		n->qualified = NULL;
 	PQfreemem(si);
 	PQfreemem(ti);
-	if (!n->pub_ident || !n->pub_lit || !n->slot_ident || !n->slot_lit || !n->schema_lit ||
-	    !n->table_lit || !n->qualified) {
+	if (!n->pub_ident || !n->pub_lit || !n->slot_ident || !n->slot_lit || !n->schema_lit || !n->table_lit ||
+	    !n->qualified) {
 		obx_pgsetup_names_free(n);
 		return obx_pgsetup_failf(errbuf, errlen, OBX_ENOMEM, "out of memory");
 	}
@@ -67,8 +67,7 @@ obx_pgsetup_names_init(struct obx_pgsetup_names *n, PGconn *c, const struct obx_
 }
 
 int
-obx_pgsetup_query(PGconn *c, const char *sql, PGresult **out, char sqlstate[6], char *errbuf,
-    size_t errlen)
+obx_pgsetup_query(PGconn *c, const char *sql, PGresult **out, char sqlstate[6], char *errbuf, size_t errlen)
 {
 	PGresult *res = PQexec(c, sql);
 	ExecStatusType st = PQresultStatus(res);
@@ -90,8 +89,8 @@ obx_pgsetup_query(PGconn *c, const char *sql, PGresult **out, char sqlstate[6], 
 }
 
 int
-obx_pgsetup_query_waiting(PGconn *c, const char *sql, int timeout_ms,
-    struct obx_pgsetup_ctx *ctx, PGresult **out, char sqlstate[6], char *errbuf, size_t errlen)
+obx_pgsetup_query_waiting(PGconn *c, const char *sql, int timeout_ms, struct obx_pgsetup_ctx *ctx, PGresult **out,
+    char sqlstate[6], char *errbuf, size_t errlen)
 {
 	int64_t start = obx_mono_ms(), next_tick = start + 1000;
 	PGresult *res, *last = NULL;

@@ -24,8 +24,8 @@
  * database, invalidated) or OBX_EPROTO.
  */
 static int
-read_slot(PGconn *c, const struct obx_config *cfg, const struct obx_pgsetup_names *nm,
-    bool in_recovery, struct obx_pgsetup_slotrow *row, char *errbuf, size_t errlen)
+read_slot(PGconn *c, const struct obx_config *cfg, const struct obx_pgsetup_names *nm, bool in_recovery,
+    struct obx_pgsetup_slotrow *row, char *errbuf, size_t errlen)
 {
 	struct obx_pgfacts f = obx_pg_facts(c);
 	char sql[1024], err[1024];
@@ -38,11 +38,10 @@ read_slot(PGconn *c, const struct obx_config *cfg, const struct obx_pgsetup_name
 	    "SELECT confirmed_flush_lsn, plugin, slot_type, database, coalesce(wal_status, ''), "
 	    "database = current_database(), current_database(), active, %s, %s, %s "
 	    "FROM pg_replication_slots WHERE slot_name = %s",
-	    f.standby_decoding ? "coalesce(conflicting, false)" : "false",
-	    f.failover_slots ? "failover" : "false", f.failover_slots ? "synced" : "false", nm->slot_lit);
+	    f.standby_decoding ? "coalesce(conflicting, false)" : "false", f.failover_slots ? "failover" : "false",
+	    f.failover_slots ? "synced" : "false", nm->slot_lit);
 	if (obx_pgsetup_query(c, sql, &res, NULL, err, sizeof(err)) != 0)
-		return obx_pgsetup_failf(errbuf, errlen, OBX_EIO,
-		    "could not read slot %s: %s", cfg->slot, err);
+		return obx_pgsetup_failf(errbuf, errlen, OBX_EIO, "could not read slot %s: %s", cfg->slot, err);
 	if (PQntuples(res) == 0) {
 		PQclear(res);
 		return OBX_ENOENT;
@@ -51,33 +50,37 @@ read_slot(PGconn *c, const struct obx_config *cfg, const struct obx_pgsetup_name
 	row->active = strcmp(PQgetvalue(res, 0, 7), "t") == 0;
 	row->failover = strcmp(PQgetvalue(res, 0, 9), "t") == 0;
 	row->synced = strcmp(PQgetvalue(res, 0, 10), "t") == 0;
-	if (strcmp(PQgetvalue(res, 0, 2), "logical") != 0 ||
-	    strcmp(PQgetvalue(res, 0, 1), "pgoutput") != 0)
+	if (strcmp(PQgetvalue(res, 0, 2), "logical") != 0 || strcmp(PQgetvalue(res, 0, 1), "pgoutput") != 0)
 		r = obx_pgsetup_failf(errbuf, errlen, OBX_ECONFIG,
 		    "slot %s exists but is not a logical pgoutput slot (plugin %s)", cfg->slot,
 		    PQgetvalue(res, 0, 1));
 	else if (strcmp(PQgetvalue(res, 0, 5), "t") != 0)
 		r = obx_pgsetup_failf(errbuf, errlen, OBX_ECONFIG,
 		    "slot %s belongs to database %s, not %s: a logical slot decodes only its own "
-		    "database; name another [source] slot or connect to %s", cfg->slot,
-		    PQgetvalue(res, 0, 3), PQgetvalue(res, 0, 6), PQgetvalue(res, 0, 3));
+		    "database; name another [source] slot or connect to %s",
+		    cfg->slot, PQgetvalue(res, 0, 3), PQgetvalue(res, 0, 6), PQgetvalue(res, 0, 3));
 	else if (strcmp(PQgetvalue(res, 0, 8), "t") == 0)
 		/* invalidated (16+: conflicting; on 16 also set when WAL was removed, so the
 		 * line names both causes) */
 		r = obx_pgsetup_failf(errbuf, errlen, OBX_ECONFIG,
 		    "slot %s is invalidated: %s; events committed after %s may have been lost; drop and "
-		    "recreate the slot, then reconcile from the business tables", cfg->slot,
-		    strcmp(PQgetvalue(res, 0, 4), "lost") == 0 ? "the server removed WAL it still needed "
-		    "(wal_status = lost; see max_slot_wal_keep_size) or, on a standby, catalog rows it "
-		    "needed (a conflict with recovery: give the standby a physical slot, primary_slot_name, "
-		    "and hot_standby_feedback = on)" : "a conflict with recovery: the primary removed "
-		    "catalog rows it needed (give the standby a physical slot, primary_slot_name, and "
-		    "hot_standby_feedback = on)", since);
+		    "recreate the slot, then reconcile from the business tables",
+		    cfg->slot,
+		    strcmp(PQgetvalue(res, 0, 4), "lost") == 0 ?
+		        "the server removed WAL it still needed "
+		        "(wal_status = lost; see max_slot_wal_keep_size) or, on a standby, catalog rows it "
+		        "needed (a conflict with recovery: give the standby a physical slot, primary_slot_name, "
+		        "and hot_standby_feedback = on)" :
+		        "a conflict with recovery: the primary removed "
+		        "catalog rows it needed (give the standby a physical slot, primary_slot_name, and "
+		        "hot_standby_feedback = on)",
+		    since);
 	else if (strcmp(PQgetvalue(res, 0, 4), "lost") == 0)
 		r = obx_pgsetup_failf(errbuf, errlen, OBX_ECONFIG,
 		    "slot %s is invalidated (wal_status = lost): the server removed WAL it still needed, "
 		    "events committed after %s may have been lost; drop and recreate the slot, then "
-		    "reconcile from the business tables", cfg->slot, since);
+		    "reconcile from the business tables",
+		    cfg->slot, since);
 	else if (in_recovery && row->synced)
 		/* START_REPLICATION would fail with SQLSTATE 55000 until the promotion */
 		r = obx_pgsetup_failf(errbuf, errlen, OBX_EIO,
@@ -87,12 +90,10 @@ read_slot(PGconn *c, const struct obx_config *cfg, const struct obx_pgsetup_name
 		    cfg->slot);
 	else if (PQgetisnull(res, 0, 0))
 		/* another instance is creating it right now: wait for it like for a slot in use */
-		r = obx_pgsetup_failf(errbuf, errlen, OBX_EBUSY,
-		    "slot %s is being created by another instance",
+		r = obx_pgsetup_failf(errbuf, errlen, OBX_EBUSY, "slot %s is being created by another instance",
 		    cfg->slot);
 	else if (obx_lsn_parse(PQgetvalue(res, 0, 0), &row->confirmed) != 0)
-		r = obx_pgsetup_failf(errbuf, errlen, OBX_EPROTO,
-		    "slot %s has a malformed confirmed position",
+		r = obx_pgsetup_failf(errbuf, errlen, OBX_EPROTO, "slot %s has a malformed confirmed position",
 		    cfg->slot);
 	PQclear(res);
 	return r;
@@ -118,9 +119,8 @@ struct created {
  * created it, also when what followed failed.
  */
 static int
-create_slot(PGconn *c, const struct obx_config *cfg, const struct obx_pgsetup_names *nm,
-    bool in_recovery, struct obx_pgsetup_ctx *ctx, PGconn *importer, struct created *out,
-    char *errbuf, size_t errlen)
+create_slot(PGconn *c, const struct obx_config *cfg, const struct obx_pgsetup_names *nm, bool in_recovery,
+    struct obx_pgsetup_ctx *ctx, PGconn *importer, struct created *out, char *errbuf, size_t errlen)
 {
 	struct obx_pgfacts f = obx_pg_facts(c);
 	char sql[1024], err[1024], state[6] = "";
@@ -133,18 +133,18 @@ create_slot(PGconn *c, const struct obx_config *cfg, const struct obx_pgsetup_na
 		    nm->slot_ident, importer != NULL ? "export" : "nothing",
 		    f.failover_slots && cfg->failover && !in_recovery ? ", FAILOVER" : "");
 	else
-		snprintf(sql, sizeof(sql), "CREATE_REPLICATION_SLOT %s LOGICAL pgoutput %s",
-		    nm->slot_ident, importer != NULL ? "EXPORT_SNAPSHOT" : "NOEXPORT_SNAPSHOT");
+		snprintf(sql, sizeof(sql), "CREATE_REPLICATION_SLOT %s LOGICAL pgoutput %s", nm->slot_ident,
+		    importer != NULL ? "EXPORT_SNAPSHOT" : "NOEXPORT_SNAPSHOT");
 	if (in_recovery) {
 		obx_log(ctx->said_standby_create ? OBX_LOG_DEBUG : OBX_LOG_INFO,
 		    "creating slot %s on a hot standby: waiting for the primary's next running-transactions "
-		    "record (SELECT pg_log_standby_snapshot() on the primary writes one at once)", cfg->slot);
+		    "record (SELECT pg_log_standby_snapshot() on the primary writes one at once)",
+		    cfg->slot);
 		ctx->said_standby_create = true;
 		r = obx_pgsetup_query_waiting(c, sql, 0, ctx, &res, state, err, sizeof(err));
 		if (r == OBX_ESTATE)
 			return obx_pgsetup_failf(errbuf, errlen, OBX_EIO,
-			    "stopped while creating slot %s on the hot standby",
-			    cfg->slot);
+			    "stopped while creating slot %s on the hot standby", cfg->slot);
 	} else {
 		/* waits for the transactions running now to end: a long or prepared one delays
 		 * it; the wait keeps /healthz fresh and ends on SIGTERM */
@@ -152,29 +152,28 @@ create_slot(PGconn *c, const struct obx_config *cfg, const struct obx_pgsetup_na
 		if (r == OBX_ESTATE)
 			return obx_pgsetup_failf(errbuf, errlen, OBX_EIO,
 			    "stopped while creating slot %s (it waits for "
-			    "the transactions running when it started to end)", cfg->slot);
+			    "the transactions running when it started to end)",
+			    cfg->slot);
 	}
 	if (r != 0) {
 		if (PQstatus(c) != CONNECTION_OK)
-			return obx_pgsetup_failf(errbuf, errlen, OBX_EIO,
-			    "could not create slot %s: %s", cfg->slot, err);
+			return obx_pgsetup_failf(errbuf, errlen, OBX_EIO, "could not create slot %s: %s",
+			    cfg->slot, err);
 		/* cancelled, a serialization or lock conflict, an object in use: may heal */
-		if (strncmp(state, "40", 2) == 0 || strcmp(state, "57014") == 0 ||
-		    strcmp(state, "55P03") == 0 || strcmp(state, "55006") == 0)
-			return obx_pgsetup_failf(errbuf, errlen, OBX_EIO,
-			    "could not create slot %s: %s", cfg->slot, err);
+		if (strncmp(state, "40", 2) == 0 || strcmp(state, "57014") == 0 || strcmp(state, "55P03") == 0 ||
+		    strcmp(state, "55006") == 0)
+			return obx_pgsetup_failf(errbuf, errlen, OBX_EIO, "could not create slot %s: %s",
+			    cfg->slot, err);
 		if (strcmp(state, "42710") != 0)
-			return obx_pgsetup_failf(errbuf, errlen, OBX_ECONFIG,
-			    "could not create slot %s: %s",
+			return obx_pgsetup_failf(errbuf, errlen, OBX_ECONFIG, "could not create slot %s: %s",
 			    cfg->slot, err);
 		out->raced = true;
 		return 0;
 	}
 	out->made = true;
-	if (PQntuples(res) < 1 || PQnfields(res) < 3 ||
-	    obx_lsn_parse(PQgetvalue(res, 0, 1), &out->confirmed) != 0)
-		r = obx_pgsetup_failf(errbuf, errlen, OBX_EPROTO,
-		    "slot %s: unexpected consistent point", cfg->slot);
+	if (PQntuples(res) < 1 || PQnfields(res) < 3 || obx_lsn_parse(PQgetvalue(res, 0, 1), &out->confirmed) != 0)
+		r = obx_pgsetup_failf(errbuf, errlen, OBX_EPROTO, "slot %s: unexpected consistent point",
+		    cfg->slot);
 	else
 		strlcpy(out->point, PQgetvalue(res, 0, 1), sizeof(out->point));
 	/* the export lasts until c runs its next command: imported before anything else */
@@ -192,25 +191,24 @@ warn_unpublished_rows(PGconn *c, const struct obx_config *cfg, const struct obx_
 	char sql[1024], err[1024];
 	PGresult *res;
 
-	snprintf(sql, sizeof(sql), "SELECT count(*) FROM (SELECT 1 FROM %s LIMIT 1000001) x",
-	    nm->qualified);
+	snprintf(sql, sizeof(sql), "SELECT count(*) FROM (SELECT 1 FROM %s LIMIT 1000001) x", nm->qualified);
 	if (obx_pgsetup_query(c, sql, &res, NULL, err, sizeof(err)) != 0)
 		return;
 	if (strcmp(PQgetvalue(res, 0, 0), "0") != 0)
 		obx_log_warn("%s row(s) already in %s.%s will not be published: a new slot starts "
-		    "at its creation point ([source] snapshot = none; with pending, a new slot publishes "
-		    "them first)", PQgetvalue(res, 0, 0), cfg->table_schema, cfg->table_name);
+		             "at its creation point ([source] snapshot = none; with pending, a new slot publishes "
+		             "them first)",
+		    PQgetvalue(res, 0, 0), cfg->table_schema, cfg->table_name);
 	PQclear(res);
 }
 
 /* Says what was created; a recreated slot skipped what its predecessor had not confirmed. */
 static void
-log_created(const struct obx_config *cfg, const struct obx_slotguard *rec, const char *point,
-    const char *how)
+log_created(const struct obx_config *cfg, const struct obx_slotguard *rec, const char *point, const char *how)
 {
 	if (rec->marked)
 		obx_log_warn("recreated slot %s at %s%s (--recreate-slot); the previous slot was created at "
-		    "%s: events committed between its last confirmed position and %s are not published",
+		             "%s: events committed between its last confirmed position and %s are not published",
 		    cfg->slot, point, how, rec->lsn, point);
 	else
 		obx_log_info("created slot %s at %s%s", cfg->slot, point, how);
@@ -243,23 +241,22 @@ obx_pgsetup_slot(PGconn *c, const struct obx_config *cfg, struct obx_pgsetup_slo
 		r = read_slot(c, cfg, &nm, in_recovery, &row, errbuf, errlen);
 		if (r == 0) {
 			a->confirmed = row.confirmed;
-			obx_pgsetup_adopt_slot(c, cfg, &nm, a->sysid, row.confirmed, in_recovery, ctx,
-			    &a->born);
+			obx_pgsetup_adopt_slot(c, cfg, &nm, a->sysid, row.confirmed, in_recovery, ctx, &a->born);
 			if (row.synced && !in_recovery)
 				obx_pgsetup_note_synced(cfg, row.confirmed, ctx);
 			if (f.failover_slots)
 				r = obx_pgsetup_match_failover(c, cfg, &nm, &row, in_recovery, ctx, errbuf,
 				    errlen);
 			if (r == 0)
-				r = obx_pgsetup_snapshot_wanted(c, cfg, &nm, &row, in_recovery, snap, ctx,
-				    errbuf, errlen);
+				r = obx_pgsetup_snapshot_wanted(c, cfg, &nm, &row, in_recovery, snap, ctx, errbuf,
+				    errlen);
 		}
 		if (r != OBX_ENOENT)
 			goto out;
 		r = obx_pgsetup_read_guard(c, cfg, &nm, &g, errbuf, errlen);
 		if (r == 0)
-			r = obx_slotguard_may_create(&g.rec, cfg->slot, a->recreate, cfg->create_slot,
-			    errbuf, errlen);
+			r = obx_slotguard_may_create(&g.rec, cfg->slot, a->recreate, cfg->create_slot, errbuf,
+			    errlen);
 		if (r == 0 && snap->enabled && in_recovery)
 			r = obx_pgsetup_failf(errbuf, errlen, OBX_ECONFIG,
 			    "[source] snapshot = pending: "
@@ -290,8 +287,10 @@ obx_pgsetup_slot(PGconn *c, const struct obx_config *cfg, struct obx_pgsetup_slo
 			if (obx_lsn_parse(cs.point, &a->born) != 0)
 				a->born = 0;
 			snap->wanted = snap->imported = snap->enabled;
-			snprintf(how, sizeof(how), "%s%s", f.failover_slots && cfg->failover && !in_recovery ?
-			    " with failover" : in_recovery ? " on a hot standby" : "",
+			snprintf(how, sizeof(how), "%s%s",
+			    f.failover_slots && cfg->failover && !in_recovery ? " with failover" :
+			        in_recovery                                   ? " on a hot standby" :
+			                                                        "",
 			    snap->wanted ? ", exporting its snapshot" : "");
 			log_created(cfg, &g.rec, cs.point, how);
 			if (in_recovery && f.failover_slots && cfg->failover)
@@ -299,8 +298,7 @@ obx_pgsetup_slot(PGconn *c, const struct obx_config *cfg, struct obx_pgsetup_slo
 			if (in_recovery)
 				obx_pgsetup_note_standby_guard(cfg, a->sysid, cs.point, ctx);
 			else /* a failure is logged: the slot is usable without its record */
-				(void)obx_pgsetup_record_marker(c, cfg, &nm, g.comment, a->sysid, cs.point,
-				    false);
+				(void)obx_pgsetup_record_marker(c, cfg, &nm, g.comment, a->sysid, cs.point, false);
 			if (!snap->wanted)
 				warn_unpublished_rows(c, cfg, &nm);
 			else
@@ -310,8 +308,8 @@ obx_pgsetup_slot(PGconn *c, const struct obx_config *cfg, struct obx_pgsetup_slo
 		/* another instance created it a moment ago: use it */
 		obx_log_info("slot %s was created concurrently", cfg->slot);
 	}
-	r = obx_pgsetup_failf(errbuf, errlen, OBX_EIO,
-	    "slot %s was dropped each time another instance created it", cfg->slot);
+	r = obx_pgsetup_failf(errbuf, errlen, OBX_EIO, "slot %s was dropped each time another instance created it",
+	    cfg->slot);
 out:
 	if (!snap->wanted || r != 0) {
 		/* nothing to publish first: the lock goes with the connection */

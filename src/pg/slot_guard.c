@@ -70,8 +70,8 @@ find_marker(const char *comment, const char *slot, struct obx_slotguard *rec)
 		    split_words(p + ml, n - ml, w, 3) == 3 && strcmp(w[0], slot) == 0 &&
 		    strlen(w[1]) < sizeof(rec->sysid) && strlen(w[2]) < sizeof(rec->lsn)) {
 			rec->marked = true;
-			snprintf(rec->sysid, sizeof(rec->sysid), "%s", w[1]);
-			snprintf(rec->lsn, sizeof(rec->lsn), "%s", w[2]);
+			strlcpy(rec->sysid, w[1], sizeof(rec->sysid)); /* lengths checked above */
+			strlcpy(rec->lsn, w[2], sizeof(rec->lsn));
 			return 0;
 		}
 		p = nl != NULL ? nl + 1 : NULL;
@@ -80,20 +80,20 @@ find_marker(const char *comment, const char *slot, struct obx_slotguard *rec)
 }
 
 int
-obx_pgsetup_read_guard(PGconn *c, const struct obx_config *cfg,
-    const struct obx_pgsetup_names *nm, struct obx_pgsetup_guard *g, char *errbuf, size_t errlen)
+obx_pgsetup_read_guard(PGconn *c, const struct obx_config *cfg, const struct obx_pgsetup_names *nm,
+    struct obx_pgsetup_guard *g, char *errbuf, size_t errlen)
 {
 	char sql[1024], err[1024];
 	PGresult *res;
 
 	obx_pgsetup_guard_reset(g);
 	memset(&g->rec, 0, sizeof(g->rec));
-	snprintf(sql, sizeof(sql), "SELECT coalesce(obj_description(oid, 'pg_publication'), '') "
-	    "FROM pg_publication WHERE pubname = %s", nm->pub_lit);
+	snprintf(sql, sizeof(sql),
+	    "SELECT coalesce(obj_description(oid, 'pg_publication'), '') "
+	    "FROM pg_publication WHERE pubname = %s",
+	    nm->pub_lit);
 	if (obx_pgsetup_query(c, sql, &res, NULL, err, sizeof(err)) != 0)
-		return obx_pgsetup_failf(errbuf, errlen, OBX_EIO,
-		    "could not read publication comment: %s",
-		    err);
+		return obx_pgsetup_failf(errbuf, errlen, OBX_EIO, "could not read publication comment: %s", err);
 	g->comment = strdup(PQntuples(res) > 0 ? PQgetvalue(res, 0, 0) : "");
 	PQclear(res);
 	if (g->comment == NULL)
@@ -110,9 +110,8 @@ obx_pgsetup_guard_reset(struct obx_pgsetup_guard *g)
 }
 
 int
-obx_pgsetup_record_marker(PGconn *c, const struct obx_config *cfg,
-    const struct obx_pgsetup_names *nm, const char *comment, const char *sysid, const char *lsn,
-    bool quiet)
+obx_pgsetup_record_marker(PGconn *c, const struct obx_config *cfg, const struct obx_pgsetup_names *nm,
+    const char *comment, const char *sysid, const char *lsn, bool quiet)
 {
 	char *text = NULL, *lit = NULL, *sql = NULL;
 	size_t len = 0;
@@ -145,9 +144,11 @@ obx_pgsetup_record_marker(PGconn *c, const struct obx_config *cfg,
 		PQclear(res);
 		r = 0;
 	} else {
-		obx_log(quiet ? OBX_LOG_DEBUG : OBX_LOG_WARN, "could not record the creation of slot %s "
+		obx_log(quiet ? OBX_LOG_DEBUG : OBX_LOG_WARN,
+		    "could not record the creation of slot %s "
 		    "on publication %s: %s; a later loss of the slot will not be detected (make the "
-		    "outboxd role own the publication)", cfg->slot, cfg->publication, err);
+		    "outboxd role own the publication)",
+		    cfg->slot, cfg->publication, err);
 		r = OBX_EIO;
 	}
 out:
@@ -171,9 +172,9 @@ obx_pgsetup_note_standby_guard(const struct obx_config *cfg, const char *sysid, 
 		return;
 	ctx->said_standby_guard = true;
 	obx_log_warn("this hot standby is read-only: the slot guard cannot record slot %s on "
-	    "publication %s here, so a loss of the slot would not be detected; to protect it, add the "
-	    "line '" MARKER " %s %s %s' to the publication's comment on the primary", cfg->slot,
-	    cfg->publication, cfg->slot, sysid, lsn);
+	             "publication %s here, so a loss of the slot would not be detected; to protect it, add the "
+	             "line '" MARKER " %s %s %s' to the publication's comment on the primary",
+	    cfg->slot, cfg->publication, cfg->slot, sysid, lsn);
 }
 
 /*
@@ -187,17 +188,18 @@ obx_pgsetup_note_standby_guard(const struct obx_config *cfg, const char *sysid, 
  * says once what to add on the primary.
  */
 void
-obx_pgsetup_adopt_slot(PGconn *c, const struct obx_config *cfg,
-    const struct obx_pgsetup_names *nm, const char *sysid, obx_lsn confirmed, bool in_recovery,
-    struct obx_pgsetup_ctx *ctx, obx_lsn *born)
+obx_pgsetup_adopt_slot(PGconn *c, const struct obx_config *cfg, const struct obx_pgsetup_names *nm,
+    const char *sysid, obx_lsn confirmed, bool in_recovery, struct obx_pgsetup_ctx *ctx, obx_lsn *born)
 {
 	char sql[1024], err[1024], at[OBX_LSN_STRLEN];
 	struct obx_slotguard rec;
 	PGresult *res;
 
 	*born = 0;
-	snprintf(sql, sizeof(sql), "SELECT coalesce(obj_description(oid, 'pg_publication'), '') "
-	    "FROM pg_publication WHERE pubname = %s", nm->pub_lit);
+	snprintf(sql, sizeof(sql),
+	    "SELECT coalesce(obj_description(oid, 'pg_publication'), '') "
+	    "FROM pg_publication WHERE pubname = %s",
+	    nm->pub_lit);
 	if (obx_pgsetup_query(c, sql, &res, NULL, err, sizeof(err)) != 0)
 		return;
 	if (PQntuples(res) == 1 && find_marker(PQgetvalue(res, 0, 0), cfg->slot, &rec) == 0) {
@@ -209,7 +211,8 @@ obx_pgsetup_adopt_slot(PGconn *c, const struct obx_config *cfg,
 			obx_pgsetup_note_standby_guard(cfg, sysid, at, ctx);
 		else if (obx_pgsetup_record_marker(c, cfg, nm, PQgetvalue(res, 0, 0), sysid, at, true) == 0) {
 			obx_log_info("slot %s has no record on publication %s (made outside outboxd?): "
-			    "recorded it at %s", cfg->slot, cfg->publication, at);
+			             "recorded it at %s",
+			    cfg->slot, cfg->publication, at);
 			*born = confirmed;
 		}
 	}

@@ -20,9 +20,9 @@
 struct obx_slotwatch_state {
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
-	int refs;                /* guarded by mu: the watch and the thread */
-	bool stopping;           /* guarded by mu */
-	bool fast;               /* guarded by mu: read every second (a standby waits) */
+	int refs;      /* guarded by mu: the watch and the thread */
+	bool stopping; /* guarded by mu */
+	bool fast;     /* guarded by mu: read every second (a standby waits) */
 	int interval_ms;
 	char *conninfo, *password, *slot;
 	struct obx_slotview view; /* guarded by mu */
@@ -92,7 +92,7 @@ read_once(struct obx_slotwatch_state *w, PGconn **conn, struct obx_slotview *v)
 		PQfinish(*conn);
 		*conn = NULL;
 		if (obx_pg_connect(w->conninfo, w->password, NULL, NULL, "outboxd slot watch", conn, err,
-		    sizeof(err)) != 0) {
+		        sizeof(err)) != 0) {
 			/* the sessions say why a connection fails; said here once after a success only */
 			if (v->ok)
 				obx_log_debug("slot watch: could not connect: %s", err);

@@ -25,8 +25,7 @@
  * OBX_ECONFIG when a slot of that name is not a marker (not physical).
  */
 static int
-read_snapmark(PGconn *c, const char *slot, const char *marker, bool *exists, char *errbuf,
-    size_t errlen)
+read_snapmark(PGconn *c, const char *slot, const char *marker, bool *exists, char *errbuf, size_t errlen)
 {
 	char sql[512], err[1024], *lit;
 	PGresult *res;
@@ -38,13 +37,13 @@ read_snapmark(PGconn *c, const char *slot, const char *marker, bool *exists, cha
 	snprintf(sql, sizeof(sql), "SELECT slot_type FROM pg_replication_slots WHERE slot_name = %s", lit);
 	PQfreemem(lit);
 	if (obx_pgsetup_query(c, sql, &res, NULL, err, sizeof(err)) != 0)
-		return obx_pgsetup_failf(errbuf, errlen, OBX_EIO,
-		    "could not read slot %s: %s", marker, err);
+		return obx_pgsetup_failf(errbuf, errlen, OBX_EIO, "could not read slot %s: %s", marker, err);
 	if (PQntuples(res) == 1 && strcmp(PQgetvalue(res, 0, 0), "physical") != 0)
 		r = obx_pgsetup_failf(errbuf, errlen, OBX_ECONFIG,
 		    "slot %s exists and is %s: outboxd keeps a physical "
 		    "slot of that name while the rows pending at slot %s's creation are published; drop "
-		    "it or rename [source] slot", marker, PQgetvalue(res, 0, 0), slot);
+		    "it or rename [source] slot",
+		    marker, PQgetvalue(res, 0, 0), slot);
 	else
 		*exists = PQntuples(res) == 1;
 	PQclear(res);
@@ -53,8 +52,7 @@ read_snapmark(PGconn *c, const char *slot, const char *marker, bool *exists, cha
 
 /* Creates the marker slot (no WAL reserved: it pins nothing). */
 int
-obx_pgsetup_create_snapmark(PGconn *c, const char *slot, const char *marker, char *errbuf,
-    size_t errlen)
+obx_pgsetup_create_snapmark(PGconn *c, const char *slot, const char *marker, char *errbuf, size_t errlen)
 {
 	char sql[256], err[1024], state[6] = "";
 	PGresult *res;
@@ -70,10 +68,11 @@ obx_pgsetup_create_snapmark(PGconn *c, const char *slot, const char *marker, cha
 	}
 	if (strcmp(state, "42710") == 0) /* left by a run that died before creating the slot */
 		return 0;
-	return obx_pgsetup_failf(errbuf, errlen, PQstatus(c) != CONNECTION_OK || strcmp(state,
-	    "53400") != 0 ?
-	    OBX_EIO : OBX_ECONFIG, "could not create slot %s, which marks the snapshot of slot %s as "
-	    "unfinished: %s", marker, slot, err);
+	return obx_pgsetup_failf(errbuf, errlen,
+	    PQstatus(c) != CONNECTION_OK || strcmp(state, "53400") != 0 ? OBX_EIO : OBX_ECONFIG,
+	    "could not create slot %s, which marks the snapshot of slot %s as "
+	    "unfinished: %s",
+	    marker, slot, err);
 }
 
 /*
@@ -87,8 +86,8 @@ obx_pgsetup_create_snapmark(PGconn *c, const char *slot, const char *marker, cha
  * OBX_ENOMEM.
  */
 static int
-read_legacy_mark(PGconn *c, const char *slot, const char *legacy, bool *exists, bool *ours,
-    char *errbuf, size_t errlen)
+read_legacy_mark(PGconn *c, const char *slot, const char *legacy, bool *exists, bool *ours, char *errbuf,
+    size_t errlen)
 {
 	char sql[1024], err[1024], prefix[OBX_SNAPMARK_KEEP + 1];
 	char *lslot, *llegacy, *lprefix;
@@ -103,12 +102,13 @@ read_legacy_mark(PGconn *c, const char *slot, const char *legacy, bool *exists, 
 	llegacy = PQescapeLiteral(c, legacy, strlen(legacy));
 	lprefix = PQescapeLiteral(c, prefix, strlen(prefix));
 	if (lslot != NULL && llegacy != NULL && lprefix != NULL)
-		snprintf(sql, sizeof(sql), "SELECT EXISTS (SELECT FROM pg_replication_slots WHERE slot_name = %s "
+		snprintf(sql, sizeof(sql),
+		    "SELECT EXISTS (SELECT FROM pg_replication_slots WHERE slot_name = %s "
 		    "AND slot_type = 'physical'), NOT EXISTS (SELECT FROM pg_replication_slots WHERE "
 		    "slot_name NOT IN (%s, %s) AND left(slot_name::text, %d) = %s) AND NOT EXISTS (SELECT "
 		    "FROM pg_locks WHERE locktype = 'advisory' AND classid = " SNAPSHOT_LOCK_CLASS " AND "
-		    "objsubid = 2 AND objid::bigint <> (hashtext(%s)::bigint & 4294967295))", llegacy, lslot,
-		    llegacy, OBX_SNAPMARK_KEEP, lprefix, lslot);
+		    "objsubid = 2 AND objid::bigint <> (hashtext(%s)::bigint & 4294967295))",
+		    llegacy, lslot, llegacy, OBX_SNAPMARK_KEEP, lprefix, lslot);
 	else
 		r = obx_pgsetup_failf(errbuf, errlen, OBX_ENOMEM, "out of memory");
 	PQfreemem(lslot);
@@ -117,8 +117,7 @@ read_legacy_mark(PGconn *c, const char *slot, const char *legacy, bool *exists, 
 	if (r != 0)
 		return r;
 	if (obx_pgsetup_query(c, sql, &res, NULL, err, sizeof(err)) != 0)
-		return obx_pgsetup_failf(errbuf, errlen, OBX_EIO,
-		    "could not read slot %s: %s", legacy, err);
+		return obx_pgsetup_failf(errbuf, errlen, OBX_EIO, "could not read slot %s: %s", legacy, err);
 	*exists = strcmp(PQgetvalue(res, 0, 0), "t") == 0;
 	*ours = *exists && strcmp(PQgetvalue(res, 0, 1), "t") == 0;
 	PQclear(res);
@@ -143,8 +142,8 @@ drop_snapmark(PGconn *c, const char *name, char *errbuf, size_t errlen)
 	}
 	if (strcmp(state, "42704") == 0)
 		return 0;
-	return obx_pgsetup_failf(errbuf, errlen, OBX_EIO,
-	    "could not drop slot %s after the snapshot: %s", name, err);
+	return obx_pgsetup_failf(errbuf, errlen, OBX_EIO, "could not drop slot %s after the snapshot: %s", name,
+	    err);
 }
 
 /*
@@ -156,8 +155,8 @@ drop_snapmark(PGconn *c, const char *name, char *errbuf, size_t errlen)
  * OBX_EIO or OBX_ENOMEM.
  */
 int
-obx_pgsetup_snapshot_open(PGconn *c, const struct obx_config *cfg,
-    struct obx_pgsetup_snapshot *snap, char *errbuf, size_t errlen)
+obx_pgsetup_snapshot_open(PGconn *c, const struct obx_config *cfg, struct obx_pgsetup_snapshot *snap, char *errbuf,
+    size_t errlen)
 {
 	const char *kw[4], *val[4], *params[2] = { SNAPSHOT_LOCK_CLASS, cfg->slot };
 	const char *host = PQhost(c), *addr = PQhostaddr(c), *port = PQport(c);
@@ -181,30 +180,32 @@ obx_pgsetup_snapshot_open(PGconn *c, const struct obx_config *cfg,
 	}
 	kw[n] = val[n] = NULL;
 	if (obx_pg_connect(cfg->conninfo, cfg->password, kw, val, "outboxd snapshot", &snap->conn, err,
-	    sizeof(err)) != 0) {
+	        sizeof(err)) != 0) {
 		snap->conn = NULL;
 		return obx_pgsetup_failf(errbuf, errlen, OBX_EIO,
 		    "could not open the connection that reads the rows "
-		    "pending at slot %s's creation: %s", cfg->slot, err);
+		    "pending at slot %s's creation: %s",
+		    cfg->slot, err);
 	}
 	/* its transaction stays open while the broker acknowledges (or is down) */
-	res = PQexec(snap->conn, "SELECT set_config('idle_in_transaction_session_timeout', '0', false), "
+	res = PQexec(snap->conn,
+	    "SELECT set_config('idle_in_transaction_session_timeout', '0', false), "
 	    "set_config('statement_timeout', '0', false); "
 	    "SELECT set_config('idle_session_timeout', '0', false) "
 	    "WHERE current_setting('server_version_num')::int >= 140000; "
 	    "SELECT set_config('transaction_timeout', '0', false) "
 	    "WHERE current_setting('server_version_num')::int >= 170000");
 	PQclear(res);
-	res = PQexecParams(snap->conn, "SELECT pg_try_advisory_lock($1::int, hashtext($2))", 2, NULL,
-	    params, NULL, NULL, 0);
+	res = PQexecParams(snap->conn, "SELECT pg_try_advisory_lock($1::int, hashtext($2))", 2, NULL, params, NULL,
+	    NULL, 0);
 	if (PQresultStatus(res) != PGRES_TUPLES_OK)
-		r = obx_pgsetup_failf(errbuf, errlen, OBX_EIO,
-		    "could not take the lock of slot %s's snapshot: %s",
+		r = obx_pgsetup_failf(errbuf, errlen, OBX_EIO, "could not take the lock of slot %s's snapshot: %s",
 		    cfg->slot, obx_pg_result_error_line(res, err, sizeof(err)));
 	else if (strcmp(PQgetvalue(res, 0, 0), "t") != 0)
 		r = obx_pgsetup_failf(errbuf, errlen, OBX_EBUSY,
 		    "another instance is publishing the rows pending at "
-		    "the creation of slot %s", cfg->slot);
+		    "the creation of slot %s",
+		    cfg->slot);
 	else
 		r = 0;
 	PQclear(res);
@@ -231,22 +232,21 @@ snapshot_lock_free(PGconn *c, const struct obx_config *cfg, char *errbuf, size_t
 	if (lit == NULL)
 		return obx_pgsetup_failf(errbuf, errlen, OBX_ENOMEM, "out of memory");
 	/* taken and released within the statement: it only tells whether another session holds it */
-	snprintf(sql, sizeof(sql), "SELECT pg_try_advisory_xact_lock(" SNAPSHOT_LOCK_CLASS
-	    ", hashtext(%s))", lit);
+	snprintf(sql, sizeof(sql), "SELECT pg_try_advisory_xact_lock(" SNAPSHOT_LOCK_CLASS ", hashtext(%s))", lit);
 	PQfreemem(lit);
 	if (obx_pgsetup_query(c, sql, &res, NULL, err, sizeof(err)) != 0)
 		return obx_pgsetup_failf(errbuf, errlen, OBX_EIO,
-		    "could not read the lock of slot %s's snapshot: %s",
-		    cfg->slot, err);
-	r = strcmp(PQgetvalue(res, 0, 0), "t") == 0 ? 0 : obx_pgsetup_failf(errbuf, errlen, OBX_EBUSY,
-	    "another instance is publishing the rows pending at the creation of slot %s", cfg->slot);
+		    "could not read the lock of slot %s's snapshot: %s", cfg->slot, err);
+	r = strcmp(PQgetvalue(res, 0, 0), "t") == 0 ?
+	    0 :
+	    obx_pgsetup_failf(errbuf, errlen, OBX_EBUSY,
+	        "another instance is publishing the rows pending at the creation of slot %s", cfg->slot);
 	PQclear(res);
 	return r;
 }
 
 int
-obx_pgsetup_snapshot_done(PGconn *c, const struct obx_pgsetup_snapshot *snap, char *errbuf,
-    size_t errlen)
+obx_pgsetup_snapshot_done(PGconn *c, const struct obx_pgsetup_snapshot *snap, char *errbuf, size_t errlen)
 {
 	bool exists, ours;
 	int r;
@@ -254,8 +254,7 @@ obx_pgsetup_snapshot_done(PGconn *c, const struct obx_pgsetup_snapshot *snap, ch
 	if ((r = drop_snapmark(c, snap->marker, errbuf, errlen)) != 0 || snap->legacy[0] == '\0')
 		return r;
 	/* an earlier version's marker goes too, unless another slot may have come to need it since */
-	if ((r = read_legacy_mark(c, snap->slot, snap->legacy, &exists, &ours, errbuf, errlen)) != 0 ||
-	    !ours)
+	if ((r = read_legacy_mark(c, snap->slot, snap->legacy, &exists, &ours, errbuf, errlen)) != 0 || !ours)
 		return r;
 	return drop_snapmark(c, snap->legacy, errbuf, errlen);
 }
@@ -266,8 +265,8 @@ obx_pgsetup_snapshot_done(PGconn *c, const struct obx_pgsetup_snapshot *snap, ch
  * next session publish the pending rows from a fresh snapshot).
  */
 int
-obx_pgsetup_import_snapshot(PGconn *importer, const struct obx_config *cfg, const char *name,
-    char *errbuf, size_t errlen)
+obx_pgsetup_import_snapshot(PGconn *importer, const struct obx_config *cfg, const char *name, char *errbuf,
+    size_t errlen)
 {
 	char sql[256], err[1024];
 	PGresult *res;
@@ -275,12 +274,10 @@ obx_pgsetup_import_snapshot(PGconn *importer, const struct obx_config *cfg, cons
 
 	if (name[0] == '\0')
 		return obx_pgsetup_failf(errbuf, errlen, OBX_EPROTO,
-		    "slot %s was created without the snapshot asked for",
-		    cfg->slot);
+		    "slot %s was created without the snapshot asked for", cfg->slot);
 	if (obx_pgsetup_query(importer, "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY", &res, NULL, err,
-	    sizeof(err)) != 0)
-		return obx_pgsetup_failf(errbuf, errlen, OBX_EIO,
-		    "could not begin the snapshot of slot %s: %s",
+	        sizeof(err)) != 0)
+		return obx_pgsetup_failf(errbuf, errlen, OBX_EIO, "could not begin the snapshot of slot %s: %s",
 		    cfg->slot, err);
 	PQclear(res);
 	if ((lit = PQescapeLiteral(importer, name, strlen(name))) == NULL)
@@ -289,8 +286,7 @@ obx_pgsetup_import_snapshot(PGconn *importer, const struct obx_config *cfg, cons
 	PQfreemem(lit);
 	if (obx_pgsetup_query(importer, sql, &res, NULL, err, sizeof(err)) != 0)
 		return obx_pgsetup_failf(errbuf, errlen, OBX_EIO,
-		    "could not use the snapshot slot %s exported: %s",
-		    cfg->slot, err);
+		    "could not use the snapshot slot %s exported: %s", cfg->slot, err);
 	PQclear(res);
 	return 0;
 }
@@ -306,9 +302,9 @@ obx_pgsetup_import_snapshot(PGconn *importer, const struct obx_config *cfg, cons
  * (once), and waited on while another instance holds its lock.
  */
 int
-obx_pgsetup_snapshot_wanted(PGconn *c, const struct obx_config *cfg,
-    const struct obx_pgsetup_names *nm, const struct obx_pgsetup_slotrow *row, bool in_recovery,
-    struct obx_pgsetup_snapshot *snap, struct obx_pgsetup_ctx *ctx, char *errbuf, size_t errlen)
+obx_pgsetup_snapshot_wanted(PGconn *c, const struct obx_config *cfg, const struct obx_pgsetup_names *nm,
+    const struct obx_pgsetup_slotrow *row, bool in_recovery, struct obx_pgsetup_snapshot *snap,
+    struct obx_pgsetup_ctx *ctx, char *errbuf, size_t errlen)
 {
 	struct obx_pgsetup_guard g = { 0 };
 	char legacy[64];
@@ -332,7 +328,8 @@ obx_pgsetup_snapshot_wanted(PGconn *c, const struct obx_config *cfg,
 			const char *m = exists ? snap->marker : legacy;
 
 			ctx->said_marker = true;
-			obx_log_warn("slot %s exists, so does %s: the rows pending when slot %s was created were "
+			obx_log_warn(
+			    "slot %s exists, so does %s: the rows pending when slot %s was created were "
 			    "not all published; with [source] snapshot = pending they are published before "
 			    "streaming, with none they are not (drop slot %s to stop this warning)",
 			    cfg->slot, m, cfg->slot, m);
@@ -346,7 +343,8 @@ obx_pgsetup_snapshot_wanted(PGconn *c, const struct obx_config *cfg,
 			return r;
 		if (!g.rec.marked || obx_lsn_parse(g.rec.lsn, &point) != 0 || point != row->confirmed)
 			return 0;
-		obx_log_warn("slot %s was synchronized from the former primary and is still at its creation "
+		obx_log_warn(
+		    "slot %s was synchronized from the former primary and is still at its creation "
 		    "point %s: its snapshot may not have finished there (its marker is not synchronized); "
 		    "publishing the pending rows again (rows already published there are sent twice)",
 		    cfg->slot, g.rec.lsn);
@@ -368,11 +366,11 @@ obx_pgsetup_snapshot_wanted(PGconn *c, const struct obx_config *cfg,
 	else if (old)
 		/* it may be this slot's: its rows are published (again), and it stays */
 		obx_log_warn("slot %s, the marker an earlier version made for a slot whose name begins "
-		    "with %.*s, may be slot %s's or another's (another such slot exists, or another "
-		    "slot's snapshot is under way): publishing the rows pending at slot %s's creation "
-		    "again, and leaving it; drop it once no slot sharing that beginning has a snapshot "
-		    "left unfinished by an earlier version", legacy, OBX_SNAPMARK_KEEP, cfg->slot,
-		    cfg->slot, cfg->slot);
+		             "with %.*s, may be slot %s's or another's (another such slot exists, or another "
+		             "slot's snapshot is under way): publishing the rows pending at slot %s's creation "
+		             "again, and leaving it; drop it once no slot sharing that beginning has a snapshot "
+		             "left unfinished by an earlier version",
+		    legacy, OBX_SNAPMARK_KEEP, cfg->slot, cfg->slot, cfg->slot);
 	return 0;
 }
 
@@ -384,8 +382,7 @@ obx_pgsetup_snapshot_wanted(PGconn *c, const struct obx_config *cfg,
  * read it leaves it, to the same effect.
  */
 void
-obx_pgsetup_adopt_legacy_mark(PGconn *c, const struct obx_config *cfg,
-    struct obx_pgsetup_snapshot *snap)
+obx_pgsetup_adopt_legacy_mark(PGconn *c, const struct obx_config *cfg, struct obx_pgsetup_snapshot *snap)
 {
 	char legacy[64], err[256];
 	bool old, ours;

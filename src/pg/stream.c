@@ -54,8 +54,8 @@ start_sql(const struct obx_pgstream *s, const struct obx_config *cfg)
 		pubs = PQescapeLiteral(s->conn, pub, strlen(pub));
 	if (slot != NULL && pubs != NULL &&
 	    asprintf(&sql, "START_REPLICATION SLOT %s LOGICAL 0/0 (proto_version '%d', publication_names %s%s%s)",
-	    slot, s->proto_version, pubs, s->streaming ? ", streaming 'on'" : "",
-	    cfg->messages ? ", messages 'true'" : "") < 0)
+	        slot, s->proto_version, pubs, s->streaming ? ", streaming 'on'" : "",
+	        cfg->messages ? ", messages 'true'" : "") < 0)
 		sql = NULL;
 	PQfreemem(pubs);
 	PQfreemem(pub);
@@ -69,8 +69,7 @@ start_sql(const struct obx_pgstream *s, const struct obx_config *cfg)
  * elsewhere), OBX_ECONFIG (refused for good), OBX_EIO or OBX_ENOMEM.
  */
 static int
-start_replication(struct obx_pgstream *s, const struct obx_config *cfg, char *errbuf,
-    size_t errlen)
+start_replication(struct obx_pgstream *s, const struct obx_config *cfg, char *errbuf, size_t errlen)
 {
 	char err[1024];
 	const char *code;
@@ -125,12 +124,14 @@ on_notice(void *arg, const PGresult *res)
 	const char *fn = PQresultErrorField(res, PG_DIAG_SOURCE_FUNCTION);
 	const char *msg = PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY);
 
-	if (code != NULL && strcmp(code, "55000") == 0 && ((fn != NULL &&
-	    strcmp(fn, "LoadPublications") == 0) || (msg != NULL &&
-	    strstr(msg, "skipped loading publication") != NULL))) {
+	if (code != NULL && strcmp(code, "55000") == 0 &&
+	    ((fn != NULL && strcmp(fn, "LoadPublications") == 0) ||
+	        (msg != NULL && strstr(msg, "skipped loading publication") != NULL))) {
 		if (s->pub_skipped[0] == '\0')
-			snprintf(s->pub_skipped, sizeof(s->pub_skipped), "%s: the publication does not "
-			    "exist at this point in the WAL", msg != NULL ? msg : "skipped a publication");
+			snprintf(s->pub_skipped, sizeof(s->pub_skipped),
+			    "%s: the publication does not "
+			    "exist at this point in the WAL",
+			    msg != NULL ? msg : "skipped a publication");
 		return;
 	}
 	if (s->prev_notice != NULL)
@@ -138,8 +139,8 @@ on_notice(void *arg, const PGresult *res)
 }
 
 int
-obx_pgstream_open(struct obx_pgstream *s, const struct obx_config *cfg, bool recreate_slot,
-    bool streaming, struct obx_pgsetup_ctx *ctx, char *errbuf, size_t errlen)
+obx_pgstream_open(struct obx_pgstream *s, const struct obx_config *cfg, bool recreate_slot, bool streaming,
+    struct obx_pgsetup_ctx *ctx, char *errbuf, size_t errlen)
 {
 	struct obx_pgsetup_slot_args sa = { .sysid = NULL };
 	int r;
@@ -149,14 +150,14 @@ obx_pgstream_open(struct obx_pgstream *s, const struct obx_config *cfg, bool rec
 		goto out;
 	s->prev_notice = PQsetNoticeReceiver(s->conn, on_notice, s);
 	s->server_version = PQserverVersion(s->conn);
-	if ((r = obx_pgsetup_protocol(s->server_version, cfg, streaming, &s->proto_version,
-	    &s->streaming, errbuf, errlen)) != 0)
+	if ((r = obx_pgsetup_protocol(s->server_version, cfg, streaming, &s->proto_version, &s->streaming, errbuf,
+	         errlen)) != 0)
 		goto out;
-	if ((r = obx_pgsetup_identify(s->conn, s->sysid, sizeof(s->sysid), &s->timeline,
-	    &s->server_lsn, errbuf, errlen)) != 0)
+	if ((r = obx_pgsetup_identify(s->conn, s->sysid, sizeof(s->sysid), &s->timeline, &s->server_lsn, errbuf,
+	         errlen)) != 0)
 		goto out;
-	if ((r = obx_pgsetup_check_server(s->conn, cfg, &s->wal_sender_timeout_ms, &s->in_recovery,
-	    errbuf, errlen)) != 0)
+	if ((r = obx_pgsetup_check_server(s->conn, cfg, &s->wal_sender_timeout_ms, &s->in_recovery, errbuf,
+	         errlen)) != 0)
 		goto out;
 	/* publication first: a slot created before its publication breaks decoding */
 	if ((r = obx_pgsetup_publication(s->conn, cfg, s->in_recovery, errbuf, errlen)) != 0)
@@ -175,7 +176,8 @@ obx_pgstream_open(struct obx_pgstream *s, const struct obx_config *cfg, bool rec
 	if (s->snap.wanted) {
 		/* the replication connection waits in command mode meanwhile: no idle_session_timeout
 		 * (14+) may end it */
-		PGresult *res = PQexec(s->conn, "SELECT set_config('idle_session_timeout', '0', false) "
+		PGresult *res = PQexec(s->conn,
+		    "SELECT set_config('idle_session_timeout', '0', false) "
 		    "WHERE current_setting('server_version_num')::int >= 140000");
 
 		PQclear(res);
@@ -187,8 +189,7 @@ out:
 }
 
 int
-obx_pgstream_start(struct obx_pgstream *s, const struct obx_config *cfg, char *errbuf,
-    size_t errlen)
+obx_pgstream_start(struct obx_pgstream *s, const struct obx_config *cfg, char *errbuf, size_t errlen)
 {
 	int r;
 
@@ -220,8 +221,7 @@ obx_pgstream_consume(struct obx_pgstream *s, char *errbuf, size_t errlen)
 }
 
 int
-obx_pgstream_read(struct obx_pgstream *s, const uint8_t **buf, size_t *len, char *errbuf,
-    size_t errlen)
+obx_pgstream_read(struct obx_pgstream *s, const uint8_t **buf, size_t *len, char *errbuf, size_t errlen)
 {
 	char *copybuf = NULL;
 	int n;
@@ -255,7 +255,7 @@ obx_pgstream_read(struct obx_pgstream *s, const uint8_t **buf, size_t *len, char
 		 * GetPublicationByName(): the function's name is never translated, the message may be */
 		bool no_pub = code != NULL && strcmp(code, "42704") == 0 &&
 		    ((fn != NULL && strcmp(fn, "GetPublicationByName") == 0) ||
-		    (primary != NULL && strncmp(primary, "publication \"", 13) == 0));
+		        (primary != NULL && strncmp(primary, "publication \"", 13) == 0));
 
 		if (r != NULL && PQresultStatus(r) != PGRES_COMMAND_OK)
 			obx_pg_result_error_line(r, errbuf, errlen);
@@ -269,8 +269,8 @@ obx_pgstream_read(struct obx_pgstream *s, const uint8_t **buf, size_t *len, char
 }
 
 int
-obx_pgstream_send_status(struct obx_pgstream *s, obx_lsn write, obx_lsn flush, bool reply,
-    char *errbuf, size_t errlen)
+obx_pgstream_send_status(struct obx_pgstream *s, obx_lsn write, obx_lsn flush, bool reply, char *errbuf,
+    size_t errlen)
 {
 	uint8_t msg[OBX_STATUS_UPDATE_LEN];
 
@@ -303,8 +303,7 @@ obx_pgstream_close(struct obx_pgstream *s)
 	if (s->copybuf != NULL)
 		PQfreemem(s->copybuf);
 	s->copybuf = NULL;
-	if (s->conn != NULL && PQstatus(s->conn) == CONNECTION_OK &&
-	    PQputCopyEnd(s->conn, NULL) == 1) {
+	if (s->conn != NULL && PQstatus(s->conn) == CONNECTION_OK && PQputCopyEnd(s->conn, NULL) == 1) {
 		int64_t deadline = obx_pg_now() + 2000000;
 
 		/* drain until the server ends COPY too (so a last error is not missed); bounded */

@@ -23,7 +23,8 @@
 static int
 pin_session(PGconn *c, char *errbuf, size_t errlen)
 {
-	PGresult *res = PQexec(c, "SELECT pg_catalog.set_config('bytea_output', 'hex', false), "
+	PGresult *res = PQexec(c,
+	    "SELECT pg_catalog.set_config('bytea_output', 'hex', false), "
 	    "pg_catalog.set_config('client_encoding', 'UTF8', false), "
 	    "pg_catalog.set_config('datestyle', 'ISO', false), "
 	    "pg_catalog.set_config('extra_float_digits', '1', false)");
@@ -41,8 +42,7 @@ pin_session(PGconn *c, char *errbuf, size_t errlen)
 
 int
 obx_pg_connect(const char *conninfo, const char *password, const char *const *extra_kw,
-    const char *const *extra_val, const char *application_name, PGconn **out, char *errbuf,
-    size_t errlen)
+    const char *const *extra_val, const char *application_name, PGconn **out, char *errbuf, size_t errlen)
 {
 	const char *kw[25], *val[25];
 	PGconn *c;

@@ -133,8 +133,8 @@ delivered(struct poller *p, enum obx_dlv_outcome o, const struct obx_dlv_result 
 		(void)obx_pollcore_report(&p->pc, opaque, err_name != NULL ? err_name : "", res->reason);
 		return 0;
 	}
-	return obx_pollcore_failed(&p->pc, i, res->dead_letter ? OBX_POLL_FAILED_DEAD_LETTER :
-	    OBX_POLL_FAILED_PRODUCE, res->reason);
+	return obx_pollcore_failed(&p->pc, i,
+	    res->dead_letter ? OBX_POLL_FAILED_DEAD_LETTER : OBX_POLL_FAILED_PRODUCE, res->reason);
 }
 
 void
@@ -193,8 +193,8 @@ dead_letter(struct poller *p, size_t i, const struct obx_event *ev, bool built, 
 		return obx_pollcore_failed(&p->pc, i, OBX_POLL_FAILED_DEAD_LETTER, errbuf);
 	}
 	rec = (struct obx_record){ p->cfg->dead_letter_topic, NULL, 0, PQgetvalue(jr, 0, 0),
-		(size_t)PQgetlength(jr, 0, 0), 0, (const struct obx_header[]){ { "seq", seq, strlen(seq) },
-		    { "error", last, strlen(last) } }, 2 };
+		(size_t)PQgetlength(jr, 0, 0), 0,
+		(const struct obx_header[]){ { "seq", seq, strlen(seq) }, { "error", last, strlen(last) } }, 2 };
 	o = obx_dlv_send(&p->dlv, &rec, i, true, obx_mono_ms(), &res);
 	PQclear(jr);
 	return delivered(p, o, &res, false, NULL);
@@ -202,20 +202,23 @@ dead_letter(struct poller *p, size_t i, const struct obx_event *ev, bool built, 
 
 /* The warning for an exhausted row: dead-lettered (dl), or marked without a send. */
 static void
-log_exhausted(const struct poller *p, const struct obx_prow *row, const struct obx_event *ev,
-    const char *seq, bool dl)
+log_exhausted(const struct poller *p, const struct obx_prow *row, const struct obx_event *ev, const char *seq,
+    bool dl)
 {
 	struct obx_logfields lf = { .event_id = ev != NULL ? ev->id : NULL,
 		.topic = ev != NULL ? ev->topic : NULL };
 	const char *last = row->error != NULL ? row->error : "unknown";
 
 	if (dl)
-		obx_log_f(OBX_LOG_WARN, &lf, "row seq %s (id %s) failed %lld time(s): dead-lettering it to "
-		    "%s: %s", seq, ev != NULL ? ev->id : "?", row->attempts, p->cfg->dead_letter_topic, last);
+		obx_log_f(OBX_LOG_WARN, &lf,
+		    "row seq %s (id %s) failed %lld time(s): dead-lettering it to "
+		    "%s: %s",
+		    seq, ev != NULL ? ev->id : "?", row->attempts, p->cfg->dead_letter_topic, last);
 	else
-		obx_log_f(OBX_LOG_WARN, &lf, "row seq %s (id %s) failed %lld time(s): marked published "
-		    "without sending ([poll] exhausted = mark): %s", seq, ev != NULL ? ev->id : "?",
-		    row->attempts, last);
+		obx_log_f(OBX_LOG_WARN, &lf,
+		    "row seq %s (id %s) failed %lld time(s): marked published "
+		    "without sending ([poll] exhausted = mark): %s",
+		    seq, ev != NULL ? ev->id : "?", row->attempts, last);
 }
 
 /*
@@ -297,8 +300,8 @@ produce_batch(struct poller *p, const PGresult *res)
 		if (obx_pg_int64(res, k, 0, &id) != 0 || obx_pg_int64(res, k, 1, &seq) != 0)
 			return OBX_EPROTO;
 		if ((r = obx_pollcore_add(&p->pc, id, seq, key,
-		    key != NULL ? (size_t)PQgetlength(res, k, kcol) : 0,
-		    PQgetisnull(res, k, 2) ? NULL : PQgetvalue(res, k, 2))) != 0)
+		         key != NULL ? (size_t)PQgetlength(res, k, kcol) : 0,
+		         PQgetisnull(res, k, 2) ? NULL : PQgetvalue(res, k, 2))) != 0)
 			return r;
 	}
 	obx_pollcore_stop(&p->pc, p->signals, p->stop_ms);
@@ -322,12 +325,15 @@ wait_goes_on(struct poller *p)
 	obx_pollcore_stop(&p->pc, p->signals, p->stop_ms);
 	switch (obx_pollcore_drain(&p->pc, obx_mono_ms())) {
 	case OBX_POLL_DRAIN_ABANDON:
-		snprintf(p->reason, sizeof(p->reason), "stopped: %zu event(s) of the batch unacknowledged, "
-		    "their rows stay pending", p->pc.outstanding);
+		snprintf(p->reason, sizeof(p->reason),
+		    "stopped: %zu event(s) of the batch unacknowledged, "
+		    "their rows stay pending",
+		    p->pc.outstanding);
 		return OBX_ESTATE;
 	case OBX_POLL_DRAIN_DEADLINE:
 		obx_log_warn("stopping at the drain deadline: %zu event(s) of the batch unacknowledged, "
-		    "their rows stay pending; the acknowledged ones are marked", p->pc.outstanding);
+		             "their rows stay pending; the acknowledged ones are marked",
+		    p->pc.outstanding);
 		return 0;
 	case OBX_POLL_DRAIN_WAIT:
 		break;
@@ -395,7 +401,8 @@ wait_acks(struct poller *p)
 	}
 	p->m.inflight_events = 0;
 	if (slow && obx_pollcore_finished(&p->pc)) {
-		obx_log_info("the broker acknowledged the batch after %.1f s", (double)(obx_mono_ms() - start) / 1000.0);
+		obx_log_info("the broker acknowledged the batch after %.1f s",
+		    (double)(obx_mono_ms() - start) / 1000.0);
 		obx_poll_set_state(p, OBX_STATE_STREAMING, OBX_NOT_READY_NONE, NULL);
 	}
 	return r < 0 ? r : 0;

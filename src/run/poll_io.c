@@ -75,7 +75,7 @@ obx_poll_exec(struct poller *p, const char *sql)
 			return NULL;
 		}
 		if ((fds[0].revents & (POLLIN | POLLERR | POLLHUP)) && PQconsumeInput(p->pg) == 0)
-			break; /* the connection failed: PQgetResult() says how */
+			break;               /* the connection failed: PQgetResult() says how */
 		obx_runner_publish(&p->run); /* the loop is turning: /healthz stays green */
 	}
 	while ((res = PQgetResult(p->pg)) != NULL) {
@@ -141,8 +141,9 @@ obx_poll_headers(struct poller *p, const struct obx_event *ev, const char *seq, 
 		const struct obx_header *h = &ev->headers[i];
 
 		/* the builder's first six are id, type, lsn, seq, xid, commit_ts (event.c) */
-		if (i < 6 && (strcmp(h->name, "lsn") == 0 || strcmp(h->name, "xid") == 0 ||
-		    strcmp(h->name, "commit_ts") == 0))
+		if (i < 6 &&
+		    (strcmp(h->name, "lsn") == 0 || strcmp(h->name, "xid") == 0 ||
+		        strcmp(h->name, "commit_ts") == 0))
 			continue;
 		p->hdrs[o] = *h;
 		if (i < 6 && strcmp(h->name, "seq") == 0) {

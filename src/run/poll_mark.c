@@ -100,9 +100,8 @@ add_row(struct poller *p, size_t i, bool with_delay, struct row_arrays *ra)
 	snprintf(num, sizeof(num), "%" PRId64, d);
 	if (array_add(&ra->a[2], &ra->len[2], &ra->cap[2], num) != 0)
 		return OBX_ENOMEM;
-	obx_log_warn("row seq %" PRId64 " failed (attempt %lld of %lld), next in %" PRId64 " ms: %s",
-	    row->seq, row->attempts + 1, p->cfg->poll_max_attempts, d,
-	    row->error != NULL ? row->error : "unknown");
+	obx_log_warn("row seq %" PRId64 " failed (attempt %lld of %lld), next in %" PRId64 " ms: %s", row->seq,
+	    row->attempts + 1, p->cfg->poll_max_attempts, d, row->error != NULL ? row->error : "unknown");
 	return 0;
 }
 

@@ -53,7 +53,8 @@ poll_stop(void *ctx, enum obx_stop_verdict v, int64_t now_ms)
 		return;
 	p->stop_ms = now_ms;
 	obx_log_info("stopping: finishing the claimed batch for up to %d s (a second signal "
-	    "abandons it)", OBX_CORE_DRAIN_TIMEOUT_MS / 1000);
+	             "abandons it)",
+	    OBX_CORE_DRAIN_TIMEOUT_MS / 1000);
 }
 
 static void
@@ -142,7 +143,8 @@ session_open(struct poller *p)
 	char err[512];
 	PGresult *res;
 
-	if (obx_pg_connect(p->cfg->conninfo, p->cfg->password, NULL, NULL, "outboxd", &p->pg, err, sizeof(err)) != 0) {
+	if (obx_pg_connect(p->cfg->conninfo, p->cfg->password, NULL, NULL, "outboxd", &p->pg, err, sizeof(err)) !=
+	    0) {
 		snprintf(p->reason, sizeof(p->reason), "could not connect to the server: %s", err);
 		return OBX_EIO;
 	}
@@ -153,8 +155,10 @@ session_open(struct poller *p)
 
 		const char *primary = PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY);
 
-		snprintf(p->reason, sizeof(p->reason), "could not read the outbox table %s.%s for polling: "
-		    "%s%s", p->cfg->table_schema, p->cfg->table_name,
+		snprintf(p->reason, sizeof(p->reason),
+		    "could not read the outbox table %s.%s for polling: "
+		    "%s%s",
+		    p->cfg->table_schema, p->cfg->table_name,
 		    primary != NULL ? primary : obx_pg_result_error_line(res, err, sizeof(err)),
 		    missing ? " (apply sql/008_polling.sql, or map the columns in [outbox])" : "");
 		PQclear(res);
@@ -199,10 +203,10 @@ poll_open(void *ctx)
 	if ((p->rc = session_open(p)) != 0)
 		return false;
 	obx_log_info("polling %s.%s: claims of up to %lld rows, %lld of them sent at a time, every %d ms "
-	    "when idle%s%s", p->cfg->table_schema, p->cfg->table_name, p->cfg->poll_batch,
-	    obx_poll_claim_rows(p->cfg),
-	    p->cfg->poll_interval_ms,
-	    p->listening ? ", woken by NOTIFY on " : "", p->listening ? p->cfg->poll_notify_channel : "");
+	             "when idle%s%s",
+	    p->cfg->table_schema, p->cfg->table_name, p->cfg->poll_batch, obx_poll_claim_rows(p->cfg),
+	    p->cfg->poll_interval_ms, p->listening ? ", woken by NOTIFY on " : "",
+	    p->listening ? p->cfg->poll_notify_channel : "");
 	obx_poll_set_state(p, OBX_STATE_STREAMING, OBX_NOT_READY_NONE, NULL);
 	stats(p);
 	return true;
@@ -259,8 +263,9 @@ poll_close(void *ctx, bool opened, struct obx_session_result *out)
 		obx_kafka_close(&p->kf, 1000);
 		p->kf_open = false;
 	}
-	out->end = p->rc == 0 ? OBX_RUN_STOP : p->rc == OBX_ECONFIG || p->rc == OBX_ENOMEM ?
-	    OBX_RUN_FATAL : OBX_RUN_RETRY;
+	out->end = p->rc == 0                           ? OBX_RUN_STOP :
+	    p->rc == OBX_ECONFIG || p->rc == OBX_ENOMEM ? OBX_RUN_FATAL :
+	                                                  OBX_RUN_RETRY;
 	out->reason = p->reason;
 	out->published = p->m.events_published;
 	out->progressed = p->m.events_published > p->published_at_open;

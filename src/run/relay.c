@@ -52,17 +52,15 @@ do_produce(void *ctx, const struct obx_record *rec, uint64_t opaque, char *errbu
 	struct relay *r = ctx;
 	enum obx_produce_result res;
 
-	res = obx_kafka_produce(&r->kf, rec->topic, RD_KAFKA_PARTITION_UA, rec->key, rec->keylen,
-	    rec->value, rec->len, rec->timestamp_ms, rec->headers, rec->nheaders, NULL, NULL, opaque, NULL,
-	    errbuf, errlen);
+	res = obx_kafka_produce(&r->kf, rec->topic, RD_KAFKA_PARTITION_UA, rec->key, rec->keylen, rec->value,
+	    rec->len, rec->timestamp_ms, rec->headers, rec->nheaders, NULL, NULL, opaque, NULL, errbuf, errlen);
 	if (res != OBX_PRODUCE_OK)
 		return res;
 #ifdef OBX_TEST_HOOKS
 	/* test builds only: provoke a producer fatal error after N events (OBX_TEST_FATAL_AFTER) */
 	if (r->test_fatal_after > 0 && ++r->test_produced == r->test_fatal_after) {
 		obx_log_warn("test hook: raising a producer fatal error");
-		rd_kafka_test_fatal_error(r->kf.rk, RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER,
-		    "test hook");
+		rd_kafka_test_fatal_error(r->kf.rk, RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER, "test hook");
 	}
 #endif
 	return OBX_PRODUCE_OK;
@@ -130,8 +128,10 @@ serve_reports(struct relay *r)
 	if (r->kf.fatal && obx_core_ended(r->core, NULL) == OBX_CORE_RUNNING) {
 		r->end_kafka = true;
 		obx_metrics_kafka_error(&r->m, "_FATAL");
-		obx_core_fail(r->core, OBX_CORE_END_RETRY, "producer fatal error: %s; recreating it and "
-		    "rewinding to the slot", r->kf.fatal_reason);
+		obx_core_fail(r->core, OBX_CORE_END_RETRY,
+		    "producer fatal error: %s; recreating it and "
+		    "rewinding to the slot",
+		    r->kf.fatal_reason);
 	}
 }
 
@@ -206,7 +206,8 @@ check_silence(struct relay *r)
 	if (received == r->silence_at && r->silence_factor < 8)
 		r->silence_factor *= 2;
 	r->silence_at = received;
-	obx_core_fail(r->core, OBX_CORE_END_RETRY, "nothing received from the server for %" PRId64
+	obx_core_fail(r->core, OBX_CORE_END_RETRY,
+	    "nothing received from the server for %" PRId64
 	    " ms (wal_sender_timeout is %d ms): treating the replication connection as dead",
 	    now - r->last_rx_ms, r->st.wal_sender_timeout_ms);
 }
@@ -237,10 +238,12 @@ read_stream(struct relay *r)
 			bool no_pub = n == OBX_ENOENT; /* the publication dropped behind the slot (pg/stream.h) */
 
 			obx_core_fail(r->core, no_pub ? OBX_CORE_END_FATAL : OBX_CORE_END_RETRY,
-			    "replication stream lost: %s%s", err, no_pub ? "; the publication was dropped behind "
-			    "slot: reconcile the events committed since its confirmed position "
-			    "(sql/006_reconciliation.sql), drop the slot and start outboxd once with "
-			    "--recreate-slot" : "");
+			    "replication stream lost: %s%s", err,
+			    no_pub ? "; the publication was dropped behind "
+			             "slot: reconcile the events committed since its confirmed position "
+			             "(sql/006_reconciliation.sql), drop the slot and start outboxd once with "
+			             "--recreate-slot" :
+			             "");
 			break;
 		}
 		got++;
@@ -285,8 +288,7 @@ wait_for_input(struct relay *r, int flushing)
 		obx_core_fail(r->core, OBX_CORE_END_FATAL, "poll: %s", strerror(errno));
 		return;
 	}
-	if ((p[0].revents & (POLLIN | POLLERR | POLLHUP)) &&
-	    obx_pgstream_consume(&r->st, err, sizeof(err)) != 0)
+	if ((p[0].revents & (POLLIN | POLLERR | POLLHUP)) && obx_pgstream_consume(&r->st, err, sizeof(err)) != 0)
 		obx_core_fail(r->core, OBX_CORE_END_RETRY, "replication connection lost: %s", err);
 }
 
@@ -323,4 +325,3 @@ obx_relay_loop(void *ctx)
 		wait_for_input(r, flushing);
 	}
 }
-

@@ -28,8 +28,7 @@ connection_ours(struct obx_relay_eos *e)
 {
 	char err[512];
 
-	return PQstatus(e->io.st->conn) == CONNECTION_OK &&
-	    obx_pgstream_consume(e->io.st, err, sizeof(err)) == 0;
+	return PQstatus(e->io.st->conn) == CONNECTION_OK && obx_pgstream_consume(e->io.st, err, sizeof(err)) == 0;
 }
 
 /*
@@ -46,7 +45,7 @@ status_tick(void *arg)
 
 	if (obx_mono_ms() - e->status_ms >= 1000) {
 		if (obx_pgstream_send_status(st, st->start_confirmed, st->start_confirmed, false, err,
-		    sizeof(err)) == 0)
+		        sizeof(err)) == 0)
 			(void)obx_pgstream_flush(st);
 		e->status_ms = obx_mono_ms();
 	}
@@ -54,8 +53,7 @@ status_tick(void *arg)
 }
 
 enum obx_core_end
-obx_relay_eos_open(struct obx_relay_eos *e, const struct obx_relay_eos_io *io, char *errbuf,
-    size_t errlen)
+obx_relay_eos_open(struct obx_relay_eos *e, const struct obx_relay_eos_io *io, char *errbuf, size_t errlen)
 {
 	const struct obx_config *cfg = io->cfg;
 	struct obx_pgstream *st = io->st;
@@ -71,18 +69,19 @@ obx_relay_eos_open(struct obx_relay_eos *e, const struct obx_relay_eos_io *io, c
 	memset(&e->floor, 0, sizeof(e->floor));
 	e->partition = RD_KAFKA_PARTITION_UA;
 	verdict = obx_core_txn_init_end(obx_kafka_txn_init(e->io.kf, TXN_INIT_MS, status_tick, e, detail,
-	    sizeof(detail)), txn_id, TXN_INIT_MS, detail, sizeof(detail));
+	                                    sizeof(detail)),
+	    txn_id, TXN_INIT_MS, detail, sizeof(detail));
 	if (verdict != OBX_CORE_RUNNING) {
 		snprintf(errbuf, errlen, "%s", detail);
 		return verdict;
 	}
-	obx_progress_source_init(&e->source, st->sysid, PQdb(st->conn), (uint32_t)st->timeline,
-	    st->slot_created, cfg);
+	obx_progress_source_init(&e->source, st->sysid, PQdb(st->conn), (uint32_t)st->timeline, st->slot_created,
+	    cfg);
 	if (!st->slot_made)
-		rc = obx_kafka_progress_read(cfg, txn_id, PROGRESS_READ_MS, status_tick, e, &e->floor, &nparts, detail,
-		    sizeof(detail));
-	f = obx_progress_floor(cfg, txn_id, &e->source, st->server_lsn, st->slot_made, rc, detail, &e->floor,
-	    line, sizeof(line));
+		rc = obx_kafka_progress_read(cfg, txn_id, PROGRESS_READ_MS, status_tick, e, &e->floor, &nparts,
+		    detail, sizeof(detail));
+	f = obx_progress_floor(cfg, txn_id, &e->source, st->server_lsn, st->slot_made, rc, detail, &e->floor, line,
+	    sizeof(line));
 	if (f == OBX_PROGRESS_FLOOR_UNREADABLE) {
 		snprintf(errbuf, errlen, "%s", line);
 		return OBX_CORE_END_RETRY;
@@ -133,8 +132,8 @@ begin_commit(struct obx_relay_eos *e, bool idle)
 	    OBX_KAFKA_OPAQUE_PROGRESS, NULL, text, sizeof(text));
 	free(value);
 	if (res != OBX_PRODUCE_OK) {
-		snprintf(errbuf, sizeof(errbuf), "could not produce the progress record to %s: %s", cfg->progress_topic,
-		    text);
+		snprintf(errbuf, sizeof(errbuf), "could not produce the progress record to %s: %s",
+		    cfg->progress_topic, text);
 		obx_core_commit_done(e->io.core, OBX_CORE_COMMIT_ABORT, errbuf, obx_pg_now());
 		return false;
 	}
@@ -159,15 +158,18 @@ obx_relay_eos_commit(struct obx_relay_eos *e, bool idle)
 	e->committing = false;
 	if (res == OBX_EFENCED) {
 		obx_metrics_kafka_error(e->io.m, "_FENCED");
-		obx_core_commit_done(core, obx_core_commit_verdict(res, connection_ours(e), kf->txn_id,
-		    e->io.cfg->slot, errbuf, sizeof(errbuf)), errbuf, obx_pg_now());
+		obx_core_commit_done(core,
+		    obx_core_commit_verdict(res, connection_ours(e), kf->txn_id, e->io.cfg->slot, errbuf,
+		        sizeof(errbuf)),
+		    errbuf, obx_pg_now());
 		return;
 	}
 	if (res == OBX_OK)
 		obx_log_debug("committed Kafka transaction %s (%" PRIu64 " record(s))", kf->txn_name,
 		    obx_core_stats(core).txn_records);
-	obx_core_commit_done(core, obx_core_commit_verdict(res, false, kf->txn_id, e->io.cfg->slot, errbuf,
-	    sizeof(errbuf)), errbuf, obx_pg_now());
+	obx_core_commit_done(core,
+	    obx_core_commit_verdict(res, false, kf->txn_id, e->io.cfg->slot, errbuf, sizeof(errbuf)), errbuf,
+	    obx_pg_now());
 #ifdef OBX_TEST_HOOKS
 	/* test builds only: die right after the commit, before its status update */
 	if (e->io.kill_after > 0 && obx_core_stats(core).published >= (uint64_t)e->io.kill_after)

@@ -98,8 +98,8 @@ log_progress(struct relay *r, int64_t now)
 	if (r->m.server_ok)
 		snprintf(lag, sizeof(lag), "%" PRId64, r->m.lag_bytes);
 	obx_log_info("progress: %s, received %s, confirmed %s, lag %s bytes, "
-	    "%.1f events/s, %.1f transactions/s, %" PRIu64 " in flight", obx_state_name(r->m.state),
-	    obx_lsn_format(r->m.received_lsn, a, sizeof(a)),
+	             "%.1f events/s, %.1f transactions/s, %" PRIu64 " in flight",
+	    obx_state_name(r->m.state), obx_lsn_format(r->m.received_lsn, a, sizeof(a)),
 	    obx_lsn_format(r->m.confirmed_flush_lsn, b, sizeof(b)), lag,
 	    (double)(r->m.events_published - r->progress_events) / secs,
 	    (double)(r->m.transactions - r->progress_txns) / secs, r->m.inflight_events);
@@ -116,8 +116,9 @@ obx_relay_update_metrics(struct relay *r)
 	struct obx_core_stats c = obx_core_stats(r->core);
 	int64_t now = obx_mono_ms();
 
-	r->m.state = c.draining ? OBX_STATE_DRAINING : c.backpressured ?
-	    OBX_STATE_BACKPRESSURED : OBX_STATE_STREAMING;
+	r->m.state = c.draining ? OBX_STATE_DRAINING :
+	    c.backpressured     ? OBX_STATE_BACKPRESSURED :
+	                          OBX_STATE_STREAMING;
 	r->m.not_ready = OBX_NOT_READY_NONE;
 	r->m.state_reason[0] = '\0';
 	r->m.received_lsn = c.received;
@@ -128,8 +129,7 @@ obx_relay_update_metrics(struct relay *r)
 	obx_metrics_published(&r->m, c.published, obx_unix_seconds());
 	r->m.kafka_txn_committed = c.txn_committed;
 	r->m.kafka_txn_aborted = c.txn_aborted;
-	r->m.oldest_unacked_age_seconds = c.has_oldest ?
-	    (double)(obx_pg_now() - c.oldest_time) / 1e6 : 0;
+	r->m.oldest_unacked_age_seconds = c.has_oldest ? (double)(obx_pg_now() - c.oldest_time) / 1e6 : 0;
 	if (r->progress_interval_ms > 0 && now - r->last_progress_ms >= r->progress_interval_ms)
 		log_progress(r, now);
 	obx_runner_publish(&r->run);
@@ -189,8 +189,10 @@ snapshot_then_start(struct relay *r)
 #endif
 	r->snapshotting = true;
 	r->m.not_ready = OBX_NOT_READY_SNAPSHOT;
-	snprintf(r->m.state_reason, sizeof(r->m.state_reason), "publishing the rows pending at the "
-	    "creation of slot %s before streaming", r->cfg->slot);
+	snprintf(r->m.state_reason, sizeof(r->m.state_reason),
+	    "publishing the rows pending at the "
+	    "creation of slot %s before streaming",
+	    r->cfg->slot);
 	obx_runner_publish(&r->run);
 	r->reports_at_us = obx_pg_now();
 	rc = obx_snapshot_run(&r->snap, r->st.snap.conn, r->st.snap.imported, r->st.start_confirmed,
@@ -198,8 +200,9 @@ snapshot_then_start(struct relay *r)
 	obx_core_published_elsewhere(r->core, r->snap.acked - r->snap.dead_lettered);
 	if (rc != 0) {
 		/* the producer still holds records: the caller closes it, and they are dropped */
-		r->end = rc == OBX_ESTATE ? OBX_CORE_END_STOP : rc == OBX_EIO ? OBX_CORE_END_RETRY :
-		    OBX_CORE_END_FATAL;
+		r->end = rc == OBX_ESTATE ? OBX_CORE_END_STOP :
+		    rc == OBX_EIO         ? OBX_CORE_END_RETRY :
+		                            OBX_CORE_END_FATAL;
 		r->end_kafka = rc == OBX_EIO && r->snap.end == OBX_EIO;
 		snprintf(r->reason, sizeof(r->reason), "%s", err);
 		return false;
@@ -246,8 +249,8 @@ open_stream(struct relay *r)
 	r->standby = rc == OBX_EBUSY;
 	open_failed(r, rc == OBX_EFATAL ? OBX_CORE_END_FATAL : OBX_CORE_END_RETRY, err);
 	/* fenced, and now another instance holds the slot: it took over (README, "Exactly-once") */
-	if (obx_progress_taken_over(r->eos.fenced_before, r->standby, r->eos.fenced_id, r->cfg->slot,
-	    r->reason, sizeof(r->reason))) {
+	if (obx_progress_taken_over(r->eos.fenced_before, r->standby, r->eos.fenced_id, r->cfg->slot, r->reason,
+	        sizeof(r->reason))) {
 		r->standby = false;
 		r->end = OBX_CORE_END_FATAL;
 	}
@@ -270,7 +273,7 @@ open_producer(struct relay *r)
 	if (r->cfg->exactly_once)
 		obx_kafka_txn_id(r->cfg, r->st.sysid, PQdb(r->st.conn), txn_id, sizeof(txn_id));
 	if (obx_kafka_open(&r->kf, r->cfg, r->cfg->exactly_once ? txn_id : NULL, obx_relay_on_delivery, r, err,
-	    sizeof(err)) != 0) {
+	        sizeof(err)) != 0) {
 		obx_lookup_close(&r->lk);
 		obx_pgstream_close(&r->st);
 		return open_failed(r, OBX_CORE_END_FATAL, err);
@@ -298,20 +301,19 @@ start_core(struct relay *r)
 
 	if (interval != r->cfg->status_interval_ms && interval != r->announced_interval)
 		obx_log_info("status updates every %d ms: a third of the server's wal_sender_timeout "
-		    "(%d ms), sooner than [source] status_interval (%d ms)", interval,
-		    r->st.wal_sender_timeout_ms, r->cfg->status_interval_ms);
+		             "(%d ms), sooner than [source] status_interval (%d ms)",
+		    interval, r->st.wal_sender_timeout_ms, r->cfg->status_interval_ms);
 	r->announced_interval = interval;
-	if (obx_core_session_start(r->core, r->st.start_confirmed, r->st.proto_version, interval,
-	    obx_mono_ms()) != 0)
+	if (obx_core_session_start(r->core, r->st.start_confirmed, r->st.proto_version, interval, obx_mono_ms()) !=
+	    0)
 		return open_failed(r, OBX_CORE_END_FATAL, "out of memory");
 	if (r->cfg->exactly_once)
 		obx_relay_eos_start(&r->eos);
 	obx_log_f(OBX_LOG_INFO, &(struct obx_logfields){ .lsn = r->st.start_confirmed },
-	    "streaming from slot %s at %s (pgoutput protocol %d%s%s%s, status every %d ms)",
-	    r->cfg->slot, obx_lsn_format(r->st.start_confirmed, a, sizeof(a)), r->st.proto_version,
-	    r->st.streaming ? ", streaming in-progress transactions" : "",
-	    r->cfg->messages ? ", messages" : "", r->st.in_recovery ? ", from a hot standby" : "",
-	    interval);
+	    "streaming from slot %s at %s (pgoutput protocol %d%s%s%s, status every %d ms)", r->cfg->slot,
+	    obx_lsn_format(r->st.start_confirmed, a, sizeof(a)), r->st.proto_version,
+	    r->st.streaming ? ", streaming in-progress transactions" : "", r->cfg->messages ? ", messages" : "",
+	    r->st.in_recovery ? ", from a hot standby" : "", interval);
 	return true;
 }
 
@@ -407,8 +409,9 @@ relay_close(void *ctx, bool opened, struct obx_session_result *out)
 
 	if (opened)
 		session_close(r);
-	out->end = r->end == OBX_CORE_END_STOP ? OBX_RUN_STOP : r->end == OBX_CORE_END_FATAL ?
-	    OBX_RUN_FATAL : OBX_RUN_RETRY;
+	out->end = r->end == OBX_CORE_END_STOP ? OBX_RUN_STOP :
+	    r->end == OBX_CORE_END_FATAL       ? OBX_RUN_FATAL :
+	                                         OBX_RUN_RETRY;
 	out->reason = r->reason;
 	out->fields = obx_logfields_of(&r->reason_fields);
 	out->published = obx_core_stats(r->core).published;
@@ -448,7 +451,8 @@ relay_standby_wait(void *ctx)
 			break;
 		if (v.ok && v.read_ms > since && !said) {
 			obx_log_debug("slot %s is in use by pid %d: waiting, one query a second on an ordinary "
-			    "connection", r->cfg->slot, v.active_pid);
+			              "connection",
+			    r->cfg->slot, v.active_pid);
 			said = true;
 		}
 	}
@@ -504,7 +508,7 @@ obx_relay_run(const struct obx_config *cfg, const struct obx_run_opts *opts)
 		goto out;
 	if (obx_slotwatch_start(&r.watch, cfg, cfg->status_interval_ms) != 0)
 		obx_log_warn("could not start reading the slot's lag from the server: outboxd_lag_bytes "
-		    "stays NaN");
+		             "stays NaN");
 	rc = obx_runner_run(&r.run);
 out:
 	obx_slotwatch_stop(&r.watch);

@@ -16,8 +16,8 @@
 #include "obx/run/runner.h"
 
 int
-obx_runner_init(struct obx_runner *run, const struct obx_config *cfg,
-    const struct obx_run_opts *opts, struct obx_metrics *m, const struct obx_runner_ops *ops, void *ctx)
+obx_runner_init(struct obx_runner *run, const struct obx_config *cfg, const struct obx_run_opts *opts,
+    struct obx_metrics *m, const struct obx_runner_ops *ops, void *ctx)
 {
 	char err[512];
 	int rc;
@@ -78,8 +78,8 @@ obx_runner_publish(struct obx_runner *run)
  * running settings stay as they are).
  */
 static void
-report_reload(const struct obx_config *running, const struct obx_config *fresh,
-    const char *const *live, size_t nlive)
+report_reload(const struct obx_config *running, const struct obx_config *fresh, const char *const *live,
+    size_t nlive)
 {
 	const char *names[48];
 	char later[1024] = "";

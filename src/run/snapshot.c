@@ -67,8 +67,7 @@ obx_snapshot_reset(struct obx_snapshot *s)
 	memset(s, 0, sizeof(*s));
 }
 
-static void
-fail(struct obx_snapshot *s, int end, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void fail(struct obx_snapshot *s, int end, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 /* Records the first failure of the run; later ones add nothing. */
 static void
@@ -150,8 +149,7 @@ obx_snapshot_report(struct obx_snapshot *s, uint64_t opaque, const rd_kafka_mess
 	}
 #ifdef OBX_TEST_HOOKS
 	if (s->kill_after > 0 && s->acked >= (uint64_t)s->kill_after) {
-		obx_log_info("test hook: killing myself after %" PRIu64 " snapshot acknowledgement(s)",
-		    s->acked);
+		obx_log_info("test hook: killing myself after %" PRIu64 " snapshot acknowledgement(s)", s->acked);
 		raise(SIGKILL);
 	}
 #endif
@@ -198,13 +196,14 @@ sql_class(PGconn *c, const char *state)
 	if (PQstatus(c) != CONNECTION_OK)
 		return OBX_EIO;
 	/* 72000: snapshot too old (old_snapshot_threshold, 13-16): a retry meets it again */
-	return strncmp(state, "42", 2) == 0 || strncmp(state, "22", 2) == 0 ||
-	    strcmp(state, "72000") == 0 ? OBX_ECONFIG : OBX_EIO;
+	return strncmp(state, "42", 2) == 0 || strncmp(state, "22", 2) == 0 || strcmp(state, "72000") == 0 ?
+	    OBX_ECONFIG :
+	    OBX_EIO;
 }
 
 int
-obx_snapshot_describe(PGconn *c, const struct obx_config *cfg, char *table, size_t tlen,
-    char *filter, size_t flen, char *order, size_t olen, char *errbuf, size_t errlen)
+obx_snapshot_describe(PGconn *c, const struct obx_config *cfg, char *table, size_t tlen, char *filter, size_t flen,
+    char *order, size_t olen, char *errbuf, size_t errlen)
 {
 	char qpub[300] = "", qseq[300] = "", qcreated[300] = "", err[512];
 	const char *params[4], *given = cfg->snapshot_filter;
@@ -212,8 +211,7 @@ obx_snapshot_describe(PGconn *c, const struct obx_config *cfg, char *table, size
 	PGresult *res;
 
 	table[0] = '\0';
-	if (obx_poll_quote_ident(cfg->table_schema, table, tlen) != 0 ||
-	    strlcat(table, ".", tlen) >= tlen ||
+	if (obx_poll_quote_ident(cfg->table_schema, table, tlen) != 0 || strlcat(table, ".", tlen) >= tlen ||
 	    obx_poll_quote_ident(cfg->table_name, table, tlen) != 0 ||
 	    obx_poll_quote_ident(cfg->col_published_at, qpub, sizeof(qpub)) != 0 ||
 	    obx_poll_quote_ident(cfg->col_seq, qseq, sizeof(qseq)) != 0 ||
@@ -225,8 +223,10 @@ obx_snapshot_describe(PGconn *c, const struct obx_config *cfg, char *table, size
 	params[1] = cfg->col_published_at;
 	params[2] = cfg->col_seq;
 	params[3] = cfg->col_created_at;
-	res = PQexecParams(c, "SELECT attname FROM pg_attribute WHERE attrelid = $1::regclass AND "
-	    "attnum > 0 AND NOT attisdropped AND attname IN ($2, $3, $4)", 4, NULL, params, NULL, NULL, 0);
+	res = PQexecParams(c,
+	    "SELECT attname FROM pg_attribute WHERE attrelid = $1::regclass AND "
+	    "attnum > 0 AND NOT attisdropped AND attname IN ($2, $3, $4)",
+	    4, NULL, params, NULL, NULL, 0);
 	if (PQresultStatus(res) != PGRES_TUPLES_OK) {
 		const char *code = PQresultErrorField(res, PG_DIAG_SQLSTATE);
 		char state[6];
@@ -240,8 +240,8 @@ obx_snapshot_describe(PGconn *c, const struct obx_config *cfg, char *table, size
 	for (int i = 0; i < PQntuples(res); i++) {
 		has_pub = has_pub || strcmp(PQgetvalue(res, i, 0), cfg->col_published_at) == 0;
 		has_seq = has_seq || strcmp(PQgetvalue(res, i, 0), cfg->col_seq) == 0;
-		has_created = has_created || (cfg->col_created_at[0] != '\0' &&
-		    strcmp(PQgetvalue(res, i, 0), cfg->col_created_at) == 0);
+		has_created = has_created ||
+		    (cfg->col_created_at[0] != '\0' && strcmp(PQgetvalue(res, i, 0), cfg->col_created_at) == 0);
 	}
 	PQclear(res);
 #ifdef OBX_TEST_HOOKS
@@ -296,8 +296,7 @@ build_rel(struct obx_snapshot *s, const PGresult *res)
  * A row that cannot become a record: dead-lettered as the JSON of its
  * columns, as the stream does ([delivery] on_error), or the end.
  */
-static int wait_reports(struct obx_snapshot *s, bool (*room)(const struct obx_snapshot *, size_t),
-    size_t bytes);
+static int wait_reports(struct obx_snapshot *s, bool (*room)(const struct obx_snapshot *, size_t), size_t bytes);
 static bool room_for(const struct obx_snapshot *s, size_t bytes);
 
 static int
@@ -313,9 +312,10 @@ bad_row(struct obx_snapshot *s, const struct obx_pg_tuple *t, const char *table_
 	int r;
 
 	if (s->cfg->on_error != OBX_ON_ERROR_DEAD_LETTER) {
-		fail(s, OBX_ECONFIG, "snapshot of slot %s: row %s of %s.%s cannot become an event: %s "
-		    "([delivery] on_error = stop)", s->cfg->slot, table_ctid, s->cfg->table_schema,
-		    s->cfg->table_name, reason);
+		fail(s, OBX_ECONFIG,
+		    "snapshot of slot %s: row %s of %s.%s cannot become an event: %s "
+		    "([delivery] on_error = stop)",
+		    s->cfg->slot, table_ctid, s->cfg->table_schema, s->cfg->table_name, reason);
 		return s->end;
 	}
 	if ((row = obx_event_row_json(&s->rel, t)) == NULL) {
@@ -329,7 +329,8 @@ bad_row(struct obx_snapshot *s, const struct obx_pg_tuple *t, const char *table_
 	free(row);
 	if (r == 0)
 		obx_log_warn("snapshot of slot %s: row %s of %s.%s cannot become an event (%s): dead-lettering "
-		    "it to %s", s->cfg->slot, table_ctid, s->cfg->table_schema, s->cfg->table_name, reason,
+		             "it to %s",
+		    s->cfg->slot, table_ctid, s->cfg->table_schema, s->cfg->table_name, reason,
 		    s->cfg->dead_letter_topic);
 	return r;
 }
@@ -360,8 +361,8 @@ wait_reports(struct obx_snapshot *s, bool (*room)(const struct obx_snapshot *, s
 			break;
 		if (obx_mono_ms() >= s->next_note_ms) {
 			obx_log_info("snapshot of slot %s: %" PRIu64 " row(s) read, %" PRIu64 " acknowledged, "
-			    "%.0f s so far", s->cfg->slot, s->rows, s->acked,
-			    (double)(obx_mono_ms() - s->started_ms) / 1000);
+			             "%.0f s so far",
+			    s->cfg->slot, s->rows, s->acked, (double)(obx_mono_ms() - s->started_ms) / 1000);
 			s->next_note_ms = obx_mono_ms() + PROGRESS_MS;
 		}
 	}
@@ -499,10 +500,13 @@ fetch_rows(struct obx_snapshot *s, PGconn *c, bool *built, int *n, char *errbuf,
 			const char *primary = PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY);
 
 			snprintf(state, sizeof(state), "%s", code != NULL ? code : "");
-			snprintf(errbuf, errlen, "snapshot of slot %s: could not read the pending rows of %s.%s: "
-			    "%s", s->cfg->slot, s->cfg->table_schema, s->cfg->table_name, primary != NULL ?
-			    primary : PQstatus(c) != CONNECTION_OK ? obx_pg_error_line(c, err, sizeof(err)) :
-			    obx_pg_result_error_line(res, err, sizeof(err)));
+			snprintf(errbuf, errlen,
+			    "snapshot of slot %s: could not read the pending rows of %s.%s: "
+			    "%s",
+			    s->cfg->slot, s->cfg->table_schema, s->cfg->table_name,
+			    primary != NULL                  ? primary :
+			        PQstatus(c) != CONNECTION_OK ? obx_pg_error_line(c, err, sizeof(err)) :
+			                                       obx_pg_result_error_line(res, err, sizeof(err)));
 			PQclear(res);
 			return sql_class(c, state);
 		}
@@ -510,8 +514,8 @@ fetch_rows(struct obx_snapshot *s, PGconn *c, bool *built, int *n, char *errbuf,
 }
 
 int
-obx_snapshot_run(struct obx_snapshot *s, PGconn *conn, bool imported, obx_lsn start,
-    bool (*tick)(void *), void *arg, char *errbuf, size_t errlen)
+obx_snapshot_run(struct obx_snapshot *s, PGconn *conn, bool imported, obx_lsn start, bool (*tick)(void *),
+    void *arg, char *errbuf, size_t errlen)
 {
 	const struct obx_config *cfg = s->cfg;
 	char err[512], state[6], filter[1024], order[300];
@@ -525,36 +529,40 @@ obx_snapshot_run(struct obx_snapshot *s, PGconn *conn, bool imported, obx_lsn st
 	s->started_ms = obx_mono_ms();
 	s->next_note_ms = s->started_ms + PROGRESS_MS;
 	obx_lsn_format(start, s->point, sizeof(s->point));
-	if (!imported && exec_ok(conn, "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY", err,
-	    sizeof(err), NULL) != 0) {
+	if (!imported &&
+	    exec_ok(conn, "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY", err, sizeof(err), NULL) != 0) {
 		snprintf(errbuf, errlen, "snapshot of slot %s: could not begin: %s", cfg->slot, err);
 		return OBX_EIO;
 	}
-	if ((r = obx_snapshot_describe(conn, cfg, s->table, sizeof(s->table), filter, sizeof(filter),
-	    order, sizeof(order), errbuf, errlen)) != 0)
+	if ((r = obx_snapshot_describe(conn, cfg, s->table, sizeof(s->table), filter, sizeof(filter), order,
+	         sizeof(order), errbuf, errlen)) != 0)
 		return r;
-	if (asprintf(&declare, "DECLARE outboxd_snapshot NO SCROLL CURSOR FOR SELECT ctid AS " CTID_COL
-	    ", * FROM %s WHERE (%s) ORDER BY %s", s->table, filter, order) < 0) {
+	if (asprintf(&declare,
+	        "DECLARE outboxd_snapshot NO SCROLL CURSOR FOR SELECT ctid AS " CTID_COL
+	        ", * FROM %s WHERE (%s) ORDER BY %s",
+	        s->table, filter, order) < 0) {
 		snprintf(errbuf, errlen, "out of memory");
 		return OBX_ENOMEM;
 	}
 	r = exec_ok(conn, declare, err, sizeof(err), state);
 	free(declare);
 	if (r != 0) {
-		snprintf(errbuf, errlen, "snapshot of slot %s: could not read the pending rows of %s.%s "
-		    "(WHERE %s ORDER BY %s; [source] snapshot_filter): %s", cfg->slot, cfg->table_schema,
-		    cfg->table_name, filter, order, err);
+		snprintf(errbuf, errlen,
+		    "snapshot of slot %s: could not read the pending rows of %s.%s "
+		    "(WHERE %s ORDER BY %s; [source] snapshot_filter): %s",
+		    cfg->slot, cfg->table_schema, cfg->table_name, filter, order, err);
 		return sql_class(conn, state);
 	}
 	if (imported)
 		obx_log_info("snapshot of slot %s at %s: publishing the rows of %s.%s WHERE %s, ORDER BY %s, "
-		    "before streaming", cfg->slot, s->point, cfg->table_schema, cfg->table_name, filter,
-		    order);
+		             "before streaming",
+		    cfg->slot, s->point, cfg->table_schema, cfg->table_name, filter, order);
 	else
-		obx_log_warn("snapshot of slot %s at %s did not finish: publishing the rows of %s.%s WHERE "
+		obx_log_warn(
+		    "snapshot of slot %s at %s did not finish: publishing the rows of %s.%s WHERE "
 		    "%s, ORDER BY %s, as they are now, before streaming from %s; rows published before it "
-		    "ended, and rows committed since %s that match, are published again", cfg->slot,
-		    s->point, cfg->table_schema, cfg->table_name, filter, order, s->point, s->point);
+		    "ended, and rows committed since %s that match, are published again",
+		    cfg->slot, s->point, cfg->table_schema, cfg->table_name, filter, order, s->point, s->point);
 	for (bool built = false;;) {
 		int n;
 
@@ -568,8 +576,10 @@ obx_snapshot_run(struct obx_snapshot *s, PGconn *conn, bool imported, obx_lsn st
 	if (r == 0)
 		r = wait_reports(s, all_reported, 0);
 	if (r == OBX_ESTATE) {
-		snprintf(errbuf, errlen, "stopped during the snapshot of slot %s: %" PRIu64 " of its rows "
-		    "acknowledged; the next start publishes its pending rows again", cfg->slot, s->acked);
+		snprintf(errbuf, errlen,
+		    "stopped during the snapshot of slot %s: %" PRIu64 " of its rows "
+		    "acknowledged; the next start publishes its pending rows again",
+		    cfg->slot, s->acked);
 		return r;
 	}
 	if (r != 0) {
@@ -579,8 +589,8 @@ obx_snapshot_run(struct obx_snapshot *s, PGconn *conn, bool imported, obx_lsn st
 	/* the connection (and the lock pg/snapshot_mark.c took on it) stays until the caller has
 	 * dropped the marker: an instance that then finds the marker still finds the lock taken */
 	obx_log_info("snapshot of slot %s at %s: %" PRIu64 " row(s) published in %.1f s; streaming "
-	    "follows", cfg->slot, s->point, s->acked - s->dead_lettered,
-	    (double)(obx_mono_ms() - s->started_ms) / 1000);
+	             "follows",
+	    cfg->slot, s->point, s->acked - s->dead_lettered, (double)(obx_mono_ms() - s->started_ms) / 1000);
 	if (s->dead_lettered > 0)
 		obx_log_warn("snapshot of slot %s: %" PRIu64 " row(s) dead-lettered to %s", cfg->slot,
 		    s->dead_lettered, cfg->dead_letter_topic);

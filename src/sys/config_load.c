@@ -147,8 +147,8 @@ struct file_state {
 	const char *path;
 	FILE *fp;
 	int lineno;
-	size_t line_len;    /* characters of line lineno read so far, newline not counted */
-	bool in_line;       /* the last character read was not a newline */
+	size_t line_len; /* characters of line lineno read so far, newline not counted */
+	bool in_line;    /* the last character read was not a newline */
 	bool line_indented;
 	int rc;
 	char *errbuf;
@@ -187,8 +187,8 @@ file_reader(char *str, int num, void *stream)
 			char origin[PATH_MAX + 16];
 
 			snprintf(origin, sizeof(origin), "%s:%d", st->path, st->lineno);
-			obx_config_fail(st->errbuf, st->errlen, origin, NULL,
-			    "line longer than %d characters", OBX_CONFIG_MAX_LINE);
+			obx_config_fail(st->errbuf, st->errlen, origin, NULL, "line longer than %d characters",
+			    OBX_CONFIG_MAX_LINE);
 			st->rc = OBX_ECONFIG;
 			return NULL;
 		}
@@ -217,8 +217,7 @@ file_handler(void *user, const char *section, const char *name, const char *valu
 		st->rc = OBX_ECONFIG;
 		return 0;
 	}
-	st->rc = obx_config_set(st->cfg, section, name, value, origin, true, st->errbuf,
-	    st->errlen);
+	st->rc = obx_config_set(st->cfg, section, name, value, origin, true, st->errbuf, st->errlen);
 	return st->rc == 0;
 }
 
@@ -260,8 +259,8 @@ load_file(struct obx_config *cfg, const char *path, char *errbuf, size_t errlen)
 }
 
 int
-obx_config_load(struct obx_config *cfg, const char *path, char *const *envp,
-    const char *const *sets, size_t nsets, char *errbuf, size_t errlen)
+obx_config_load(struct obx_config *cfg, const char *path, char *const *envp, const char *const *sets, size_t nsets,
+    char *errbuf, size_t errlen)
 {
 	int r;
 

@@ -14,9 +14,9 @@
 #include "obx/sys/procstat.h"
 
 #define HEARTBEAT_STALE_MS 30000
-#define PER_CLIENT 8       /* connections one source address may hold (http.h) */
-#define REQUEST_MS 5000    /* a whole request within this of opening or of the last answer */
-#define STALL_SECONDS 5u   /* libmicrohttpd's own timeout: this long without any progress */
+#define PER_CLIENT 8     /* connections one source address may hold (http.h) */
+#define REQUEST_MS 5000  /* a whole request within this of opening or of the last answer */
+#define STALL_SECONDS 5u /* libmicrohttpd's own timeout: this long without any progress */
 
 /* The deadline entry libmicrohttpd keeps for c (NULL when the table had none free). */
 static struct obx_http_conn *
@@ -29,8 +29,7 @@ conn_entry(struct MHD_Connection *c)
 
 /* A connection opened or closed: takes or frees its deadline entry. */
 static void
-on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
-    enum MHD_ConnectionNotificationCode toe)
+on_connection(void *cls, struct MHD_Connection *c, void **socket_context, enum MHD_ConnectionNotificationCode toe)
 {
 	struct obx_http *h = cls;
 	struct obx_http_conn *e = *socket_context;
@@ -136,8 +135,8 @@ reply(struct MHD_Connection *c, unsigned status, const char *ctype, char *body, 
 }
 
 static enum MHD_Result
-handle(void *cls, struct MHD_Connection *c, const char *url, const char *method,
-    const char *version, const char *upload, size_t *upload_size, void **con_cls)
+handle(void *cls, struct MHD_Connection *c, const char *url, const char *method, const char *version,
+    const char *upload, size_t *upload_size, void **con_cls)
 {
 	struct obx_http *h = cls;
 	struct obx_http_conn *e;
@@ -177,7 +176,8 @@ handle(void *cls, struct MHD_Connection *c, const char *url, const char *method,
 	if (strcmp(url, "/healthz") == 0) {
 		/* alive and the loop turning; outages of PostgreSQL or the broker are ridden out */
 		if (obx_mono_ms() - m.heartbeat_ms > HEARTBEAT_STALE_MS)
-			return reply(c, 503, "text/plain", "stalled: the relay loop has not turned for 30 s\n", 48, false);
+			return reply(c, 503, "text/plain", "stalled: the relay loop has not turned for 30 s\n", 48,
+			    false);
 		return reply(c, 200, "text/plain", "ok\n", 3, false);
 	}
 	if (strcmp(url, "/readyz") == 0) {
@@ -235,13 +235,10 @@ obx_http_start(struct obx_http *h, const struct obx_config *cfg, char *errbuf, s
 		snprintf(errbuf, errlen, "[metrics] listen: '%s' is not an IP address", cfg->metrics_host);
 		goto fail;
 	}
-	h->daemon = MHD_start_daemon(flags, 0, NULL, NULL, handle, h,
-	    MHD_OPTION_SOCK_ADDR, sa,
-	    MHD_OPTION_CONNECTION_TIMEOUT, STALL_SECONDS,
-	    MHD_OPTION_CONNECTION_LIMIT, (unsigned)OBX_HTTP_CONNECTIONS,
-	    MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)PER_CLIENT,
-	    MHD_OPTION_NOTIFY_CONNECTION, on_connection, h,
-	    MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
+	h->daemon = MHD_start_daemon(flags, 0, NULL, NULL, handle, h, MHD_OPTION_SOCK_ADDR, sa,
+	    MHD_OPTION_CONNECTION_TIMEOUT, STALL_SECONDS, MHD_OPTION_CONNECTION_LIMIT,
+	    (unsigned)OBX_HTTP_CONNECTIONS, MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)PER_CLIENT,
+	    MHD_OPTION_NOTIFY_CONNECTION, on_connection, h, MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
 	    MHD_OPTION_END);
 	if (h->daemon == NULL) {
 		snprintf(errbuf, errlen, "could not listen on %s:%d for metrics", cfg->metrics_host,

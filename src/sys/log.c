@@ -75,8 +75,8 @@ set_str(json_t *o, const char *key, const char *s)
 }
 
 char *
-obx_log_render(enum obx_log_format format, const char *ts, enum obx_log_level level,
-    const char *slot, const char *mode, const struct obx_logfields *f, const char *msg)
+obx_log_render(enum obx_log_format format, const char *ts, enum obx_log_level level, const char *slot,
+    const char *mode, const struct obx_logfields *f, const char *msg)
 {
 	json_t *o;
 	char *line = NULL, lsn[OBX_LSN_STRLEN];
@@ -113,9 +113,8 @@ log_va(enum obx_log_level level, const struct obx_logfields *f, const char *fmt,
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	clock_gettime(CLOCK_REALTIME, &now);
 	gmtime_r(&now.tv_sec, &tm);
-	snprintf(ts, sizeof(ts), "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900,
-	    tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
-	    (int)(now.tv_nsec / 1000000));
+	snprintf(ts, sizeof(ts), "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900, tm.tm_mon + 1,
+	    tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, (int)(now.tv_nsec / 1000000));
 	line = obx_log_render(log_format, ts, level, ctx_slot, ctx_mode, f, msg);
 	if (line != NULL)
 		fprintf(stderr, "%s\n", line);

@@ -98,8 +98,8 @@ run_command(rd_kafka_mock_cluster_t *mc, int nbrokers, char *line, char *out, si
 	if ((strcmp(argv[0], "down") == 0 || strcmp(argv[0], "up") == 0) && argc == 2) {
 		if (parse_int(argv[1], 1, nbrokers, &id) != 0)
 			goto bad_broker;
-		res = argv[0][0] == 'd' ? rd_kafka_mock_broker_set_down(mc, (int32_t)id)
-		                        : rd_kafka_mock_broker_set_up(mc, (int32_t)id);
+		res = argv[0][0] == 'd' ? rd_kafka_mock_broker_set_down(mc, (int32_t)id) :
+		                          rd_kafka_mock_broker_set_up(mc, (int32_t)id);
 		goto result;
 	}
 	if (strcmp(argv[0], "rtt") == 0 && argc == 3) {
@@ -207,8 +207,7 @@ main(int argc, char **argv)
 	for (int i = 1; i < argc; i++) {
 		long v;
 
-		if (strcmp(argv[i], "--brokers") == 0 && i + 1 < argc &&
-		    parse_int(argv[i + 1], 1, 16, &v) == 0) {
+		if (strcmp(argv[i], "--brokers") == 0 && i + 1 < argc && parse_int(argv[i + 1], 1, 16, &v) == 0) {
 			nbrokers = (int)v;
 			i++;
 		} else if (strcmp(argv[i], "--no-stdin") == 0) {

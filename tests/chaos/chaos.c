@@ -46,8 +46,12 @@
 
 enum fault { F_KILL9, F_TERMINATE, F_PG_RESTART, F_RTT, F_PRODUCE_ERRORS, F_BROKERS_DOWN, F_COUNT };
 static const char *const fault_names[F_COUNT] = {
-	"kill -9 outboxd", "walsender terminated", "postgres restart -m immediate", "broker rtt",
-	"produce errors", "all brokers down",
+	"kill -9 outboxd",
+	"walsender terminated",
+	"postgres restart -m immediate",
+	"broker rtt",
+	"produce errors",
+	"all brokers down",
 };
 /* the first phase's kinds: those before F_BROKERS_DOWN */
 #define F_DEDUPED F_BROKERS_DOWN
@@ -197,7 +201,8 @@ inject(enum fault f)
 		break;
 	case F_TERMINATE:
 		reconnect_driver();
-		PQclear(PQexec(R.pg, "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
+		PQclear(PQexec(R.pg,
+		    "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
 		    "WHERE active AND slot_name LIKE 'chaos%'"));
 		break;
 	case F_PG_RESTART:
@@ -403,7 +408,8 @@ test_chaos(void **state)
 	verify(&one, true);
 	skipped = t_log_count(&R, "were in Kafka already and were not sent again");
 	print_message("chaos: phase one: %zu events committed, %zu records, %zu duplicates; %d topic "
-	    "read-back(s) found re-sent events\n", one.committed, one.records, one.dups, skipped);
+	              "read-back(s) found re-sent events\n",
+	    one.committed, one.records, one.dups, skipped);
 	/* the faults re-sent events, and they were found: the check above proved something */
 	assert_true(skipped > 0);
 
@@ -414,16 +420,16 @@ test_chaos(void **state)
 	for (int f = 0; f < F_COUNT; f++)
 		print_message("chaos: %-32s %d\n", fault_names[f], counts[f]);
 	print_message("chaos: %d faults; %zu events committed, %zu records read, %zu duplicates "
-	    "(phase one %zu), %zu re-sent runs; %d de-duplication fallback(s) logged\n", total,
-	    two.committed, two.records, two.dups, one.dups, two.restarts,
+	              "(phase one %zu), %zu re-sent runs; %d de-duplication fallback(s) logged\n",
+	    total, two.committed, two.records, two.dups, one.dups, two.restarts,
 	    t_log_count(&R, "(at-least-once)"));
 	assert_true(total >= min_faults);
 	for (int f = 0; f < F_COUNT; f++)
 		assert_true(counts[f] > 0);
 	/* 6: duplicates come only from crashes and broker outages */
 	if (two.dups > 0)
-		assert_true(counts[F_KILL9] + counts[F_TERMINATE] + counts[F_PG_RESTART] +
-		    counts[F_BROKERS_DOWN] > 0);
+		assert_true(counts[F_KILL9] + counts[F_TERMINATE] + counts[F_PG_RESTART] + counts[F_BROKERS_DOWN] >
+		    0);
 }
 
 static int

@@ -81,7 +81,8 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 				if (rel != NULL && dec.in_stream)
 					obx_streambuf_add(&sb, stream_xid, m.xid, rel, &m.u.insert.tuple);
 				else if (rel != NULL)
-					obx_event_build(&eb, rel, &m.u.insert.tuple, &txn, seq++, &ev, errbuf, sizeof(errbuf));
+					obx_event_build(&eb, rel, &m.u.insert.tuple, &txn, seq++, &ev, errbuf,
+					    sizeof(errbuf));
 			} else if (m.type == 'S') {
 				stream_xid = m.u.stream_start.xid;
 				obx_streambuf_start(&sb, stream_xid);

@@ -77,8 +77,7 @@ t_pgmajor(void)
 		return major;
 	t_stack_load(&st);
 	if (st.major < 13 || st.major > 18)
-		fail_msg("%s: OBX_PGMAJOR is missing or not 13..18 (got %d)", getenv("OBX_STACK_ENV"),
-		    st.major);
+		fail_msg("%s: OBX_PGMAJOR is missing or not 13..18 (got %d)", getenv("OBX_STACK_ENV"), st.major);
 	major = st.major;
 	return major;
 }
@@ -210,8 +209,10 @@ t_pg_save_data(const struct t_stack *st)
 {
 	if (t_pg_ctl(st, "stop -m fast") != 0)
 		fail_msg("could not stop the server to copy its data directory");
-	sh_or_fail("copy the data directory", "rm -rf '%s.saved' && cp -a '%s' '%s.saved' && "
-	    "rm -f '%s.saved/postmaster.pid'", st->pgdata, st->pgdata, st->pgdata, st->pgdata);
+	sh_or_fail("copy the data directory",
+	    "rm -rf '%s.saved' && cp -a '%s' '%s.saved' && "
+	    "rm -f '%s.saved/postmaster.pid'",
+	    st->pgdata, st->pgdata, st->pgdata, st->pgdata);
 	if (t_pg_ctl(st, "start") != 0)
 		fail_msg("could not start the server after copying its data directory");
 }
@@ -221,8 +222,10 @@ t_pg_restore_data(const struct t_stack *st)
 {
 	if (t_pg_ctl(st, "stop -m immediate") != 0)
 		fail_msg("could not stop the server to restore its data directory");
-	sh_or_fail("restore the data directory", "test -d '%s.saved' && rm -rf '%s' && "
-	    "mv '%s.saved' '%s'", st->pgdata, st->pgdata, st->pgdata, st->pgdata);
+	sh_or_fail("restore the data directory",
+	    "test -d '%s.saved' && rm -rf '%s' && "
+	    "mv '%s.saved' '%s'",
+	    st->pgdata, st->pgdata, st->pgdata, st->pgdata);
 	if (t_pg_ctl(st, "start") != 0)
 		fail_msg("could not start the server on its restored data directory");
 }
@@ -302,8 +305,7 @@ t_stack_stop_extra(const char *statedir)
 	const char *src = getenv("OBX_SOURCE_DIR");
 	char cmd[2048];
 
-	snprintf(cmd, sizeof(cmd), "%s/tests/stack/pgstack.sh stop %s >/dev/null 2>&1", src ? src : ".",
-	    statedir);
+	snprintf(cmd, sizeof(cmd), "%s/tests/stack/pgstack.sh stop %s >/dev/null 2>&1", src ? src : ".", statedir);
 	if (system(cmd) != 0)
 		print_error("could not stop the cluster in %s\n", statedir);
 }
@@ -443,8 +445,7 @@ t_broker_start(struct t_broker *b, int n)
 	b->from_fd = out[0];
 	fcntl(b->to_fd, F_SETFD, FD_CLOEXEC);
 	fcntl(b->from_fd, F_SETFD, FD_CLOEXEC);
-	if (read_line(b->from_fd, line, sizeof(line), 10000) != 0 ||
-	    strncmp(line, "bootstrap.servers=", 18) != 0)
+	if (read_line(b->from_fd, line, sizeof(line), 10000) != 0 || strncmp(line, "bootstrap.servers=", 18) != 0)
 		fail_msg("test broker did not start");
 	snprintf(b->bootstrap, sizeof(b->bootstrap), "%s", line + 18);
 }
@@ -563,8 +564,8 @@ dupmem(const void *p, size_t n)
 	return s;
 }
 
-static size_t consume(const char *bootstrap, const char *topic, size_t want, int timeout_ms,
-    bool to_hwm, struct t_msg **out);
+static size_t consume(const char *bootstrap, const char *topic, size_t want, int timeout_ms, bool to_hwm,
+    struct t_msg **out);
 
 size_t
 t_consume(const char *bootstrap, const char *topic, size_t want, int timeout_ms, struct t_msg **out)
@@ -579,8 +580,7 @@ t_consume_all(const char *bootstrap, const char *topic, int timeout_ms, struct t
 }
 
 static size_t
-consume(const char *bootstrap, const char *topic, size_t want, int timeout_ms, bool to_hwm,
-    struct t_msg **out)
+consume(const char *bootstrap, const char *topic, size_t want, int timeout_ms, bool to_hwm, struct t_msg **out)
 {
 	int64_t hwm[256] = { 0 }, next[256] = { 0 };
 	int nparts;
@@ -634,7 +634,8 @@ consume(const char *bootstrap, const char *topic, size_t want, int timeout_ms, b
 			fail_msg("could not read watermarks of %s [%d]", topic, i);
 		if (lo > 0)
 			fail_msg("%s [%d]: low watermark %lld > 0: the test broker evicted records; "
-			    "spread the data over more partitions or topics", topic, i, (long long)lo);
+			         "spread the data over more partitions or topics",
+			    topic, i, (long long)lo);
 		hwm[i] = hi;
 		rd_kafka_topic_partition_list_add(parts, topic, i)->offset = RD_KAFKA_OFFSET_BEGINNING;
 	}
@@ -923,8 +924,10 @@ t_relay_teardown(struct t_relay *r)
 			PGresult *res;
 			int busy;
 
-			snprintf(sql, sizeof(sql), "SELECT count(*) FROM pg_replication_slots WHERE database = '%s' "
-			    "AND active", r->db);
+			snprintf(sql, sizeof(sql),
+			    "SELECT count(*) FROM pg_replication_slots WHERE database = '%s' "
+			    "AND active",
+			    r->db);
 			res = PQexec(c, sql);
 			busy = PQresultStatus(res) == PGRES_TUPLES_OK && atoi(PQgetvalue(res, 0, 0)) > 0;
 			PQclear(res);
@@ -935,8 +938,10 @@ t_relay_teardown(struct t_relay *r)
 		if (PQstatus(c) == CONNECTION_OK) {
 			char sql[512];
 
-			snprintf(sql, sizeof(sql), "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
-			    "WHERE database = '%s' AND NOT active", r->db);
+			snprintf(sql, sizeof(sql),
+			    "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+			    "WHERE database = '%s' AND NOT active",
+			    r->db);
 			PQclear(PQexec(c, sql));
 			snprintf(sql, sizeof(sql), "DROP DATABASE IF EXISTS %s WITH (FORCE)", r->db);
 			PQclear(PQexec(c, sql));
@@ -992,8 +997,10 @@ t_lsn(const char *s)
 uint64_t
 t_slot_confirmed(struct t_relay *r)
 {
-	char *v = t_query1(r->pg, "SELECT coalesce((SELECT confirmed_flush_lsn::text FROM pg_replication_slots "
-	    "WHERE slot_name = '%s'), '0/0')", r->slot);
+	char *v = t_query1(r->pg,
+	    "SELECT coalesce((SELECT confirmed_flush_lsn::text FROM pg_replication_slots "
+	    "WHERE slot_name = '%s'), '0/0')",
+	    r->slot);
 	uint64_t l = t_lsn(v);
 
 	free(v);
@@ -1006,8 +1013,10 @@ t_slot_wait_inactive(struct t_relay *r, int timeout_ms)
 	int64_t deadline = t_now_ms() + timeout_ms;
 
 	for (;;) {
-		char *v = t_query1(r->pg, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = '%s' "
-		    "AND active", r->slot);
+		char *v = t_query1(r->pg,
+		    "SELECT count(*) FROM pg_replication_slots WHERE slot_name = '%s' "
+		    "AND active",
+		    r->slot);
 		int active = atoi(v);
 
 		free(v);

@@ -142,8 +142,7 @@ const char *t_msg_header(const struct t_msg *m, const char *name);
  * partition's low watermark is above 0 (the broker evicted records).
  * Returns the number read (may exceed want); *out is malloc'd.
  */
-size_t t_consume(const char *bootstrap, const char *topic, size_t want, int timeout_ms,
-    struct t_msg **out);
+size_t t_consume(const char *bootstrap, const char *topic, size_t want, int timeout_ms, struct t_msg **out);
 /* Reads every partition of topic up to its high watermark at the start (timeout_ms without progress fails short). */
 size_t t_consume_all(const char *bootstrap, const char *topic, int timeout_ms, struct t_msg **out);
 void t_msgs_free(struct t_msg *m, size_t n);
@@ -191,7 +190,7 @@ struct t_relay {
 	char log[128];
 	char slot[64];
 	pid_t pid;
-	PGconn *pg; /* an ordinary connection to db */
+	PGconn *pg;      /* an ordinary connection to db */
 	const char *bin; /* the daemon to run; NULL: OBX_OUTBOXD */
 };
 

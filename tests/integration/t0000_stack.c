@@ -31,7 +31,8 @@ test_postgres_ready_for_logical_replication(void **state)
 	v = t_query1(c, "SHOW wal_sender_timeout");
 	assert_string_equal(v, "10s");
 	free(v);
-	v = t_query1(c, "SELECT current_setting('max_replication_slots')::int >= 10 "
+	v = t_query1(c,
+	    "SELECT current_setting('max_replication_slots')::int >= 10 "
 	    "AND current_setting('max_wal_senders')::int >= 10");
 	assert_string_equal(v, "t");
 	free(v);
@@ -41,7 +42,8 @@ test_postgres_ready_for_logical_replication(void **state)
 	t_exec(c, "SELECT pg_create_logical_replication_slot('stack_slot', 'pgoutput')");
 	t_exec(c, "INSERT INTO t VALUES (1)");
 	/* the slot decodes the insert through pgoutput */
-	v = t_query1(c, "SELECT count(*) FROM pg_logical_slot_peek_binary_changes('stack_slot', NULL, NULL, "
+	v = t_query1(c,
+	    "SELECT count(*) FROM pg_logical_slot_peek_binary_changes('stack_slot', NULL, NULL, "
 	    "'proto_version', '1', 'publication_names', 'p') WHERE substr(data, 1, 1) = 'I'");
 	assert_string_equal(v, "1");
 	free(v);
@@ -76,10 +78,10 @@ produce(const char *bootstrap, const char *topic, int n)
 
 		snprintf(key, sizeof(key), "k%d", i % 5);
 		snprintf(val, sizeof(val), "value-%d", i);
-		assert_int_equal(rd_kafka_producev(rk, RD_KAFKA_V_TOPIC(topic),
-		    RD_KAFKA_V_KEY(key, strlen(key)), RD_KAFKA_V_VALUE(val, strlen(val)),
-		    RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
-		    RD_KAFKA_V_HEADER("id", val, (ssize_t)strlen(val)), RD_KAFKA_V_END), 0);
+		assert_int_equal(rd_kafka_producev(rk, RD_KAFKA_V_TOPIC(topic), RD_KAFKA_V_KEY(key, strlen(key)),
+		                     RD_KAFKA_V_VALUE(val, strlen(val)), RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+		                     RD_KAFKA_V_HEADER("id", val, (ssize_t)strlen(val)), RD_KAFKA_V_END),
+		    0);
 	}
 	assert_int_equal(rd_kafka_flush(rk, 20000), 0);
 	rd_kafka_destroy(rk);

@@ -63,8 +63,10 @@ test_one_insert(void **state)
 	lsn_before = t_query1(R.pg, "SELECT pg_current_wal_lsn()");
 	t_exec(R.pg, "BEGIN");
 	xid = t_query1(R.pg, "SELECT txid_current()::text");
-	id = t_query1(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
-	    "VALUES ('order', 'order-1', 'OrderCreated', '%s') RETURNING id", payload);
+	id = t_query1(R.pg,
+	    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
+	    "VALUES ('order', 'order-1', 'OrderCreated', '%s') RETURNING id",
+	    payload);
 	t_exec(R.pg, "COMMIT");
 	stored = t_query1(R.pg, "SELECT payload::text FROM outbox WHERE id = '%s'", id);
 
@@ -82,8 +84,7 @@ test_one_insert(void **state)
 	assert_true(t_lsn(t_msg_header(&m[0], "lsn")) > t_lsn(lsn_before));
 	assert_non_null(strstr(t_msg_header(&m[0], "commit_ts"), "Z"));
 	/* the partition Kafka's Java client would pick for the key (murmur2) */
-	assert_int_equal(m[0].partition,
-	    rd_kafka_msg_partitioner_murmur2(NULL, "order-1", 7, 4, NULL, NULL));
+	assert_int_equal(m[0].partition, rd_kafka_msg_partitioner_murmur2(NULL, "order-1", 7, 4, NULL, NULL));
 	t_msgs_free(m, n);
 
 	/* the slot confirms past the event once it is acknowledged */
@@ -111,8 +112,10 @@ test_service_file(void **state)
 
 	(void)state;
 	t_relay_setup(&R, "svc", 0);
-	snprintf(svc, sizeof(svc), "# outboxd's database\n[obx_relay]\nhost=127.0.0.1,%s\nport=1,%s\n"
-	    "target_session_attrs=read-write\nuser=%s\ndbname=%s\n", R.st.host, R.st.port, R.st.user, R.db);
+	snprintf(svc, sizeof(svc),
+	    "# outboxd's database\n[obx_relay]\nhost=127.0.0.1,%s\nport=1,%s\n"
+	    "target_session_attrs=read-write\nuser=%s\ndbname=%s\n",
+	    R.st.host, R.st.port, R.st.user, R.db);
 	t_write_file(service_file, sizeof(service_file), svc);
 	setenv("PGSERVICEFILE", service_file, 1);
 	o = (size_t)snprintf(ca, sizeof(ca), "/etc/outboxd/tls");
@@ -120,9 +123,11 @@ test_service_file(void **state)
 		memcpy(ca + o, "/subdir.d/", 11);
 	snprintf(ca + o, sizeof(ca) - o, "ca.pem");
 	t_relay_config(&R, NULL);
-	snprintf(conf, sizeof(conf), "[source]\nconninfo = service=obx_relay sslmode=prefer sslrootcert=%s "
+	snprintf(conf, sizeof(conf),
+	    "[source]\nconninfo = service=obx_relay sslmode=prefer sslrootcert=%s "
 	    "connect_timeout=5\nslot = %s\nstatus_interval = 1s\n[kafka]\nbootstrap.servers = %s\n"
-	    "[metrics]\nlisten = 127.0.0.1:0\n[log]\nformat = text\nlevel = debug\n", ca, R.slot, R.b.bootstrap);
+	    "[metrics]\nlisten = 127.0.0.1:0\n[log]\nformat = text\nlevel = debug\n",
+	    ca, R.slot, R.b.bootstrap);
 	assert_true(strchr(strstr(conf, "conninfo"), '\n') - strstr(conf, "conninfo") > 1000);
 	{
 		FILE *fp = fopen(R.conf, "w");
@@ -132,7 +137,8 @@ test_service_file(void **state)
 		fclose(fp);
 	}
 	t_relay_start(&R, NULL, 1);
-	id = t_query1(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
+	id = t_query1(R.pg,
+	    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
 	    "VALUES ('svc', 'svc-1', 'Created', '{}') RETURNING id");
 	n = t_consume(R.b.bootstrap, "outbox.event.svc", 1, 15000, &m);
 	if (n != 1)
@@ -165,14 +171,17 @@ test_default_status_interval_short_sender_timeout(void **state)
 	setenv("OUTBOXD_SOURCE_STATUS_INTERVAL", "10s", 1);
 	t_relay_start(&R, NULL, 1);
 	unsetenv("OUTBOXD_SOURCE_STATUS_INTERVAL");
-	assert_int_equal(t_log_count(&R, "status updates every 3333 ms: a third of the server's "
-	    "wal_sender_timeout (10000 ms), sooner than [source] status_interval (10000 ms)"), 1);
+	assert_int_equal(t_log_count(&R,
+	                     "status updates every 3333 ms: a third of the server's "
+	                     "wal_sender_timeout (10000 ms), sooner than [source] status_interval (10000 ms)"),
+	    1);
 	pid_before = t_query1(R.pg, "SELECT active_pid::text FROM pg_replication_slots WHERE slot_name = '%s'",
 	    R.slot);
 	quiet_until = t_now_ms() + 12000;
 	while (t_now_ms() < quiet_until)
 		usleep(200000);
-	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
+	t_exec(R.pg,
+	    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
 	    "VALUES ('sti', 'k', 'T', '{}')");
 	n = t_consume(R.b.bootstrap, "outbox.event.sti", 1, 15000, &m);
 	assert_int_equal(n, 1);
@@ -199,11 +208,13 @@ test_deleted_published_rolled_back_not(void **state)
 	t_relay_config(&R, NULL);
 	t_relay_start(&R, NULL, 1);
 	t_exec(R.pg, "BEGIN");
-	rolled = t_query1(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
+	rolled = t_query1(R.pg,
+	    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
 	    "VALUES ('acct', 'a1', 'Opened', '{}') RETURNING id");
 	t_exec(R.pg, "ROLLBACK");
 	t_exec(R.pg, "BEGIN");
-	kept = t_query1(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
+	kept = t_query1(R.pg,
+	    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
 	    "VALUES ('acct', 'a1', 'Closed', '{\"n\": 2}') RETURNING id");
 	t_exec(R.pg, "DELETE FROM outbox WHERE id = '%s'", kept);
 	t_exec(R.pg, "COMMIT");
@@ -233,13 +244,16 @@ test_other_column_names(void **state)
 	(void)state;
 	t_relay_setup(&R, "names", 1);
 	t_exec(R.pg, "CREATE SCHEMA billing");
-	t_exec(R.pg, "CREATE TABLE billing.eventos (event_id bigserial PRIMARY KEY, aggregate_id text NOT NULL, "
+	t_exec(R.pg,
+	    "CREATE TABLE billing.eventos (event_id bigserial PRIMARY KEY, aggregate_id text NOT NULL, "
 	    "tipo text NOT NULL, cuerpo bytea, meta jsonb, origen text)");
-	t_relay_config(&R, "[source]\ntable = billing.eventos\n"
+	t_relay_config(&R,
+	    "[source]\ntable = billing.eventos\n"
 	    "[outbox]\nid = event_id\nkey = aggregate_id\ntype = tipo\npayload = cuerpo\n"
 	    "topic = ${tipo}\nheaders = meta\nheader.source = origen\n");
 	t_relay_start(&R, NULL, 1);
-	t_exec(R.pg, "INSERT INTO billing.eventos (aggregate_id, tipo, cuerpo, meta, origen) VALUES "
+	t_exec(R.pg,
+	    "INSERT INTO billing.eventos (aggregate_id, tipo, cuerpo, meta, origen) VALUES "
 	    "('inv-7', 'factura', '\\x00ff0102'::bytea, '{\"tenant\": \"acme\"}', 'erp')");
 	n = t_consume(R.b.bootstrap, "factura", 1, 15000, &m);
 	if (n != 1)
@@ -298,7 +312,8 @@ test_sigterm_drains(void **state)
 	t_relay_start(&R, NULL, 1);
 	for (int b = 1; b <= 3; b++)
 		assert_int_equal(t_broker_cmd(&R.b, "rtt %d 300", b), 0);
-	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
+	t_exec(R.pg,
+	    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
 	    "SELECT 'term', 'k' || (i %% 16), 'T', jsonb_build_object('i', i) FROM generate_series(1, 12000) i");
 	usleep(300000);
 	st = t_relay_signal(&R, SIGTERM, 40000);
@@ -313,7 +328,8 @@ test_sigterm_drains(void **state)
 
 	/* restart: one more event, and not one of the 12,000 again */
 	t_relay_start(&R, NULL, 1);
-	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('term', 'k', 'T', '{}')");
+	t_exec(R.pg,
+	    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('term', 'k', 'T', '{}')");
 	assert_true(t_wait_confirmed_current(&R, 15000));
 	n = t_consume_all(R.b.bootstrap, "outbox.event.term", 15000, &m);
 	assert_int_equal(n, 12001);
@@ -338,8 +354,10 @@ test_kill9_resends_unconfirmed(void **state)
 	t_relay_start(&R, NULL, 1);
 	/* a first batch that is acknowledged and confirmed before the kill */
 	for (int i = 0; i < 20; i++)
-		t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
-		    "VALUES ('kill', 'early-%d', 'E', '{}')", i);
+		t_exec(R.pg,
+		    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
+		    "VALUES ('kill', 'early-%d', 'E', '{}')",
+		    i);
 	assert_true(t_wait_confirmed_current(&R, 10000));
 	/* slow the broker so the COPY's events are still unacknowledged at the kill */
 	for (int b = 1; b <= 3; b++)
@@ -423,7 +441,8 @@ test_broker_down(void **state)
 	t_relay_config(&R, NULL);
 	t_relay_start(&R, NULL, 1);
 	/* warm up: the topic exists and the producer knows the leaders */
-	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('down', 'w', 'W', '{}')");
+	t_exec(R.pg,
+	    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('down', 'w', 'W', '{}')");
 	n = t_consume(R.b.bootstrap, "outbox.event.down", 1, 15000, &m);
 	assert_int_equal(n, 1);
 	t_msgs_free(m, n);
@@ -437,14 +456,18 @@ test_broker_down(void **state)
 		char *pid;
 		uint64_t c;
 
-		t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
-		    "VALUES ('down', 'k%d', 'D', '{\"i\": %d}')", i % 5, i);
+		t_exec(R.pg,
+		    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
+		    "VALUES ('down', 'k%d', 'D', '{\"i\": %d}')",
+		    i % 5, i);
 		t_exec(R.pg, "INSERT INTO busy (v) SELECT repeat('y', 200) FROM generate_series(1, 20)");
 		c = t_slot_confirmed(&R);
 		if (c > max_confirmed)
 			max_confirmed = c;
-		pid = t_query1(R.pg, "SELECT coalesce(active_pid::text, 'none') FROM pg_replication_slots "
-		    "WHERE slot_name = '%s'", R.slot);
+		pid = t_query1(R.pg,
+		    "SELECT coalesce(active_pid::text, 'none') FROM pg_replication_slots "
+		    "WHERE slot_name = '%s'",
+		    R.slot);
 		assert_string_equal(pid, pid_before); /* same walsender: no timeout, no reconnect */
 		free(pid);
 		usleep(500000);
@@ -508,8 +531,10 @@ test_concurrent_writers_order(void **state)
 	    "UPDATE agg SET version = version + 1 WHERE id = :a RETURNING version AS vc \\gset\n"
 	    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('conc', :a, 'V', jsonb_build_object('version', :vc));\n"
 	    "COMMIT;\n");
-	snprintf(cmd, sizeof(cmd), "%s/pgbench -n -h %s -p %s -U %s -c 8 -j 2 -t 500 -f %s@3 -f %s@1 %s "
-	    ">/dev/null 2>&1", R.st.pgbin, R.st.host, R.st.port, R.st.user, s1, s2, R.db);
+	snprintf(cmd, sizeof(cmd),
+	    "%s/pgbench -n -h %s -p %s -U %s -c 8 -j 2 -t 500 -f %s@3 -f %s@1 %s "
+	    ">/dev/null 2>&1",
+	    R.st.pgbin, R.st.host, R.st.port, R.st.user, s1, s2, R.db);
 	rc = system(cmd);
 	assert_int_equal(rc, 0);
 	unlink(s1);

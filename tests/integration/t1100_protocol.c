@@ -60,9 +60,11 @@ payload_n(const struct t_msg *m)
 static void
 insert_rows(PGconn *c, const char *at, int from, int to)
 {
-	t_exec(c, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
+	t_exec(c,
+	    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
 	    "SELECT '%s', 'k' || (i %% 10), 'e', jsonb_build_object('n', i, 'pad', repeat('p', 400)) "
-	    "FROM generate_series(%d, %d) i", at, from, to);
+	    "FROM generate_series(%d, %d) i",
+	    at, from, to);
 }
 
 /*
@@ -95,7 +97,8 @@ expect_rows(const char *topic, const int *ranges, size_t want)
 			seen[v] = 1;
 			distinct++;
 			if (v < last[k])
-				fail_msg("%s: key %s out of order: n=%ld after n=%ld", topic, m[i].key, v, last[k]);
+				fail_msg("%s: key %s out of order: n=%ld after n=%ld", topic, m[i].key, v,
+				    last[k]);
 			last[k] = v;
 		}
 	}
@@ -126,8 +129,7 @@ expect_streaming_start(void)
 		}
 		return 0;
 	}
-	snprintf(line, sizeof(line), "pgoutput protocol %d, streaming in-progress transactions",
-	    t_pgproto(major));
+	snprintf(line, sizeof(line), "pgoutput protocol %d, streaming in-progress transactions", t_pgproto(major));
 	if (t_log_count(&R, line) != 1) {
 		t_log_dump(&R);
 		fail_msg("expected \"%s\"", line);
@@ -158,7 +160,8 @@ messages_apply(void)
 	}
 	R.pid = 0;
 	{
-		char *n = t_query1(R.pg, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = '%s'", R.slot);
+		char *n = t_query1(R.pg, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = '%s'",
+		    R.slot);
 
 		assert_string_equal(n, "0");
 		free(n);
@@ -329,7 +332,8 @@ test_outage_at_large_commit_stays_live(void **state)
 
 		if (code != 200) {
 			t_log_dump(&R);
-			fail_msg("/healthz answered %d after %lld ms of the outage", code, (long long)(t_now_ms() - t0));
+			fail_msg("/healthz answered %d after %lld ms of the outage", code,
+			    (long long)(t_now_ms() - t0));
 		}
 		usleep(2000000);
 	}
@@ -457,24 +461,30 @@ test_messages(void **state)
 	port = t_metrics_port(&R);
 
 	t_exec(R.pg, "BEGIN");
-	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
+	t_exec(R.pg,
+	    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
 	    "VALUES ('m', 'k1', 'row', '{\"n\": 1}')");
-	t_exec(R.pg, "SELECT pg_logical_emit_message(true, 'outboxd', "
+	t_exec(R.pg,
+	    "SELECT pg_logical_emit_message(true, 'outboxd', "
 	    "'{\"id\": \"6f1c1f7e-0000-4000-8000-000000000002\", \"aggregatetype\": \"m\", "
 	    "\"aggregateid\": \"k1\", \"type\": \"msg\", \"payload\": {\"n\": 2}}')");
 	t_exec(R.pg, "SELECT pg_logical_emit_message(true, 'other', '{\"aggregatetype\": \"m\"}')");
-	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
+	t_exec(R.pg,
+	    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
 	    "VALUES ('m', 'k1', 'row', '{\"n\": 3}')");
-	t_exec(R.pg, "SELECT pg_logical_emit_message(true, 'outboxd', "
+	t_exec(R.pg,
+	    "SELECT pg_logical_emit_message(true, 'outboxd', "
 	    "'{\"id\": \"6f1c1f7e-0000-4000-8000-000000000004\", \"aggregatetype\": \"m\", "
 	    "\"aggregateid\": \"k1\", \"type\": \"msg\", \"payload\": \"plain text, n: 4\"}')");
 	t_exec(R.pg, "COMMIT");
 	t_exec(R.pg, "BEGIN");
-	t_exec(R.pg, "SELECT pg_logical_emit_message(true, 'outboxd', "
+	t_exec(R.pg,
+	    "SELECT pg_logical_emit_message(true, 'outboxd', "
 	    "'{\"id\": \"6f1c1f7e-0000-4000-8000-000000000099\", \"aggregatetype\": \"m\", "
 	    "\"aggregateid\": \"k1\", \"type\": \"msg\", \"payload\": {\"n\": 99}}')");
 	t_exec(R.pg, "ROLLBACK");
-	t_exec(R.pg, "SELECT pg_logical_emit_message(false, 'outboxd', "
+	t_exec(R.pg,
+	    "SELECT pg_logical_emit_message(false, 'outboxd', "
 	    "'{\"id\": \"6f1c1f7e-0000-4000-8000-000000000098\", \"aggregatetype\": \"m\", "
 	    "\"aggregateid\": \"k1\", \"type\": \"msg\", \"payload\": {\"n\": 98}}')");
 	t_exec(R.pg, "SELECT pg_logical_emit_message(true, 'outboxd', 'not json')");
@@ -503,7 +513,8 @@ test_messages(void **state)
 	/* a streamed transaction's messages: in order with its rows, at its commit */
 	t_exec(R.pg, "BEGIN");
 	insert_rows(R.pg, "s", 1, 300);
-	t_exec(R.pg, "SELECT pg_logical_emit_message(true, 'outboxd', "
+	t_exec(R.pg,
+	    "SELECT pg_logical_emit_message(true, 'outboxd', "
 	    "json_build_object('id', gen_random_uuid(), 'aggregatetype', 's', 'aggregateid', 'k3', "
 	    "'type', 'msg', 'payload', json_build_object('n', 301))::text)");
 	insert_rows(R.pg, "s", 302, 600);
@@ -533,11 +544,26 @@ struct sp_step {
 	int kept;         /* an event that must be published */
 };
 
-#define SP_SQL(s) { 's', s, 0, NULL, 0 }
-#define SP_ROW(n, key, kept, where) { 'r', where, n, key, kept }
-#define SP_MSG(n, key, kept, where) { 'm', where, n, key, kept }
-#define SP_FILL { 'f', NULL, 0, NULL, 0 }
-#define SP_STREAMED(where) { 'F', where, 0, NULL, 0 }
+#define SP_SQL(s)                                                                                                 \
+	{                                                                                                         \
+		's', s, 0, NULL, 0                                                                                \
+	}
+#define SP_ROW(n, key, kept, where)                                                                               \
+	{                                                                                                         \
+		'r', where, n, key, kept                                                                          \
+	}
+#define SP_MSG(n, key, kept, where)                                                                               \
+	{                                                                                                         \
+		'm', where, n, key, kept                                                                          \
+	}
+#define SP_FILL                                                                                                   \
+	{                                                                                                         \
+		'f', NULL, 0, NULL, 0                                                                             \
+	}
+#define SP_STREAMED(where)                                                                                        \
+	{                                                                                                         \
+		'F', where, 0, NULL, 0                                                                            \
+	}
 #define SP_EVENT(s) ((s)->kind == 'r' || (s)->kind == 'm')
 
 static PGconn *SPC; /* the scenario's connection */
@@ -561,8 +587,10 @@ sp_id(char *buf, size_t len, int n)
 static long
 slot_stream_count(void)
 {
-	char *v = t_query1(R.pg, "SELECT coalesce((SELECT stream_count FROM pg_stat_replication_slots "
-	    "WHERE slot_name = '%s'), 0)", R.slot);
+	char *v = t_query1(R.pg,
+	    "SELECT coalesce((SELECT stream_count FROM pg_stat_replication_slots "
+	    "WHERE slot_name = '%s'), 0)",
+	    R.slot);
 	long n = atol(v);
 
 	free(v);
@@ -582,12 +610,16 @@ sp_run(const char *at, const struct sp_step *steps, size_t nsteps)
 		if (s->kind == 's') {
 			t_exec(c, "%s", s->text);
 		} else if (s->kind == 'r') {
-			t_exec(c, "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) "
-			    "VALUES ('%s', '%s', '%s', 'row', '{\"n\": %d}')", id, at, s->key, s->n);
+			t_exec(c,
+			    "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) "
+			    "VALUES ('%s', '%s', '%s', 'row', '{\"n\": %d}')",
+			    id, at, s->key, s->n);
 		} else if (s->kind == 'm') {
-			t_exec(c, "SELECT pg_logical_emit_message(true, 'outboxd', '{\"id\": \"%s\", "
+			t_exec(c,
+			    "SELECT pg_logical_emit_message(true, 'outboxd', '{\"id\": \"%s\", "
 			    "\"aggregatetype\": \"%s\", \"aggregateid\": \"%s\", \"type\": \"msg\", "
-			    "\"payload\": {\"n\": %d}}')", id, at, s->key, s->n);
+			    "\"payload\": {\"n\": %d}}')",
+			    id, at, s->key, s->n);
 		} else {
 			/* ~200 kB against 64 kB: the server streams the transaction as it
 			 * decodes these, before anything that comes after them */
@@ -642,7 +674,10 @@ sp_expect(const char *at, const struct sp_step *steps, size_t nsteps)
 		}
 		if (j == nsteps || !steps[j].kept) {
 			snprintf(bad + strlen(bad), sizeof(bad) - strlen(bad), "\n  id %s (%s %s)",
-			    id ? id : "(none)", j == nsteps ? "unknown" : steps[j].kind == 'r' ? "row" : "message",
+			    id ? id : "(none)",
+			    j == nsteps              ? "unknown" :
+			        steps[j].kind == 'r' ? "row" :
+			                               "message",
 			    j == nsteps ? (m[i].value ? m[i].value : "null") : steps[j].text);
 			continue;
 		}
@@ -667,16 +702,18 @@ sp_expect(const char *at, const struct sp_step *steps, size_t nsteps)
 		for (size_t k = j + 1; k < nsteps && order[0] == '\0'; k++) {
 			if (first[j] >= 0 && first[k] >= 0 && strcmp(steps[j].key, steps[k].key) == 0 &&
 			    first[k] < first[j])
-				snprintf(order, sizeof(order), "\nkey %s out of order: n=%d (%s) came before "
-				    "n=%d (%s)", steps[j].key, steps[k].n, steps[k].text, steps[j].n, steps[j].text);
+				snprintf(order, sizeof(order),
+				    "\nkey %s out of order: n=%d (%s) came before "
+				    "n=%d (%s)",
+				    steps[j].key, steps[k].n, steps[k].text, steps[j].n, steps[j].text);
 		}
 	}
 	t_msgs_free(m, n);
 	free(first);
 	if (bad[0] != '\0' || missing[0] != '\0' || n != want || order[0] != '\0')
 		fail_msg("%s: %zu record(s) published, %zu distinct of the %zu expected events;\n"
-		    "published although rolled back:%s\nmissing:%s%s", topic, n, distinct, want,
-		    bad[0] ? bad : " none", missing[0] ? missing : " none", order);
+		         "published although rolled back:%s\nmissing:%s%s",
+		    topic, n, distinct, want, bad[0] ? bad : " none", missing[0] ? missing : " none", order);
 }
 
 /*
@@ -797,8 +834,10 @@ test_messages_without_table(void **state)
 		int has = t_pgmajor() >= 14;
 		char cmd[256];
 
-		snprintf(cmd, sizeof(cmd), "grep -q '%s' %s", has ? "logical decoding messages with prefix" :
-		    "FAIL messages: \\[source\\] messages = on needs PostgreSQL 14 or later", log);
+		snprintf(cmd, sizeof(cmd), "grep -q '%s' %s",
+		    has ? "logical decoding messages with prefix" :
+		          "FAIL messages: \\[source\\] messages = on needs PostgreSQL 14 or later",
+		    log);
 		if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != (has ? 0 : 1) || system(cmd) != 0) {
 			snprintf(cmd, sizeof(cmd), "cat %s", log);
 			(void)system(cmd);
@@ -814,7 +853,8 @@ test_messages_without_table(void **state)
 	t_exec(R.pg, "BEGIN");
 	t_exec(R.pg, "CREATE TABLE orders (id int)");
 	t_exec(R.pg, "INSERT INTO orders VALUES (1)");
-	t_exec(R.pg, "SELECT pg_logical_emit_message(true, 'orders', "
+	t_exec(R.pg,
+	    "SELECT pg_logical_emit_message(true, 'orders', "
 	    "'{\"id\": \"1\", \"aggregatetype\": \"order\", \"aggregateid\": \"o-1\", \"type\": \"created\", "
 	    "\"payload\": {\"total\": 12.5}}')");
 	t_exec(R.pg, "COMMIT");
@@ -843,20 +883,25 @@ test_schema_changes(void **state)
 	t_relay_config(&R, "[outbox]\nheader.note = note\n");
 	t_exec(R.pg, "ALTER TABLE outbox ADD COLUMN note text");
 	t_relay_start(&R, NULL, 1);
-	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload, note) "
+	t_exec(R.pg,
+	    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload, note) "
 	    "VALUES ('a', 'k', 'e', '{\"n\": 1}', 'first')");
 	t_exec(R.pg, "ALTER TABLE outbox ADD COLUMN extra int DEFAULT 7, ADD COLUMN more text");
-	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload, note, more) "
+	t_exec(R.pg,
+	    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload, note, more) "
 	    "VALUES ('a', 'k', 'e', '{\"n\": 2}', 'second', 'x')");
 	t_exec(R.pg, "ALTER TABLE outbox DROP COLUMN more");
-	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload, note) "
+	t_exec(R.pg,
+	    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload, note) "
 	    "VALUES ('a', 'k', 'e', '{\"n\": 3}', 'third')");
 	/* the same in one transaction with the rows around it */
 	t_exec(R.pg, "BEGIN");
-	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload, note) "
+	t_exec(R.pg,
+	    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload, note) "
 	    "VALUES ('a', 'k', 'e', '{\"n\": 4}', 'fourth')");
 	t_exec(R.pg, "ALTER TABLE outbox DROP COLUMN extra");
-	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload, note) "
+	t_exec(R.pg,
+	    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload, note) "
 	    "VALUES ('a', 'k', 'e', '{\"n\": 5}', 'fifth')");
 	t_exec(R.pg, "COMMIT");
 	n = t_consume(R.b.bootstrap, "outbox.event.a", 5, 20000, &m);
@@ -871,7 +916,8 @@ test_schema_changes(void **state)
 
 	/* a renamed mapped column: the unmapped header column was fine, "type" is not */
 	t_exec(R.pg, "ALTER TABLE outbox RENAME COLUMN type TO kind");
-	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, kind, payload) "
+	t_exec(R.pg,
+	    "INSERT INTO outbox (aggregatetype, aggregateid, kind, payload) "
 	    "VALUES ('a', 'k', 'e', '{\"n\": 6}')");
 	st = t_wait(R.pid, 20000);
 	if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 1 || t_log_count(&R, "'type'") < 1) {
@@ -883,7 +929,8 @@ test_schema_changes(void **state)
 	t_relay_config(&R, "[outbox]\nheader.note = note\n[delivery]\non_error = dead_letter\n");
 	t_relay_start(&R, NULL, 1);
 	t_exec(R.pg, "ALTER TABLE outbox RENAME COLUMN kind TO type");
-	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
+	t_exec(R.pg,
+	    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
 	    "VALUES ('a', 'k', 'e', '{\"n\": 7}')");
 	n = t_consume(R.b.bootstrap, "outbox.dead_letter", 1, 20000, &m);
 	assert_int_equal(n, 1);
@@ -926,8 +973,10 @@ test_values(void **state)
 	t_relay_config(&R, "[kafka]\nmessage.max.bytes = 200000000\n");
 	t_relay_start(&R, NULL, 1);
 	for (size_t i = 0; i < np; i++) {
-		t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
-		    "VALUES ('v%zu', 'k', 'e', %s)", i, payloads[i]);
+		t_exec(R.pg,
+		    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
+		    "VALUES ('v%zu', 'k', 'e', %s)",
+		    i, payloads[i]);
 	}
 	for (size_t i = 0; i < np; i++) {
 		char topic[32], *want;
@@ -935,14 +984,17 @@ test_values(void **state)
 		snprintf(topic, sizeof(topic), "outbox.event.v%zu", i);
 		n = t_consume(R.b.bootstrap, topic, 1, 60000, &m);
 		assert_int_equal(n, 1);
-		want = t_query1(R.pg, "SELECT coalesce(payload::text, '<null>') FROM outbox "
-		    "WHERE aggregatetype = 'v%zu'", i);
+		want = t_query1(R.pg,
+		    "SELECT coalesce(payload::text, '<null>') FROM outbox "
+		    "WHERE aggregatetype = 'v%zu'",
+		    i);
 		if (strcmp(want, "<null>") == 0) {
 			assert_null(m[0].value); /* NULL payload: a tombstone */
 		} else {
 			assert_non_null(m[0].value);
 			if (m[0].len != strlen(want) || memcmp(m[0].value, want, m[0].len) != 0)
-				fail_msg("%s: %zu bytes differ from the server's %zu", topic, m[0].len, strlen(want));
+				fail_msg("%s: %zu bytes differ from the server's %zu", topic, m[0].len,
+				    strlen(want));
 		}
 		if (i == np - 1 && m[0].len < 80u << 20)
 			fail_msg("the large payload is only %zu bytes", m[0].len);
@@ -955,7 +1007,8 @@ test_values(void **state)
 	R.pid = 0;
 	t_relay_config(&R, "[outbox]\npayload = body\n");
 	t_relay_start(&R, NULL, 1);
-	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, body) VALUES "
+	t_exec(R.pg,
+	    "INSERT INTO outbox (aggregatetype, aggregateid, type, body) VALUES "
 	    "('t', 'k', 'e', ''), ('t', 'k', 'e', NULL), ('t', 'k', 'e', 'x'), "
 	    "('t', 'k', 'e', 'line1' || chr(10) || 'tab' || chr(9) || '\u00e9\U0001F600')");
 	n = t_consume(R.b.bootstrap, "outbox.event.t", 4, 20000, &m);
@@ -1005,12 +1058,14 @@ stop_relay(void)
 static void
 insert_typed_row(const char *at)
 {
-	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload, t, j, b, f, "
+	t_exec(R.pg,
+	    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload, t, j, b, f, "
 	    "created_at) SELECT '%s', 'k', 'e', v::jsonb, v, v::json, "
 	    "'\\x00ff5c27'::bytea || convert_to(v, 'UTF8') || '\\x5c3030'::bytea, "
 	    "0.1::float8 + 0.2::float8, '2026-03-04 05:06:07.089+00' "
 	    "FROM (SELECT '{\"s\": \"caf' || chr(233) || ' ' || chr(8364) || ' ' || chr(128512) || "
-	    "' \\\\ q\", \"n\": 1.5}' AS v) x", at);
+	    "' \\\\ q\", \"n\": 1.5}' AS v) x",
+	    at);
 }
 
 /* The record of aggregate type at must carry column col's value, byte for byte, and created_at. */
@@ -1072,7 +1127,8 @@ test_session_settings(void **state)
 	(void)state;
 	t_relay_setup(&R, "sessset", 0);
 	t_exec_file(R.pg, "sql/008_polling.sql");
-	t_exec(R.pg, "ALTER TABLE outbox ADD COLUMN t text, ADD COLUMN j json, ADD COLUMN b bytea, "
+	t_exec(R.pg,
+	    "ALTER TABLE outbox ADD COLUMN t text, ADD COLUMN j json, ADD COLUMN b bytea, "
 	    "ADD COLUMN f float8");
 	/* R.pg was opened before: it keeps the defaults the expected values are read with */
 	t_exec(R.pg, "ALTER DATABASE %s SET bytea_output = 'escape'", R.db);
@@ -1081,8 +1137,10 @@ test_session_settings(void **state)
 	t_exec(R.pg, "ALTER DATABASE %s SET extra_float_digits = -3", R.db);
 
 	for (size_t i = 0; i < sizeof(cols) / sizeof(cols[0]); i++) {
-		snprintf(extra, sizeof(extra), "[outbox]\npayload = %s\ntimestamp = created_at\n"
-		    "header.f = f\n", cols[i]);
+		snprintf(extra, sizeof(extra),
+		    "[outbox]\npayload = %s\ntimestamp = created_at\n"
+		    "header.f = f\n",
+		    cols[i]);
 		t_relay_config(&R, extra);
 		t_relay_start(&R, NULL, 1);
 		snprintf(at, sizeof(at), "s_%s", cols[i]);
@@ -1092,8 +1150,10 @@ test_session_settings(void **state)
 	}
 	t_exec(R.pg, "DELETE FROM outbox");
 	for (size_t i = 0; i < sizeof(cols) / sizeof(cols[0]); i++) {
-		snprintf(extra, sizeof(extra), "[source]\nmode = poll\n[poll]\npoll_interval = 100ms\n"
-		    "[outbox]\npayload = %s\ntimestamp = created_at\nheader.f = f\n", cols[i]);
+		snprintf(extra, sizeof(extra),
+		    "[source]\nmode = poll\n[poll]\npoll_interval = 100ms\n"
+		    "[outbox]\npayload = %s\ntimestamp = created_at\nheader.f = f\n",
+		    cols[i]);
 		t_relay_config(&R, extra);
 		t_relay_start(&R, NULL, 0);
 		wait_log(&R, "polling public.outbox", 20000);
@@ -1106,7 +1166,8 @@ test_session_settings(void **state)
 	t_exec(R.pg, "UPDATE outbox SET published_at = now()");
 	insert_typed_row("n_b");
 	snprintf(R.slot, sizeof(R.slot), "%.40s_snap", R.db);
-	t_relay_config(&R, "[source]\nsnapshot = pending\n[outbox]\npayload = b\ntimestamp = created_at\n"
+	t_relay_config(&R,
+	    "[source]\nsnapshot = pending\n[outbox]\npayload = b\ntimestamp = created_at\n"
 	    "header.f = f\n");
 	t_relay_start(&R, NULL, 1);
 	check_typed_record("n_b", "b");

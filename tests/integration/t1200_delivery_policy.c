@@ -81,9 +81,11 @@ test_poison_stop_then_dead_letter(void **state)
 	t_relay_config(&R, "[kafka]\nmessage.max.bytes = 2000\n");
 	t_relay_start(&R, NULL, 1);
 	lsn_big = t_query1(R.pg, "SELECT pg_current_wal_lsn()");
-	big = t_query1(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
+	big = t_query1(R.pg,
+	    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
 	    "VALUES ('poison', 'p1', 'Big', jsonb_build_object('blob', repeat('x', 5000))) RETURNING id");
-	after = t_query1(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
+	after = t_query1(R.pg,
+	    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
 	    "VALUES ('poison', 'p1', 'After', '{}') RETURNING id");
 	st = t_wait(R.pid, 20000);
 	assert_true(st != -1 && WIFEXITED(st));
@@ -100,7 +102,8 @@ test_poison_stop_then_dead_letter(void **state)
 
 	/* dead_letter: the row goes to the dead-letter topic, the next event flows; in JSON its
 	 * line names the event, its topic, lsn and xid, and every line the slot */
-	t_relay_config(&R, "[kafka]\nmessage.max.bytes = 2000\n[delivery]\non_error = dead_letter\n"
+	t_relay_config(&R,
+	    "[kafka]\nmessage.max.bytes = 2000\n[delivery]\non_error = dead_letter\n"
 	    "[log]\nformat = json\n");
 	unlink(R.log);
 	t_relay_start(&R, NULL, 1);
@@ -154,7 +157,8 @@ test_topic_error_dead_letter(void **state)
 	assert_int_equal(t_broker_cmd(&R.b, "produce-errors 1 TOPIC_AUTHORIZATION_FAILED"), 0);
 	t_relay_config(&R, "[delivery]\non_error = dead_letter\n");
 	t_relay_start(&R, NULL, 1);
-	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('denied', 'd1', 'X', '{}')");
+	t_exec(R.pg,
+	    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('denied', 'd1', 'X', '{}')");
 	n = t_consume(R.b.bootstrap, "outbox.dead_letter", 1, 60000, &m);
 	if (n != 1)
 		t_log_dump(&R);
@@ -162,7 +166,8 @@ test_topic_error_dead_letter(void **state)
 	assert_string_equal(t_msg_header(&m[0], "original_topic"), "outbox.event.denied");
 	assert_non_null(strstr(t_msg_header(&m[0], "error"), "uthoriz"));
 	t_msgs_free(m, n);
-	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('fine', 'f1', 'Y', '{}')");
+	t_exec(R.pg,
+	    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('fine', 'f1', 'Y', '{}')");
 	n = t_consume(R.b.bootstrap, "outbox.event.fine", 1, 15000, &m);
 	assert_int_equal(n, 1);
 	t_msgs_free(m, n);
@@ -178,15 +183,18 @@ test_backpressure(void **state)
 	t_relay_setup(&R, "bp", 0);
 	t_relay_config(&R, "[delivery]\nmax_inflight = 5\n");
 	t_relay_start(&R, NULL, 1);
-	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('bp', 'w', 'W', '{}')");
+	t_exec(R.pg,
+	    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('bp', 'w', 'W', '{}')");
 	n = t_consume(R.b.bootstrap, "outbox.event.bp", 1, 15000, &m);
 	assert_int_equal(n, 1);
 	t_msgs_free(m, n);
 	for (int b = 1; b <= 3; b++)
 		assert_int_equal(t_broker_cmd(&R.b, "down %d", b), 0);
 	for (int i = 0; i < 40; i++)
-		t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
-		    "VALUES ('bp', 'k%d', 'B', '{}')", i % 3);
+		t_exec(R.pg,
+		    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
+		    "VALUES ('bp', 'k%d', 'B', '{}')",
+		    i % 3);
 	sleep(2);
 	assert_int_equal(t_log_count(&R, "pausing the replication stream"), 1);
 	assert_int_equal(t_log_count(&R, "backpressure: 5 event(s)"), 1);
@@ -208,11 +216,13 @@ test_null_key_row(void **state)
 
 	(void)state;
 	t_relay_setup(&R, "nullkey", 1);
-	t_exec(R.pg, "CREATE TABLE outbox (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), aggregatetype text, "
+	t_exec(R.pg,
+	    "CREATE TABLE outbox (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), aggregatetype text, "
 	    "aggregateid text, type text, payload jsonb)");
 	t_relay_config(&R, NULL);
 	t_relay_start(&R, NULL, 1);
-	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('nk', NULL, 'T', '{\"x\": 1}')");
+	t_exec(R.pg,
+	    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('nk', NULL, 'T', '{\"x\": 1}')");
 	st = t_wait(R.pid, 20000);
 	R.pid = 0;
 	assert_true(st != -1 && WIFEXITED(st));
@@ -247,18 +257,22 @@ test_reserved_header_row_dead_lettered(void **state)
 
 	(void)state;
 	t_relay_setup(&R, "reservedhdr", 1);
-	t_exec(R.pg, "CREATE TABLE outbox (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), aggregatetype text, "
+	t_exec(R.pg,
+	    "CREATE TABLE outbox (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), aggregatetype text, "
 	    "aggregateid text, type text, payload jsonb, headers jsonb)");
 	t_relay_config(&R, "[outbox]\nheaders = headers\n[delivery]\non_error = dead_letter\n");
 	t_relay_start(&R, NULL, 1);
-	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload, headers) VALUES "
+	t_exec(R.pg,
+	    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload, headers) VALUES "
 	    "('rh', 'k1', 'T', '{\"x\": 1}', '{\"id\": \"not-outboxd\", \"tenant\": \"t1\"}')");
-	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload, headers) VALUES "
+	t_exec(R.pg,
+	    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload, headers) VALUES "
 	    "('rh', 'k1', 'T', '{\"x\": 2}', '{\"tenant\": \"t1\"}')");
 	id = t_query1(R.pg, "SELECT id FROM outbox WHERE payload = '{\"x\": 2}'");
 	n = t_consume(R.b.bootstrap, "outbox.dead_letter", 1, 15000, &m);
 	assert_int_equal(n, 1);
-	assert_string_equal(t_msg_header(&m[0], "error"), "headers column 'headers' holds header 'id', a name "
+	assert_string_equal(t_msg_header(&m[0], "error"),
+	    "headers column 'headers' holds header 'id', a name "
 	    "outboxd writes itself (reserved: id, type, lsn, seq, xid, commit_ts, txn, snapshot)");
 	assert_non_null(strstr(m[0].value, "not-outboxd"));
 	t_msgs_free(m, n);
@@ -291,12 +305,14 @@ test_missing_topic_waited_for(void **state)
 	t_relay_setup(&R, "mtopic", 0);
 	assert_int_equal(t_broker_cmd(&R.b, "topic outbox.event.late 2"), 0);
 	assert_int_equal(t_broker_cmd(&R.b, "topic-error outbox.event.late UNKNOWN_TOPIC_OR_PART"), 0);
-	t_relay_config(&R, "[kafka]\ntopic.metadata.propagation.max.ms = 1000\n"
+	t_relay_config(&R,
+	    "[kafka]\ntopic.metadata.propagation.max.ms = 1000\n"
 	    "[delivery]\nmissing_topic_timeout = 60s\non_error = dead_letter\n");
 	t_relay_start(&R, NULL, 1);
 	port = t_metrics_port(&R);
 	lsn = t_query1(R.pg, "SELECT pg_current_wal_lsn()");
-	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('late', 'l1', 'T', '{}')");
+	t_exec(R.pg,
+	    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('late', 'l1', 'T', '{}')");
 	deadline = t_now_ms() + 20000;
 	while (t_log_count(&R, "topic outbox.event.late does not exist (yet)") == 0 && t_now_ms() < deadline)
 		usleep(100000);
@@ -324,8 +340,10 @@ test_missing_topic_waited_for(void **state)
 	/* missing for longer than the timeout: on_error = stop ends the run, naming it */
 	assert_int_equal(t_broker_cmd(&R.b, "topic outbox.event.never 2"), 0);
 	assert_int_equal(t_broker_cmd(&R.b, "topic-error outbox.event.never UNKNOWN_TOPIC_OR_PART"), 0);
-	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('never', 'n1', 'T', '{}')");
-	t_relay_config(&R, "[kafka]\ntopic.metadata.propagation.max.ms = 1000\n"
+	t_exec(R.pg,
+	    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('never', 'n1', 'T', '{}')");
+	t_relay_config(&R,
+	    "[kafka]\ntopic.metadata.propagation.max.ms = 1000\n"
 	    "[delivery]\nmissing_topic_timeout = 3s\n");
 	unlink(R.log);
 	t_relay_start(&R, NULL, 0);
@@ -342,8 +360,10 @@ static void
 insert_events(struct t_relay *r, const char *agg, int from, int to)
 {
 	for (int i = from; i < to; i++)
-		t_exec(r->pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
-		    "VALUES ('%s', 'k%d', 'E', '{\"i\": %d}')", agg, i % 11, i);
+		t_exec(r->pg,
+		    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
+		    "VALUES ('%s', 'k%d', 'E', '{\"i\": %d}')",
+		    agg, i % 11, i);
 }
 
 /* Every id in the outbox table is in the topic at least once; returns the number of records. */
@@ -371,7 +391,8 @@ expect_all_published(struct t_relay *r, const char *agg, int timeout_ms)
 				c++;
 		if (c == 0) {
 			t_log_dump(r);
-			fail_msg("committed event %s never published (%zu records read)", PQgetvalue(res, i, 0), n);
+			fail_msg("committed event %s never published (%zu records read)", PQgetvalue(res, i, 0),
+			    n);
 		}
 	}
 	PQclear(res);
@@ -399,14 +420,17 @@ test_long_broker_outage_memory_bound(void **state)
 		assert_int_equal(t_broker_cmd(&R.b, "down %d", b), 0);
 	/* longer than 3 x wal_sender_timeout (10 s), with ~4 KiB events: ~40 MiB of backlog */
 	for (t0 = t_now_ms(); t_now_ms() - t0 < 32000; i += 100) {
-		t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
+		t_exec(R.pg,
+		    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
 		    "SELECT 'outage', 'k' || (g %% 13), 'Big', jsonb_build_object('pad', "
 		    "(SELECT string_agg(md5(random()::text || x), '') FROM generate_series(1, 128) x), 'g', g) "
-		    "FROM generate_series(%d, %d) g", i, i + 99);
+		    "FROM generate_series(%d, %d) g",
+		    i, i + 99);
 		usleep(50000);
 	}
 	hwm = t_vm_hwm_kb(R.pid);
-	print_message("peak RSS during the outage: %ld KiB (bound %ld KiB), %d events committed\n", hwm, bound_kb, i);
+	print_message("peak RSS during the outage: %ld KiB (bound %ld KiB), %d events committed\n", hwm, bound_kb,
+	    i);
 	assert_true(hwm > 0 && hwm < bound_kb);
 	assert_int_equal(t_log_count(&R, "retrying"), 0); /* the connection survived */
 	for (int b = 1; b <= 3; b++)

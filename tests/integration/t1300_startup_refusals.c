@@ -73,7 +73,8 @@ test_publication_and_table_refusals(void **state)
 	}
 	/* no slot may have been created by any of the refused starts */
 	{
-		char *n = t_query1(R.pg, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = '%s'", R.slot);
+		char *n = t_query1(R.pg, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = '%s'",
+		    R.slot);
 
 		assert_string_equal(n, "0");
 		free(n);
@@ -81,12 +82,14 @@ test_publication_and_table_refusals(void **state)
 
 	/* a partitioned outbox needs publish_via_partition_root */
 	t_exec(R.pg, "DROP TABLE outbox");
-	t_exec(R.pg, "CREATE TABLE outbox (id uuid DEFAULT gen_random_uuid(), aggregatetype text NOT NULL, "
+	t_exec(R.pg,
+	    "CREATE TABLE outbox (id uuid DEFAULT gen_random_uuid(), aggregatetype text NOT NULL, "
 	    "aggregateid text NOT NULL, type text NOT NULL, payload jsonb) PARTITION BY HASH (aggregateid)");
 	t_exec(R.pg, "CREATE TABLE outbox_0 PARTITION OF outbox FOR VALUES WITH (MODULUS 2, REMAINDER 0)");
 	t_exec(R.pg, "CREATE TABLE outbox_1 PARTITION OF outbox FOR VALUES WITH (MODULUS 2, REMAINDER 1)");
 	t_exec(R.pg, "CREATE PUBLICATION outboxd FOR TABLE outbox WITH (publish = 'insert')");
-	expect_refusal(NULL, NULL, "is partitioned but publication outboxd lacks publish_via_partition_root = true");
+	expect_refusal(NULL, NULL,
+	    "is partitioned but publication outboxd lacks publish_via_partition_root = true");
 }
 
 static void
@@ -97,13 +100,15 @@ test_partitioned_outbox_created_publication(void **state)
 
 	(void)state;
 	t_relay_setup(&R, "parts", 1);
-	t_exec(R.pg, "CREATE TABLE outbox (id uuid DEFAULT gen_random_uuid(), aggregatetype text NOT NULL, "
+	t_exec(R.pg,
+	    "CREATE TABLE outbox (id uuid DEFAULT gen_random_uuid(), aggregatetype text NOT NULL, "
 	    "aggregateid text NOT NULL, type text NOT NULL, payload jsonb) PARTITION BY HASH (aggregateid)");
 	t_exec(R.pg, "CREATE TABLE outbox_0 PARTITION OF outbox FOR VALUES WITH (MODULUS 2, REMAINDER 0)");
 	t_exec(R.pg, "CREATE TABLE outbox_1 PARTITION OF outbox FOR VALUES WITH (MODULUS 2, REMAINDER 1)");
 	t_relay_config(&R, NULL);
 	t_relay_start(&R, NULL, 1);
-	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
+	t_exec(R.pg,
+	    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
 	    "SELECT 'part', 'k' || i, 'P', '{}' FROM generate_series(1, 10) i");
 	n = t_consume(R.b.bootstrap, "outbox.event.part", 10, 15000, &m);
 	assert_int_equal(n, 10);
@@ -118,7 +123,8 @@ test_slot_guard(void **state)
 	(void)state;
 	t_relay_setup(&R, "guard", 0);
 	/* rows that exist before the slot cannot be published: say so */
-	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('g', 'old', 'O', '{}')");
+	t_exec(R.pg,
+	    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('g', 'old', 'O', '{}')");
 	t_relay_config(&R, NULL);
 	t_relay_start(&R, NULL, 1);
 	assert_int_equal(t_log_count(&R, "1 row(s) already in public.outbox will not be published"), 1);
@@ -130,7 +136,8 @@ test_slot_guard(void **state)
 	t_exec(R.pg, "SELECT pg_drop_replication_slot('%s')", R.slot);
 	expect_refusal(NULL, NULL, "is missing but existed before");
 	{
-		char *n = t_query1(R.pg, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = '%s'", R.slot);
+		char *n = t_query1(R.pg, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = '%s'",
+		    R.slot);
 
 		assert_string_equal(n, "0");
 		free(n);
@@ -146,10 +153,14 @@ test_slot_guard(void **state)
 		char *dropped = NULL;
 
 		while (t_now_ms() < deadline) {
-			t_exec(R.pg, "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
-			    "WHERE slot_name = '%s' AND active_pid IS NOT NULL", R.slot);
-			dropped = t_query1(R.pg, "SELECT count(pg_drop_replication_slot(slot_name)) FROM "
-			    "pg_replication_slots WHERE slot_name = '%s' AND NOT active", R.slot);
+			t_exec(R.pg,
+			    "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
+			    "WHERE slot_name = '%s' AND active_pid IS NOT NULL",
+			    R.slot);
+			dropped = t_query1(R.pg,
+			    "SELECT count(pg_drop_replication_slot(slot_name)) FROM "
+			    "pg_replication_slots WHERE slot_name = '%s' AND NOT active",
+			    R.slot);
 			if (strcmp(dropped, "1") == 0)
 				break;
 			free(dropped);
@@ -191,7 +202,8 @@ test_publication_recreated_behind_slot(void **state)
 	t_slot_wait_inactive(&R, 10000);
 	t_exec(R.pg, "DROP PUBLICATION outboxd");
 	gap = t_query1(R.pg, "SELECT pg_current_wal_lsn()");
-	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('pubre', 'gap', 'T', '{}')");
+	t_exec(R.pg,
+	    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('pubre', 'gap', 'T', '{}')");
 	t_exec(R.pg, "CREATE PUBLICATION outboxd FOR TABLE outbox WITH (publish = 'insert')");
 	/* the server cannot decode the gap without the publication (up to 17 it stops with an
 	 * error, 18 warns and skips it): a stop naming the recovery, the gap not confirmed */
@@ -210,13 +222,15 @@ test_publication_recreated_behind_slot(void **state)
 	unlink(R.log);
 	t_relay_start(&R, "--recreate-slot", 1);
 	assert_int_equal(t_log_count(&R, "recreated slot"), 1);
-	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('pubre', 'after', 'T', '{}')");
+	t_exec(R.pg,
+	    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('pubre', 'after', 'T', '{}')");
 	n = t_consume(R.b.bootstrap, "outbox.event.pubre", 1, 15000, &m);
 	assert_int_equal(n, 1);
 	assert_string_equal(m[0].key, "after");
 	t_msgs_free(m, n);
 	{
-		char *comment = t_query1(R.pg, "SELECT obj_description(oid, 'pg_publication') FROM pg_publication "
+		char *comment = t_query1(R.pg,
+		    "SELECT obj_description(oid, 'pg_publication') FROM pg_publication "
 		    "WHERE pubname = 'outboxd'");
 
 		assert_non_null(strstr(comment, "outboxd-slot"));
@@ -269,8 +283,10 @@ expect_transient(const char *conninfo, const char *needle)
 	{
 		FILE *fp = fopen(R.conf, "w");
 
-		fprintf(fp, "%s[kafka]\nbootstrap.servers = %s\n[metrics]\nlisten = 127.0.0.1:0\n"
-		    "[log]\nformat = text\nlevel = debug\n", text, R.b.bootstrap);
+		fprintf(fp,
+		    "%s[kafka]\nbootstrap.servers = %s\n[metrics]\nlisten = 127.0.0.1:0\n"
+		    "[log]\nformat = text\nlevel = debug\n",
+		    text, R.b.bootstrap);
 		fclose(fp);
 	}
 	unlink(R.log);
@@ -291,13 +307,15 @@ test_bad_credentials_and_privileges(void **state)
 
 	(void)state;
 	t_relay_setup(&R, "creds", 0);
-	t_exec(R.pg, "DO $$ BEGIN CREATE ROLE pwuser LOGIN REPLICATION PASSWORD 'right-pw'; "
+	t_exec(R.pg,
+	    "DO $$ BEGIN CREATE ROLE pwuser LOGIN REPLICATION PASSWORD 'right-pw'; "
 	    "EXCEPTION WHEN duplicate_object THEN NULL; END $$");
-	t_exec(R.pg, "DO $$ BEGIN CREATE ROLE norepl LOGIN; "
+	t_exec(R.pg,
+	    "DO $$ BEGIN CREATE ROLE norepl LOGIN; "
 	    "EXCEPTION WHEN duplicate_object THEN NULL; END $$");
 
-	snprintf(ci, sizeof(ci), "host=%s port=%s user=pwuser password=wrong-pw-hunter2 dbname=%s",
-	    R.st.host, R.st.port, R.db);
+	snprintf(ci, sizeof(ci), "host=%s port=%s user=pwuser password=wrong-pw-hunter2 dbname=%s", R.st.host,
+	    R.st.port, R.db);
 	expect_permanent(ci, "password authentication failed", "hunter2");
 	snprintf(ci, sizeof(ci), "postgresql://pwuser:wrong-pw-hunter2@%s:%s/%s", R.st.host, R.st.port, R.db);
 	expect_permanent(ci, "password authentication failed", "hunter2");
@@ -306,8 +324,9 @@ test_bad_credentials_and_privileges(void **state)
 	expect_transient(ci, "could not translate host name");
 	snprintf(ci, sizeof(ci), "host=%s port=%s user=norepl dbname=%s", R.st.host, R.st.port, R.db);
 	/* the server's words changed in 16 */
-	expect_permanent(ci, t_pgmajor() >= 16 ? "permission denied to start WAL sender" :
-	    "must be superuser or replication role", NULL);
+	expect_permanent(ci,
+	    t_pgmajor() >= 16 ? "permission denied to start WAL sender" : "must be superuser or replication role",
+	    NULL);
 	snprintf(ci, sizeof(ci), "host=%s port=%s user=postgres dbname=no_such_db", R.st.host, R.st.port);
 	expect_permanent(ci, "does not exist", NULL);
 }
@@ -326,7 +345,8 @@ test_password_from_mounted_file(void **state)
 
 	(void)state;
 	t_relay_setup(&R, "pwfile", 0);
-	t_exec(R.pg, "DO $$ BEGIN CREATE ROLE pwuser LOGIN REPLICATION PASSWORD 'right-pw'; "
+	t_exec(R.pg,
+	    "DO $$ BEGIN CREATE ROLE pwuser LOGIN REPLICATION PASSWORD 'right-pw'; "
 	    "EXCEPTION WHEN duplicate_object THEN NULL; END $$");
 	t_exec(R.pg, "ALTER ROLE pwuser PASSWORD 'right-pw'");
 	t_exec(R.pg, "CREATE PUBLICATION outboxd FOR TABLE outbox WITH (publish = 'insert')");
@@ -336,8 +356,8 @@ test_password_from_mounted_file(void **state)
 	snprintf(cmd, sizeof(cmd), "%s:%s:*:pwuser:right-pw\n", R.st.host, R.st.port);
 	t_write_file(passfile, sizeof(passfile), cmd);
 	assert_int_equal(chmod(passfile, 0440), 0);
-	snprintf(ci, sizeof(ci), "host=%s port=%s user=pwuser dbname=%s passfile=%s", R.st.host,
-	    R.st.port, R.db, passfile);
+	snprintf(ci, sizeof(ci), "host=%s port=%s user=pwuser dbname=%s passfile=%s", R.st.host, R.st.port, R.db,
+	    passfile);
 	c = PQconnectdb(ci);
 	assert_int_not_equal(PQstatus(c), CONNECTION_OK);
 	PQfinish(c);
@@ -350,9 +370,11 @@ test_password_from_mounted_file(void **state)
 	{
 		FILE *fp = fopen(R.conf, "w");
 
-		fprintf(fp, "[source]\nconninfo = %s\nslot = %s\nstatus_interval = 1s\ncreate_publication = false\n"
+		fprintf(fp,
+		    "[source]\nconninfo = %s\nslot = %s\nstatus_interval = 1s\ncreate_publication = false\n"
 		    "[kafka]\nbootstrap.servers = %s\n[metrics]\nlisten = 127.0.0.1:0\n"
-		    "[log]\nformat = text\nlevel = debug\n", ci, R.slot, R.b.bootstrap);
+		    "[log]\nformat = text\nlevel = debug\n",
+		    ci, R.slot, R.b.bootstrap);
 		fclose(fp);
 	}
 	/* without the file: no password, refused */
@@ -392,8 +414,7 @@ test_slot_of_another_database(void **state)
 	R.pid = 0;
 	t_exec(o, "SELECT pg_drop_replication_slot('%s')", R.slot);
 	PQfinish(o);
-	if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 1 ||
-	    t_log_count(&R, "belongs to database") != 1) {
+	if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 1 || t_log_count(&R, "belongs to database") != 1) {
 		t_log_dump(&R);
 		fail_msg("expected exit 1 naming the slot's database (status %d)", st);
 	}
@@ -422,7 +443,8 @@ test_tls_and_wal_level(void **state)
 	    "openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 2 "
 	    "-extfile san.ext -out server.crt >/dev/null 2>&1 && "
 	    "openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=other-ca -keyout other.key "
-	    "-out other.crt >/dev/null 2>&1", dir);
+	    "-out other.crt >/dev/null 2>&1",
+	    dir);
 	assert_int_equal(system(cmd), 0);
 	snprintf(conf, sizeof(conf), "%s/extra.conf", dir);
 	fp = fopen(conf, "w");
@@ -431,11 +453,15 @@ test_tls_and_wal_level(void **state)
 	snprintf(statedir, sizeof(statedir), "%s/stack", dir);
 	t_stack_start_extra(&st2, statedir, conf);
 
-	snprintf(ci, sizeof(ci), "host=127.0.0.1 port=%s user=postgres dbname=postgres sslmode=verify-full "
-	    "sslrootcert=%s/ca.crt", st2.port, dir);
+	snprintf(ci, sizeof(ci),
+	    "host=127.0.0.1 port=%s user=postgres dbname=postgres sslmode=verify-full "
+	    "sslrootcert=%s/ca.crt",
+	    st2.port, dir);
 	expect_permanent(ci, "wal_level is 'replica' but logical replication needs wal_level = logical", NULL);
-	snprintf(ci, sizeof(ci), "host=127.0.0.1 port=%s user=postgres dbname=postgres sslmode=verify-full "
-	    "sslrootcert=%s/other.crt", st2.port, dir);
+	snprintf(ci, sizeof(ci),
+	    "host=127.0.0.1 port=%s user=postgres dbname=postgres sslmode=verify-full "
+	    "sslrootcert=%s/other.crt",
+	    st2.port, dir);
 	expect_permanent(ci, "certificate verify failed", NULL);
 
 	t_stack_stop_extra(statedir);

@@ -40,7 +40,8 @@ teardown(void **state)
 static void
 insert_txn(const char *agg, int n, int nkeys)
 {
-	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
+	t_exec(R.pg,
+	    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
 	    "SELECT '%s', 'k' || (g %% %d), 'T', jsonb_build_object('i', g) FROM generate_series(0, %d) g",
 	    agg, nkeys, n - 1);
 }
@@ -119,8 +120,9 @@ produce_to(rd_kafka_t *rk, const char *topic, int32_t partition, const char *key
 	for (size_t i = 0; i < nh; i++)
 		rd_kafka_header_add(h, hs[i].name, -1, hs[i].value, hs[i].value ? -1 : 0);
 	if (rd_kafka_producev(rk, RD_KAFKA_V_TOPIC(topic), RD_KAFKA_V_PARTITION(partition),
-	    RD_KAFKA_V_KEY(key, key ? strlen(key) : 0), RD_KAFKA_V_VALUE((void *)value, value ? strlen(value) : 0),
-	    RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_HEADERS(h), RD_KAFKA_V_END) != 0)
+	        RD_KAFKA_V_KEY(key, key ? strlen(key) : 0),
+	        RD_KAFKA_V_VALUE((void *)value, value ? strlen(value) : 0),
+	        RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_HEADERS(h), RD_KAFKA_V_END) != 0)
 		fail_msg("could not produce to %s [%d]", topic, partition);
 }
 
@@ -191,11 +193,15 @@ test_foreign_record_falls_back(void **state)
 
 	t_relay_start(&R, NULL, 1);
 	assert_true(t_wait_confirmed_current(&R, 20000));
-	snprintf(line, sizeof(line), "de-duplication: topic outbox.event.ddforeign partition %d: the record at "
-	    "offset", part);
+	snprintf(line, sizeof(line),
+	    "de-duplication: topic outbox.event.ddforeign partition %d: the record at "
+	    "offset",
+	    part);
 	assert_int_equal(t_log_count(&R, line), 1);
-	assert_int_equal(t_log_count(&R, "has no lsn and seq headers of outboxd (another writer); publishing "
-	    "its events from the slot's position (at-least-once)"), 1);
+	assert_int_equal(t_log_count(&R,
+	                     "has no lsn and seq headers of outboxd (another writer); publishing "
+	                     "its events from the slot's position (at-least-once)"),
+	    1);
 	assert_int_equal((int)metric("outboxd_dedupe_fallbacks_total"), 1);
 	n = t_consume_all(R.b.bootstrap, "outbox.event.ddforeign", 20000, &m);
 	res = PQexec(R.pg, "SELECT id::text, aggregateid FROM outbox");
@@ -293,8 +299,10 @@ test_read_back_timeout_publishes(void **state)
 	for (int b = 1; b <= 3; b++)
 		assert_int_equal(t_broker_cmd(&R.b, "rtt %d 0", b), 0);
 	assert_true(t_wait_confirmed_current(&R, 60000));
-	assert_int_equal(t_log_count(&R, "de-duplication: topic outbox.event.ddslow: could not read its "
-	    "metadata"), 1);
+	assert_int_equal(t_log_count(&R,
+	                     "de-duplication: topic outbox.event.ddslow: could not read its "
+	                     "metadata"),
+	    1);
 	assert_int_equal(t_log_count(&R, "streaming from slot"), 2); /* the hooked run and this one */
 	n = t_consume_all(R.b.bootstrap, "outbox.event.ddslow", 20000, &m);
 	assert_int_equal(n, 100);

@@ -45,7 +45,8 @@ teardown(void **state)
 static void
 insert_txn(const char *agg, int n, int nkeys)
 {
-	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
+	t_exec(R.pg,
+	    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
 	    "SELECT '%s', 'k' || (g %% %d), 'T', jsonb_build_object('i', g) FROM generate_series(0, %d) g",
 	    agg, nkeys, n - 1);
 }
@@ -190,8 +191,10 @@ crash_loop(enum mode mode, int rounds, unsigned seed)
 	t_exec(R.pg, "CREATE TABLE agg (id int PRIMARY KEY, version int NOT NULL)");
 	t_exec(R.pg, "INSERT INTO agg SELECT g, 0 FROM generate_series(1, %d) g", AGGS);
 	t_exec(R.pg, "CREATE TABLE dd_events (event_id uuid PRIMARY KEY, agg int, version int)");
-	t_relay_config(&R, mode == EXACTLY_ONCE ? "[delivery]\nexactly_once = on\n" :
-	    dedupe ? "[delivery]\ndedupe = on\n" : "[delivery]\ndedupe = off\n");
+	t_relay_config(&R,
+	    mode == EXACTLY_ONCE ? "[delivery]\nexactly_once = on\n" :
+	        dedupe           ? "[delivery]\ndedupe = on\n" :
+	                           "[delivery]\ndedupe = off\n");
 	setenv("OUTBOXD_LOG_LEVEL", "info", 1);
 	t_relay_start(&R, NULL, 1);
 	for (int w = 0; w < WRITERS; w++) {
@@ -296,10 +299,11 @@ crash_loop(enum mode mode, int rounds, unsigned seed)
 		}
 	}
 	t_msgs_free(all, nall);
-	print_message("crash loop: %s: %d kills (%d right after acknowledgements), %zu events "
+	print_message(
+	    "crash loop: %s: %d kills (%d right after acknowledgements), %zu events "
 	    "committed, %zu duplicates, %ld found in Kafka and not sent again, %d read-back(s) logged as "
-	    "falling back, %zu record(s) of Kafka transactions that never committed\n", mode_name[mode],
-	    rounds, hooked, committed, dups, skipped_in_log(), t_log_count(&R, "(at-least-once)"),
+	    "falling back, %zu record(s) of Kafka transactions that never committed\n",
+	    mode_name[mode], rounds, hooked, committed, dups, skipped_in_log(), t_log_count(&R, "(at-least-once)"),
 	    uncommitted);
 	/* with de-duplication the restarts had events to skip: the exactly-once check proved something */
 	if (dedupe)

@@ -41,7 +41,8 @@ teardown(void **state)
 static void
 insert_txn(const char *agg, int n, int nkeys)
 {
-	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
+	t_exec(R.pg,
+	    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
 	    "SELECT '%s', 'k' || (g %% %d), 'T', jsonb_build_object('i', g) FROM generate_series(0, %d) g",
 	    agg, nkeys, n - 1);
 }
@@ -172,8 +173,10 @@ test_zombie_is_fenced(void **state)
 		char *sysid = t_query1(R.pg, "SELECT system_identifier::text FROM pg_control_system()");
 		char want[512];
 
-		snprintf(want, sizeof(want), "fenced: another instance took over transactional.id "
-		    "outboxd-%s-%s-%s", sysid, R.db, R.slot);
+		snprintf(want, sizeof(want),
+		    "fenced: another instance took over transactional.id "
+		    "outboxd-%s-%s-%s",
+		    sysid, R.db, R.slot);
 		free(sysid);
 		R.pid = 0;
 		assert_int_equal(t_log_count(&R, want), 1);
@@ -214,7 +217,8 @@ test_abortable_transaction_rewinds(void **state)
 	}
 	/* said in words: the commit failed, or the transaction took no more records */
 	assert_int_equal(t_log_count(&R, "could not commit the Kafka transaction") +
-	    t_log_count(&R, "the Kafka transaction can take no more records"), 1);
+	        t_log_count(&R, "the Kafka transaction can take no more records"),
+	    1);
 	assert_true(metric("outboxd_kafka_transactions_committed_total") >= 2);
 	expect_committed_once("outbox.event.eosab", 150);
 }
@@ -237,8 +241,7 @@ test_fenced_while_holding_the_slot(void **state)
 	assert_int_equal(t_broker_cmd(&R.b, "request-errors 26 1 INVALID_PRODUCER_EPOCH"), 0);
 	insert_txn("eosfn", 40, 4);
 	insert_txn("eosfn", 40, 4);
-	if (!t_wait_confirmed_current(&R, 30000) ||
-	    t_log_count(&R, "while this instance still holds slot") != 1) {
+	if (!t_wait_confirmed_current(&R, 30000) || t_log_count(&R, "while this instance still holds slot") != 1) {
 		t_log_dump(&R);
 		fail_msg("the fenced epoch did not start a new session");
 	}
@@ -262,8 +265,8 @@ expect_agg_committed(const char *agg, size_t want, bool exact)
 	snprintf(topic, sizeof(topic), "outbox.event.%s", agg);
 	n = t_consume_all(R.b.bootstrap, topic, 20000, &m);
 	t_committed_only(R.b.bootstrap, R.slot, m, &n);
-	res = PQexecParams(R.pg, "SELECT id::text FROM outbox WHERE aggregatetype = $1", 1, NULL, &agg, NULL,
-	    NULL, 0);
+	res = PQexecParams(R.pg, "SELECT id::text FROM outbox WHERE aggregatetype = $1", 1, NULL, &agg, NULL, NULL,
+	    0);
 	assert_int_equal((size_t)PQntuples(res), want);
 	for (int i = 0; i < PQntuples(res); i++) {
 		size_t c = count_id(m, n, PQgetvalue(res, i, 0));
@@ -343,7 +346,7 @@ test_restored_data_directory_publishes(void **state)
 	assert_int_equal(t_log_count(&R, "is of another history"), 1);
 }
 
-static struct t_relay Q;     /* a relay on a second cluster (test_shared_transactional_id) */
+static struct t_relay Q; /* a relay on a second cluster (test_shared_transactional_id) */
 static char qstate[128];
 
 static int
@@ -414,7 +417,8 @@ test_shared_transactional_id(void **state)
 	assert_int_equal(t_relay_signal(&Q, SIGTERM, 30000), 0);
 	Q.pid = 0;
 	for (int i = 0; i < 20; i++)
-		t_exec(Q.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) SELECT 'shareb', "
+		t_exec(Q.pg,
+		    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) SELECT 'shareb', "
 		    "'k' || g, 'T', jsonb_build_object('i', g) FROM generate_series(1, 5) g");
 	v = t_query1(Q.pg, "SELECT pg_current_wal_lsn()::text");
 	b_lsn = t_lsn(v);
@@ -458,11 +462,14 @@ test_messages_toggled_keeps_every_row(void **state)
 	t_relay_start(&R, NULL, 1);
 	unsetenv("OBX_TEST_KILL_AFTER_ACKS");
 	t_exec(R.pg, "BEGIN");
-	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
+	t_exec(R.pg,
+	    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
 	    "VALUES ('msgt', 'k1', 'row', '{\"n\": 0}')");
-	t_exec(R.pg, "SELECT pg_logical_emit_message(true, 'outboxd', '{\"id\": \"6f1c1f7e-0000-4000-8000-0000000000a1\", \"aggregatetype\": \"msgm\", "
+	t_exec(R.pg,
+	    "SELECT pg_logical_emit_message(true, 'outboxd', '{\"id\": \"6f1c1f7e-0000-4000-8000-0000000000a1\", \"aggregatetype\": \"msgm\", "
 	    "\"aggregateid\": \"k1\", \"type\": \"msg\", \"payload\": {\"n\": 1}}')");
-	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
+	t_exec(R.pg,
+	    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
 	    "SELECT 'msgt', 'k' || (g %% 7), 'row', jsonb_build_object('n', g) FROM generate_series(2, 1001) g");
 	t_exec(R.pg, "COMMIT");
 	st = t_wait(R.pid, 60000);
@@ -477,8 +484,10 @@ test_messages_toggled_keeps_every_row(void **state)
 	t_relay_start(&R, NULL, 1);
 	assert_true(t_wait_confirmed_current(&R, 30000));
 	expect_agg_committed("msgt", 1001, false);
-	assert_int_equal(t_log_count(&R, "numbers the events of public.outbox+messages:outboxd, this "
-	    "session those of public.outbox"), 1);
+	assert_int_equal(t_log_count(&R,
+	                     "numbers the events of public.outbox+messages:outboxd, this "
+	                     "session those of public.outbox"),
+	    1);
 }
 
 int

@@ -36,7 +36,7 @@
 #define KILL_AFTER 1500
 
 static struct t_relay R;
-static struct t_relay P; /* the poller (a twin of R, its own log) */
+static struct t_relay P;  /* the poller (a twin of R, its own log) */
 static struct t_relay L2; /* the second logical run after a kill -9 (its own log) */
 static pid_t writer_pid[WRITERS];
 static char writer_file[WRITERS][128];
@@ -94,8 +94,7 @@ writer_on_term(int sig)
  * "id pre post": the WAL insert position before and after the COMMIT.
  * Never returns; exits 0 when stopped by SIGTERM, 1 on any error.
  */
-static void __attribute__((noreturn))
-writer_main(int w, const char *path)
+static void __attribute__((noreturn)) writer_main(int w, const char *path)
 {
 	struct sigaction sa;
 	unsigned seed = (unsigned)getpid() * 7919u + (unsigned)w;
@@ -187,16 +186,16 @@ stop_writers(void)
 
 struct row {
 	char id[40];
-	char payload[48];   /* payload::text, the record's value */
+	char payload[48]; /* payload::text, the record's value */
 	int agg;
 	int version;
-	long long seq;      /* the table's ordering column */
-	bool marked;        /* published_at set: the poller published it */
-	uint64_t pre, post; /* the writer's WAL bounds of its commit; 0 when not a writer's row */
+	long long seq;              /* the table's ordering column */
+	bool marked;                /* published_at set: the poller published it */
+	uint64_t pre, post;         /* the writer's WAL bounds of its commit; 0 when not a writer's row */
 	int polled, snap, streamed; /* deliveries by kind */
-	int snap2;          /* snapshot deliveries of the second logical run */
-	int64_t last_offset; /* of its last delivery (one key: one partition) */
-	long long ordinal;  /* the snapshot's seq header (the last seen) */
+	int snap2;                  /* snapshot deliveries of the second logical run */
+	int64_t last_offset;        /* of its last delivery (one key: one partition) */
+	long long ordinal;          /* the snapshot's seq header (the last seen) */
 };
 
 static struct row *rows;
@@ -225,7 +224,8 @@ row_find(const char *id)
 static void
 load_rows(void)
 {
-	PGresult *res = PQexec(R.pg, "SELECT id::text, aggregateid::int, (payload->>'version')::int, seq, "
+	PGresult *res = PQexec(R.pg,
+	    "SELECT id::text, aggregateid::int, (payload->>'version')::int, seq, "
 	    "published_at IS NOT NULL, payload::text FROM outbox");
 
 	if (PQresultStatus(res) != PGRES_TUPLES_OK)
@@ -264,9 +264,9 @@ load_rows(void)
 
 static struct t_msg *msgs[TOPICS];
 static size_t nmsgs[TOPICS];
-static const struct t_msg **all;  /* every record, sorted (all_records) */
-static int *last;                 /* per aggregate, the last version delivered */
-static long long *by_ordinal;     /* the snapshot's seq header -> the row's seq */
+static const struct t_msg **all; /* every record, sorted (all_records) */
+static int *last;                /* per aggregate, the last version delivered */
+static long long *by_ordinal;    /* the snapshot's seq header -> the row's seq */
 
 static void
 free_all(void)
@@ -378,8 +378,8 @@ snapshot_line(const struct t_relay *r, uint64_t *lsn, long *n)
 static char *
 slot_type(const char *name)
 {
-	return t_query1(R.pg, "SELECT coalesce((SELECT slot_type FROM pg_replication_slots WHERE slot_name = '%s'), '')",
-	    name);
+	return t_query1(R.pg,
+	    "SELECT coalesce((SELECT slot_type FROM pg_replication_slots WHERE slot_name = '%s'), '')", name);
 }
 
 static void
@@ -438,7 +438,8 @@ scene(const char *prefix)
 	t_exec_file(R.pg, "sql/009_polling_notify.sql");
 	t_exec(R.pg, "CREATE TABLE agg (id int PRIMARY KEY, version int NOT NULL)");
 	/* one transaction: versions 1..25 of every aggregate, in seq order, all pending */
-	t_exec(R.pg, "INSERT INTO agg SELECT g, %d FROM generate_series(1, %d) g;"
+	t_exec(R.pg,
+	    "INSERT INTO agg SELECT g, %d FROM generate_series(1, %d) g;"
 	    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
 	    "SELECT 'snap' || (a %% %d), a::text, 'V', jsonb_build_object('version', v) "
 	    "FROM generate_series(1, %d) v, generate_series(1, %d) a ORDER BY v, a",
@@ -476,9 +477,11 @@ scene(const char *prefix)
 		published = atol(v);
 		free(v);
 	}
-	print_message("the poller published %ld row(s) and stopped; %ld pending\n", published, t_pending_rows(R.pg));
+	print_message("the poller published %ld row(s) and stopped; %ld pending\n", published,
+	    t_pending_rows(R.pg));
 	if (t_pending_rows(R.pg) < KILL_AFTER + 1000)
-		fail_msg("only %ld row(s) pending after the poller: the snapshot would be too small", t_pending_rows(R.pg));
+		fail_msg("only %ld row(s) pending after the poller: the snapshot would be too small",
+		    t_pending_rows(R.pg));
 
 	t_relay_config(&R, "[source]\nsnapshot = pending\n");
 	return published;
@@ -522,7 +525,8 @@ check_records(uint64_t snap_lsn, int64_t from[TOPICS][4])
 		assert_string_equal(m->topic, topic);
 		assert_int_equal(atoi(m->key), r->agg);
 		if (m->value == NULL || strcmp(m->value, r->payload) != 0)
-			fail_msg("row %s: value %s, payload %s", r->id, m->value ? m->value : "(null)", r->payload);
+			fail_msg("row %s: value %s, payload %s", r->id, m->value ? m->value : "(null)",
+			    r->payload);
 		assert_string_equal(t_msg_header(m, "type"), "V");
 		if (i == 0 || m->partition != all[i - 1]->partition || strcmp(m->topic, all[i - 1]->topic) != 0)
 			kind_seen = 0;
@@ -534,10 +538,11 @@ check_records(uint64_t snap_lsn, int64_t from[TOPICS][4])
 			const char *seq = t_msg_header(m, "seq");
 
 			if (t_lsn(snap) != snap_lsn)
-				fail_msg("snapshot record %s: snapshot header %s, the slot started at %X/%X", r->id, snap,
-				    (unsigned)(snap_lsn >> 32), (unsigned)snap_lsn);
+				fail_msg("snapshot record %s: snapshot header %s, the slot started at %X/%X",
+				    r->id, snap, (unsigned)(snap_lsn >> 32), (unsigned)snap_lsn);
 			if (lsn == NULL || strcmp(lsn, "0/0") != 0)
-				fail_msg("snapshot record %s: lsn header %s, want 0/0", r->id, lsn ? lsn : "(none)");
+				fail_msg("snapshot record %s: lsn header %s, want 0/0", r->id,
+				    lsn ? lsn : "(none)");
 			assert_non_null(seq);
 			assert_null(t_msg_header(m, "xid"));
 			assert_null(t_msg_header(m, "commit_ts"));
@@ -559,7 +564,8 @@ check_records(uint64_t snap_lsn, int64_t from[TOPICS][4])
 			r->streamed++;
 		} else {
 			if (!r->marked)
-				fail_msg("row %s has a record without lsn (the poller's) but is not marked", r->id);
+				fail_msg("row %s has a record without lsn (the poller's) but is not marked",
+				    r->id);
 			r->polled++;
 		}
 	}
@@ -584,7 +590,9 @@ check_records(uint64_t snap_lsn, int64_t from[TOPICS][4])
 		if (r->version != last[r->agg] + 1)
 			fail_msg("aggregate %d: version %d (%s [%d] @%lld, %s) after version %d", r->agg,
 			    r->version, m->topic, m->partition, (long long)m->offset,
-			    t_msg_header(m, "snapshot") ? "snapshot" : t_msg_header(m, "lsn") ? "stream" : "poller",
+			    t_msg_header(m, "snapshot") ? "snapshot" :
+			        t_msg_header(m, "lsn")  ? "stream" :
+			                                  "poller",
 			    last[r->agg]);
 		last[r->agg] = r->version;
 	}
@@ -616,17 +624,21 @@ check_boundary(uint64_t snap_lsn, size_t *before, size_t *after)
 			continue;
 		if (r->post == 0) {
 			if (r->snap == 0)
-				fail_msg("backlog row %s (seq %lld) is not among the snapshot's records", r->id, r->seq);
+				fail_msg("backlog row %s (seq %lld) is not among the snapshot's records", r->id,
+				    r->seq);
 		} else if (r->post <= snap_lsn) {
 			(*before)++;
 			if (r->snap == 0)
 				fail_msg("row %s committed below the slot's start (COMMIT ended by %X/%X) is not "
-				    "among the snapshot's records", r->id, (unsigned)(r->post >> 32), (unsigned)r->post);
+				         "among the snapshot's records",
+				    r->id, (unsigned)(r->post >> 32), (unsigned)r->post);
 		} else if (r->pre >= snap_lsn) {
 			(*after)++;
 			if (r->streamed == 0)
-				fail_msg("row %s committed above the slot's start (COMMIT began after %X/%X) was not "
-				    "streamed", r->id, (unsigned)(r->pre >> 32), (unsigned)r->pre);
+				fail_msg(
+				    "row %s committed above the slot's start (COMMIT began after %X/%X) was not "
+				    "streamed",
+				    r->id, (unsigned)(r->pre >> 32), (unsigned)r->pre);
 		}
 	}
 }
@@ -655,7 +667,8 @@ check_ordinals(long n, bool second)
 		fail_msg("%zu row(s) have snapshot records, the log says %ld", counted, n);
 	for (long i = 0; i < n; i++) {
 		if (by_ordinal[i] <= prev_seq)
-			fail_msg("snapshot seq %ld is the row of seq %lld, after seq %lld", i, by_ordinal[i], prev_seq);
+			fail_msg("snapshot seq %ld is the row of seq %lld, after seq %lld", i, by_ordinal[i],
+			    prev_seq);
 		prev_seq = by_ordinal[i];
 	}
 	free(by_ordinal);
@@ -703,8 +716,8 @@ test_handover_once(void **state)
 	check_records(snap_lsn, NULL);
 	nsnap = count_snapshot_records();
 	print_message("the snapshot at %X/%X published %ld row(s) (%zu snapshot record(s)); %ld published "
-	    "by the poller, %zu rows in all\n", (unsigned)(snap_lsn >> 32), (unsigned)snap_lsn, n_logged,
-	    nsnap, polled, nrows);
+	              "by the poller, %zu rows in all\n",
+	    (unsigned)(snap_lsn >> 32), (unsigned)snap_lsn, n_logged, nsnap, polled, nrows);
 	if ((size_t)n_logged != nsnap)
 		fail_msg("the log says %ld row(s), Kafka holds %zu snapshot record(s)", n_logged, nsnap);
 	/* exactly once: no crash, no duplicate of any kind */
@@ -712,9 +725,10 @@ test_handover_once(void **state)
 		int c = rows[i].polled + rows[i].snap + rows[i].streamed;
 
 		if (c != 1)
-			fail_msg("row %s (seq %lld) published %d time(s): %d by the poller, %d by the snapshot, %d "
-			    "by the stream", rows[i].id, rows[i].seq, c, rows[i].polled, rows[i].snap,
-			    rows[i].streamed);
+			fail_msg(
+			    "row %s (seq %lld) published %d time(s): %d by the poller, %d by the snapshot, %d "
+			    "by the stream",
+			    rows[i].id, rows[i].seq, c, rows[i].polled, rows[i].snap, rows[i].streamed);
 	}
 	check_ordinals(n_logged, false);
 	/* the backlog the poller left is in the snapshot, and the writers straddled the slot */
@@ -828,12 +842,14 @@ test_handover_kill9(void **state)
 			fail_msg("row %s, published by the poller, was delivered %d times", r->id, c);
 		/* a row committed after the second run began streaming was in no snapshot: once */
 		if (r->pre >= streaming_at && c != 1)
-			fail_msg("row %s committed after the second run streamed was delivered %d times", r->id, c);
+			fail_msg("row %s committed after the second run streamed was delivered %d times", r->id,
+			    c);
 		if (r->snap2 > 1)
 			fail_msg("row %s: %d records in the second run's snapshot", r->id, r->snap2);
 	}
 	print_message("%zu row(s), %zu re-delivered; %zu record(s) of the second run's snapshot; %ld by the "
-	    "poller\n", nrows, dups, snap2, polled);
+	              "poller\n",
+	    nrows, dups, snap2, polled);
 	/* the second run published its whole snapshot, numbered in seq order */
 	if (snap2 != (size_t)n2)
 		fail_msg("the second run's snapshot wrote %zu record(s), its log says %ld", snap2, n2);
@@ -845,7 +861,8 @@ test_handover_kill9(void **state)
 
 		if (!r->marked && (r->post == 0 || r->post <= slot_start) && r->snap2 != 1)
 			fail_msg("row %s (seq %lld), pending at the slot's creation, has %d record(s) in the "
-			    "second run's snapshot", r->id, r->seq, r->snap2);
+			         "second run's snapshot",
+			    r->id, r->seq, r->snap2);
 	}
 	check_boundary(snap_lsn, &before, &after);
 	print_message("writer rows: %zu committed below the slot's start, %zu above\n", before, after);
@@ -966,7 +983,8 @@ test_snapshot_memory_bound(void **state)
 	t_relay_setup(&R, "snapmem", 0);
 	R.bin = getenv("OBX_OUTBOXD_PLAIN"); /* RSS of a build without sanitizers */
 	assert_non_null(R.bin);
-	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
+	t_exec(R.pg,
+	    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
 	    "SELECT 'snapmem', 'k' || g, 'Big', jsonb_build_object('pad', "
 	    "(SELECT string_agg(md5(random()::text || x || g), '') FROM generate_series(1, 16384) x)) "
 	    "FROM generate_series(1, 100) g");
@@ -1003,10 +1021,12 @@ test_missing_topic_during_snapshot(void **state)
 	t_relay_setup(&R, "snapmiss", 0);
 	assert_int_equal(t_broker_cmd(&R.b, "topic outbox.event.gone 2"), 0);
 	assert_int_equal(t_broker_cmd(&R.b, "topic-error outbox.event.gone UNKNOWN_TOPIC_OR_PART"), 0);
-	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
+	t_exec(R.pg,
+	    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
 	    "SELECT CASE WHEN g = 500 THEN 'gone' ELSE 'there' END, 'k' || (g %% 7), 'T', "
 	    "jsonb_build_object('i', g) FROM generate_series(0, 1000) g");
-	t_relay_config(&R, "[kafka]\ntopic.metadata.propagation.max.ms = 1000\n[source]\nsnapshot = pending\n"
+	t_relay_config(&R,
+	    "[kafka]\ntopic.metadata.propagation.max.ms = 1000\n[source]\nsnapshot = pending\n"
 	    "[delivery]\nmissing_topic_timeout = 5s\non_error = dead_letter\n");
 	t_relay_start(&R, NULL, 0);
 	wait_streaming(&R, 90000);
@@ -1044,7 +1064,8 @@ test_plain_table(void **state)
 	t_relay_setup(&R, "snapplain", 0);
 	/* the rows inserted last are the oldest by created_at, and rows updated and deleted move
 	 * physical order further from either */
-	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload, created_at) "
+	t_exec(R.pg,
+	    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload, created_at) "
 	    "SELECT 'plain', 'k' || (g %% 3), 'T', jsonb_build_object('i', g), "
 	    "CASE WHEN g < 150 THEN '2026-01-02' ELSE '2026-01-01' END::timestamptz "
 	    "FROM generate_series(0, 299) g");
@@ -1056,7 +1077,8 @@ test_plain_table(void **state)
 		fail_msg("check does not say what the snapshot will publish:\n%s", out);
 	t_relay_start(&R, NULL, 0);
 	wait_streaming(&R, 30000);
-	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
+	t_exec(R.pg,
+	    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
 	    "SELECT 'plain', 'k' || (g %% 3), 'S', jsonb_build_object('i', g) FROM generate_series(300, 309) g");
 	assert_true(t_wait_confirmed_current(&R, 20000));
 	assert_int_equal(t_relay_signal(&R, SIGTERM, 20000), 0);
@@ -1129,7 +1151,8 @@ test_sigterm_during_snapshot(void **state)
 	(void)state;
 	t_relay_setup(&R, "snapterm", 0);
 	t_exec_file(R.pg, "sql/008_polling.sql");
-	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
+	t_exec(R.pg,
+	    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
 	    "SELECT 'term', 'k' || (g %% 20), 'T', jsonb_build_object('i', g) FROM generate_series(1, 4000) g");
 	snprintf(marker, sizeof(marker), "%s_snapshot", R.slot);
 	for (int b = 1; b <= 3; b++)
@@ -1165,7 +1188,8 @@ test_sigterm_during_snapshot(void **state)
 	assert_true(first < 4000);
 	t_relay_start(&R, NULL, 0);
 	wait_streaming(&R, 30000);
-	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
+	t_exec(R.pg,
+	    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
 	    "VALUES ('term', 'k1', 'S', '{\"i\": 4001}')");
 	assert_true(t_wait_confirmed_current(&R, 20000));
 	assert_int_equal(t_relay_signal(&R, SIGTERM, 20000), 0);
@@ -1223,8 +1247,8 @@ test_snapshot_refused(void **state)
 			assert_int_equal(run_capture(cmds[c], R.conf, out, sizeof(out)), 2);
 			nl = strchr(out, '\n');
 			key = strstr(out, "key 'snapshot'");
-			if (key == NULL || strstr(key, bad[i].names) == NULL || strstr(out, "unknown key") != NULL ||
-			    nl == NULL || nl[1] != '\0')
+			if (key == NULL || strstr(key, bad[i].names) == NULL ||
+			    strstr(out, "unknown key") != NULL || nl == NULL || nl[1] != '\0')
 				fail_msg("%s with\n%swant one line naming key 'snapshot' and %s, got: %s", cmds[c],
 				    bad[i].conf, bad[i].names, out);
 		}
@@ -1250,14 +1274,15 @@ static void
 test_filter_one_condition(void **state)
 {
 	static const char attack[] = "true); COMMIT; DROP TABLE victim; SELECT 1 FROM public.outbox "
-	    "WHERE (true";
+	                             "WHERE (true";
 	char conf[512], out[4096], *v;
 	int st;
 
 	(void)state;
 	t_relay_setup(&R, "snapfilter", 0);
 	t_exec(R.pg, "CREATE TABLE victim (i int)");
-	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
+	t_exec(R.pg,
+	    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
 	    "VALUES ('filter', 'k', 'T', '{}')");
 	snprintf(conf, sizeof(conf), "[source]\nsnapshot = pending\nsnapshot_filter = %s\n", attack);
 	t_relay_config(&R, conf);
@@ -1306,7 +1331,8 @@ long_names_teardown(void **state)
 {
 	/* markers have no database: the cluster-wide cleanup does not take them */
 	if (R.pg != NULL && long_prefix[0] != '\0')
-		PQclear(PQexec(R.pg, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+		PQclear(PQexec(R.pg,
+		    "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
 		    "WHERE slot_type = 'physical' AND NOT active AND slot_name LIKE 'snaplong%'"));
 	return teardown(state);
 }
@@ -1353,7 +1379,8 @@ test_long_slot_names(void **state)
 	obx_snapmark_name(slot_a, mark_a, sizeof(mark_a));
 	obx_snapmark_name(slot_b, mark_b, sizeof(mark_b));
 	assert_true(obx_snapmark_legacy_name(slot_a, legacy, sizeof(legacy)));
-	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
+	t_exec(R.pg,
+	    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
 	    "SELECT 'long', 'k' || (g %% 20), 'T', jsonb_build_object('i', g) "
 	    "FROM generate_series(1, 4000) g");
 

@@ -85,15 +85,18 @@ test_unmigrated_table(void **state)
 	t_relay_config(&R, "[source]\nmode = poll\n");
 	snprintf(cmd, sizeof(cmd), "%s check -c %s 2>&1", getenv("OBX_OUTBOXD"), R.conf);
 	assert_int_equal(run_capture(cmd, out, sizeof(out)), 1);
-	assert_non_null(strstr(out, "FAIL polling: cannot read public.outbox: column o.seq does not exist "
+	assert_non_null(strstr(out,
+	    "FAIL polling: cannot read public.outbox: column o.seq does not exist "
 	    "(apply sql/008_polling.sql, or map the columns in [outbox])"));
 	t_relay_start(&R, NULL, 0);
 	st = t_wait(R.pid, 20000);
 	assert_true(st != -1 && WIFEXITED(st));
 	assert_int_equal(WEXITSTATUS(st), 1);
 	R.pid = 0;
-	assert_int_equal(t_log_count(&R, "could not read the outbox table public.outbox for polling: column "
-	    "o.seq does not exist (apply sql/008_polling.sql"), 1);
+	assert_int_equal(t_log_count(&R,
+	                     "could not read the outbox table public.outbox for polling: column "
+	                     "o.seq does not exist (apply sql/008_polling.sql"),
+	    1);
 }
 
 static size_t
@@ -152,12 +155,15 @@ test_happy_path(void **state)
 	poll_setup("pollhappy", 1, "[poll]\npoll_interval = 60s\n");
 	poll_start(&R);
 	t_exec(R.pg, "BEGIN");
-	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
+	t_exec(R.pg,
+	    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
 	    "VALUES ('order', 'rolled-back', 'X', '{}')");
 	t_exec(R.pg, "ROLLBACK");
 	t0 = t_now_ms();
-	id = t_query1(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
-	    "VALUES ('order', 'order-1', 'OrderCreated', '%s') RETURNING id", payload);
+	id = t_query1(R.pg,
+	    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
+	    "VALUES ('order', 'order-1', 'OrderCreated', '%s') RETURNING id",
+	    payload);
 	seq = t_query1(R.pg, "SELECT seq FROM outbox WHERE id = '%s'", id);
 	stored = t_query1(R.pg, "SELECT payload::text FROM outbox WHERE id = '%s'", id);
 
@@ -175,13 +181,14 @@ test_happy_path(void **state)
 	assert_string_equal(t_msg_header(&m[0], "seq"), seq);
 	assert_null(t_msg_header(&m[0], "lsn"));
 	assert_null(t_msg_header(&m[0], "xid"));
-	assert_int_equal(m[0].partition,
-	    rd_kafka_msg_partitioner_murmur2(NULL, "order-1", 7, 4, NULL, NULL));
+	assert_int_equal(m[0].partition, rd_kafka_msg_partitioner_murmur2(NULL, "order-1", 7, 4, NULL, NULL));
 	t_msgs_free(m, n);
 
 	wait_drained(10000);
-	marked = t_query1(R.pg, "SELECT (published_at IS NOT NULL) || ' ' || attempts || ' ' || "
-	    "coalesce(last_error, '-') FROM outbox WHERE id = '%s'", id);
+	marked = t_query1(R.pg,
+	    "SELECT (published_at IS NOT NULL) || ' ' || attempts || ' ' || "
+	    "coalesce(last_error, '-') FROM outbox WHERE id = '%s'",
+	    id);
 	assert_string_equal(marked, "true 0 -");
 
 	port = t_metrics_port(&R);
@@ -259,7 +266,8 @@ test_broker_down(void **state)
 	(void)state;
 	poll_setup("polldown", 0, "[poll]\npoll_interval = 100ms\n");
 	poll_start(&R);
-	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('down', 'w', 'W', '{\"i\": -1}')");
+	t_exec(R.pg,
+	    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('down', 'w', 'W', '{\"i\": -1}')");
 	n = t_consume(R.b.bootstrap, "outbox.event.down", 1, 15000, &m);
 	assert_int_equal(n, 1);
 	t_msgs_free(m, n);
@@ -268,8 +276,10 @@ test_broker_down(void **state)
 	for (int b = 1; b <= 3; b++)
 		assert_int_equal(t_broker_cmd(&R.b, "down %d", b), 0);
 	for (int i = 0; i < 60; i++) {
-		t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
-		    "VALUES ('down', 'k%d', 'D', '{\"i\": %d}')", i % 5, i);
+		t_exec(R.pg,
+		    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
+		    "VALUES ('down', 'k%d', 'D', '{\"i\": %d}')",
+		    i % 5, i);
 		usleep(100000);
 	}
 	sleep(3);
@@ -321,7 +331,8 @@ test_broker_down_sigterm(void **state)
 	port = t_metrics_port(&R);
 	for (int b = 1; b <= 3; b++)
 		assert_int_equal(t_broker_cmd(&R.b, "down %d", b), 0);
-	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
+	t_exec(R.pg,
+	    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
 	    "SELECT 'term', 'k' || g, 'T', jsonb_build_object('i', g) FROM generate_series(1, 12000) g");
 	sleep(5);
 	for (int i = 0; i < 3; i++) {
@@ -364,14 +375,18 @@ test_poison_dead_letter(void **state)
 	char *big, *after, *other, *row, *dl_at, *after_at;
 
 	(void)state;
-	poll_setup("pollpoison", 1, "[poll]\npoll_interval = 100ms\nmax_attempts = 3\n"
+	poll_setup("pollpoison", 1,
+	    "[poll]\npoll_interval = 100ms\nmax_attempts = 3\n"
 	    "backoff_min = 200ms\nbackoff_max = 400ms\n[kafka]\nmessage.max.bytes = 2000\n");
 	poll_start(&R);
-	big = t_query1(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
+	big = t_query1(R.pg,
+	    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
 	    "VALUES ('poison', 'p1', 'Big', jsonb_build_object('blob', repeat('x', 5000))) RETURNING id");
-	after = t_query1(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
+	after = t_query1(R.pg,
+	    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
 	    "VALUES ('poison', 'p1', 'After', '{}') RETURNING id");
-	other = t_query1(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
+	other = t_query1(R.pg,
+	    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
 	    "VALUES ('poison', 'p2', 'Other', '{}') RETURNING id");
 
 	n = t_consume(R.b.bootstrap, "outbox.dead_letter", 1, 20000, &m);
@@ -387,9 +402,11 @@ test_poison_dead_letter(void **state)
 	assert_int_equal(t_log_count(&R, "failed (attempt 1 of 3)"), 1);
 	assert_int_equal(t_log_count(&R, "failed (attempt 3 of 3)"), 1);
 	assert_int_equal(t_log_count(&R, "failed (attempt 4 of 3)"), 0);
-	row = t_query1(R.pg, "SELECT attempts || ' ' || (published_at IS NOT NULL) || ' ' || "
+	row = t_query1(R.pg,
+	    "SELECT attempts || ' ' || (published_at IS NOT NULL) || ' ' || "
 	    "(last_error LIKE 'dead-lettered to outbox.dead_letter after 3 attempt(s): MSG_SIZE_TOO_LARGE%%') "
-	    "FROM outbox WHERE id = '%s'", big);
+	    "FROM outbox WHERE id = '%s'",
+	    big);
 	assert_string_equal(row, "3 true true");
 	free(row);
 	/* the next row of p1 only after the poison row was dead-lettered; p2 at once */
@@ -399,8 +416,10 @@ test_poison_dead_letter(void **state)
 	assert_int_equal(count_value(m, n, "id", other), 1);
 	t_msgs_free(m, n);
 	dl_at = t_query1(R.pg, "SELECT published_at FROM outbox WHERE id = '%s'", big);
-	after_at = t_query1(R.pg, "SELECT (published_at >= '%s') || ' ' || (SELECT published_at < '%s' "
-	    "FROM outbox WHERE id = '%s') FROM outbox WHERE id = '%s'", dl_at, dl_at, other, after);
+	after_at = t_query1(R.pg,
+	    "SELECT (published_at >= '%s') || ' ' || (SELECT published_at < '%s' "
+	    "FROM outbox WHERE id = '%s') FROM outbox WHERE id = '%s'",
+	    dl_at, dl_at, other, after);
 	assert_string_equal(after_at, "true true");
 	free(dl_at);
 	free(after_at);
@@ -411,14 +430,18 @@ test_poison_dead_letter(void **state)
 	/* exhausted = mark: marked, never sent */
 	assert_int_equal(t_relay_signal(&R, SIGTERM, 10000), 0);
 	t_relay_teardown(&R);
-	poll_setup("pollmark", 0, "[poll]\npoll_interval = 100ms\nmax_attempts = 2\n"
+	poll_setup("pollmark", 0,
+	    "[poll]\npoll_interval = 100ms\nmax_attempts = 2\n"
 	    "backoff_min = 100ms\nbackoff_max = 100ms\nexhausted = mark\n[kafka]\nmessage.max.bytes = 2000\n");
 	poll_start(&R);
-	big = t_query1(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
+	big = t_query1(R.pg,
+	    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
 	    "VALUES ('poison', 'p1', 'Big', jsonb_build_object('blob', repeat('x', 5000))) RETURNING id");
 	wait_drained(15000);
-	row = t_query1(R.pg, "SELECT attempts || ' ' || (last_error LIKE 'given up after 2 attempt(s): %%') "
-	    "FROM outbox WHERE id = '%s'", big);
+	row = t_query1(R.pg,
+	    "SELECT attempts || ' ' || (last_error LIKE 'given up after 2 attempt(s): %%') "
+	    "FROM outbox WHERE id = '%s'",
+	    big);
 	assert_string_equal(row, "2 true");
 	assert_int_equal(t_log_count(&R, "marked published without sending"), 1);
 	n = t_consume_all(R.b.bootstrap, "outbox.dead_letter", 3000, &m);
@@ -504,8 +527,10 @@ test_replicas_kill9(void **state)
 	    "UPDATE agg SET version = version + 1 WHERE id = :a RETURNING version AS v \\gset\n"
 	    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('rep', :a, 'V', jsonb_build_object('version', :v));\n"
 	    "COMMIT;\n");
-	snprintf(cmd, sizeof(cmd), "%s/pgbench -n -h %s -p %s -U %s -c 8 -j 2 -t 2500 -f %s %s "
-	    ">/dev/null 2>&1", R.st.pgbin, R.st.host, R.st.port, R.st.user, s1, R.db);
+	snprintf(cmd, sizeof(cmd),
+	    "%s/pgbench -n -h %s -p %s -U %s -c 8 -j 2 -t 2500 -f %s %s "
+	    ">/dev/null 2>&1",
+	    R.st.pgbin, R.st.host, R.st.port, R.st.user, s1, R.db);
 	rc = system(cmd);
 	assert_int_equal(rc, 0);
 	unlink(s1);
@@ -552,7 +577,8 @@ test_replicas_kill9(void **state)
 				dups += c - 1;
 				if (seq < lo || seq > hi)
 					fail_msg("event %s (seq %lld) published %zu times, outside the killed "
-					    "replica's last batch %lld..%lld", PQgetvalue(res, r, 0), seq, c, lo, hi);
+					         "replica's last batch %lld..%lld",
+					    PQgetvalue(res, r, 0), seq, c, lo, hi);
 			}
 		}
 		free(ids);
@@ -579,8 +605,8 @@ test_replicas_kill9(void **state)
 	/* the survivors and the writer shared the work: each replica published */
 	for (int i = 0; i < 3; i++)
 		assert_true(t_log_count(&T[i], "committed: ") > 0);
-	print_message("3 replicas: %zu records for %zu events, %zu re-delivered from the killed batch\n", n,
-	    want, dups);
+	print_message("3 replicas: %zu records for %zu events, %zu re-delivered from the killed batch\n", n, want,
+	    dups);
 	t_msgs_free(m, n);
 }
 

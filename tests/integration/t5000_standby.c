@@ -43,8 +43,10 @@ static void
 insert_events(struct t_relay *r, const char *agg, int from, int to)
 {
 	for (int i = from; i < to; i++)
-		t_exec(r->pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
-		    "VALUES ('%s', 'k%d', 'E', '{\"i\": %d}')", agg, i % 11, i);
+		t_exec(r->pg,
+		    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
+		    "VALUES ('%s', 'k%d', 'E', '{\"i\": %d}')",
+		    agg, i % 11, i);
 }
 
 /* Every id in the outbox table is in the topic at least once; returns the number of records. */
@@ -72,7 +74,8 @@ expect_all_published(struct t_relay *r, const char *agg, int timeout_ms)
 				c++;
 		if (c == 0) {
 			t_log_dump(r);
-			fail_msg("committed event %s never published (%zu records read)", PQgetvalue(res, i, 0), n);
+			fail_msg("committed event %s never published (%zu records read)", PQgetvalue(res, i, 0),
+			    n);
 		}
 	}
 	PQclear(res);
@@ -247,7 +250,8 @@ test_standby_is_quiet(void **state)
 	}
 	fprintf(stderr, "standby: took over %.1f s after the active instance died\n",
 	    (double)(t_now_ms() - t0) / 1000.0);
-	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('opsq', 'k', 'T', '{}')");
+	t_exec(R.pg,
+	    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('opsq', 'k', 'T', '{}')");
 	assert_true(t_wait_confirmed_current(&R, 20000));
 	t_relay_twin_stop(&S);
 }

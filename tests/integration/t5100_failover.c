@@ -87,15 +87,17 @@ primary_and_standby(const char *prefix)
 static void
 both_hosts(char *buf, size_t len)
 {
-	snprintf(buf, len, "host=%s,%s port=%s,%s user=%s dbname=%s target_session_attrs=read-write "
-	    "connect_timeout=2", P.host, S.host, P.port, S.port, P.user, R.db);
+	snprintf(buf, len,
+	    "host=%s,%s port=%s,%s user=%s dbname=%s target_session_attrs=read-write "
+	    "connect_timeout=2",
+	    P.host, S.host, P.port, S.port, P.user, R.db);
 }
 
 static void
 one_host(const struct t_stack *st, char *buf, size_t len)
 {
-	snprintf(buf, len, "host=%s port=%s user=%s dbname=%s connect_timeout=2", st->host, st->port,
-	    st->user, R.db);
+	snprintf(buf, len, "host=%s port=%s user=%s dbname=%s connect_timeout=2", st->host, st->port, st->user,
+	    R.db);
 }
 
 /* Writes R's config with conninfo and extra [source] lines. */
@@ -139,8 +141,7 @@ check_output_standby(const char *standby)
 {
 	const char *bin = getenv("OBX_OUTBOXD");
 	char out[160], *text;
-	char *argv[] = { (char *)bin, "check", "-c", R.conf, standby ? "--standby" : NULL,
-		(char *)standby, NULL };
+	char *argv[] = { (char *)bin, "check", "-c", R.conf, standby ? "--standby" : NULL, (char *)standby, NULL };
 	FILE *fp;
 	long len;
 	pid_t pid;
@@ -230,8 +231,10 @@ static void
 insert_events(PGconn *c, const char *agg, int n)
 {
 	for (int i = 0; i < n; i++)
-		t_exec(c, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
-		    "VALUES ('%s', 'k%d', 'E', '{\"i\": %d}')", agg, i % 7, i);
+		t_exec(c,
+		    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
+		    "VALUES ('%s', 'k%d', 'E', '{\"i\": %d}')",
+		    agg, i % 7, i);
 }
 
 /* A pgbench load on the primary: transactions of two events each, about 100 per second. */
@@ -251,8 +254,8 @@ start_load(void)
 	snprintf(pgbench, sizeof(pgbench), "%s/pgbench", P.pgbin);
 	snprintf(log, sizeof(log), "%s.pgbench", R.log);
 	{
-		char *argv[] = { pgbench, "-n", "-c", "2", "-j", "1", "-T", "600", "-R", rate,
-			"-f", script, "-h", P.host, "-p", P.port, "-U", P.user, R.db, NULL };
+		char *argv[] = { pgbench, "-n", "-c", "2", "-j", "1", "-T", "600", "-R", rate, "-f", script, "-h",
+			P.host, "-p", P.port, "-U", P.user, R.db, NULL };
 
 		load_pid = t_spawn(argv, log);
 	}
@@ -319,7 +322,8 @@ expect_ids(PGconn *truth, const char *agg, bool no_invention, int timeout_ms)
 		if (t_now_ms() > deadline) {
 			t_log_dump(&R);
 			fail_msg("loss: %zu of %zu committed events in Kafka after %d ms, e.g. %s missing "
-			    "(%zu records read)", found, nwant, timeout_ms, missing, n);
+			         "(%zu records read)",
+			    found, nwant, timeout_ms, missing, n);
 		}
 		sleep(1);
 	}
@@ -345,9 +349,10 @@ standby_waits_for_promotion(void)
 
 	one_host(&S, ci, sizeof(ci));
 	t_relay_twin(&R, &tw, "standby");
-	snprintf(text, sizeof(text), "[source]\nconninfo = %s\nslot = %s\n[kafka]\n"
-	    "bootstrap.servers = %s\n[metrics]\nlisten = 127.0.0.1:0\n[log]\nformat = text\n", ci,
-	    R.slot, R.b.bootstrap);
+	snprintf(text, sizeof(text),
+	    "[source]\nconninfo = %s\nslot = %s\n[kafka]\n"
+	    "bootstrap.servers = %s\n[metrics]\nlisten = 127.0.0.1:0\n[log]\nformat = text\n",
+	    ci, R.slot, R.b.bootstrap);
 	t_write_file(tw.conf, sizeof(tw.conf), text);
 	t_relay_start(&tw, NULL, 0);
 	while (t_log_count(&tw, needle) == 0) {
@@ -390,8 +395,10 @@ test_failover_slot_survives_promotion(void **state)
 	/* the standby's copy of the slot is used only once it is persistent (not temporary) */
 	p = t_pg(&P, R.db, 0);
 	s = t_pg(&S, R.db, 0);
-	snprintf(sql, sizeof(sql), "SELECT count(*) FROM pg_replication_slots WHERE slot_name = '%s' "
-	    "AND failover AND synced AND NOT temporary", R.slot);
+	snprintf(sql, sizeof(sql),
+	    "SELECT count(*) FROM pg_replication_slots WHERE slot_name = '%s' "
+	    "AND failover AND synced AND NOT temporary",
+	    R.slot);
 	for (int64_t deadline = t_now_ms() + 120000;;) {
 		char *v;
 
@@ -413,8 +420,10 @@ test_failover_slot_survives_promotion(void **state)
 	/* check --standby says the standby is ready: its copy is persistent */
 	one_host(&S, ci, sizeof(ci));
 	check = check_output_standby(ci);
-	snprintf(sql, sizeof(sql), "ok   standby: ready: it holds a persistent synchronized copy of "
-	    "slot %s at ", R.slot);
+	snprintf(sql, sizeof(sql),
+	    "ok   standby: ready: it holds a persistent synchronized copy of "
+	    "slot %s at ",
+	    R.slot);
 	expect_in(check, sql);
 	free(check);
 	both_hosts(ci, sizeof(ci));
@@ -442,8 +451,9 @@ test_failover_slot_survives_promotion(void **state)
 	assert_int_equal(t_log_count(&R, "is missing but existed before"), 0);
 	assert_true(running(R.pid));
 	print_message("failover slot: %zu events, synchronized after %.1f s, resumed %.2f s after "
-	    "the crash, all in Kafka after %.2f s, %.1f s in all\n", n, (t_sync - t0) / 1000.0,
-	    (t_resume - t_fail) / 1000.0, (t_now_ms() - t_fail) / 1000.0, (t_now_ms() - t0) / 1000.0);
+	              "the crash, all in Kafka after %.2f s, %.1f s in all\n",
+	    n, (t_sync - t0) / 1000.0, (t_resume - t_fail) / 1000.0, (t_now_ms() - t_fail) / 1000.0,
+	    (t_now_ms() - t0) / 1000.0);
 }
 
 /* ---- without a synchronized slot, the guard refuses the lost one ---- */
@@ -483,10 +493,13 @@ test_lost_slot_refused_after_failover(void **state)
 		one_host(&S, sb, sizeof(sb));
 		check = check_output_standby(sb);
 		if (major >= 17)
-			snprintf(needle, sizeof(needle), "FAIL standby: not ready: slot %s has failover off "
-			    "on the primary", R.slot);
+			snprintf(needle, sizeof(needle),
+			    "FAIL standby: not ready: slot %s has failover off "
+			    "on the primary",
+			    R.slot);
 		else
-			snprintf(needle, sizeof(needle), "WARN standby: failover slots need PostgreSQL 17 "
+			snprintf(needle, sizeof(needle),
+			    "WARN standby: failover slots need PostgreSQL 17 "
 			    "or later");
 		expect_in(check, needle);
 		free(check);
@@ -531,8 +544,10 @@ test_standby_source(void **state)
 	free(check);
 	/* the standby cannot create the publication: one line naming what to run on the primary */
 	assert_int_equal(run_to_exit(30000), 1);
-	assert_int_equal(t_log_count(&R, "this server is a hot standby, where it cannot be created: "
-	    "run CREATE PUBLICATION"), 1);
+	assert_int_equal(t_log_count(&R,
+	                     "this server is a hot standby, where it cannot be created: "
+	                     "run CREATE PUBLICATION"),
+	    1);
 	p = t_pg(&P, R.db, 0);
 	t_exec(p, "CREATE PUBLICATION outboxd FOR TABLE outbox WITH (publish = 'insert')");
 	wait_replayed(30000);
@@ -549,8 +564,10 @@ test_standby_source(void **state)
 		usleep(300000);
 	}
 	t_stream = t_now_ms();
-	assert_int_equal(t_log_count(&R, "waiting for the primary's next running-transactions record "
-	    "(SELECT pg_log_standby_snapshot() on the primary"), 1);
+	assert_int_equal(t_log_count(&R,
+	                     "waiting for the primary's next running-transactions record "
+	                     "(SELECT pg_log_standby_snapshot() on the primary"),
+	    1);
 	assert_int_equal(t_log_count(&R, "from a hot standby"), 1);
 	assert_int_equal(t_log_count(&R, "the slot guard cannot record slot"), 1);
 	if (major >= 17)
@@ -598,8 +615,8 @@ test_standby_source(void **state)
 		PQfinish(s);
 	}
 	print_message("standby as the source (PostgreSQL %d): streaming after %.1f s, %zu events, "
-	    "all in Kafka %.2f s after the promotion, %d session(s) through it, %.1f s in all\n", major,
-	    (t_stream - t0) / 1000.0, n, t_promote / 1000.0, sessions, (t_now_ms() - t0) / 1000.0);
+	              "all in Kafka %.2f s after the promotion, %d session(s) through it, %.1f s in all\n",
+	    major, (t_stream - t0) / 1000.0, n, t_promote / 1000.0, sessions, (t_now_ms() - t0) / 1000.0);
 }
 
 /* The server major of OBX_PGBIN (Debian's 15 when unset). */
@@ -631,13 +648,14 @@ main(void)
 	if (major >= 17)
 		tests[n++] = (struct CMUnitTest)cmocka_unit_test_setup_teardown(
 		    test_failover_slot_survives_promotion, setup, teardown);
-	tests[n++] = (struct CMUnitTest)cmocka_unit_test_setup_teardown(
-	    test_lost_slot_refused_after_failover, setup, teardown);
+	tests[n++] = (struct CMUnitTest)cmocka_unit_test_setup_teardown(test_lost_slot_refused_after_failover,
+	    setup, teardown);
 	if (major >= 16)
 		tests[n++] = (struct CMUnitTest)cmocka_unit_test_setup_teardown(test_standby_source, setup,
 		    teardown);
 	printf("test_failover: PostgreSQL %d: %zu test(s)%s\n", major, n,
-	    major >= 17 ? "" : major >= 16 ? " (failover slots need 17)" :
-	    " (failover slots need 17, a standby as the source 16)");
+	    major >= 17     ? "" :
+	        major >= 16 ? " (failover slots need 17)" :
+	                      " (failover slots need 17, a standby as the source 16)");
 	return _cmocka_run_group_tests("test_failover", tests, n, NULL, NULL);
 }

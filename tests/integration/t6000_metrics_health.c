@@ -38,14 +38,27 @@ teardown(void **state)
 }
 
 static const char *const families[] = {
-	"outboxd_state", "outboxd_received_lsn", "outboxd_confirmed_flush_lsn",
-	"outboxd_stream_sent_lsn", "outboxd_server_wal_lsn", "outboxd_lag_bytes",
-	"outboxd_server_read_failures_total", "outboxd_oldest_unacked_age_seconds",
-	"outboxd_commit_to_ack_seconds", "outboxd_events_published_total",
-	"outboxd_events_dead_lettered_total", "outboxd_transactions_total", "outboxd_inflight_events",
-	"outboxd_inflight_bytes", "outboxd_reconnects_total", "outboxd_kafka_errors_total",
-	"outboxd_slot_retained_wal_bytes", "outboxd_slot_safe_wal_size_bytes", "outboxd_slot_wal_status",
-	"outboxd_slot_max_wal_keep_size_bytes", "outboxd_info",
+	"outboxd_state",
+	"outboxd_received_lsn",
+	"outboxd_confirmed_flush_lsn",
+	"outboxd_stream_sent_lsn",
+	"outboxd_server_wal_lsn",
+	"outboxd_lag_bytes",
+	"outboxd_server_read_failures_total",
+	"outboxd_oldest_unacked_age_seconds",
+	"outboxd_commit_to_ack_seconds",
+	"outboxd_events_published_total",
+	"outboxd_events_dead_lettered_total",
+	"outboxd_transactions_total",
+	"outboxd_inflight_events",
+	"outboxd_inflight_bytes",
+	"outboxd_reconnects_total",
+	"outboxd_kafka_errors_total",
+	"outboxd_slot_retained_wal_bytes",
+	"outboxd_slot_safe_wal_size_bytes",
+	"outboxd_slot_wal_status",
+	"outboxd_slot_max_wal_keep_size_bytes",
+	"outboxd_info",
 };
 
 /* Every outboxd_* and process_* metric named in file exists in the scrape body. */
@@ -165,7 +178,8 @@ expect_process_metrics(const char *scrape, pid_t pid, double started_by)
 		fail_msg("process_open_fds %.0f, /proc/%d/fd lists %.0f", fds, (int)pid, there);
 	assert_true(t_metric(scrape, "process_max_fds") == proc_max_files(pid));
 	assert_true(t_metric(scrape, "process_resident_memory_bytes") > 1 << 20);
-	assert_true(t_metric(scrape, "process_virtual_memory_bytes") >= t_metric(scrape, "process_resident_memory_bytes"));
+	assert_true(t_metric(scrape, "process_virtual_memory_bytes") >=
+	    t_metric(scrape, "process_resident_memory_bytes"));
 	assert_true(t_metric(scrape, "process_cpu_seconds_total") >= 0);
 }
 
@@ -209,7 +223,9 @@ test_metrics_health_and_slow_clients(void **state)
 	assert_int_equal(write(bad, "\x16\x03\x01garbage\r\n\r\n", 14), 14);
 
 	for (int i = 0; i < 3; i++)
-		t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('ops', 'k%d', 'T', '{}')", i);
+		t_exec(R.pg,
+		    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('ops', 'k%d', 'T', '{}')",
+		    i);
 	n = t_consume(R.b.bootstrap, "outbox.event.ops", 3, 15000, &m);
 	assert_int_equal(n, 3); /* the relay kept going */
 	t_msgs_free(m, n);
@@ -220,7 +236,8 @@ test_metrics_health_and_slow_clients(void **state)
 	do {
 		t0 = t0 ? t0 : t_now_ms();
 		assert_int_equal(t_http_get(port, "/metrics", body, sizeof(body)), 200);
-		if (t_metric(body, "outboxd_slot_wal_status{status=\"reserved\"}") == 1 && t_metric(body, "outboxd_events_published_total") == 3)
+		if (t_metric(body, "outboxd_slot_wal_status{status=\"reserved\"}") == 1 &&
+		    t_metric(body, "outboxd_events_published_total") == 3)
 			break;
 		usleep(200000);
 	} while (t_now_ms() - t0 < 20000);
@@ -243,7 +260,8 @@ test_metrics_health_and_slow_clients(void **state)
 	assert_true(t_metric(body, "outboxd_commit_to_ack_seconds_count") == 3);
 	last = t_metric(body, "outboxd_last_event_timestamp_seconds");
 	if (last < t_start - 1 || last > (double)time(NULL) + 1)
-		fail_msg("outboxd_last_event_timestamp_seconds %.3f, the events went out after %.0f", last, t_start);
+		fail_msg("outboxd_last_event_timestamp_seconds %.3f, the events went out after %.0f", last,
+		    t_start);
 	assert_true(t_metric(body, "outboxd_confirmed_flush_lsn") > 0);
 	assert_true(t_metric(body, "outboxd_slot_wal_status{status=\"reserved\"}") == 1);
 	assert_true(t_metric(body, "outboxd_slot_wal_status{status=\"lost\"}") == 0);
@@ -253,8 +271,10 @@ test_metrics_health_and_slow_clients(void **state)
 		/* every series says which slot, database and table it describes */
 		char want[512];
 
-		snprintf(want, sizeof(want), "outboxd_info{slot=\"%s\",database=\"%s\",table=\"public.outbox\","
-		    "mode=\"streaming\",version=\"", R.slot, R.db);
+		snprintf(want, sizeof(want),
+		    "outboxd_info{slot=\"%s\",database=\"%s\",table=\"public.outbox\","
+		    "mode=\"streaming\",version=\"",
+		    R.slot, R.db);
 		if (strstr(body, want) == NULL)
 			fail_msg("no %s in:\n%s", want, body);
 	}
@@ -294,7 +314,8 @@ test_metrics_health_and_slow_clients(void **state)
 	/* broker down with an event outstanding: the age of the oldest unacked event grows */
 	for (int b = 1; b <= 3; b++)
 		assert_int_equal(t_broker_cmd(&R.b, "down %d", b), 0);
-	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('ops', 'late', 'T', '{}')");
+	t_exec(R.pg,
+	    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('ops', 'late', 'T', '{}')");
 	sleep(3);
 	assert_int_equal(t_http_get(port, "/metrics", body, sizeof(body)), 200);
 	assert_true(t_metric(body, "outboxd_oldest_unacked_age_seconds") >= 2);
@@ -302,9 +323,11 @@ test_metrics_health_and_slow_clients(void **state)
 	assert_true(t_metric(body, "outboxd_lag_bytes") > 0);
 	/* the producer's error callback counts too: deliveries never time out, connections fail */
 	if (t_metric(body, "outboxd_kafka_errors_total{code=\"_TRANSPORT\"}") +
-	    t_metric(body, "outboxd_kafka_errors_total{code=\"_ALL_BROKERS_DOWN\"}") < 1)
+	        t_metric(body, "outboxd_kafka_errors_total{code=\"_ALL_BROKERS_DOWN\"}") <
+	    1)
 		fail_msg("brokers down, no _TRANSPORT or _ALL_BROKERS_DOWN counted:\n%s", body);
-	assert_int_equal(t_http_get(port, "/healthz", body, sizeof(body)), 200); /* an outage is not a restart reason */
+	assert_int_equal(t_http_get(port, "/healthz", body, sizeof(body)),
+	    200); /* an outage is not a restart reason */
 	for (int b = 1; b <= 3; b++)
 		assert_int_equal(t_broker_cmd(&R.b, "up %d", b), 0);
 	close(slow);
@@ -365,13 +388,15 @@ test_alerts_and_dashboard_name_scraped_metrics(void **state)
 	t_relay_config(&P, "[source]\nmode = poll\n[metrics]\nlisten = 127.0.0.1:0\n");
 	t_relay_start(&P, NULL, 0);
 	port = t_metrics_port(&P);
-	t_exec(P.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('opspoll', 'k', 'T', '{}')");
+	t_exec(P.pg,
+	    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('opspoll', 'k', 'T', '{}')");
 	n = t_consume(P.b.bootstrap, "outbox.event.opspoll", 1, 20000, &m);
 	assert_int_equal(n, 1);
 	t_msgs_free(m, n);
 	scrape_until(port, "outboxd_events_published_total", 1, body, sizeof(body));
 	expect_promtool_accepts(body);
-	snprintf(want, sizeof(want), "outboxd_info{slot=\"\",database=\"%s\",table=\"public.outbox\",mode=\"poll\",", P.db);
+	snprintf(want, sizeof(want),
+	    "outboxd_info{slot=\"\",database=\"%s\",table=\"public.outbox\",mode=\"poll\",", P.db);
 	if (strstr(body, want) == NULL)
 		fail_msg("no %s in:\n%s", want, body);
 	if (t_metric(body, "outboxd_last_event_timestamp_seconds") < t_start - 1)
@@ -440,8 +465,8 @@ probe(int port, const char *path, int ms, char *out, size_t len)
 
 	if (fd < 0)
 		return -1;
-	reqlen = (size_t)snprintf(req, sizeof(req), "GET %s HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
-	    path);
+	reqlen = (size_t)snprintf(req, sizeof(req),
+	    "GET %s HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n", path);
 	for (;;) {
 		struct pollfd p = { fd, sent < reqlen ? POLLOUT : POLLIN, 0 };
 		int64_t left = until - t_now_ms();
@@ -539,12 +564,12 @@ test_slow_clients_do_not_starve_probes(void **state)
 					}
 					open++;
 					if (send(slow[i], pos[i] < sizeof(head) - 1 ? head + pos[i] : "a", 1,
-					    MSG_NOSIGNAL) == 1)
+					        MSG_NOSIGNAL) == 1)
 						pos[i]++;
 				}
 				held = open > held ? open : held;
-				if (drip_end == 0 && send(drip, dpos < sizeof(head) - 1 ? head + dpos : "a", 1,
-				    MSG_NOSIGNAL) == 1)
+				if (drip_end == 0 &&
+				    send(drip, dpos < sizeof(head) - 1 ? head + dpos : "a", 1, MSG_NOSIGNAL) == 1)
 					dpos++;
 				next_tick = now + 2000;
 			}
@@ -577,11 +602,12 @@ test_slow_clients_do_not_starve_probes(void **state)
 	close(silent);
 	close(idle);
 	printf("# slow client held up to %d connections; drip dropped after %lld ms, silent after %lld ms, "
-	    "idle keep-alive after %lld ms\n", held, (long long)(drip_end ? drip_end - t0 : -1),
-	    (long long)(silent_end ? silent_end - t0 : -1),
+	       "idle keep-alive after %lld ms\n",
+	    held, (long long)(drip_end ? drip_end - t0 : -1), (long long)(silent_end ? silent_end - t0 : -1),
 	    (long long)(idle_end ? idle_end - idle_answered : -1));
 	if (ok != 12)
-		fail_msg("%d of 12 probes answered 200 within 1 s with %d slow clients connected", ok, SLOW_CLIENTS);
+		fail_msg("%d of 12 probes answered 200 within 1 s with %d slow clients connected", ok,
+		    SLOW_CLIENTS);
 	assert_true(held >= 1 && held <= PER_CLIENT); /* the attack reached the server, within its share */
 	/* the request deadline (5 s) drops each, whatever it sends; 2 s to spare */
 	assert_true(drip_end > 0 && drip_end - t0 >= 4000 && drip_end - t0 <= 7000);
@@ -604,8 +630,10 @@ test_slow_clients_do_not_starve_probes(void **state)
 static int64_t
 server_lag(void)
 {
-	char *v = t_query1(R.pg, "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint "
-	    "FROM pg_replication_slots WHERE slot_name = '%s'", R.slot);
+	char *v = t_query1(R.pg,
+	    "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint "
+	    "FROM pg_replication_slots WHERE slot_name = '%s'",
+	    R.slot);
 	int64_t lag = strtoll(v, NULL, 10);
 
 	free(v);
@@ -634,7 +662,8 @@ test_lag_is_the_servers(void **state)
 	for (int b = 1; b <= 3; b++)
 		assert_int_equal(t_broker_cmd(&R.b, "down %d", b), 0);
 	for (int i = 0; i < 20; i++)
-		t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) SELECT 'opslag', "
+		t_exec(R.pg,
+		    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) SELECT 'opslag', "
 		    "'k' || g, 'T', jsonb_build_object('pad', repeat('x', 200)) FROM generate_series(1, 500) g");
 	sleep(3);
 	before = server_lag();
@@ -681,9 +710,11 @@ not_ready_while_failing(const char *extra)
 
 	t_relay_setup(&R, "opsdown", 0);
 	t_relay_config(&R, "[metrics]\nlisten = 127.0.0.1:0\n");
-	t_exec(R.pg, "DO $$BEGIN CREATE ROLE obx_ops_nologin NOLOGIN; "
+	t_exec(R.pg,
+	    "DO $$BEGIN CREATE ROLE obx_ops_nologin NOLOGIN; "
 	    "EXCEPTION WHEN duplicate_object THEN NULL; END$$");
-	snprintf(text, sizeof(text), "[source]\nconninfo = host=%s port=%s user=obx_ops_nologin dbname=%s\n"
+	snprintf(text, sizeof(text),
+	    "[source]\nconninfo = host=%s port=%s user=obx_ops_nologin dbname=%s\n"
 	    "[kafka]\nbootstrap.servers = %s\n[metrics]\nlisten = 127.0.0.1:0\n%s[log]\nformat = text\n",
 	    R.st.host, R.st.port, R.db, R.b.bootstrap, extra);
 	t_write_file(R.conf, sizeof(R.conf), text);
@@ -711,12 +742,13 @@ test_not_ready_while_failing(void **state)
 static void
 test_not_ready_detailed_health(void **state)
 {
-	static const char want[] = "not ready: connecting: connecting to PostgreSQL: could not connect to PostgreSQL";
+	static const char want[] =
+	    "not ready: connecting: connecting to PostgreSQL: could not connect to PostgreSQL";
 
 	(void)state;
 	not_ready_while_failing("detailed_health = on\n");
-	if (strncmp(body, want, sizeof(want) - 1) != 0 ||
-	    strstr(body, "\"obx_ops_nologin\"") == NULL || strstr(body, R.st.host) == NULL)
+	if (strncmp(body, want, sizeof(want) - 1) != 0 || strstr(body, "\"obx_ops_nologin\"") == NULL ||
+	    strstr(body, R.st.host) == NULL)
 		fail_msg("/readyz with detailed_health = on: %s", body);
 }
 

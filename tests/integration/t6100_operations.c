@@ -43,23 +43,28 @@ test_least_privilege_role(void **state)
 
 	(void)state;
 	t_relay_setup(&R, "role", 1);
-	snprintf(cmd, sizeof(cmd), "psql -X -q -v ON_ERROR_STOP=1 -h %s -p %s -U %s -d %s "
+	snprintf(cmd, sizeof(cmd),
+	    "psql -X -q -v ON_ERROR_STOP=1 -h %s -p %s -U %s -d %s "
 	    "-f %s/sql/001_outbox.sql -f %s/sql/002_publication.sql -f %s/sql/003_role.sql >/dev/null",
 	    R.st.host, R.st.port, R.st.user, R.db, src, src, src);
 	assert_int_equal(system(cmd), 0);
 	snprintf(ci, sizeof(ci), "host=%s port=%s user=outboxd dbname=%s", R.st.host, R.st.port, R.db);
-	snprintf(text, sizeof(text), "[source]\nconninfo = %s\nslot = %s\ncreate_publication = false\n"
+	snprintf(text, sizeof(text),
+	    "[source]\nconninfo = %s\nslot = %s\ncreate_publication = false\n"
 	    "status_interval = 1s\n[kafka]\nbootstrap.servers = %s\n[metrics]\nlisten = 127.0.0.1:0\n"
-	    "[log]\nformat = text\n", ci, R.slot, R.b.bootstrap);
+	    "[log]\nformat = text\n",
+	    ci, R.slot, R.b.bootstrap);
 	t_write_file(R.conf, sizeof(R.conf), text);
 	t_relay_start(&R, NULL, 1);
 	assert_int_equal(t_log_count(&R, "could not record"), 0);
-	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('role', 'r1', 'T', '{}')");
+	t_exec(R.pg,
+	    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('role', 'r1', 'T', '{}')");
 	n = t_consume(R.b.bootstrap, "outbox.event.role", 1, 15000, &m);
 	assert_int_equal(n, 1);
 	t_msgs_free(m, n);
 	{
-		char *comment = t_query1(R.pg, "SELECT obj_description(oid, 'pg_publication') FROM pg_publication "
+		char *comment = t_query1(R.pg,
+		    "SELECT obj_description(oid, 'pg_publication') FROM pg_publication "
 		    "WHERE pubname = 'outboxd'");
 
 		assert_non_null(strstr(comment, "outboxd-slot"));
@@ -81,7 +86,8 @@ test_sighup_rereads(void **state)
 	t_relay_config(&R, NULL);
 	t_relay_start(&R, NULL, 1);
 	t_conninfo(&R.st, R.db, ci, sizeof(ci));
-	snprintf(text, sizeof(text), "[source]\nconninfo = %s\nslot = %s\nstatus_interval = 1s\n"
+	snprintf(text, sizeof(text),
+	    "[source]\nconninfo = %s\nslot = %s\nstatus_interval = 1s\n"
 	    "[kafka]\nbootstrap.servers = %s\n[metrics]\nlisten = 127.0.0.1:0\n"
 	    "[delivery]\nmax_inflight = 5\n[log]\nformat = text\nlevel = info\nprogress_interval = 1s\n",
 	    ci, R.slot, R.b.bootstrap);
@@ -97,7 +103,8 @@ test_sighup_rereads(void **state)
 	assert_int_equal(t_log_count(&R, "SIGHUP: log level info, progress every 1000 ms"), 1);
 	assert_int_equal(t_log_count(&R, "take effect only after a restart: [delivery] max_inflight"), 1);
 	assert_true(t_log_count(&R, "progress: ") >= 1);
-	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('hup', 'h1', 'T', '{}')");
+	t_exec(R.pg,
+	    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('hup', 'h1', 'T', '{}')");
 	n = t_consume(R.b.bootstrap, "outbox.event.hup", 1, 15000, &m);
 	assert_int_equal(n, 1);
 	t_msgs_free(m, n);
@@ -136,7 +143,8 @@ slot_count(const char *name)
 static char *
 pub_comment(void)
 {
-	return t_query1(R.pg, "SELECT coalesce(obj_description(oid, 'pg_publication'), '') FROM pg_publication "
+	return t_query1(R.pg,
+	    "SELECT coalesce(obj_description(oid, 'pg_publication'), '') FROM pg_publication "
 	    "WHERE pubname = 'outboxd'");
 }
 
@@ -209,7 +217,8 @@ test_drop_slot(void **state)
 	v = pub_comment();
 	assert_non_null(strstr(v, guard));
 	free(v);
-	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('drop', 'd1', 'T', '{}')");
+	t_exec(R.pg,
+	    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('drop', 'd1', 'T', '{}')");
 	n = t_consume(R.b.bootstrap, "outbox.event.drop", 1, 15000, &m);
 	assert_int_equal(n, 1);
 	t_msgs_free(m, n);

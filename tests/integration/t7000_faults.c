@@ -29,8 +29,10 @@ static void
 insert_events(struct t_relay *r, const char *agg, int from, int to)
 {
 	for (int i = from; i < to; i++)
-		t_exec(r->pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
-		    "VALUES ('%s', 'k%d', 'E', '{\"i\": %d}')", agg, i % 11, i);
+		t_exec(r->pg,
+		    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
+		    "VALUES ('%s', 'k%d', 'E', '{\"i\": %d}')",
+		    agg, i % 11, i);
 }
 
 /* Every id in the outbox table is in the topic at least once; returns the number of records. */
@@ -58,7 +60,8 @@ expect_all_published(struct t_relay *r, const char *agg, int timeout_ms)
 				c++;
 		if (c == 0) {
 			t_log_dump(r);
-			fail_msg("committed event %s never published (%zu records read)", PQgetvalue(res, i, 0), n);
+			fail_msg("committed event %s never published (%zu records read)", PQgetvalue(res, i, 0),
+			    n);
 		}
 	}
 	PQclear(res);
@@ -75,8 +78,10 @@ test_walsender_terminated(void **state)
 	t_relay_start(&R, NULL, 1);
 	for (int round = 0; round < 3; round++) {
 		insert_events(&R, "term", round * 50, round * 50 + 50);
-		t_exec(R.pg, "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
-		    "WHERE slot_name = '%s' AND active", R.slot);
+		t_exec(R.pg,
+		    "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
+		    "WHERE slot_name = '%s' AND active",
+		    R.slot);
 		usleep(300000);
 	}
 	insert_events(&R, "term", 150, 160);
@@ -178,8 +183,8 @@ test_invalidated_slot(void **state)
 		t_exec(R.pg, "INSERT INTO filler SELECT repeat('f', 1000) FROM generate_series(1, 3000)");
 		t_exec(R.pg, "SELECT pg_switch_wal()");
 		t_exec(R.pg, "CHECKPOINT");
-		status = t_query1(R.pg, "SELECT coalesce(wal_status, '') FROM pg_replication_slots WHERE slot_name = '%s'",
-		    R.slot);
+		status = t_query1(R.pg,
+		    "SELECT coalesce(wal_status, '') FROM pg_replication_slots WHERE slot_name = '%s'", R.slot);
 		if (strcmp(status, "lost") == 0)
 			break;
 	}

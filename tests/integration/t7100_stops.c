@@ -30,8 +30,10 @@ static void
 insert_events(struct t_relay *r, const char *agg, int from, int to)
 {
 	for (int i = from; i < to; i++)
-		t_exec(r->pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
-		    "VALUES ('%s', 'k%d', 'E', '{\"i\": %d}')", agg, i % 11, i);
+		t_exec(r->pg,
+		    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
+		    "VALUES ('%s', 'k%d', 'E', '{\"i\": %d}')",
+		    agg, i % 11, i);
 }
 
 /* Every id in the outbox table is in the topic at least once; returns the number of records. */
@@ -59,7 +61,8 @@ expect_all_published(struct t_relay *r, const char *agg, int timeout_ms)
 				c++;
 		if (c == 0) {
 			t_log_dump(r);
-			fail_msg("committed event %s never published (%zu records read)", PQgetvalue(res, i, 0), n);
+			fail_msg("committed event %s never published (%zu records read)", PQgetvalue(res, i, 0),
+			    n);
 		}
 	}
 	PQclear(res);

@@ -55,7 +55,8 @@ teardown(void **state)
 static void
 insert_rows(const char *agg, int first, int n, int nkeys)
 {
-	t_exec(R.pg, "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
+	t_exec(R.pg,
+	    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
 	    "SELECT '%s', 'k' || (g %% %d), 'T', jsonb_build_object('i', g) FROM generate_series(%d, %d) g",
 	    agg, nkeys, first, first + n - 1);
 }
@@ -108,8 +109,8 @@ static void
 broker_all(const char *verb, const char *arg)
 {
 	for (int b = 1; b <= 3; b++)
-		assert_int_equal(t_broker_cmd(&R.b, "%s %d%s%s", verb, b, arg != NULL ? " " : "",
-		    arg != NULL ? arg : ""), 0);
+		assert_int_equal(
+		    t_broker_cmd(&R.b, "%s %d%s%s", verb, b, arg != NULL ? " " : "", arg != NULL ? arg : ""), 0);
 }
 
 /*

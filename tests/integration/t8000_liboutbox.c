@@ -30,7 +30,8 @@ schema(void)
 	const char *src = getenv("OBX_SOURCE_DIR");
 	char cmd[2048];
 
-	snprintf(cmd, sizeof(cmd), "psql -X -q -v ON_ERROR_STOP=1 -h %s -p %s -U %s -d %s -f %s/sql/007_inbox.sql "
+	snprintf(cmd, sizeof(cmd),
+	    "psql -X -q -v ON_ERROR_STOP=1 -h %s -p %s -U %s -d %s -f %s/sql/007_inbox.sql "
 	    "-f %s/sql/demo/orders.sql -c 'ALTER TABLE outbox ADD COLUMN headers jsonb' "
 	    "-c 'CREATE TABLE invoices (order_id bigint, amount numeric)' >/dev/null",
 	    R.st.host, R.st.port, R.st.user, R.db, src, src);
@@ -75,8 +76,10 @@ confirm_order(long order_id, char *event_id, size_t idlen)
 	int changed;
 
 	t_exec(R.pg, "BEGIN");
-	snprintf(sql, sizeof(sql), "UPDATE orders SET status = 'confirmed', updated_at = now() "
-	    "WHERE id = %ld AND status <> 'confirmed'", order_id);
+	snprintf(sql, sizeof(sql),
+	    "UPDATE orders SET status = 'confirmed', updated_at = now() "
+	    "WHERE id = %ld AND status <> 'confirmed'",
+	    order_id);
 	r = PQexec(R.pg, sql);
 	assert_int_equal(PQresultStatus(r), PGRES_COMMAND_OK);
 	changed = strcmp(PQcmdTuples(r), "1") == 0;

@@ -167,7 +167,8 @@ test_many_transactions_grow_and_wrap(void **state)
 			txn(&a, 1, (obx_lsn)(round * 100000 + i + 1) * 10, &tickets[i]);
 		for (int i = 4999; i >= 1; i--)
 			assert_int_equal(obx_ack_ack(&a, tickets[i]), 0);
-		assert_int_equal(obx_ack_flushable(&a), round == 0 ? 0 : (obx_lsn)((round - 1) * 100000 + 5000) * 10);
+		assert_int_equal(obx_ack_flushable(&a),
+		    round == 0 ? 0 : (obx_lsn)((round - 1) * 100000 + 5000) * 10);
 		assert_int_equal(obx_ack_ack(&a, tickets[0]), 0);
 		assert_int_equal(obx_ack_flushable(&a), (obx_lsn)(round * 100000 + 5000) * 10);
 	}

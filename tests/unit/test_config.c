@@ -33,8 +33,7 @@ write_conf(const char *text)
 
 /* Loads text (plus env and sets); returns the result code; errbuf holds the message. */
 static int
-load(struct obx_config *cfg, const char *text, char *const *env, const char *const *sets,
-    size_t nsets)
+load(struct obx_config *cfg, const char *text, char *const *env, const char *const *sets, size_t nsets)
 {
 	int r;
 
@@ -115,8 +114,7 @@ test_full_file(void **state)
 	    "table = sales.\"Out Box\"\ncreate_slot = no\ncreate_publication = off\n"
 	    "status_interval = 500ms\n"
 	    "[outbox]\nid = event_id\nkey = aggregate_id\naggregate_type = agg\ntype = tipo\n"
-	    "payload = body\ntopic = ${tipo}\nheaders = hdrs\ntimestamp = created_at\n"
-	    KAFKA "linger.ms = 5\n"
+	    "payload = body\ntopic = ${tipo}\nheaders = hdrs\ntimestamp = created_at\n" KAFKA "linger.ms = 5\n"
 	    "[delivery]\nmax_inflight = 500\nmax_inflight_bytes = 4MiB\non_error = dead_letter\n"
 	    "dead_letter_topic = dlq\ndedupe = off\n"
 	    "[metrics]\nlisten = 127.0.0.1:9000\ndetailed_health = on\n"
@@ -151,7 +149,9 @@ test_full_file(void **state)
 
 	/* table names read as the server reads them: unquoted folds to lower case */
 	{
-		static const struct { const char *in, *schema, *name; } cases[] = {
+		static const struct {
+			const char *in, *schema, *name;
+		} cases[] = {
 			{ "Outbox", "public", "outbox" },
 			{ "\"Outbox\"", "public", "Outbox" },
 			{ "Sales.\"Outbox\"", "sales", "Outbox" },
@@ -194,8 +194,8 @@ static char *
 conninfo_line(size_t len)
 {
 	static const char head[] = "conninfo = host=db1.example.com,db2.example.com port=5432,5432 "
-	    "dbname=shop user=outboxd sslmode=verify-full target_session_attrs=read-write "
-	    "sslrootcert=/etc/outboxd/tls";
+	                           "dbname=shop user=outboxd sslmode=verify-full target_session_attrs=read-write "
+	                           "sslrootcert=/etc/outboxd/tls";
 	static const char tail[] = "/ca.pem";
 	char *line = malloc(len + 2);
 	size_t o = sizeof(head) - 1;
@@ -278,15 +278,17 @@ test_service_conninfo(void **state)
 	assert_int_equal(load(&cfg, KAFKA "[source]\nconninfo = service=outboxd\n", NULL, NULL, 0), 0);
 	assert_string_equal(cfg.conninfo, "service=outboxd");
 	obx_config_reset(&cfg);
-	assert_int_equal(load(&cfg, KAFKA "[source]\nconninfo = service=outboxd sslmode=require application_name=x\n",
-	    NULL, NULL, 0), 0);
+	assert_int_equal(load(&cfg,
+	                     KAFKA "[source]\nconninfo = service=outboxd sslmode=require application_name=x\n",
+	                     NULL, NULL, 0),
+	    0);
 	assert_string_equal(cfg.conninfo, "service=outboxd sslmode=require application_name=x");
 	obx_config_reset(&cfg);
 	assert_int_equal(load(&cfg, KAFKA "[source]\nconninfo = service=outboxd\n", env, NULL, 0), 0);
 	assert_string_equal(cfg.conninfo, "service=outboxd_env");
 	obx_config_reset(&cfg);
-	assert_int_equal(load(&cfg, KAFKA "[source]\nconninfo = postgresql:///?service=outboxd\n", NULL, NULL,
-	    0), 0);
+	assert_int_equal(load(&cfg, KAFKA "[source]\nconninfo = postgresql:///?service=outboxd\n", NULL, NULL, 0),
+	    0);
 	obx_config_reset(&cfg);
 	assert_int_equal(obx_conninfo_redact("service=outboxd password=hunter2", out, sizeof(out)), 0);
 	assert_string_equal(out, "service=outboxd password=********");
@@ -335,16 +337,20 @@ test_value_errors(void **state)
 	(void)state;
 	expect_error(KAFKA "[source]\ncreate_slot = maybe\n",
 	    ":4: key 'create_slot': expected true or false, got 'maybe'");
-	expect_error(KAFKA "[source]\ncreate_publication = 2\n", "key 'create_publication': expected true or false");
-	expect_error(KAFKA "[source]\nstreaming = parallel\n", ":4: key 'streaming': expected on or off, got 'parallel'");
+	expect_error(KAFKA "[source]\ncreate_publication = 2\n",
+	    "key 'create_publication': expected true or false");
+	expect_error(KAFKA "[source]\nstreaming = parallel\n",
+	    ":4: key 'streaming': expected on or off, got 'parallel'");
 	expect_error(KAFKA "[source]\nmessages = sometimes\n", ":4: key 'messages': expected true or false");
 	expect_error(KAFKA "[source]\nfailover = maybe\n", ":4: key 'failover': expected on or off, got 'maybe'");
 	expect_error(KAFKA "[source]\nmessage_prefix =\n", ":4: key 'message_prefix'");
-	expect_error(KAFKA "[source]\nstream_buffer = 12\n", ":4: key 'stream_buffer': '12' is out of range (1KiB to 1TiB)");
+	expect_error(KAFKA "[source]\nstream_buffer = 12\n",
+	    ":4: key 'stream_buffer': '12' is out of range (1KiB to 1TiB)");
 	expect_error(KAFKA "[source]\nstream_buffer = lots\n", ":4: key 'stream_buffer': expected a size");
 	expect_error(KAFKA "[source]\nstatus_interval = 10\n",
 	    ":4: key 'status_interval': expected a duration such as 10s or 500ms, got '10'");
-	expect_error(KAFKA "[source]\nstatus_interval = 10 parsecs\n", "key 'status_interval': expected a duration");
+	expect_error(KAFKA "[source]\nstatus_interval = 10 parsecs\n",
+	    "key 'status_interval': expected a duration");
 	expect_error(KAFKA "[source]\nstatus_interval = -1s\n", "key 'status_interval': expected a duration");
 	expect_error(KAFKA "[source]\nstatus_interval = 5ms\n",
 	    "key 'status_interval': '5ms' is out of range (100ms to 1h)");
@@ -356,18 +362,26 @@ test_value_errors(void **state)
 	expect_error(KAFKA "[outbox]\ntopic = events.${type\n", "key 'topic': unclosed '${'");
 	expect_error(KAFKA "[outbox]\ntopic = events.${}\n", "key 'topic': empty '${}'");
 	expect_error(KAFKA "[outbox]\nid =\n", "key 'id': must not be empty");
-	expect_error(KAFKA "[delivery]\nmax_inflight = many\n", "key 'max_inflight': expected an integer, got 'many'");
-	expect_error(KAFKA "[delivery]\nmax_inflight = 0\n", "key 'max_inflight': '0' is out of range (1 to 10000000)");
+	expect_error(KAFKA "[delivery]\nmax_inflight = many\n",
+	    "key 'max_inflight': expected an integer, got 'many'");
+	expect_error(KAFKA "[delivery]\nmax_inflight = 0\n",
+	    "key 'max_inflight': '0' is out of range (1 to 10000000)");
 	expect_error(KAFKA "[delivery]\nmax_inflight = 10000001\n", "out of range");
-	expect_error(KAFKA "[delivery]\nmax_inflight_bytes = 16 MiBs\n", "key 'max_inflight_bytes': expected a size");
-	expect_error(KAFKA "[delivery]\nmax_inflight_bytes = 10\n", "key 'max_inflight_bytes': '10' is out of range");
-	expect_error(KAFKA "[delivery]\non_error = ignore\n", "key 'on_error': expected stop or dead_letter, got 'ignore'");
-	expect_error(KAFKA "[delivery]\non_error = dead_letter\ndead_letter_topic =\n", "key 'dead_letter_topic': must not be empty");
+	expect_error(KAFKA "[delivery]\nmax_inflight_bytes = 16 MiBs\n",
+	    "key 'max_inflight_bytes': expected a size");
+	expect_error(KAFKA "[delivery]\nmax_inflight_bytes = 10\n",
+	    "key 'max_inflight_bytes': '10' is out of range");
+	expect_error(KAFKA "[delivery]\non_error = ignore\n",
+	    "key 'on_error': expected stop or dead_letter, got 'ignore'");
+	expect_error(KAFKA "[delivery]\non_error = dead_letter\ndead_letter_topic =\n",
+	    "key 'dead_letter_topic': must not be empty");
 	expect_error(KAFKA "[delivery]\ndedupe = maybe\n", ":4: key 'dedupe': expected on or off, got 'maybe'");
 	expect_error(KAFKA "[metrics]\nlisten = 9898\n", "key 'listen': expected host:port");
 	expect_error(KAFKA "[metrics]\nlisten = host:70000\n", "key 'listen': expected host:port");
-	expect_error(KAFKA "[metrics]\ndetailed_health = yes please\n", "key 'detailed_health': expected on or off");
-	expect_error(KAFKA "[log]\nlevel = verbose\n", "key 'level': expected error, warn, info or debug, got 'verbose'");
+	expect_error(KAFKA "[metrics]\ndetailed_health = yes please\n",
+	    "key 'detailed_health': expected on or off");
+	expect_error(KAFKA "[log]\nlevel = verbose\n",
+	    "key 'level': expected error, warn, info or debug, got 'verbose'");
 	expect_error(KAFKA "[log]\nformat = xml\n", "key 'format': expected json or text, got 'xml'");
 	expect_error(KAFKA "[log]\nprogress_interval = often\n", "key 'progress_interval': expected a duration");
 	expect_error(KAFKA "[log]\nprogress_interval = 10ms\n", "key 'progress_interval': '10ms' is out of range");
@@ -382,14 +396,17 @@ test_kafka_properties(void **state)
 	expect_error(KAFKA "enable.idempotence = false\n", "key 'enable.idempotence': must stay true");
 	expect_error(KAFKA "acks = 1\n", "key 'acks': must stay 'all'");
 	expect_error(KAFKA "request.required.acks = 0\n", "key 'request.required.acks': must stay 'all'");
-	expect_error(KAFKA "transactional.id = x\n", "key 'transactional.id': is set by outboxd: use [delivery] exactly_once = on");
+	expect_error(KAFKA "transactional.id = x\n",
+	    "key 'transactional.id': is set by outboxd: use [delivery] exactly_once = on");
 	expect_error(KAFKA "partitioner = random\n", "key 'partitioner': must not be 'random'");
-	expect_error(KAFKA "delivery.report.only.error = true\n", "key 'delivery.report.only.error': must stay false");
+	expect_error(KAFKA "delivery.report.only.error = true\n",
+	    "key 'delivery.report.only.error': must stay false");
 	{
 		struct obx_config ok;
 
 		assert_int_equal(load(&ok, KAFKA "partitioner = murmur2\ndelivery.report.only.error = false\n",
-		    NULL, NULL, 0), 0);
+		                     NULL, NULL, 0),
+		    0);
 		obx_config_reset(&ok);
 	}
 	expect_error("[source]\nslot = x\n", "key 'bootstrap.servers': required in [kafka]");
@@ -398,8 +415,11 @@ test_kafka_properties(void **state)
 		struct obx_config cfg;
 
 		/* tuning that keeps the guarantees is fine */
-		assert_int_equal(load(&cfg, KAFKA "acks = all\nenable.idempotence = true\n"
-		    "compression.type = lz4\n", NULL, NULL, 0), 0);
+		assert_int_equal(load(&cfg,
+		                     KAFKA "acks = all\nenable.idempotence = true\n"
+		                           "compression.type = lz4\n",
+		                     NULL, NULL, 0),
+		    0);
 		obx_config_reset(&cfg);
 	}
 }
@@ -432,16 +452,19 @@ test_secrets_never_printed(void **state)
 	assert_non_null(strstr(errbuf, "key 'conninfo': not a valid libpq connection string"));
 	assert_null(strstr(errbuf, "hunter2"));
 	assert_int_equal(load(&cfg, KAFKA "[source]\nconninfo = postgresql://u:hunter2@db:99999999/x?bogus=1\n",
-	    NULL, NULL, 0), OBX_ECONFIG);
+	                     NULL, NULL, 0),
+	    OBX_ECONFIG);
 	obx_config_reset(&cfg);
 	assert_null(strstr(errbuf, "hunter2"));
 
 	/* redaction, key/value and URI forms */
-	assert_int_equal(obx_conninfo_redact("host=db user=app password=hunter2 dbname=shop", out, sizeof(out)), 0);
+	assert_int_equal(obx_conninfo_redact("host=db user=app password=hunter2 dbname=shop", out, sizeof(out)),
+	    0);
 	assert_null(strstr(out, "hunter2"));
 	assert_non_null(strstr(out, "password=********"));
 	assert_non_null(strstr(out, "host=db"));
-	assert_int_equal(obx_conninfo_redact("postgresql://app:hunter2@db:5432/shop?sslmode=require", out, sizeof(out)), 0);
+	assert_int_equal(
+	    obx_conninfo_redact("postgresql://app:hunter2@db:5432/shop?sslmode=require", out, sizeof(out)), 0);
 	assert_null(strstr(out, "hunter2"));
 	assert_non_null(strstr(out, "user=app"));
 	assert_non_null(strstr(out, "sslmode=require"));
@@ -476,7 +499,7 @@ test_environment_and_set_overrides(void **state)
 
 	(void)state;
 	assert_int_equal(load(&cfg, KAFKA "[source]\nslot = from_file\npublication = pf\n", env, sets, 2), 0);
-	assert_string_equal(cfg.slot, "from_set");          /* --set beats env beats file */
+	assert_string_equal(cfg.slot, "from_set"); /* --set beats env beats file */
 	assert_string_equal(cfg.publication, "pf");
 	assert_int_equal(cfg.status_interval_ms, 2000);
 	assert_int_equal(cfg.max_inflight, 7);
@@ -501,11 +524,13 @@ test_environment_and_set_overrides(void **state)
 
 		assert_int_equal(load(&cfg, KAFKA, env3, NULL, 0), OBX_ECONFIG);
 		obx_config_reset(&cfg);
-		assert_string_equal(errbuf, "config environment OUTBOXD_SOURCE_STATUS_INTERVAL: "
+		assert_string_equal(errbuf,
+		    "config environment OUTBOXD_SOURCE_STATUS_INTERVAL: "
 		    "key 'status_interval': expected a duration such as 10s or 500ms, got 'soon'");
 		assert_int_equal(load(&cfg, KAFKA, env4, NULL, 0), OBX_ECONFIG);
 		obx_config_reset(&cfg);
-		assert_non_null(strstr(errbuf, "environment OUTBOXD_SORCE_SLOT: section 'sorce': unknown section"));
+		assert_non_null(strstr(errbuf,
+		    "environment OUTBOXD_SORCE_SLOT: section 'sorce': unknown section"));
 		assert_int_equal(load(&cfg, KAFKA, env5, NULL, 0), OBX_ECONFIG);
 		obx_config_reset(&cfg);
 		assert_non_null(strstr(errbuf, "expected OUTBOXD_<SECTION>_<KEY>"));
@@ -617,7 +642,8 @@ test_values_from_files(void **state)
 
 		assert_int_equal(load(&cfg, KAFKA, env, NULL, 0), OBX_ECONFIG);
 		obx_config_reset(&cfg);
-		assert_non_null(strstr(errbuf, "config environment OUTBOXD_SOURCE_CONNINFO_FILE: could not open /tmp/obx-secret."));
+		assert_non_null(strstr(errbuf,
+		    "config environment OUTBOXD_SOURCE_CONNINFO_FILE: could not open /tmp/obx-secret."));
 		assert_null(strstr(errbuf, "s3cr3t"));
 	}
 	/* an unknown key stays an error through a file too */
@@ -802,7 +828,8 @@ test_reserved_header_mapping_refused(void **state)
 	(void)state;
 	for (size_t i = 0; i < sizeof(reserved) / sizeof(reserved[0]); i++) {
 		snprintf(text, sizeof(text), KAFKA "[outbox]\nheader.%s = type\n", reserved[i]);
-		snprintf(want, sizeof(want), ":4: key 'header.%s': header '%s' is reserved: outboxd writes it "
+		snprintf(want, sizeof(want),
+		    ":4: key 'header.%s': header '%s' is reserved: outboxd writes it "
 		    "itself (reserved: id, type, lsn, seq, xid, commit_ts, txn, snapshot); choose another name",
 		    reserved[i], reserved[i]);
 		expect_error(text, want);
@@ -811,7 +838,8 @@ test_reserved_header_mapping_refused(void **state)
 	/* the same through --set, and any other name is the user's */
 	obx_config_init(&cfg);
 	assert_int_equal(obx_config_set(&cfg, "outbox", "header.id", "type", "--set", false, errbuf,
-	    sizeof(errbuf)), OBX_ECONFIG);
+	                     sizeof(errbuf)),
+	    OBX_ECONFIG);
 	assert_non_null(strstr(errbuf, "config --set: key 'header.id': header 'id' is reserved"));
 	assert_int_equal(cfg.n_extra_headers, 0);
 	set_ok(&cfg, "outbox", "header.ID", "type");
@@ -834,12 +862,14 @@ test_io_checks_come_from_the_loader(void **state)
 
 	cfg.checks = &obx_config_io_checks;
 	assert_int_equal(obx_config_set(&cfg, "kafka", "another.unknown", "1", "test", false, errbuf,
-	    sizeof(errbuf)), OBX_ECONFIG);
+	                     sizeof(errbuf)),
+	    OBX_ECONFIG);
 	assert_string_equal(errbuf, "config test: key 'another.unknown': unknown librdkafka property");
-	assert_int_equal(obx_config_set(&cfg, "kafka", "linger.ms", "5", "test", false, errbuf,
-	    sizeof(errbuf)), 0);
-	assert_int_equal(obx_config_set(&cfg, "source", "conninfo", "host='unclosed", "test", false,
-	    errbuf, sizeof(errbuf)), OBX_ECONFIG);
+	assert_int_equal(obx_config_set(&cfg, "kafka", "linger.ms", "5", "test", false, errbuf, sizeof(errbuf)),
+	    0);
+	assert_int_equal(obx_config_set(&cfg, "source", "conninfo", "host='unclosed", "test", false, errbuf,
+	                     sizeof(errbuf)),
+	    OBX_ECONFIG);
 	assert_non_null(strstr(errbuf, "key 'conninfo': not a valid libpq connection string"));
 	set_ok(&cfg, "source", "conninfo", "host=db dbname=shop");
 	obx_config_reset(&cfg);
@@ -883,9 +913,13 @@ test_exactly_once_keys(void **state)
 	assert_int_equal(cfg.txn_max_bytes, 16 << 20);
 	assert_int_equal(cfg.txn_max_ms, 100);
 	obx_config_reset(&cfg);
-	assert_int_equal(load(&cfg, KAFKA "[delivery]\nexactly_once = on\ntransactional_id = orders-eos\n"
-	    "progress_topic = ops.progress\ntransaction_max_events = 500\ntransaction_max_bytes = 1MiB\n"
-	    "transaction_max_time = 20ms\n", NULL, NULL, 0), 0);
+	assert_int_equal(
+	    load(&cfg,
+	        KAFKA "[delivery]\nexactly_once = on\ntransactional_id = orders-eos\n"
+	              "progress_topic = ops.progress\ntransaction_max_events = 500\ntransaction_max_bytes = 1MiB\n"
+	              "transaction_max_time = 20ms\n",
+	        NULL, NULL, 0),
+	    0);
 	assert_true(cfg.exactly_once);
 	assert_string_equal(cfg.transactional_id, "orders-eos");
 	assert_string_equal(cfg.progress_topic, "ops.progress");
@@ -893,7 +927,8 @@ test_exactly_once_keys(void **state)
 	assert_int_equal(cfg.txn_max_bytes, 1 << 20);
 	assert_int_equal(cfg.txn_max_ms, 20);
 	obx_config_reset(&cfg);
-	expect_error(KAFKA "[delivery]\nexactly_once = maybe\n", "key 'exactly_once': expected on or off, got 'maybe'");
+	expect_error(KAFKA "[delivery]\nexactly_once = maybe\n",
+	    "key 'exactly_once': expected on or off, got 'maybe'");
 	expect_error(KAFKA "[delivery]\ntransaction_max_events = 0\n",
 	    "key 'transaction_max_events': '0' is out of range (1 to 10000000)");
 	expect_error(KAFKA "[delivery]\ntransaction_max_time = 2min\n",
@@ -921,8 +956,11 @@ test_snapshot_keys(void **state)
 	assert_false(cfg.snapshot);
 	assert_string_equal(cfg.snapshot_filter, "");
 	obx_config_reset(&cfg);
-	assert_int_equal(load(&cfg, KAFKA "[source]\nsnapshot = pending\n"
-	    "snapshot_filter = created_at > now() - interval '7 days'\n", NULL, NULL, 0), 0);
+	assert_int_equal(load(&cfg,
+	                     KAFKA "[source]\nsnapshot = pending\n"
+	                           "snapshot_filter = created_at > now() - interval '7 days'\n",
+	                     NULL, NULL, 0),
+	    0);
 	assert_true(cfg.snapshot);
 	assert_string_equal(cfg.snapshot_filter, "created_at > now() - interval '7 days'");
 	obx_config_reset(&cfg);
@@ -945,8 +983,8 @@ test_snapshot_keys(void **state)
 		assert_non_null(strstr(errbuf, "key 'snapshot_filter': must be one SQL condition"));
 		obx_config_reset(&cfg);
 	}
-	assert_int_equal(load(&cfg, KAFKA "[source]\nsnapshot_filter = type <> 'a' || chr(59) || 'b'\n",
-	    NULL, NULL, 0), 0);
+	assert_int_equal(
+	    load(&cfg, KAFKA "[source]\nsnapshot_filter = type <> 'a' || chr(59) || 'b'\n", NULL, NULL, 0), 0);
 	obx_config_reset(&cfg);
 	expect_error(KAFKA "[source]\nsnapshot = on\n", "key 'snapshot': expected pending or none, got 'on'");
 	expect_error(KAFKA "[source]\nsnapshot = initial\n",
@@ -958,8 +996,8 @@ test_snapshot_keys(void **state)
 	/* snapshot = none says nothing against either */
 	assert_int_equal(load(&cfg, KAFKA "[source]\nmode = poll\nsnapshot = none\n", NULL, NULL, 0), 0);
 	obx_config_reset(&cfg);
-	assert_int_equal(load(&cfg, KAFKA "[source]\nsnapshot = none\n[delivery]\nexactly_once = on\n", NULL,
-	    NULL, 0), 0);
+	assert_int_equal(
+	    load(&cfg, KAFKA "[source]\nsnapshot = none\n[delivery]\nexactly_once = on\n", NULL, NULL, 0), 0);
 	obx_config_reset(&cfg);
 	assert_int_equal(load(&cfg, KAFKA, NULL, NULL, 0), 0);
 	assert_int_equal(load(&other, KAFKA "[source]\nsnapshot_filter = true\n", NULL, NULL, 0), 0);

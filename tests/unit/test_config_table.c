@@ -132,11 +132,11 @@ test_every_key_compared_and_read_back(void **state)
 		assert_string_equal(names[0], k->group != NULL ? k->group : k->diff_name);
 		assert_int_equal(obx_cfg_format(&b, k, out, sizeof(out)), 0);
 		assert_int_equal(obx_config_init(&c), 0);
-		assert_int_equal(obx_config_set(&c, k->section, k->name, out, "test", false, errbuf,
-		    sizeof(errbuf)), 0);
+		assert_int_equal(
+		    obx_config_set(&c, k->section, k->name, out, "test", false, errbuf, sizeof(errbuf)), 0);
 		if (obx_config_diff(&b, &c, names, 64) != 0)
-			fail_msg("[%s] %s = %s prints as '%s', which reads back otherwise", k->section,
-			    k->name, v, out);
+			fail_msg("[%s] %s = %s prints as '%s', which reads back otherwise", k->section, k->name, v,
+			    out);
 		obx_config_reset(&c);
 		obx_config_reset(&b);
 	}
@@ -162,10 +162,9 @@ test_maps(void **state)
 	assert_null(obx_cfg_find("outbox", "nosuch", &sub));
 	assert_int_equal(obx_config_init(&a), 0);
 	assert_int_equal(obx_config_init(&b), 0);
-	assert_int_equal(obx_config_set(&b, "outbox", "header.eventType", "type", "test", false, errbuf,
-	    sizeof(errbuf)), 0);
-	assert_int_equal(obx_config_set(&b, "kafka", "linger.ms", "5", "test", false, errbuf,
-	    sizeof(errbuf)), 0);
+	assert_int_equal(
+	    obx_config_set(&b, "outbox", "header.eventType", "type", "test", false, errbuf, sizeof(errbuf)), 0);
+	assert_int_equal(obx_config_set(&b, "kafka", "linger.ms", "5", "test", false, errbuf, sizeof(errbuf)), 0);
 	assert_int_equal(obx_config_diff(&a, &b, names, 8), 2);
 	assert_string_equal(names[0], "[outbox] header.*");
 	assert_string_equal(names[1], "[kafka]");
@@ -181,13 +180,12 @@ test_env_names(void **state)
 	const char *sub;
 
 	(void)state;
-	assert_int_equal(obx_cfg_env_name(obx_cfg_find("source", "status_interval", &sub), name,
-	    sizeof(name)), 0);
+	assert_int_equal(obx_cfg_env_name(obx_cfg_find("source", "status_interval", &sub), name, sizeof(name)), 0);
 	assert_string_equal(name, "OUTBOXD_SOURCE_STATUS_INTERVAL");
 	assert_int_equal(obx_cfg_env_name(obx_cfg_find("kafka", "x", &sub), name, sizeof(name)), 0);
 	assert_string_equal(name, "OUTBOXD_KAFKA_<NAME>");
-	assert_int_equal(obx_cfg_env_name(obx_cfg_find("outbox", "header.x", &sub), name,
-	    sizeof(name)), OBX_ENOENT);
+	assert_int_equal(obx_cfg_env_name(obx_cfg_find("outbox", "header.x", &sub), name, sizeof(name)),
+	    OBX_ENOENT);
 	assert_int_equal(obx_cfg_env_name(obx_cfg_find("source", "slot", &sub), name, 8), OBX_ERANGE);
 	/* every name the table gives is one the environment sets */
 	for (size_t i = 0; i < obx_cfg_nkeys; i++) {

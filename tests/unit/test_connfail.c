@@ -61,12 +61,17 @@ static void
 test_joined_messages(void **state)
 {
 	(void)state;
-	assert_int_equal(obx_connfail_class("connection to server at \"a\" failed: Connection refused; "
-	    "connection to server at \"b\" failed: FATAL:  password authentication failed for user "
-	    "\"outboxd\""), OBX_ECONFIG);
-	assert_int_equal(obx_connfail_class("could not translate host name \"a\" to address: "
-	    "Temporary failure in name resolution; connection to server at \"b\" failed: "
-	    "Connection refused"), OBX_EIO);
+	assert_int_equal(
+	    obx_connfail_class(
+	        "connection to server at \"a\" failed: Connection refused; "
+	        "connection to server at \"b\" failed: FATAL:  password authentication failed for user "
+	        "\"outboxd\""),
+	    OBX_ECONFIG);
+	assert_int_equal(
+	    obx_connfail_class("could not translate host name \"a\" to address: "
+	                       "Temporary failure in name resolution; connection to server at \"b\" failed: "
+	                       "Connection refused"),
+	    OBX_EIO);
 }
 
 int

@@ -149,7 +149,9 @@ teardown(void **state)
 }
 
 static const struct obx_header hdrs[] = {
-	{ "id", "e1", 2 }, { "lsn", "0/200", 5 }, { "xid", "7", 1 },
+	{ "id", "e1", 2 },
+	{ "lsn", "0/200", 5 },
+	{ "xid", "7", 1 },
 };
 
 static struct obx_record
@@ -181,8 +183,12 @@ report(size_t i, enum obx_report_status st, int64_t now)
 		h[n++] = (struct obx_header){ "original_topic", o->original_topic, strlen(o->original_topic) };
 	r = (struct obx_record){ o->topic, o->has_key ? o->key : NULL, strlen(o->key),
 		o->has_value ? o->value : NULL, strlen(o->value), 0, h, n };
-	return obx_dlv_report(&dlv, &(struct obx_report){ .opaque = o->opaque, .status = st,
-	    .error = "Broker: Message size too large", .error_name = "MSG_SIZE_TOO_LARGE", .record = r },
+	return obx_dlv_report(&dlv,
+	    &(struct obx_report){ .opaque = o->opaque,
+	        .status = st,
+	        .error = "Broker: Message size too large",
+	        .error_name = "MSG_SIZE_TOO_LARGE",
+	        .record = r },
 	    now, &res);
 }
 
@@ -310,7 +316,8 @@ test_dead_letter_ladder(void **state)
 	assert_string_equal(fk.recs[0].error, "scripted refusal 2");
 	assert_string_equal(fk.recs[0].key, "k");
 	assert_int_equal(fk.recs[0].nheaders, 5);
-	assert_non_null(strstr(fk.notes, "event id=e1 at lsn 0/200 cannot be published (scripted refusal 2): "
+	assert_non_null(strstr(fk.notes,
+	    "event id=e1 at lsn 0/200 cannot be published (scripted refusal 2): "
 	    "dead-lettering it to outbox.dead_letter"));
 	/* the broker refuses the copy: its headers alone, as they were */
 	assert_int_equal(report(0, OBX_REPORT_PERMANENT, 1), OBX_DLV_SENT);
@@ -322,7 +329,8 @@ test_dead_letter_ladder(void **state)
 	assert_true(obx_dlv_untag(fk.recs[1].opaque, &t) && t.dead_letter && t.bare && t.ticket == 1);
 	/* even that refused: nothing more can be done */
 	assert_int_equal(report(1, OBX_REPORT_PERMANENT, 2), OBX_DLV_STOP);
-	assert_non_null(strstr(res.reason, "could not dead-letter event id=e1 at lsn 0/200 to outbox.dead_letter"));
+	assert_non_null(strstr(res.reason,
+	    "could not dead-letter event id=e1 at lsn 0/200 to outbox.dead_letter"));
 	/* a copy acknowledged counts for its record */
 	send("t", 2, 3);
 	fk.script[fk.nscript++] = OBX_PRODUCE_OK;
@@ -352,7 +360,7 @@ test_attempts_policy(void **state)
 	assert_int_equal(obx_dlv_dead_letter(&dlv, &r, 3, "failed 5 time(s)", 2, &res), OBX_DLV_SENT);
 	assert_string_equal(fk.recs[1].topic, "outbox.dead_letter");
 	assert_string_equal(fk.recs[1].error, "failed 5 time(s)");
-	assert_int_equal(report(1, OBX_REPORT_PERMANENT, 3), OBX_DLV_SENT); /* headers alone */
+	assert_int_equal(report(1, OBX_REPORT_PERMANENT, 3), OBX_DLV_SENT);  /* headers alone */
 	assert_int_equal(report(2, OBX_REPORT_PERMANENT, 4), OBX_DLV_RETRY); /* the row fails again */
 }
 
@@ -413,7 +421,8 @@ test_missing_topic_then_on_error(void **state)
 	assert_string_equal(fk.recs[2].original_topic, "gone");
 	/* the copy's topic is missing too: stop, naming it */
 	assert_int_equal(report(2, OBX_REPORT_MISSING_TOPIC, 6600), OBX_DLV_STOP);
-	assert_non_null(strstr(res.reason, "the dead-letter topic outbox.dead_letter does not exist: event id=e1 "
+	assert_non_null(strstr(res.reason,
+	    "the dead-letter topic outbox.dead_letter does not exist: event id=e1 "
 	    "for gone"));
 	/* an acknowledgement of the topic ends its wait */
 	send("gone", 4, 7000);

@@ -48,7 +48,7 @@ static struct {
 	struct obx_delivery dlv;
 	unsigned seed;
 	bool faults;
-	bool burst;                  /* send without waiting for room, as the rows of one transaction go */
+	bool burst; /* send without waiting for room, as the rows of one transaction go */
 	size_t nrows;
 	size_t sizes[MAXROWS];
 	int keys[MAXROWS];
@@ -56,7 +56,7 @@ static struct {
 	struct flight fl[MAXFLIGHT]; /* produced, not reported yet, in produce order */
 	size_t nfl;
 	bool acked[MAXROWS];
-	long last_row_of_key[KEYS];  /* the last row of each key the broker took in this run */
+	long last_row_of_key[KEYS]; /* the last row of each key the broker took in this run */
 	uint32_t gen;
 	size_t max_record;
 } M;
@@ -75,7 +75,8 @@ row_of(const struct obx_record *r)
 			char buf[24];
 
 			/* a header's value is len bytes, not a string (pending copies end there) */
-			snprintf(buf, sizeof(buf), "%.*s", (int)r->headers[i].len, (const char *)r->headers[i].value);
+			snprintf(buf, sizeof(buf), "%.*s", (int)r->headers[i].len,
+			    (const char *)r->headers[i].value);
 			return (size_t)strtoul(buf, NULL, 10);
 		}
 	fail_msg("a record without its seq header");
@@ -183,10 +184,15 @@ report_one(int64_t now)
 		st = OBX_REPORT_MISSING_TOPIC;
 	snprintf(seq, sizeof(seq), "%zu", f.row);
 	h[0] = (struct obx_header){ "seq", seq, strlen(seq) };
-	return outcome(obx_dlv_report(&M.dlv, &(struct obx_report){ .opaque = f.opaque, .status = st,
-	    .error = "failed at random", .error_name = "X", .record = { f.dl ? "dl" : "t",
-	    f.bare ? NULL : "k", f.bare ? 0 : 1, f.bare ? NULL : M.values[f.row],
-	    f.bare ? 0 : f.bytes - 1, 0, h, 1 } }, now, &res), &res);
+	return outcome(obx_dlv_report(&M.dlv,
+	                   &(struct obx_report){ .opaque = f.opaque,
+	                       .status = st,
+	                       .error = "failed at random",
+	                       .error_name = "X",
+	                       .record = { f.dl ? "dl" : "t", f.bare ? NULL : "k", f.bare ? 0 : 1,
+	                           f.bare ? NULL : M.values[f.row], f.bare ? 0 : f.bytes - 1, 0, h, 1 } },
+	                   now, &res),
+	    &res);
 }
 
 /* One run from the first row: 0 finished, 1 ended (start again), 2 stopped for good. */
@@ -249,8 +255,9 @@ test_model(void **state)
 		memset(&M, 0, sizeof(M));
 		M.seed = 0x5eed + iter;
 		obx_config_init(&M.cfg);
-		assert_int_equal(obx_config_set(&M.cfg, "delivery", "on_error", rnd(4) == 0 ? "stop" :
-		    "dead_letter", "model", false, err, sizeof(err)), 0);
+		assert_int_equal(obx_config_set(&M.cfg, "delivery", "on_error",
+		                     rnd(4) == 0 ? "stop" : "dead_letter", "model", false, err, sizeof(err)),
+		    0);
 		M.cfg.max_inflight = 1 + (int)rnd(16);
 		M.cfg.max_inflight_bytes = 1024 + rnd(8192);
 		M.cfg.missing_topic_timeout_ms = 200;

@@ -43,15 +43,26 @@ row(struct fixture *f, const char *nsp, const char *rel, const struct col *cols,
 	struct bytes w = { .n = 0 };
 	struct obx_pgmsg m;
 
-	put8(&w, 'R'); put32(&w, 1); putstr(&w, nsp); putstr(&w, rel); put8(&w, 'd'); put16(&w, (uint16_t)n);
+	put8(&w, 'R');
+	put32(&w, 1);
+	putstr(&w, nsp);
+	putstr(&w, rel);
+	put8(&w, 'd');
+	put16(&w, (uint16_t)n);
 	for (int i = 0; i < n; i++) {
-		put8(&w, 0); putstr(&w, cols[i].name); put32(&w, cols[i].oid); put32(&w, 0xffffffff);
+		put8(&w, 0);
+		putstr(&w, cols[i].name);
+		put32(&w, cols[i].oid);
+		put32(&w, 0xffffffff);
 	}
 	assert_int_equal(obx_pgoutput_decode(&f->dec, w.b, w.n, &m), 0);
 	assert_int_equal(obx_relcache_update(&f->rc, &m), 0);
 	f->rel = obx_relcache_get(&f->rc, 1);
 	f->tup.n = 0;
-	put8(&f->tup, 'I'); put32(&f->tup, 1); put8(&f->tup, 'N'); put16(&f->tup, (uint16_t)n);
+	put8(&f->tup, 'I');
+	put32(&f->tup, 1);
+	put8(&f->tup, 'N');
+	put16(&f->tup, (uint16_t)n);
 	for (int i = 0; i < n; i++) {
 		if (cols[i].value == NULL)
 			put8(&f->tup, 'n');
@@ -129,7 +140,8 @@ test_debezium_defaults(void **state)
 	assert_int_equal(obx_event_builder_init(&f->eb, &f->cfg), 0);
 	row(f, "public", "outbox", debezium_cols, 5);
 	assert_true(obx_event_is_outbox(&f->eb, f->rel));
-	assert_int_equal(obx_event_build(&f->eb, f->rel, &f->ins.u.insert.tuple, &txn, 3, &e, errbuf, sizeof(errbuf)), 0);
+	assert_int_equal(
+	    obx_event_build(&f->eb, f->rel, &f->ins.u.insert.tuple, &txn, 3, &e, errbuf, sizeof(errbuf)), 0);
 	assert_string_equal(e.topic, "outbox.event.order");
 	assert_int_equal(e.keylen, 4);
 	assert_memory_equal(e.key, "o-42", 4);
@@ -173,7 +185,8 @@ test_other_names_template_and_extras(void **state)
 	assert_int_equal(obx_event_builder_init(&f->eb, &f->cfg), 0);
 	row(f, "billing", "events", cols, 6);
 	assert_true(obx_event_is_outbox(&f->eb, f->rel));
-	assert_int_equal(obx_event_build(&f->eb, f->rel, &f->ins.u.insert.tuple, &txn, 0, &e, errbuf, sizeof(errbuf)), 0);
+	assert_int_equal(
+	    obx_event_build(&f->eb, f->rel, &f->ins.u.insert.tuple, &txn, 0, &e, errbuf, sizeof(errbuf)), 0);
 	assert_string_equal(e.topic, "billing.invoice.v1");
 	assert_int_equal(e.len, 3); /* bytea: raw bytes, not \x hex */
 	assert_memory_equal(e.value, "\x00\xff\x41", 3);
@@ -197,38 +210,49 @@ test_rows_that_cannot_become_events(void **state)
 	memcpy(cols, debezium_cols, sizeof(cols));
 	cols[2].value = NULL;
 	row(f, "public", "outbox", cols, 5);
-	assert_int_equal(obx_event_build(&f->eb, f->rel, &f->ins.u.insert.tuple, &txn, 0, &e, errbuf, sizeof(errbuf)), OBX_EINVAL);
+	assert_int_equal(obx_event_build(&f->eb, f->rel, &f->ins.u.insert.tuple, &txn, 0, &e, errbuf,
+	                     sizeof(errbuf)),
+	    OBX_EINVAL);
 	assert_string_equal(errbuf, "key column 'aggregateid' is NULL");
 
 	memcpy(cols, debezium_cols, sizeof(cols));
 	cols[0].value = NULL;
 	row(f, "public", "outbox", cols, 5);
-	assert_int_equal(obx_event_build(&f->eb, f->rel, &f->ins.u.insert.tuple, &txn, 0, &e, errbuf, sizeof(errbuf)), OBX_EINVAL);
+	assert_int_equal(obx_event_build(&f->eb, f->rel, &f->ins.u.insert.tuple, &txn, 0, &e, errbuf,
+	                     sizeof(errbuf)),
+	    OBX_EINVAL);
 	assert_string_equal(errbuf, "id column 'id' is NULL");
 
 	memcpy(cols, debezium_cols, sizeof(cols));
 	cols[1].value = NULL;
 	row(f, "public", "outbox", cols, 5);
-	assert_int_equal(obx_event_build(&f->eb, f->rel, &f->ins.u.insert.tuple, &txn, 0, &e, errbuf, sizeof(errbuf)), OBX_EINVAL);
+	assert_int_equal(obx_event_build(&f->eb, f->rel, &f->ins.u.insert.tuple, &txn, 0, &e, errbuf,
+	                     sizeof(errbuf)),
+	    OBX_EINVAL);
 	assert_string_equal(errbuf, "topic column 'aggregatetype' is NULL");
 
 	memcpy(cols, debezium_cols, sizeof(cols));
 	cols[1].value = "bad topic!";
 	row(f, "public", "outbox", cols, 5);
-	assert_int_equal(obx_event_build(&f->eb, f->rel, &f->ins.u.insert.tuple, &txn, 0, &e, errbuf, sizeof(errbuf)), OBX_EINVAL);
+	assert_int_equal(obx_event_build(&f->eb, f->rel, &f->ins.u.insert.tuple, &txn, 0, &e, errbuf,
+	                     sizeof(errbuf)),
+	    OBX_EINVAL);
 	assert_non_null(strstr(errbuf, "is not a valid Kafka topic name"));
 
 	memcpy(cols, debezium_cols, sizeof(cols));
 	cols[3].name = "kind"; /* the table lost its 'type' column */
 	row(f, "public", "outbox", cols, 5);
-	assert_int_equal(obx_event_build(&f->eb, f->rel, &f->ins.u.insert.tuple, &txn, 0, &e, errbuf, sizeof(errbuf)), OBX_EINVAL);
+	assert_int_equal(obx_event_build(&f->eb, f->rel, &f->ins.u.insert.tuple, &txn, 0, &e, errbuf,
+	                     sizeof(errbuf)),
+	    OBX_EINVAL);
 	assert_string_equal(errbuf, "column 'type' (type) is missing from the outbox table");
 
 	/* a NULL payload is a tombstone, not an error */
 	memcpy(cols, debezium_cols, sizeof(cols));
 	cols[4].value = NULL;
 	row(f, "public", "outbox", cols, 5);
-	assert_int_equal(obx_event_build(&f->eb, f->rel, &f->ins.u.insert.tuple, &txn, 0, &e, errbuf, sizeof(errbuf)), 0);
+	assert_int_equal(
+	    obx_event_build(&f->eb, f->rel, &f->ins.u.insert.tuple, &txn, 0, &e, errbuf, sizeof(errbuf)), 0);
 	assert_null(e.value);
 
 	/* other tables are not the outbox */
@@ -269,17 +293,20 @@ test_reserved_header_names(void **state)
 		snprintf(hdrs, sizeof(hdrs), "{\"tenant\": \"t1\", \"%s\": \"x\"}", obx_reserved_headers[i]);
 		row(f, "public", "outbox", cols, 6);
 		assert_int_equal(obx_event_build(&f->eb, f->rel, &f->ins.u.insert.tuple, &txn, 0, &e, errbuf,
-		    sizeof(errbuf)), OBX_EINVAL);
-		snprintf(want, sizeof(want), "headers column 'headers' holds header '%s', a name outboxd "
-		    "writes itself (reserved: %s)", obx_reserved_headers[i], OBX_RESERVED_HEADERS);
+		                     sizeof(errbuf)),
+		    OBX_EINVAL);
+		snprintf(want, sizeof(want),
+		    "headers column 'headers' holds header '%s', a name outboxd "
+		    "writes itself (reserved: %s)",
+		    obx_reserved_headers[i], OBX_RESERVED_HEADERS);
 		assert_string_equal(errbuf, want);
 	}
 
 	/* other names, and the same letters in another case, are the user's */
 	snprintf(hdrs, sizeof(hdrs), "{\"tenant\": \"t1\", \"ID\": \"x\"}");
 	row(f, "public", "outbox", cols, 6);
-	assert_int_equal(obx_event_build(&f->eb, f->rel, &f->ins.u.insert.tuple, &txn, 0, &e, errbuf,
-	    sizeof(errbuf)), 0);
+	assert_int_equal(
+	    obx_event_build(&f->eb, f->rel, &f->ins.u.insert.tuple, &txn, 0, &e, errbuf, sizeof(errbuf)), 0);
 	expect_hdr(&e, "id", debezium_cols[0].value);
 	expect_hdr(&e, "ID", "x");
 	expect_hdr(&e, "tenant", "t1");

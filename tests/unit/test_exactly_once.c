@@ -62,8 +62,11 @@ test_source_init(void **state)
 static void
 test_record_from_batch(void **state)
 {
-	struct obx_core_progress p = { .mark = { 0x16B3A28, 7, 0 }, .mark_commit_time = 12000000,
-		.end_lsn = 0x16B3B00, .commit_time = 13000000, .records = 42 };
+	struct obx_core_progress p = { .mark = { 0x16B3A28, 7, 0 },
+		.mark_commit_time = 12000000,
+		.end_lsn = 0x16B3B00,
+		.commit_time = 13000000,
+		.records = 42 };
 	struct obx_progress_source src;
 	struct obx_progress pr, back;
 	char errbuf[256], *v;
@@ -104,24 +107,27 @@ test_floor(void **state)
 	    OBX_PROGRESS_FLOOR_NEW_SLOT);
 	assert_string_equal(line, "exactly-once: transactional.id t1; a new slot, nothing to skip");
 	assert_int_equal(obx_progress_floor(&cfg, "t1", &now, 0x6000, false, OBX_EIO, "timed out", &rec, line,
-	    sizeof(line)), OBX_PROGRESS_FLOOR_UNREADABLE);
-	assert_non_null(strstr(line, "could not read the progress of slot outboxd from outboxd.progress: timed out"));
-	assert_int_equal(obx_progress_floor(&cfg, "t1", &now, 0x6000, false, 0, NULL, &rec, line,
-	    sizeof(line)), OBX_PROGRESS_FLOOR_NONE);
+	                     sizeof(line)),
+	    OBX_PROGRESS_FLOOR_UNREADABLE);
+	assert_non_null(strstr(line,
+	    "could not read the progress of slot outboxd from outboxd.progress: timed out"));
+	assert_int_equal(obx_progress_floor(&cfg, "t1", &now, 0x6000, false, 0, NULL, &rec, line, sizeof(line)),
+	    OBX_PROGRESS_FLOOR_NONE);
 	assert_non_null(strstr(line, "transactional.id t1; no progress record of it in outboxd.progress yet"));
-	assert_int_equal(obx_progress_floor(&cfg, "t1", &now, 0x6000, false, 1, NULL, &rec, line,
-	    sizeof(line)), OBX_PROGRESS_FLOOR_TRUSTED);
-	assert_string_equal(line, "exactly-once: transactional.id t1; the last committed Kafka transaction "
+	assert_int_equal(obx_progress_floor(&cfg, "t1", &now, 0x6000, false, 1, NULL, &rec, line, sizeof(line)),
+	    OBX_PROGRESS_FLOOR_TRUSTED);
+	assert_string_equal(line,
+	    "exactly-once: transactional.id t1; the last committed Kafka transaction "
 	    "ends at event lsn 0/5000 seq 2: replayed events up to it are not sent again once the replay "
 	    "meets that transaction");
 	/* the server went back below the mark: not this history */
-	assert_int_equal(obx_progress_floor(&cfg, "t1", &now, 0x4000, false, 1, NULL, &rec, line,
-	    sizeof(line)), OBX_PROGRESS_FLOOR_UNTRUSTED);
+	assert_int_equal(obx_progress_floor(&cfg, "t1", &now, 0x4000, false, 1, NULL, &rec, line, sizeof(line)),
+	    OBX_PROGRESS_FLOOR_UNTRUSTED);
 	assert_non_null(strstr(line, "the last progress record of transactional.id t1 marks lsn 0/5000"));
 	assert_non_null(strstr(line, ": not skipping anything this session (events may be published again)"));
 	now.timeline = 2;
-	assert_int_equal(obx_progress_floor(&cfg, "t1", &now, 0x6000, false, 1, NULL, &rec, line,
-	    sizeof(line)), OBX_PROGRESS_FLOOR_UNTRUSTED);
+	assert_int_equal(obx_progress_floor(&cfg, "t1", &now, 0x6000, false, 1, NULL, &rec, line, sizeof(line)),
+	    OBX_PROGRESS_FLOOR_UNTRUSTED);
 	assert_non_null(strstr(line, "timeline"));
 }
 
@@ -137,8 +143,10 @@ test_txn_init_end(void **state)
 	assert_int_equal(obx_core_txn_init_end(OBX_EFENCED, "t1", 15000, errbuf, sizeof(errbuf)),
 	    OBX_CORE_END_FATAL);
 	assert_string_equal(errbuf, "kept");
-	assert_int_equal(obx_core_txn_init_end(OBX_EABORT, "t1", 15000, errbuf, sizeof(errbuf)), OBX_CORE_END_RETRY);
-	assert_int_equal(obx_core_txn_init_end(OBX_EFATAL, "t1", 15000, errbuf, sizeof(errbuf)), OBX_CORE_END_RETRY);
+	assert_int_equal(obx_core_txn_init_end(OBX_EABORT, "t1", 15000, errbuf, sizeof(errbuf)),
+	    OBX_CORE_END_RETRY);
+	assert_int_equal(obx_core_txn_init_end(OBX_EFATAL, "t1", 15000, errbuf, sizeof(errbuf)),
+	    OBX_CORE_END_RETRY);
 	assert_string_equal(errbuf, "kept");
 	assert_int_equal(obx_core_txn_init_end(OBX_ETIMEDOUT, "t1", 15000, errbuf, sizeof(errbuf)),
 	    OBX_CORE_END_RETRY);

@@ -25,7 +25,8 @@
 #define V3 OBX_FIXTURE_DIR "/pg15-v3.hex"
 #define V1BIN OBX_FIXTURE_DIR "/pg15-v1-binary.hex"
 
-static struct fx_msg *load(const char *path, long *n)
+static struct fx_msg *
+load(const char *path, long *n)
 {
 	struct fx_msg *m = NULL;
 
@@ -65,7 +66,8 @@ test_v3_capture(void **state)
 	long n, published = 0, big = 0, big_rolled = 0, gone = 0, aborts_sub = 0, aborts_whole = 0;
 	uint32_t stream_xid = 0, seq = 0;
 	struct fx_msg *fx;
-	bool saw_u = false, saw_old_key = false, saw_old_tuple = false, saw_null_payload = false, saw_origin = false, saw_enum = false;
+	bool saw_u = false, saw_old_key = false, saw_old_tuple = false, saw_null_payload = false,
+	     saw_origin = false, saw_enum = false;
 
 	(void)state;
 	fx = load(V3, &n);
@@ -109,19 +111,23 @@ test_v3_capture(void **state)
 				break;
 			if (dec.in_stream) {
 				assert_true(m.xid != 0);
-				assert_int_equal(obx_streambuf_add(&sb, stream_xid, m.xid, rel, &m.u.insert.tuple), 0);
+				assert_int_equal(obx_streambuf_add(&sb, stream_xid, m.xid, rel, &m.u.insert.tuple),
+				    0);
 				break;
 			}
 			assert_int_equal(obx_event_build(&eb, rel, &m.u.insert.tuple, &txn, seq++, &ev, errbuf,
-			    sizeof(errbuf)), 0);
+			                     sizeof(errbuf)),
+			    0);
 			published++;
 			if (strcmp(ev.id, "00000000-0000-4000-8000-000000000001") == 0) {
 				assert_string_equal(ev.topic, "outbox.event.order");
 				assert_int_equal(ev.keylen, 3);
 				assert_memory_equal(ev.key, "o-1", 3);
 				/* jsonb's own text, byte for byte, non-BMP included */
-				assert_int_equal(ev.len, strlen("{\"s\": \"caf\xc3\xa9 \xf0\x9f\x98\x80\", \"total\": 12.5}"));
-				assert_memory_equal(ev.value, "{\"s\": \"caf\xc3\xa9 \xf0\x9f\x98\x80\", \"total\": 12.5}", ev.len);
+				assert_int_equal(ev.len,
+				    strlen("{\"s\": \"caf\xc3\xa9 \xf0\x9f\x98\x80\", \"total\": 12.5}"));
+				assert_memory_equal(ev.value,
+				    "{\"s\": \"caf\xc3\xa9 \xf0\x9f\x98\x80\", \"total\": 12.5}", ev.len);
 			}
 			if (strcmp(ev.id, "00000000-0000-4000-8000-000000000002") == 0)
 				saw_null_payload = ev.value == NULL;
@@ -151,10 +157,12 @@ test_v3_capture(void **state)
 		case 'A':
 			if (m.u.stream_abort.subxid == m.u.stream_abort.xid) {
 				aborts_whole++;
-				gone += (long)obx_streambuf_abort(&sb, m.u.stream_abort.xid, m.u.stream_abort.subxid);
+				gone += (long)obx_streambuf_abort(&sb, m.u.stream_abort.xid,
+				    m.u.stream_abort.subxid);
 			} else {
 				aborts_sub++;
-				big_rolled += (long)obx_streambuf_abort(&sb, m.u.stream_abort.xid, m.u.stream_abort.subxid);
+				big_rolled += (long)obx_streambuf_abort(&sb, m.u.stream_abort.xid,
+				    m.u.stream_abort.subxid);
 			}
 			break;
 		case 'c': {
@@ -168,7 +176,8 @@ test_v3_capture(void **state)
 				long v;
 
 				assert_int_equal(obx_event_build(&eb, &t->rels[t->rows[r].rel], &t->rows[r].tuple,
-				    &st, (uint32_t)r, &ev, errbuf, sizeof(errbuf)), 0);
+				                     &st, (uint32_t)r, &ev, errbuf, sizeof(errbuf)),
+				    0);
 				v = value_n(&ev);
 				/* the rolled-back savepoint held n = 400..699 */
 				assert_true((v >= 100 && v <= 399) || (v >= 700 && v <= 999));
@@ -178,9 +187,13 @@ test_v3_capture(void **state)
 			obx_streambuf_drop(&sb, m.u.stream_commit.xid);
 			break;
 		}
-		case 'b': case 'P': case 'K': case 'r': case 'p':
-			assert_true(strncmp(m.type == 'r' ? m.u.rollback_prepared.gid : m.u.prepared.gid,
-			    "fx-", 3) == 0);
+		case 'b':
+		case 'P':
+		case 'K':
+		case 'r':
+		case 'p':
+			assert_true(strncmp(m.type == 'r' ? m.u.rollback_prepared.gid : m.u.prepared.gid, "fx-",
+			                3) == 0);
 			break;
 		default:
 			break;
@@ -196,11 +209,12 @@ test_v3_capture(void **state)
 	assert_true(saw_origin);
 	assert_true(saw_enum);
 	assert_int_equal(big, 600);
-	assert_true(big_rolled > 0);  /* streamed rows of the savepoint, discarded */
-	assert_true(gone > 0);        /* streamed rows of the rolled-back transaction */
+	assert_true(big_rolled > 0); /* streamed rows of the savepoint, discarded */
+	assert_true(gone > 0);       /* streamed rows of the rolled-back transaction */
 	assert_true(aborts_sub >= 1 && aborts_whole >= 1);
 	assert_true(published >= 5);
-	assert_int_equal(obx_streambuf_open(&sb), 1); /* the streamed prepared one: Stream Prepare, no Stream Commit */
+	assert_int_equal(obx_streambuf_open(&sb),
+	    1); /* the streamed prepared one: Stream Prepare, no Stream Commit */
 	obx_streambuf_reset(&sb);
 	obx_event_builder_reset(&eb);
 	obx_relcache_reset(&rc);
@@ -267,8 +281,8 @@ test_truncation_everywhere(void **state)
 				memcpy(copy, fx[i].data, cut);
 				dec.in_stream = in_stream;
 				if (obx_pgoutput_decode(&dec, copy, cut, &m) != OBX_EPROTO)
-					fail_msg("%s message %ld (%c) cut to %zu of %zu bytes decoded", files[f], i,
-					    fx[i].data[0], cut, fx[i].len);
+					fail_msg("%s message %ld (%c) cut to %zu of %zu bytes decoded", files[f],
+					    i, fx[i].data[0], cut, fx[i].len);
 				free(copy);
 			}
 			copy = malloc(fx[i].len + 1);

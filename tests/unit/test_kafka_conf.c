@@ -32,7 +32,8 @@ test_defaults_and_guarantees(void **state)
 
 	(void)state;
 	obx_config_init(&cfg);
-	assert_int_equal(obx_config_set(&cfg, "kafka", "bootstrap.servers", "h:1", "t", false, err, sizeof(err)), 0);
+	assert_int_equal(obx_config_set(&cfg, "kafka", "bootstrap.servers", "h:1", "t", false, err, sizeof(err)),
+	    0);
 	conf = obx_kafka_conf(&cfg, err, sizeof(err));
 	assert_non_null(conf);
 	expect_prop(conf, "enable.idempotence", "true");
@@ -46,20 +47,22 @@ test_defaults_and_guarantees(void **state)
 	rd_kafka_conf_destroy(conf);
 
 	/* a larger message.max.bytes: two such records fit beside what is in flight */
-	assert_int_equal(obx_config_set(&cfg, "kafka", "message.max.bytes", "200000000", "t", false, err,
-	    sizeof(err)), 0);
+	assert_int_equal(
+	    obx_config_set(&cfg, "kafka", "message.max.bytes", "200000000", "t", false, err, sizeof(err)), 0);
 	conf = obx_kafka_conf(&cfg, err, sizeof(err));
 	expect_prop(conf, "queue.buffering.max.kbytes", "398816"); /* 8192 + 2 x 195312 */
 	rd_kafka_conf_destroy(conf);
 	/* the user's own queue size is kept */
-	assert_int_equal(obx_config_set(&cfg, "kafka", "queue.buffering.max.kbytes", "1000000", "t", false,
-	    err, sizeof(err)), 0);
+	assert_int_equal(obx_config_set(&cfg, "kafka", "queue.buffering.max.kbytes", "1000000", "t", false, err,
+	                     sizeof(err)),
+	    0);
 	conf = obx_kafka_conf(&cfg, err, sizeof(err));
 	expect_prop(conf, "queue.buffering.max.kbytes", "1000000");
 	rd_kafka_conf_destroy(conf);
 
 	/* user tuning wins where it does not weaken anything */
-	assert_int_equal(obx_config_set(&cfg, "kafka", "message.timeout.ms", "60000", "t", false, err, sizeof(err)), 0);
+	assert_int_equal(
+	    obx_config_set(&cfg, "kafka", "message.timeout.ms", "60000", "t", false, err, sizeof(err)), 0);
 	assert_int_equal(obx_config_set(&cfg, "kafka", "linger.ms", "20", "t", false, err, sizeof(err)), 0);
 	conf = obx_kafka_conf(&cfg, err, sizeof(err));
 	expect_prop(conf, "message.timeout.ms", "60000");
@@ -76,7 +79,10 @@ test_defaults_and_guarantees(void **state)
 static void
 test_murmur2_matches_java(void **state)
 {
-	static const struct { const char *key; int32_t murmur2; } cases[] = {
+	static const struct {
+		const char *key;
+		int32_t murmur2;
+	} cases[] = {
 		{ "21", -973932308 },
 		{ "foobar", -790332482 },
 		{ "a-little-bit-long-string", -985981536 },

@@ -99,7 +99,7 @@ test_header_reads_the_first_occurrence(void **state)
 	rd_kafka_header_add(h, "id", -1, "user-id", -1);
 	rd_kafka_header_add(h, "type", -1, "Other", -1);
 	assert_int_equal(rd_kafka_producev(rk, RD_KAFKA_V_TOPIC("t"), RD_KAFKA_V_VALUE("v", 1),
-	    RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_HEADERS(h), RD_KAFKA_V_END),
+	                     RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_HEADERS(h), RD_KAFKA_V_END),
 	    RD_KAFKA_RESP_ERR_NO_ERROR);
 	assert_int_equal(rd_kafka_purge(rk, RD_KAFKA_PURGE_F_QUEUE), RD_KAFKA_RESP_ERR_NO_ERROR);
 	for (int i = 0; i < 50 && seen.n == 0; i++)

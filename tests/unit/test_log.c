@@ -47,7 +47,9 @@ str(json_t *o, const char *key)
 static void
 test_json_fields_present(void **state)
 {
-	struct obx_logfields f = { .lsn = 0x16B3F20, .xid = 771, .event_id = "7f0c-1",
+	struct obx_logfields f = { .lsn = 0x16B3F20,
+		.xid = 771,
+		.event_id = "7f0c-1",
 		.topic = "outbox.event.order" };
 	char *line;
 	json_t *o;
@@ -55,7 +57,8 @@ test_json_fields_present(void **state)
 	(void)state;
 	line = obx_log_render(OBX_LOG_FORMAT_JSON, TS, OBX_LOG_WARN, "outboxd", "logical", &f,
 	    "event id=7f0c-1 cannot be published");
-	assert_string_equal(line, "{\"ts\":\"" TS "\",\"level\":\"warn\",\"msg\":\"event id=7f0c-1 "
+	assert_string_equal(line,
+	    "{\"ts\":\"" TS "\",\"level\":\"warn\",\"msg\":\"event id=7f0c-1 "
 	    "cannot be published\",\"slot\":\"outboxd\",\"mode\":\"logical\",\"lsn\":\"0/16B3F20\","
 	    "\"xid\":771,\"event_id\":\"7f0c-1\",\"topic\":\"outbox.event.order\"}");
 	o = parse(line);
@@ -111,7 +114,7 @@ test_json_absent_when_empty(void **state)
 static void
 test_json_override_and_bad_utf8(void **state)
 {
-	struct obx_logfields f = { .slot = "other", .topic = "t\xff" , .lsn = 1 };
+	struct obx_logfields f = { .slot = "other", .topic = "t\xff", .lsn = 1 };
 	json_t *o;
 
 	(void)state;

@@ -119,8 +119,8 @@ replay(int version)
 	memset(&met, 0, sizeof(met));
 	obx_config_init(&cfg);
 	if (f.messages)
-		assert_int_equal(obx_config_set(&cfg, "source", "messages", "on", "test", false, err,
-		    sizeof(err)), 0);
+		assert_int_equal(obx_config_set(&cfg, "source", "messages", "on", "test", false, err, sizeof(err)),
+		    0);
 	assert_int_equal(obx_core_init(&core, &cfg, &ops, &sink, &met), 0);
 	assert_int_equal(obx_core_session_start(&core, 0, f.proto, 10000, 0), 0);
 	obx_pgoutput_init(&dec, f.proto);
@@ -152,7 +152,8 @@ replay(int version)
 		do {
 			for (; acked < sink.n; acked++) {
 				struct obx_report r = { .opaque = sink.recs[acked].opaque,
-					.status = OBX_REPORT_OK, .now_us = 1 };
+					.status = OBX_REPORT_OK,
+					.now_us = 1 };
 
 				r.record.topic = sink.recs[acked].topic;
 
@@ -204,12 +205,42 @@ replay(int version)
 	fx_free(fx, n);
 }
 
-static void test_pg13(void **state) { (void)state; replay(130023); }
-static void test_pg14(void **state) { (void)state; replay(140023); }
-static void test_pg15(void **state) { (void)state; replay(150015); }
-static void test_pg16(void **state) { (void)state; replay(160014); }
-static void test_pg17(void **state) { (void)state; replay(170010); }
-static void test_pg18(void **state) { (void)state; replay(180004); }
+static void
+test_pg13(void **state)
+{
+	(void)state;
+	replay(130023);
+}
+static void
+test_pg14(void **state)
+{
+	(void)state;
+	replay(140023);
+}
+static void
+test_pg15(void **state)
+{
+	(void)state;
+	replay(150015);
+}
+static void
+test_pg16(void **state)
+{
+	(void)state;
+	replay(160014);
+}
+static void
+test_pg17(void **state)
+{
+	(void)state;
+	replay(170010);
+}
+static void
+test_pg18(void **state)
+{
+	(void)state;
+	replay(180004);
+}
 
 int
 main(void)

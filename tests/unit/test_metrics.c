@@ -48,15 +48,15 @@ has_line(const char *body, const char *line)
 	return false;
 }
 
-#define assert_line(body, line)                                                  \
-	do {                                                                     \
-		if (!has_line((body), (line)))                                   \
-			fail_msg("no line '%s' in:\n%s", (line), (body));        \
+#define assert_line(body, line)                                                                                   \
+	do {                                                                                                      \
+		if (!has_line((body), (line)))                                                                    \
+			fail_msg("no line '%s' in:\n%s", (line), (body));                                         \
 	} while (0)
-#define assert_no_text(body, s)                                                  \
-	do {                                                                     \
-		if (strstr((body), (s)) != NULL)                                 \
-			fail_msg("'%s' should not be in:\n%s", (s), (body));     \
+#define assert_no_text(body, s)                                                                                   \
+	do {                                                                                                      \
+		if (strstr((body), (s)) != NULL)                                                                  \
+			fail_msg("'%s' should not be in:\n%s", (s), (body));                                      \
 	} while (0)
 
 static void
@@ -74,7 +74,8 @@ streaming(struct obx_metrics *m)
 static void
 test_histogram_buckets(void **state)
 {
-	static const double want[] = { 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 7.5, 10, 30, 60, 300 };
+	static const double want[] = { 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 7.5, 10, 30, 60,
+		300 };
 	struct obx_metrics m;
 	const char *b;
 
@@ -115,7 +116,8 @@ test_info_and_no_up(void **state)
 	(void)state;
 	streaming(&m);
 	b = render(&m);
-	assert_line(b, "outboxd_info{slot=\"outboxd\",database=\"shop\",table=\"public.outbox\",mode=\"streaming\","
+	assert_line(b,
+	    "outboxd_info{slot=\"outboxd\",database=\"shop\",table=\"public.outbox\",mode=\"streaming\","
 	    "version=\"" OBX_VERSION "\"} 1");
 	assert_no_text(b, "outboxd_up");
 	memset(&m, 0, sizeof(m));
@@ -123,7 +125,9 @@ test_info_and_no_up(void **state)
 	m.poll_pending_rows = -1;
 	snprintf(m.info_database, sizeof(m.info_database), "sh\"op");
 	b = render(&m);
-	assert_line(b, "outboxd_info{slot=\"\",database=\"sh\\\"op\",table=\"\",mode=\"poll\",version=\"" OBX_VERSION "\"} 1");
+	assert_line(b,
+	    "outboxd_info{slot=\"\",database=\"sh\\\"op\",table=\"\",mode=\"poll\",version=\"" OBX_VERSION
+	    "\"} 1");
 }
 
 /* wal_status is a state set: one series per status, 1 for the slot's; none before the slot is read. */
@@ -167,9 +171,10 @@ test_kafka_errors_from_zero(void **state)
 	(void)state;
 	streaming(&m);
 	b = render(&m);
-	for (const char *const *c = (const char *const[]){ "_MSG_TIMED_OUT", "_TRANSPORT", "_ALL_BROKERS_DOWN",
-	    "MSG_SIZE_TOO_LARGE", "UNKNOWN_TOPIC_OR_PART", "TOPIC_AUTHORIZATION_FAILED", "_FENCED", "other", NULL };
-	    *c != NULL; c++) {
+	for (const char *const *c =
+	         (const char *const[]){ "_MSG_TIMED_OUT", "_TRANSPORT", "_ALL_BROKERS_DOWN", "MSG_SIZE_TOO_LARGE",
+	             "UNKNOWN_TOPIC_OR_PART", "TOPIC_AUTHORIZATION_FAILED", "_FENCED", "other", NULL };
+	     *c != NULL; c++) {
 		snprintf(line, sizeof(line), "outboxd_kafka_errors_total{code=\"%s\"} 0", *c);
 		assert_line(b, line);
 	}

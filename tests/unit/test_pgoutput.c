@@ -41,9 +41,18 @@ relation_fixture(struct bytes *w)
 	putstr(w, "outbox");
 	put8(w, 'd');
 	put16(w, 3);
-	put8(w, 1); putstr(w, "id"); put32(w, 2950); put32(w, 0xffffffff);
-	put8(w, 0); putstr(w, "aggregateid"); put32(w, 25); put32(w, 0xffffffff);
-	put8(w, 0); putstr(w, "payload"); put32(w, 3802); put32(w, 0xffffffff);
+	put8(w, 1);
+	putstr(w, "id");
+	put32(w, 2950);
+	put32(w, 0xffffffff);
+	put8(w, 0);
+	putstr(w, "aggregateid");
+	put32(w, 25);
+	put32(w, 0xffffffff);
+	put8(w, 0);
+	putstr(w, "payload");
+	put32(w, 3802);
+	put32(w, 0xffffffff);
 }
 
 static void
@@ -125,37 +134,66 @@ test_skipped_messages(void **state)
 
 	(void)state;
 	/* Update with an old key tuple */
-	put8(&w, 'U'); put32(&w, 7); put8(&w, 'K'); put16(&w, 1); puttext(&w, "k");
-	put8(&w, 'N'); put16(&w, 2); puttext(&w, "k"); put8(&w, 'u');
+	put8(&w, 'U');
+	put32(&w, 7);
+	put8(&w, 'K');
+	put16(&w, 1);
+	puttext(&w, "k");
+	put8(&w, 'N');
+	put16(&w, 2);
+	puttext(&w, "k");
+	put8(&w, 'u');
 	assert_int_equal(obx_pgoutput_decode(&dec, w.b, w.n, &m), 0);
 	assert_int_equal(m.u.change.relid, 7);
 	/* Update without old tuple */
 	w.n = 0;
-	put8(&w, 'U'); put32(&w, 7); put8(&w, 'N'); put16(&w, 1); puttext(&w, "x");
+	put8(&w, 'U');
+	put32(&w, 7);
+	put8(&w, 'N');
+	put16(&w, 1);
+	puttext(&w, "x");
 	assert_int_equal(obx_pgoutput_decode(&dec, w.b, w.n, &m), 0);
 	/* Delete with old tuple */
 	w.n = 0;
-	put8(&w, 'D'); put32(&w, 7); put8(&w, 'O'); put16(&w, 1); puttext(&w, "x");
+	put8(&w, 'D');
+	put32(&w, 7);
+	put8(&w, 'O');
+	put16(&w, 1);
+	puttext(&w, "x");
 	assert_int_equal(obx_pgoutput_decode(&dec, w.b, w.n, &m), 0);
 	/* Truncate of two relations */
 	w.n = 0;
-	put8(&w, 'T'); put32(&w, 2); put8(&w, 1); put32(&w, 7); put32(&w, 8);
+	put8(&w, 'T');
+	put32(&w, 2);
+	put8(&w, 1);
+	put32(&w, 7);
+	put32(&w, 8);
 	assert_int_equal(obx_pgoutput_decode(&dec, w.b, w.n, &m), 0);
 	assert_int_equal(m.u.truncate.nrels, 2);
 	/* Message */
 	w.n = 0;
-	put8(&w, 'M'); put8(&w, 1); put64(&w, 0x99); putstr(&w, "outboxd"); put32(&w, 3);
-	memcpy(w.b + w.n, "abc", 3); w.n += 3;
+	put8(&w, 'M');
+	put8(&w, 1);
+	put64(&w, 0x99);
+	putstr(&w, "outboxd");
+	put32(&w, 3);
+	memcpy(w.b + w.n, "abc", 3);
+	w.n += 3;
 	assert_int_equal(obx_pgoutput_decode(&dec, w.b, w.n, &m), 0);
 	assert_string_equal(m.u.message.prefix, "outboxd");
 	assert_int_equal(m.u.message.len, 3);
 	/* Origin and Type */
 	w.n = 0;
-	put8(&w, 'O'); put64(&w, 0x10); putstr(&w, "origin1");
+	put8(&w, 'O');
+	put64(&w, 0x10);
+	putstr(&w, "origin1");
 	assert_int_equal(obx_pgoutput_decode(&dec, w.b, w.n, &m), 0);
 	assert_string_equal(m.u.origin.name, "origin1");
 	w.n = 0;
-	put8(&w, 'Y'); put32(&w, 16500); putstr(&w, "public"); putstr(&w, "mood");
+	put8(&w, 'Y');
+	put32(&w, 16500);
+	putstr(&w, "public");
+	putstr(&w, "mood");
 	assert_int_equal(obx_pgoutput_decode(&dec, w.b, w.n, &m), 0);
 	assert_string_equal(m.u.type.typname, "mood");
 }
@@ -198,32 +236,56 @@ test_truncation_and_garbage(void **state)
 	assert_int_equal(obx_pgoutput_decode(&dec, w.b, w.n, &m), OBX_EPROTO);
 	/* unknown message type */
 	w.n = 0;
-	put8(&w, 'Z'); put32(&w, 1);
+	put8(&w, 'Z');
+	put32(&w, 1);
 	assert_int_equal(obx_pgoutput_decode(&dec, w.b, w.n, &m), OBX_EPROTO);
 	assert_string_equal(obx_pgoutput_type_name('Z'), "unknown");
 	/* Insert without 'N' */
 	w.n = 0;
-	put8(&w, 'I'); put32(&w, 1); put8(&w, 'X'); put16(&w, 0);
+	put8(&w, 'I');
+	put32(&w, 1);
+	put8(&w, 'X');
+	put16(&w, 0);
 	assert_int_equal(obx_pgoutput_decode(&dec, w.b, w.n, &m), OBX_EPROTO);
 	/* unknown column kind */
 	w.n = 0;
-	put8(&w, 'I'); put32(&w, 1); put8(&w, 'N'); put16(&w, 1); put8(&w, 'q');
+	put8(&w, 'I');
+	put32(&w, 1);
+	put8(&w, 'N');
+	put16(&w, 1);
+	put8(&w, 'q');
 	assert_int_equal(obx_pgoutput_decode(&dec, w.b, w.n, &m), OBX_EPROTO);
 	/* column count larger than the message can hold */
 	w.n = 0;
-	put8(&w, 'I'); put32(&w, 1); put8(&w, 'N'); put16(&w, 65535); put8(&w, 'n');
+	put8(&w, 'I');
+	put32(&w, 1);
+	put8(&w, 'N');
+	put16(&w, 65535);
+	put8(&w, 'n');
 	assert_int_equal(obx_pgoutput_decode(&dec, w.b, w.n, &m), OBX_EPROTO);
 	/* a length pointing past the end */
 	w.n = 0;
-	put8(&w, 'I'); put32(&w, 1); put8(&w, 'N'); put16(&w, 1); put8(&w, 't'); put32(&w, 0xfffffff0);
+	put8(&w, 'I');
+	put32(&w, 1);
+	put8(&w, 'N');
+	put16(&w, 1);
+	put8(&w, 't');
+	put32(&w, 0xfffffff0);
 	assert_int_equal(obx_pgoutput_decode(&dec, w.b, w.n, &m), OBX_EPROTO);
 	/* relation: attribute count larger than the message */
 	w.n = 0;
-	put8(&w, 'R'); put32(&w, 1); putstr(&w, "s"); putstr(&w, "t"); put8(&w, 'd'); put16(&w, 500);
+	put8(&w, 'R');
+	put32(&w, 1);
+	putstr(&w, "s");
+	putstr(&w, "t");
+	put8(&w, 'd');
+	put16(&w, 500);
 	assert_int_equal(obx_pgoutput_decode(&dec, w.b, w.n, &m), OBX_EPROTO);
 	/* string without NUL */
 	w.n = 0;
-	put8(&w, 'O'); put64(&w, 1); w.b[w.n++] = 'x';
+	put8(&w, 'O');
+	put64(&w, 1);
+	w.b[w.n++] = 'x';
 	assert_int_equal(obx_pgoutput_decode(&dec, w.b, w.n, &m), OBX_EPROTO);
 	/* empty */
 	assert_int_equal(obx_pgoutput_decode(&dec, w.b, 0, &m), OBX_EPROTO);
@@ -240,23 +302,37 @@ test_protocol_v2_to_v4(void **state)
 	(void)state;
 	obx_pgoutput_init(&d, 4);
 	d.stream_parallel = true;
-	put8(&w, 'S'); put32(&w, 900); put8(&w, 1);
+	put8(&w, 'S');
+	put32(&w, 900);
+	put8(&w, 1);
 	assert_int_equal(obx_pgoutput_decode(&d, w.b, w.n, &m), 0);
 	assert_int_equal(m.u.stream_start.xid, 900);
 	assert_int_equal(m.u.stream_start.first_segment, 1);
 	assert_true(d.in_stream);
 	/* inside the block: Insert carries the subtransaction id first */
 	w.n = 0;
-	put8(&w, 'I'); put32(&w, 901); put32(&w, 16384); put8(&w, 'N'); put16(&w, 1); puttext(&w, "v");
+	put8(&w, 'I');
+	put32(&w, 901);
+	put32(&w, 16384);
+	put8(&w, 'N');
+	put16(&w, 1);
+	puttext(&w, "v");
 	assert_int_equal(obx_pgoutput_decode(&d, w.b, w.n, &m), 0);
 	assert_int_equal(m.xid, 901);
 	assert_int_equal(m.u.insert.relid, 16384);
 	w.n = 0;
-	put8(&w, 'M'); put32(&w, 900); put8(&w, 1); put64(&w, 5); putstr(&w, "p"); put32(&w, 0);
+	put8(&w, 'M');
+	put32(&w, 900);
+	put8(&w, 1);
+	put64(&w, 5);
+	putstr(&w, "p");
+	put32(&w, 0);
 	assert_int_equal(obx_pgoutput_decode(&d, w.b, w.n, &m), 0);
 	assert_int_equal(m.xid, 900);
 	w.n = 0;
-	put8(&w, 'S'); put32(&w, 900); put8(&w, 0);
+	put8(&w, 'S');
+	put32(&w, 900);
+	put8(&w, 0);
 	assert_int_equal(obx_pgoutput_decode(&d, w.b, w.n, &m), OBX_EPROTO); /* nested start */
 	w.n = 0;
 	put8(&w, 'E');
@@ -265,12 +341,20 @@ test_protocol_v2_to_v4(void **state)
 	assert_int_equal(obx_pgoutput_decode(&d, w.b, w.n, &m), OBX_EPROTO); /* stop without start */
 	/* outside the block: no xid */
 	w.n = 0;
-	put8(&w, 'I'); put32(&w, 16384); put8(&w, 'N'); put16(&w, 0);
+	put8(&w, 'I');
+	put32(&w, 16384);
+	put8(&w, 'N');
+	put16(&w, 0);
 	assert_int_equal(obx_pgoutput_decode(&d, w.b, w.n, &m), 0);
 	assert_int_equal(m.xid, 0);
 
 	w.n = 0;
-	put8(&w, 'c'); put32(&w, 900); put8(&w, 0); put64(&w, 0x500); put64(&w, 0x530); put64(&w, 77);
+	put8(&w, 'c');
+	put32(&w, 900);
+	put8(&w, 0);
+	put64(&w, 0x500);
+	put64(&w, 0x530);
+	put64(&w, 77);
 	assert_int_equal(obx_pgoutput_decode(&d, w.b, w.n, &m), 0);
 	assert_int_equal(m.u.stream_commit.xid, 900);
 	assert_int_equal(m.u.stream_commit.commit_lsn, 0x500);
@@ -279,7 +363,11 @@ test_protocol_v2_to_v4(void **state)
 
 	/* Stream Abort: abort LSN and time only with streaming = parallel (v4) */
 	w.n = 0;
-	put8(&w, 'A'); put32(&w, 900); put32(&w, 901); put64(&w, 0x600); put64(&w, 88);
+	put8(&w, 'A');
+	put32(&w, 900);
+	put32(&w, 901);
+	put64(&w, 0x600);
+	put64(&w, 88);
 	assert_int_equal(obx_pgoutput_decode(&d, w.b, w.n, &m), 0);
 	assert_int_equal(m.u.stream_abort.subxid, 901);
 	assert_int_equal(m.u.stream_abort.abort_lsn, 0x600);
@@ -290,23 +378,39 @@ test_protocol_v2_to_v4(void **state)
 	assert_int_equal(obx_pgoutput_decode(&d, w.b, w.n, &m), OBX_EPROTO); /* trailing fields */
 
 	w.n = 0;
-	put8(&w, 'b'); put64(&w, 0x700); put64(&w, 0x730); put64(&w, 99); put32(&w, 42); putstr(&w, "gid-1");
+	put8(&w, 'b');
+	put64(&w, 0x700);
+	put64(&w, 0x730);
+	put64(&w, 99);
+	put32(&w, 42);
+	putstr(&w, "gid-1");
 	assert_int_equal(obx_pgoutput_decode(&d, w.b, w.n, &m), 0);
 	assert_int_equal(m.u.prepared.lsn, 0x700);
 	assert_int_equal(m.u.prepared.xid, 42);
 	assert_string_equal(m.u.prepared.gid, "gid-1");
 	for (const char *t = "PKp"; *t != '\0'; t++) {
 		w.n = 0;
-		put8(&w, (uint8_t)*t); put8(&w, 0); put64(&w, 0x800); put64(&w, 0x830); put64(&w, 5);
-		put32(&w, 43); putstr(&w, "gid-2");
+		put8(&w, (uint8_t)*t);
+		put8(&w, 0);
+		put64(&w, 0x800);
+		put64(&w, 0x830);
+		put64(&w, 5);
+		put32(&w, 43);
+		putstr(&w, "gid-2");
 		assert_int_equal(obx_pgoutput_decode(&d, w.b, w.n, &m), 0);
 		assert_int_equal(m.u.prepared.end_lsn, 0x830);
 		assert_string_equal(m.u.prepared.gid, "gid-2");
 		truncation_sweep_with(&d, &w);
 	}
 	w.n = 0;
-	put8(&w, 'r'); put8(&w, 0); put64(&w, 0x900); put64(&w, 0x930); put64(&w, 1); put64(&w, 2);
-	put32(&w, 44); putstr(&w, "gid-3");
+	put8(&w, 'r');
+	put8(&w, 0);
+	put64(&w, 0x900);
+	put64(&w, 0x930);
+	put64(&w, 1);
+	put64(&w, 2);
+	put32(&w, 44);
+	putstr(&w, "gid-3");
 	assert_int_equal(obx_pgoutput_decode(&d, w.b, w.n, &m), 0);
 	assert_int_equal(m.u.rollback_prepared.rollback_end_lsn, 0x930);
 	assert_int_equal(m.u.rollback_prepared.rollback_time, 2);
@@ -317,12 +421,19 @@ test_protocol_v2_to_v4(void **state)
 	/* a message of a later version than negotiated is an error, not skipped */
 	obx_pgoutput_init(&d, 1);
 	w.n = 0;
-	put8(&w, 'S'); put32(&w, 1); put8(&w, 1);
+	put8(&w, 'S');
+	put32(&w, 1);
+	put8(&w, 1);
 	assert_int_equal(obx_pgoutput_decode(&d, w.b, w.n, &m), OBX_EPROTO);
 	obx_pgoutput_reset(&d);
 	obx_pgoutput_init(&d, 2);
 	w.n = 0;
-	put8(&w, 'b'); put64(&w, 1); put64(&w, 2); put64(&w, 3); put32(&w, 4); putstr(&w, "g");
+	put8(&w, 'b');
+	put64(&w, 1);
+	put64(&w, 2);
+	put64(&w, 3);
+	put32(&w, 4);
+	putstr(&w, "g");
 	assert_int_equal(obx_pgoutput_decode(&d, w.b, w.n, &m), OBX_EPROTO);
 	obx_pgoutput_reset(&d);
 	assert_string_equal(obx_pgoutput_type_name('p'), "Stream Prepare");
@@ -339,7 +450,11 @@ test_walmsg(void **state)
 	uint8_t b;
 
 	(void)state;
-	put8(&w, 'w'); put64(&w, 0x100); put64(&w, 0x200); put64(&w, 5); put8(&w, 'B');
+	put8(&w, 'w');
+	put64(&w, 0x100);
+	put64(&w, 0x200);
+	put64(&w, 5);
+	put8(&w, 'B');
 	assert_int_equal(obx_walmsg_parse(w.b, w.n, &m), 0);
 	assert_int_equal(m.kind, 'w');
 	assert_int_equal(m.data_start, 0x100);
@@ -349,7 +464,10 @@ test_walmsg(void **state)
 	assert_int_equal(obx_walmsg_parse(w.b, 24, &m), OBX_EPROTO);
 
 	w.n = 0;
-	put8(&w, 'k'); put64(&w, 0x300); put64(&w, 6); put8(&w, 1);
+	put8(&w, 'k');
+	put64(&w, 0x300);
+	put64(&w, 6);
+	put8(&w, 1);
 	assert_int_equal(obx_walmsg_parse(w.b, w.n, &m), 0);
 	assert_int_equal(m.kind, 'k');
 	assert_int_equal(m.wal_end, 0x300);

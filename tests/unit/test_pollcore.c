@@ -195,7 +195,8 @@ test_report_failure_holds_key(void **state)
 	}
 	assert_false(obx_pollcore_key_held(&pc, 1));
 	assert_int_equal(obx_pollcore_report(&pc, obx_pollcore_opaque(&pc, 0, false), "MSG_SIZE_TOO_LARGE",
-	    "too large"), OBX_POLL_REPORT_FAILED);
+	                     "too large"),
+	    OBX_POLL_REPORT_FAILED);
 	assert_true(obx_pollcore_key_held(&pc, 1));
 	assert_false(obx_pollcore_key_held(&pc, 2));
 	obx_pollcore_unsent(&pc, 1);
@@ -233,15 +234,14 @@ test_exhausted(void **state)
 	assert_int_equal(obx_pollcore_report(&pc, obx_pollcore_opaque(&pc, 1, true), NULL, NULL),
 	    OBX_POLL_REPORT_DEAD_LETTERED);
 	assert_int_equal(obx_pollcore_row(&pc, 1)->state, OBX_PROW_GIVEN_UP);
-	assert_string_equal(obx_pollcore_row(&pc, 1)->error,
-	    "dead-lettered to dlq after 3 attempt(s): too large");
+	assert_string_equal(obx_pollcore_row(&pc, 1)->error, "dead-lettered to dlq after 3 attempt(s): too large");
 	assert_int_equal(obx_pollcore_report(&pc, obx_pollcore_opaque(&pc, 2, true), NULL, NULL),
 	    OBX_POLL_REPORT_DEAD_LETTERED);
-	assert_string_equal(obx_pollcore_row(&pc, 2)->error,
-	    "dead-lettered to dlq after 3 attempt(s): unknown");
+	assert_string_equal(obx_pollcore_row(&pc, 2)->error, "dead-lettered to dlq after 3 attempt(s): unknown");
 	/* the copy refused: a failure like any other, retried as exhausted */
 	assert_int_equal(obx_pollcore_report(&pc, obx_pollcore_opaque(&pc, 3, true), "MSG_SIZE_TOO_LARGE",
-	    "Broker: Message size too large"), OBX_POLL_REPORT_FAILED);
+	                     "Broker: Message size too large"),
+	    OBX_POLL_REPORT_FAILED);
 	assert_int_equal(obx_pollcore_row(&pc, 3)->state, OBX_PROW_FAILED);
 	assert_string_equal(obx_pollcore_row(&pc, 3)->error,
 	    "dead-letter copy: MSG_SIZE_TOO_LARGE: Broker: Message size too large");
@@ -295,9 +295,9 @@ test_stale_report(void **state)
 	    OBX_POLL_REPORT_STALE); /* no longer in flight */
 	assert_int_equal(obx_pollcore_row(&pc, 0)->state, OBX_PROW_ACKED);
 	assert_int_equal(obx_pollcore_report(&pc, obx_pollcore_opaque(&pc, 1, false), "REQUEST_TIMED_OUT",
-	    "Broker: Request timed out"), OBX_POLL_REPORT_FAILED);
-	assert_string_equal(obx_pollcore_row(&pc, 1)->error,
-	    "REQUEST_TIMED_OUT: Broker: Request timed out");
+	                     "Broker: Request timed out"),
+	    OBX_POLL_REPORT_FAILED);
+	assert_string_equal(obx_pollcore_row(&pc, 1)->error, "REQUEST_TIMED_OUT: Broker: Request timed out");
 	assert_true(obx_pollcore_finished(&pc));
 	obx_pollcore_reset(&pc);
 	obx_config_reset(&c);
@@ -359,8 +359,7 @@ test_mark_early(void **state)
 	for (size_t i = 0; i + 1 < OBX_POLLCORE_MARK_EARLY_MIN; i++)
 		obx_pollcore_report(&pc, obx_pollcore_opaque(&pc, i, false), NULL, NULL);
 	assert_false(obx_pollcore_mark_early(&pc));
-	obx_pollcore_report(&pc, obx_pollcore_opaque(&pc, OBX_POLLCORE_MARK_EARLY_MIN - 1, false), NULL,
-	    NULL);
+	obx_pollcore_report(&pc, obx_pollcore_opaque(&pc, OBX_POLLCORE_MARK_EARLY_MIN - 1, false), NULL, NULL);
 	assert_true(obx_pollcore_mark_early(&pc));
 	for (size_t i = 0; i < n; i++)
 		taken += obx_pollcore_take_mark(&pc, i);
@@ -386,10 +385,9 @@ test_backoff(void **state)
 	set(&c, "poll", "backoff_max", "1s");
 	assert_int_equal(obx_pollcore_begin(&pc, &c, 1), 0);
 	add(&pc, 1, 2, "k", "earlier");
-	assert_int_equal(obx_pollcore_backoff_ms(&pc, 0, 0), 200);   /* attempt 3: 400, at least half */
+	assert_int_equal(obx_pollcore_backoff_ms(&pc, 0, 0), 200); /* attempt 3: 400, at least half */
 	assert_int_equal(obx_pollcore_backoff_ms(&pc, 0, 200), 400);
-	assert_int_equal(obx_pollcore_backoff_ms(&pc, 0, 12345),
-	    obx_poll_backoff_ms(3, 100, 1000, 12345));
+	assert_int_equal(obx_pollcore_backoff_ms(&pc, 0, 12345), obx_poll_backoff_ms(3, 100, 1000, 12345));
 	obx_pollcore_reset(&pc);
 	obx_config_reset(&c);
 }
@@ -430,14 +428,41 @@ chance(uint32_t pm)
 
 /* What the seeds exercised, printed at the end: a model that checks nothing proves nothing. */
 enum mstat {
-	ST_BATCHES, ST_ACKED, ST_REFUSED, ST_REJECTED, ST_UNBUILDABLE, ST_HELD, ST_DEAD_LETTERED,
-	ST_GIVEN_UP, ST_CRASHES, ST_LANDED_AT_CRASH, ST_DEADLINES, ST_ABANDONED, ST_QFULL_STOPS,
-	ST_EARLY_MARKS, ST_STALE, ST_REORDERED, ST_NSTATS
+	ST_BATCHES,
+	ST_ACKED,
+	ST_REFUSED,
+	ST_REJECTED,
+	ST_UNBUILDABLE,
+	ST_HELD,
+	ST_DEAD_LETTERED,
+	ST_GIVEN_UP,
+	ST_CRASHES,
+	ST_LANDED_AT_CRASH,
+	ST_DEADLINES,
+	ST_ABANDONED,
+	ST_QFULL_STOPS,
+	ST_EARLY_MARKS,
+	ST_STALE,
+	ST_REORDERED,
+	ST_NSTATS
 };
 static const char *const stat_names[ST_NSTATS] = {
-	"batches", "acknowledged", "reports refused", "produce calls refused", "unbuildable",
-	"rows held back", "dead-lettered", "given up", "crashes", "landed at a crash", "drain deadlines",
-	"batches abandoned", "queue-full stops", "early markings", "stale reports", "refused reordered",
+	"batches",
+	"acknowledged",
+	"reports refused",
+	"produce calls refused",
+	"unbuildable",
+	"rows held back",
+	"dead-lettered",
+	"given up",
+	"crashes",
+	"landed at a crash",
+	"drain deadlines",
+	"batches abandoned",
+	"queue-full stops",
+	"early markings",
+	"stale reports",
+	"refused reordered",
 };
 static long stats[ST_NSTATS];
 
@@ -464,12 +489,12 @@ struct mrow {
 	enum mvia via;
 	int64_t due_ms;
 	bool unbuildable;
-	int refuse_left;  /* the broker refuses its record this many more times */
-	int reject_left;  /* its produce call fails this many more times */
-	bool landed;      /* its record is in Kafka, at least once */
-	uint64_t bid;     /* the batch that handled it last (M.bid), and how */
+	int refuse_left; /* the broker refuses its record this many more times */
+	int reject_left; /* its produce call fails this many more times */
+	bool landed;     /* its record is in Kafka, at least once */
+	uint64_t bid;    /* the batch that handled it last (M.bid), and how */
 	enum mout out;
-	bool taken;       /* taken for marking in batch bid */
+	bool taken; /* taken for marking in batch bid */
 };
 
 struct mflight {
@@ -487,10 +512,10 @@ struct model {
 	size_t nrows;
 	struct mflight fl[MAXROWS]; /* the producer's queue, in produce order */
 	size_t nfl;
-	int claim[MAXROWS];         /* the batch: the core's index -> row */
+	int claim[MAXROWS]; /* the batch: the core's index -> row */
 	size_t nclaim, mnext;
-	uint64_t bid;               /* batches so far, across restarts */
-	unsigned held;              /* keys held back in this batch, a bit each */
+	uint64_t bid;  /* batches so far, across restarts */
+	unsigned held; /* keys held back in this batch, a bit each */
 	int signals;
 	int64_t stop_ms, now;
 	bool broker_down, quiet;
@@ -518,7 +543,8 @@ violation(const char *fmt, ...)
 	vsnprintf(text, sizeof(text), fmt, ap);
 	va_end(ap);
 	print_error("pollcore model: seed %" PRIu64 ", cycle %d, batch %" PRIu64 ": %s\n"
-	    "  (rerun with OBX_MODEL_SEED=%" PRIu64 ")\n", M.seed, M.cycle, M.bid, text, M.seed);
+	            "  (rerun with OBX_MODEL_SEED=%" PRIu64 ")\n",
+	    M.seed, M.cycle, M.bid, text, M.seed);
 	M.failed = true;
 }
 
@@ -587,13 +613,13 @@ check_order(int x, uint64_t bid)
 
 		if (o->key != r->key || o->landed || o->published)
 			continue;
-		if (o->bid == bid &&
-		    (o->out == OUT_REFUSED || o->out == OUT_GAVE_UP || o->out >= OUT_DL_SENT)) {
+		if (o->bid == bid && (o->out == OUT_REFUSED || o->out == OUT_GAVE_UP || o->out >= OUT_DL_SENT)) {
 			stats[ST_REORDERED] += o->out == OUT_REFUSED;
 			continue; /* handled ahead of it in this batch, without holding it back */
 		}
 		violation("row seq %" PRId64 " of key %s landed in Kafka before the older row seq %" PRId64
-		    " (out %d in batch %" PRIu64 ")", r->seq, keys[r->key], o->seq, (int)o->out, o->bid);
+		          " (out %d in batch %" PRIu64 ")",
+		    r->seq, keys[r->key], o->seq, (int)o->out, o->bid);
 		return;
 	}
 }
@@ -691,8 +717,8 @@ handle_row(struct obx_pollcore *pc, size_t i)
 	else
 		want = r->unbuildable ? OBX_POLL_FAIL : OBX_POLL_SEND;
 	if ((got = obx_pollcore_decide(pc, i, !r->unbuildable)) != want) {
-		violation("row seq %" PRId64 " (attempts %lld): decided %d, not %d", r->seq, r->attempts,
-		    (int)got, (int)want);
+		violation("row seq %" PRId64 " (attempts %lld): decided %d, not %d", r->seq, r->attempts, (int)got,
+		    (int)want);
 		return;
 	}
 	switch (got) {
@@ -702,8 +728,7 @@ handle_row(struct obx_pollcore *pc, size_t i)
 		return;
 	case OBX_POLL_DEAD_LETTER:
 		if (!M.quiet && chance(50)) {
-			(void)obx_pollcore_failed(pc, i, OBX_POLL_FAILED_DEAD_LETTER,
-			    "dead-letter copy: refused");
+			(void)obx_pollcore_failed(pc, i, OBX_POLL_FAILED_DEAD_LETTER, "dead-letter copy: refused");
 			r->out = OUT_DL_FAILED;
 		} else {
 			push_flight(pc, i, true);
@@ -795,8 +820,7 @@ serve_report(struct obx_pollcore *pc)
 	if (f.bid != M.bid)
 		want = OBX_POLL_REPORT_STALE;
 	else
-		want = !ok ? OBX_POLL_REPORT_FAILED :
-		    f.dl ? OBX_POLL_REPORT_DEAD_LETTERED : OBX_POLL_REPORT_ACKED;
+		want = !ok ? OBX_POLL_REPORT_FAILED : f.dl ? OBX_POLL_REPORT_DEAD_LETTERED : OBX_POLL_REPORT_ACKED;
 	got = obx_pollcore_report(pc, f.opaque, ok ? NULL : "REQUEST_TIMED_OUT",
 	    ok ? NULL : "Broker: Request timed out");
 	if (got != want) {
@@ -850,8 +874,8 @@ take_marks(struct obx_pollcore *pc)
 		if (!obx_pollcore_take_mark(pc, i))
 			continue;
 		if (r->out != OUT_ACKED || r->taken || !r->landed)
-			violation("row seq %" PRId64 " marked without its acknowledgement (out %d)",
-			    r->seq, (int)r->out);
+			violation("row seq %" PRId64 " marked without its acknowledgement (out %d)", r->seq,
+			    (int)r->out);
 		r->taken = true;
 	}
 }
@@ -906,9 +930,9 @@ wait_phase(struct obx_pollcore *pc)
 			stale_report(pc);
 		if (M.quiet)
 			M.broker_down = false;
-		want = M.signals > 1 ? OBX_POLL_DRAIN_ABANDON :
-		    M.signals == 1 && M.now - M.stop_ms >= OBX_CORE_DRAIN_TIMEOUT_MS ?
-		    OBX_POLL_DRAIN_DEADLINE : OBX_POLL_DRAIN_WAIT;
+		want = M.signals > 1                                                 ? OBX_POLL_DRAIN_ABANDON :
+		    M.signals == 1 && M.now - M.stop_ms >= OBX_CORE_DRAIN_TIMEOUT_MS ? OBX_POLL_DRAIN_DEADLINE :
+		                                                                       OBX_POLL_DRAIN_WAIT;
 		if ((got = obx_pollcore_drain(pc, M.now)) != want) {
 			violation("obx_pollcore_drain() said %d, not %d", (int)got, (int)want);
 			return false;
@@ -958,8 +982,7 @@ record_row(struct obx_pollcore *pc, size_t i, bool commit)
 	uint32_t x = (uint32_t)rnd();
 
 	if (!state_matches(r, pr->state))
-		violation("row seq %" PRId64 " is in state %d after out %d", r->seq, (int)pr->state,
-		    (int)r->out);
+		violation("row seq %" PRId64 " is in state %d after out %d", r->seq, (int)pr->state, (int)r->out);
 	if (pr->seq != r->seq || pr->attempts != r->attempts)
 		violation("row seq %" PRId64 " reads as seq %" PRId64 ", %lld attempt(s)", r->seq, pr->seq,
 		    pr->attempts);
@@ -970,8 +993,8 @@ record_row(struct obx_pollcore *pc, size_t i, bool commit)
 	if (pr->state == OBX_PROW_FAILED) {
 		int64_t d = obx_pollcore_backoff_ms(pc, i, x);
 
-		if (d != obx_poll_backoff_ms(r->attempts + 1, mcfg.poll_backoff_min_ms,
-		    mcfg.poll_backoff_max_ms, x))
+		if (d !=
+		    obx_poll_backoff_ms(r->attempts + 1, mcfg.poll_backoff_min_ms, mcfg.poll_backoff_max_ms, x))
 			violation("row seq %" PRId64 ": backoff %" PRId64 " ms", r->seq, d);
 		r->attempts++;
 		r->due_ms = M.now + d;
@@ -1028,7 +1051,7 @@ run_cycle(struct obx_pollcore *pc)
 		struct mrow *r = &M.rows[M.claim[i]];
 
 		if (obx_pollcore_add(pc, r->seq, r->attempts, keys[r->key], 2,
-		    r->attempts > 0 ? "earlier failure" : NULL) != 0)
+		        r->attempts > 0 ? "earlier failure" : NULL) != 0)
 			violation("obx_pollcore_add() failed");
 		r->bid = M.bid;
 		r->out = OUT_NONE;
@@ -1070,8 +1093,7 @@ drain_all(struct obx_pollcore *pc)
 		else if (r->via == VIA_ACK && !r->landed)
 			violation("row seq %" PRId64 " is published, its record never landed", r->seq);
 		else if (r->via != VIA_ACK && r->attempts < M.max_attempts)
-			violation("row seq %" PRId64 " went aside after %lld attempt(s)", r->seq,
-			    r->attempts);
+			violation("row seq %" PRId64 " went aside after %lld attempt(s)", r->seq, r->attempts);
 	}
 }
 
@@ -1127,8 +1149,8 @@ test_model(void **state)
 		if (M.failed && ++failures >= 20)
 			break;
 	}
-	print_message("pollcore model: seeds %" PRIu64 "..%" PRIu64 ", %ld rows, %d failing seed(s)\n",
-	    first, last, rows, failures);
+	print_message("pollcore model: seeds %" PRIu64 "..%" PRIu64 ", %ld rows, %d failing seed(s)\n", first,
+	    last, rows, failures);
 	for (int i = 0; i < ST_NSTATS; i++)
 		print_message("  %-22s %ld\n", stat_names[i], stats[i]);
 	if (failures > 0)

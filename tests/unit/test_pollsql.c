@@ -196,7 +196,8 @@ test_statements(void **state)
 	obx_config_init(&c);
 	assert_int_equal(obx_poll_sql_build(&s, &c), 0);
 	/* locks due rows in order, skipping locked ones, at most batch */
-	assert_non_null(strstr(s.claim, "BEGIN; WITH c AS MATERIALIZED (SELECT o.\"seq\" AS obx_seq, "
+	assert_non_null(strstr(s.claim,
+	    "BEGIN; WITH c AS MATERIALIZED (SELECT o.\"seq\" AS obx_seq, "
 	    "o.\"attempts\" AS obx_attempts, o.\"last_error\"::text AS obx_last_error, "
 	    "(extract(epoch FROM o.\"created_at\") * 1000000)::bigint AS obx_created_us, "
 	    "pg_column_size(o.\"payload\")::bigint AS obx_size, o.\"id\", "
@@ -205,17 +206,21 @@ test_statements(void **state)
 	    "LIMIT 10000 FOR UPDATE SKIP LOCKED)"));
 	assert_int_equal(obx_poll_claim_rows(&c), 4000); /* sends at most max_inflight */
 	/* keeps a row only when no older pending row of its key is outside the batch */
-	assert_non_null(strstr(s.claim, "k AS (SELECT *, sum(obx_size) OVER (ORDER BY obx_seq) AS obx_bytes "
+	assert_non_null(strstr(s.claim,
+	    "k AS (SELECT *, sum(obx_size) OVER (ORDER BY obx_seq) AS obx_bytes "
 	    "FROM c WHERE NOT EXISTS (SELECT 1 FROM \"public\".\"outbox\" p "
 	    "WHERE p.\"aggregateid\" = c.\"aggregateid\" AND p.\"seq\" < c.obx_seq AND p.\"published_at\" IS NULL "
 	    "AND NOT EXISTS (SELECT 1 FROM c c2 WHERE c2.obx_seq = p.\"seq\")))"));
 	/* no more payload than max_inflight_bytes, but always the first row */
-	assert_non_null(strstr(s.claim, "SELECT * FROM k WHERE coalesce(obx_bytes - obx_size, 0) < 4194304 "
+	assert_non_null(strstr(s.claim,
+	    "SELECT * FROM k WHERE coalesce(obx_bytes - obx_size, 0) < 4194304 "
 	    "ORDER BY obx_seq LIMIT 4000"));
-	assert_string_equal(s.mark_head, "UPDATE \"public\".\"outbox\" SET \"published_at\" = now() "
+	assert_string_equal(s.mark_head,
+	    "UPDATE \"public\".\"outbox\" SET \"published_at\" = now() "
 	    "WHERE \"published_at\" IS NULL AND \"seq\" = ANY ('{");
 	assert_string_equal(s.mark_tail, "}'::bigint[])");
-	assert_non_null(strstr(s.fail, "SET \"attempts\" = o.\"attempts\" + 1, \"last_error\" = f.e, "
+	assert_non_null(strstr(s.fail,
+	    "SET \"attempts\" = o.\"attempts\" + 1, \"last_error\" = f.e, "
 	    "\"next_attempt_at\" = now() + f.d * interval '1 millisecond'"));
 	assert_non_null(strstr(s.give_up, "SET \"published_at\" = now(), \"last_error\" = f.e"));
 	assert_non_null(strstr(s.stats, "min(\"created_at\")"));
@@ -262,11 +267,11 @@ test_row_action_and_holds(void **state)
 
 	/* keys compared as bytes (borrowed views of the batch), NULL holds nothing */
 	assert_false(obx_poll_held(&h, res_keys, 2));
-	assert_int_equal(obx_poll_hold_add(&h, res_keys, 2), 0);          /* k1 */
+	assert_int_equal(obx_poll_hold_add(&h, res_keys, 2), 0); /* k1 */
 	assert_int_equal(obx_poll_hold_add(&h, NULL, 0), 0);
 	assert_true(obx_poll_held(&h, "k1", 2));
-	assert_false(obx_poll_held(&h, res_keys + 2, 2));                 /* k2 */
-	assert_false(obx_poll_held(&h, res_keys + 4, 3));                 /* k10 is not k1 */
+	assert_false(obx_poll_held(&h, res_keys + 2, 2)); /* k2 */
+	assert_false(obx_poll_held(&h, res_keys + 4, 3)); /* k10 is not k1 */
 	assert_false(obx_poll_held(&h, NULL, 0));
 	for (int i = 0; i < 40; i++)
 		assert_int_equal(obx_poll_hold_add(&h, res_keys + 2, 2), 0); /* grows */

@@ -38,8 +38,8 @@ struct rec {
 
 struct fake {
 	struct rec recs[MAXREC];
-	size_t n;                       /* records produced (accepted) */
-	size_t calls;                   /* produce calls, refused ones too */
+	size_t n;                           /* records produced (accepted) */
+	size_t calls;                       /* produce calls, refused ones too */
 	enum obx_produce_result script[32]; /* answers for the next calls; OK once used up */
 	size_t nscript, next;
 	char notes[4096];
@@ -177,8 +177,11 @@ teardown(void **state)
 /* ---- messages as the decoder would hand them over ---- */
 
 static const struct obx_pg_relcol relcols[] = {
-	{ 1, "id", 25, -1 }, { 0, "aggregatetype", 25, -1 }, { 0, "aggregateid", 25, -1 },
-	{ 0, "type", 25, -1 }, { 0, "payload", 3802, -1 },
+	{ 1, "id", 25, -1 },
+	{ 0, "aggregatetype", 25, -1 },
+	{ 0, "aggregateid", 25, -1 },
+	{ 0, "type", 25, -1 },
+	{ 0, "payload", 3802, -1 },
 };
 
 static void
@@ -300,14 +303,16 @@ stream_abort(uint32_t xid, uint32_t subxid)
 static void
 report(size_t i, enum obx_report_status st)
 {
-	struct obx_header h[2] = { { "id", fk.recs[i].id, strlen(fk.recs[i].id) },
-		{ "lsn", "0/100", 5 } };
-	struct obx_report r = { .opaque = fk.recs[i].opaque, .status = st, .error = "broker says no",
-		.error_name = "TOPIC_AUTHORIZATION_FAILED", .now_us = 2000 };
+	struct obx_header h[2] = { { "id", fk.recs[i].id, strlen(fk.recs[i].id) }, { "lsn", "0/100", 5 } };
+	struct obx_report r = { .opaque = fk.recs[i].opaque,
+		.status = st,
+		.error = "broker says no",
+		.error_name = "TOPIC_AUTHORIZATION_FAILED",
+		.now_us = 2000 };
 
 	r.record = (struct obx_record){ fk.recs[i].topic, fk.recs[i].key[0] ? fk.recs[i].key : NULL,
-		strlen(fk.recs[i].key),
-		fk.recs[i].has_value ? fk.recs[i].value : NULL, strlen(fk.recs[i].value), 0, h, 2 };
+		strlen(fk.recs[i].key), fk.recs[i].has_value ? fk.recs[i].value : NULL, strlen(fk.recs[i].value),
+		0, h, 2 };
 	obx_core_report(&core, &r);
 }
 
@@ -487,17 +492,17 @@ test_streamed_savepoint_rows(void **state)
 	relation();
 	stream_start(30);
 	insert_x(30, "s1", "k");
-	insert_x(31, "sp", "k");   /* savepoint 31 */
+	insert_x(31, "sp", "k"); /* savepoint 31 */
 	insert_x(30, "s2", "k");
 	stream_stop();
-	begin(0x200, 9);           /* a small transaction commits meanwhile */
+	begin(0x200, 9); /* a small transaction commits meanwhile */
 	insert("p1", "q");
 	commit(0x200, 0x210);
 	stream_start(30);
 	stream_abort(30, 31);
 	insert_x(30, "s3", "k");
 	stream_stop();
-	stream_start(40);          /* another streamed transaction, rolled back whole */
+	stream_start(40); /* another streamed transaction, rolled back whole */
 	insert_x(40, "x1", "k");
 	stream_stop();
 	stream_abort(40, 40);
@@ -526,8 +531,10 @@ test_streamed_savepoint_messages_fall_back(void **state)
 	assert_true(obx_core_streaming_allowed(&core));
 	relation();
 	stream_start(50);
-	message_x(50, true, "{\"id\":\"m1\",\"aggregatetype\":\"a\",\"aggregateid\":\"k\",\"type\":\"t\",\"payload\":{}}");
-	message_x(50, true, "{\"id\":\"m2\",\"aggregatetype\":\"a\",\"aggregateid\":\"k\",\"type\":\"t\",\"payload\":{}}");
+	message_x(50, true,
+	    "{\"id\":\"m1\",\"aggregatetype\":\"a\",\"aggregateid\":\"k\",\"type\":\"t\",\"payload\":{}}");
+	message_x(50, true,
+	    "{\"id\":\"m2\",\"aggregatetype\":\"a\",\"aggregateid\":\"k\",\"type\":\"t\",\"payload\":{}}");
 	stream_stop();
 	stream_start(50);
 	stream_abort(50, 51);
@@ -540,7 +547,8 @@ test_streamed_savepoint_messages_fall_back(void **state)
 	assert_int_equal(obx_core_session_start(&core, 0x100, 2, 10000, 0), 0);
 	relation();
 	begin(0x300, 50);
-	message_x(0, true, "{\"id\":\"m1\",\"aggregatetype\":\"a\",\"aggregateid\":\"k\",\"type\":\"t\",\"payload\":{}}");
+	message_x(0, true,
+	    "{\"id\":\"m1\",\"aggregatetype\":\"a\",\"aggregateid\":\"k\",\"type\":\"t\",\"payload\":{}}");
 	commit(0x300, 0x310);
 	assert_int_equal(fk.n, 1);
 	assert_string_equal(fk.recs[0].id, "m1");
@@ -555,13 +563,15 @@ test_streamed_whole_abort_with_messages(void **state)
 	set("source", "streaming", "on");
 	start(0x100);
 	stream_start(60);
-	message_x(60, true, "{\"id\":\"m1\",\"aggregatetype\":\"a\",\"aggregateid\":\"k\",\"type\":\"t\",\"payload\":{}}");
+	message_x(60, true,
+	    "{\"id\":\"m1\",\"aggregatetype\":\"a\",\"aggregateid\":\"k\",\"type\":\"t\",\"payload\":{}}");
 	stream_stop();
 	stream_abort(60, 60); /* the whole transaction: exact */
 	assert_int_equal(ended(), OBX_CORE_RUNNING);
 	assert_true(obx_core_streaming_allowed(&core));
 	stream_start(61);
-	message_x(61, true, "{\"id\":\"m2\",\"aggregatetype\":\"a\",\"aggregateid\":\"k\",\"type\":\"t\",\"payload\":{}}");
+	message_x(61, true,
+	    "{\"id\":\"m2\",\"aggregatetype\":\"a\",\"aggregateid\":\"k\",\"type\":\"t\",\"payload\":{}}");
 	message_x(61, true, "not json");
 	stream_stop();
 	stream_commit(61, 0x300, 0x310);
@@ -581,7 +591,8 @@ test_messages(void **state)
 	start(0x100);
 	begin(0x200, 7);
 	message_x(0, false, "{\"id\":\"n1\"}");
-	message_x(0, true, "{\"id\":\"m1\",\"aggregatetype\":\"a\",\"aggregateid\":\"k\",\"type\":\"t\",\"payload\":{\"x\":[1]}}");
+	message_x(0, true,
+	    "{\"id\":\"m1\",\"aggregatetype\":\"a\",\"aggregateid\":\"k\",\"type\":\"t\",\"payload\":{\"x\":[1]}}");
 	message_x(0, true, "[1,2]");
 	commit(0x200, 0x210);
 	assert_int_equal(met.messages_refused, 1);
@@ -952,7 +963,7 @@ test_missing_topic(void **state)
 	commit(0x200, 0x210);
 	report(0, OBX_REPORT_PERMANENT);
 	assert_int_equal(fk.n, 2);
-	report(1, OBX_REPORT_MISSING_TOPIC);  /* the copy: its topic is missing, so would its headers' be */
+	report(1, OBX_REPORT_MISSING_TOPIC); /* the copy: its topic is missing, so would its headers' be */
 	assert_int_equal(ended(), OBX_CORE_END_FATAL);
 	assert_int_equal(fk.n, 2);
 	assert_non_null(strstr(reason(), "the dead-letter topic outbox.dead_letter does not exist: event id=e1"));
@@ -1186,8 +1197,8 @@ static void
 test_protocol_errors(void **state)
 {
 	static const uint8_t bad[] = { 'w', 0, 0 };
-	static const uint8_t bad_payload[] = { 'w', 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 1, 0,
-		0, 0, 0, 0, 0, 0, 0, 0, 'B', 1 };
+	static const uint8_t bad_payload[] = { 'w', 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0,
+		0, 0, 0, 'B', 1 };
 
 	(void)state;
 	start(0x100);
@@ -1215,11 +1226,15 @@ test_protocol_errors(void **state)
 /* ---- restart de-duplication ---- */
 
 /* A read-back of topic (nparts partitions) that found the given events (id, commit lsn, seq, key). */
-struct found { const char *id; obx_lsn lsn; uint32_t seq; const char *key; };
+struct found {
+	const char *id;
+	obx_lsn lsn;
+	uint32_t seq;
+	const char *key;
+};
 
 static struct obx_dd_scan *
-read_back(const char *topic, const struct obx_dd_mark *floor, int32_t nparts, const struct found *f,
-    size_t n)
+read_back(const char *topic, const struct obx_dd_mark *floor, int32_t nparts, const struct found *f, size_t n)
 {
 	struct obx_dd_scan *s = obx_dd_scan_new(topic, floor);
 	struct obx_dd_window w;
@@ -1237,8 +1252,8 @@ read_back(const char *topic, const struct obx_dd_mark *floor, int32_t nparts, co
 
 		h[1].len = strlen(obx_lsn_format(f[i].lsn, lsn, sizeof(lsn)));
 		h[2].len = (size_t)snprintf(seq, sizeof(seq), "%u", f[i].seq);
-		obx_dd_scan_record(s, obx_dd_partition(f[i].key, strlen(f[i].key), nparts), (int64_t)i,
-		    f[i].key, strlen(f[i].key), 2, h, 3);
+		obx_dd_scan_record(s, obx_dd_partition(f[i].key, strlen(f[i].key), nparts), (int64_t)i, f[i].key,
+		    strlen(f[i].key), 2, h, 3);
 	}
 	for (int32_t p = 0; p < nparts; p++)
 		obx_dd_scan_window_done(s, p);
@@ -1267,8 +1282,8 @@ test_dedupe_skips_what_kafka_has(void **state)
 	assert_int_equal(lk.n, 1);
 	assert_string_equal(lk.topic[0], "outbox.event.order");
 	assert_true(lk.floor[0].lsn == 0x200 && lk.floor[0].seq == 0);
-	assert_int_equal(fk.n, 0);                /* both wait, in order */
-	assert_false(obx_core_can_read(&core));  /* and the stream with them */
+	assert_int_equal(fk.n, 0);              /* both wait, in order */
+	assert_false(obx_core_can_read(&core)); /* and the stream with them */
 	obx_core_pump(&core, 10);
 	assert_int_equal(fk.n, 0);
 	/* an answer of an earlier session is freed unused */
@@ -1339,7 +1354,8 @@ test_dedupe_fallbacks(void **state)
 	insert("e1", "k1");
 	assert_int_equal(fk.n, 1);
 	assert_int_equal(met.dedupe_fallbacks, 1);
-	assert_non_null(strstr(fk.notes, "de-duplication: topic outbox.event.order: could not start reading "
+	assert_non_null(strstr(fk.notes,
+	    "de-duplication: topic outbox.event.order: could not start reading "
 	    "it back; publishing its events from the slot's position (at-least-once)"));
 	commit(0x200, 0x210);
 	obx_core_reset(&core);
@@ -1358,7 +1374,8 @@ test_dedupe_fallbacks(void **state)
 	obx_core_pump(&core, 10);
 	assert_int_equal(fk.n, 2);
 	assert_int_equal(met.dedupe_fallbacks, 2);
-	assert_non_null(strstr(fk.notes, "topic outbox.event.order: its read-back did not finish within "
+	assert_non_null(strstr(fk.notes,
+	    "topic outbox.event.order: its read-back did not finish within "
 	    "5000 ms; publishing its events from the slot's position (at-least-once)"));
 	insert("e3", "k1");
 	assert_int_equal(fk.n, 3);
@@ -1385,8 +1402,10 @@ test_dedupe_dead_letter_copy(void **state)
 {
 	struct found f[1];
 	struct obx_header h[4];
-	struct obx_report r = { .status = OBX_REPORT_PERMANENT, .error = "too large",
-		.error_name = "MSG_SIZE_TOO_LARGE", .now_us = 2000 };
+	struct obx_report r = { .status = OBX_REPORT_PERMANENT,
+		.error = "too large",
+		.error_name = "MSG_SIZE_TOO_LARGE",
+		.now_us = 2000 };
 
 	(void)state;
 	set("delivery", "on_error", "dead_letter");
@@ -1438,7 +1457,8 @@ test_dedupe_partitioner_unsupported(void **state)
 	assert_int_equal(fk.n, 1);
 	assert_int_equal(obx_core_session_start(&core, 0x100, 2, 10000, 0), 0);
 	{
-		const char *first = strstr(fk.notes, "partitioner consistent_random is not one outboxd can "
+		const char *first = strstr(fk.notes,
+		    "partitioner consistent_random is not one outboxd can "
 		    "reproduce");
 
 		assert_non_null(first);
@@ -1473,13 +1493,17 @@ static void
 report_marked(size_t i, enum obx_report_status st)
 {
 	struct obx_header h[3] = { { "id", fk.recs[i].id, strlen(fk.recs[i].id) },
-		{ "lsn", fk.recs[i].lsn, strlen(fk.recs[i].lsn) }, { "seq", fk.recs[i].seq, strlen(fk.recs[i].seq) } };
-	struct obx_report r = { .opaque = fk.recs[i].opaque, .status = st, .error = "Broker: Message size too large",
-		.error_name = "MSG_SIZE_TOO_LARGE", .now_us = 2000 };
+		{ "lsn", fk.recs[i].lsn, strlen(fk.recs[i].lsn) },
+		{ "seq", fk.recs[i].seq, strlen(fk.recs[i].seq) } };
+	struct obx_report r = { .opaque = fk.recs[i].opaque,
+		.status = st,
+		.error = "Broker: Message size too large",
+		.error_name = "MSG_SIZE_TOO_LARGE",
+		.now_us = 2000 };
 
 	r.record = (struct obx_record){ fk.recs[i].topic, fk.recs[i].key[0] ? fk.recs[i].key : NULL,
-		strlen(fk.recs[i].key), fk.recs[i].has_value ? fk.recs[i].value : NULL,
-		strlen(fk.recs[i].value), 0, h, 3 };
+		strlen(fk.recs[i].key), fk.recs[i].has_value ? fk.recs[i].value : NULL, strlen(fk.recs[i].value),
+		0, h, 3 };
 	obx_core_report(&core, &r);
 }
 
@@ -1588,7 +1612,7 @@ test_eos_bounds(void **state)
 	commit(0x200, 0x210);
 	report(2, OBX_REPORT_OK);
 	assert_false(obx_core_commit_due(&core, 99, false, &p));
-	assert_int_equal(obx_core_wait_ms(&core, 50), 50); /* woken when the age bound passes */
+	assert_int_equal(obx_core_wait_ms(&core, 50), 50);       /* woken when the age bound passes */
 	assert_true(obx_core_commit_due(&core, 100, false, &p)); /* transaction_max_time 100 ms */
 	assert_int_equal(p.mark.seq, 2);
 	assert_int_equal(p.end_lsn, 0x210);
@@ -1652,9 +1676,9 @@ test_eos_floor_of_another_history(void **state)
 	insert("n1", "k1");
 	commit(0x180, 0x190);
 	obx_core_pump(&core, 1);
-	assert_int_equal(fk.n, 0); /* taken for a replay, for now */
+	assert_int_equal(fk.n, 0);            /* taken for a replay, for now */
 	assert_int_equal(flush_now(), 0x100); /* but never confirmed */
-	begin(0x260, 7); /* past the floor, without a transaction at 0x200 */
+	begin(0x260, 7);                      /* past the floor, without a transaction at 0x200 */
 	assert_int_equal(ended(), OBX_CORE_END_RETRY);
 	assert_non_null(strstr(core.reason, "passed the record's lsn without its transaction"));
 	assert_int_equal(flush_now(), 0x100);
@@ -1794,7 +1818,11 @@ test_eos_rejected_record(void **state)
 static void
 test_eos_commit_failures(void **state)
 {
-	static const struct { enum obx_core_commit how; enum obx_core_end end; const char *says; } cases[] = {
+	static const struct {
+		enum obx_core_commit how;
+		enum obx_core_end end;
+		const char *says;
+	} cases[] = {
 		{ OBX_CORE_COMMIT_ABORT, OBX_CORE_END_RETRY, "rewinding to the slot" },
 		{ OBX_CORE_COMMIT_FATAL, OBX_CORE_END_RETRY, "rewinding to the slot" },
 		{ OBX_CORE_COMMIT_FENCED, OBX_CORE_END_FATAL, "could not commit the Kafka transaction" },
@@ -1856,12 +1884,16 @@ test_eos_drain(void **state)
 #define EOS_MAXREC 4096
 
 static struct {
-	int nev[EOS_TXNS];        /* events per PostgreSQL transaction */
+	int nev[EOS_TXNS]; /* events per PostgreSQL transaction */
 	int key[EOS_TXNS][4];
-	struct { int t, e; uint64_t opaque; bool reported; } open[EOS_MAXREC]; /* the open Kafka transaction */
+	struct {
+		int t, e;
+		uint64_t opaque;
+		bool reported;
+	} open[EOS_MAXREC]; /* the open Kafka transaction */
 	size_t nopen;
 	int committed[EOS_TXNS][4]; /* copies of each event in committed Kafka transactions */
-	int last[3];              /* per key: the last (t * 4 + e) committed */
+	int last[3];                /* per key: the last (t * 4 + e) committed */
 	struct obx_dd_mark progress;
 	int64_t progress_time;
 	bool have_progress;
@@ -2020,7 +2052,8 @@ test_eos_random(void **state)
 				/* a delivery report of a record of the open Kafka transaction */
 				for (size_t i = 0; i < ex.nopen; i++)
 					if (!ex.open[i].reported) {
-						struct obx_report rep = { .opaque = ex.open[i].opaque, .status = OBX_REPORT_OK,
+						struct obx_report rep = { .opaque = ex.open[i].opaque,
+							.status = OBX_REPORT_OK,
 							.now_us = 2000 };
 
 						rep.record.topic = "outbox.event.order";
@@ -2042,9 +2075,11 @@ test_eos_random(void **state)
 
 							assert_true(ex.open[i].reported);
 							if (++ex.committed[t][e] > 1)
-								fail_msg("seed %d: t%de%d committed twice", seed, t, e);
+								fail_msg("seed %d: t%de%d committed twice", seed,
+								    t, e);
 							if (t * 4 + e < ex.last[k])
-								fail_msg("seed %d: key %d out of order at t%de%d", seed, k, t, e);
+								fail_msg("seed %d: key %d out of order at t%de%d",
+								    seed, k, t, e);
 							ex.last[k] = t * 4 + e;
 						}
 						assert_int_equal(p.records, ex.nopen);
@@ -2071,15 +2106,16 @@ test_eos_random(void **state)
 				obx_core_session_end(&core);
 				ex_session(now, EX_RND());
 				in_txn = false;
-				for (next_txn = 0; next_txn < EOS_TXNS && ex_commit_lsn(next_txn) + 0x10 <= ex.confirmed;)
+				for (next_txn = 0;
+				     next_txn < EOS_TXNS && ex_commit_lsn(next_txn) + 0x10 <= ex.confirmed;)
 					next_txn++;
 			}
 		}
 		for (int t = 0; t < EOS_TXNS; t++)
 			for (int e = 0; e < ex.nev[t]; e++)
 				if (ex.committed[t][e] != 1)
-					fail_msg("seed %d: t%de%d committed %d times (%d crashes, %d aborts)", seed, t, e,
-					    ex.committed[t][e], crashes, aborts);
+					fail_msg("seed %d: t%de%d committed %d times (%d crashes, %d aborts)",
+					    seed, t, e, ex.committed[t][e], crashes, aborts);
 		assert_int_equal(flush_now(), ex_commit_lsn(EOS_TXNS - 1) + 0x10);
 		obx_core_reset(&core);
 #undef EX_RND

@@ -101,14 +101,38 @@ chance(uint32_t pm)
 
 /* What the seeds exercised, printed at the end: a model that checks nothing proves nothing. */
 enum model_stat {
-	ST_STREAM_COMMIT, ST_STREAM_ABORT, ST_SAVEPOINT_ABORT, ST_MSG_FALLBACK, ST_BUFFER_FALLBACK,
-	ST_QUEUE_FULL, ST_PERMANENT, ST_TRANSIENT, ST_DEAD_LETTER, ST_LATE_REPORT, ST_SIGNAL_STOP,
-	ST_CRASH_REWIND, ST_BACKPRESSURE, ST_MESSAGES, ST_DRAIN_TIMEOUT, ST_NSTATS
+	ST_STREAM_COMMIT,
+	ST_STREAM_ABORT,
+	ST_SAVEPOINT_ABORT,
+	ST_MSG_FALLBACK,
+	ST_BUFFER_FALLBACK,
+	ST_QUEUE_FULL,
+	ST_PERMANENT,
+	ST_TRANSIENT,
+	ST_DEAD_LETTER,
+	ST_LATE_REPORT,
+	ST_SIGNAL_STOP,
+	ST_CRASH_REWIND,
+	ST_BACKPRESSURE,
+	ST_MESSAGES,
+	ST_DRAIN_TIMEOUT,
+	ST_NSTATS
 };
 static const char *const stat_names[ST_NSTATS] = {
-	"stream commits", "stream aborts", "savepoint aborts", "message fallbacks", "buffer fallbacks",
-	"queue-full answers", "permanent failures", "transient failures", "dead-letter copies",
-	"late reports", "signal stops", "rewinds", "backpressure pauses", "messages published",
+	"stream commits",
+	"stream aborts",
+	"savepoint aborts",
+	"message fallbacks",
+	"buffer fallbacks",
+	"queue-full answers",
+	"permanent failures",
+	"transient failures",
+	"dead-letter copies",
+	"late reports",
+	"signal stops",
+	"rewinds",
+	"backpressure pauses",
+	"messages published",
 	"drain timeouts",
 };
 static long stats[ST_NSTATS];
@@ -127,23 +151,23 @@ struct mev {
 	char key[4];
 	char type[8];
 	char payload[192];
-	char content[320];  /* a message's JSON object */
+	char content[320]; /* a message's JSON object */
 	enum ev_kind kind;
-	int txn;            /* -1: none (non-transactional message) */
-	int ord;            /* position among its transaction's changes */
-	uint32_t subxid;    /* the (sub)transaction that wrote it */
+	int txn;         /* -1: none (non-transactional message) */
+	int ord;         /* position among its transaction's changes */
+	uint32_t subxid; /* the (sub)transaction that wrote it */
 	int key_i;
 	obx_lsn lsn;
-	bool aborted;       /* its subtransaction or transaction rolled back */
-	bool expected;      /* the core must publish it once its transaction commits */
-	int seq;            /* its ordinal among the published events of its transaction */
+	bool aborted;  /* its subtransaction or transaction rolled back */
+	bool expected; /* the core must publish it once its transaction commits */
+	int seq;       /* its ordinal among the published events of its transaction */
 	/* per session (session ids; 0: never) */
-	int orig_sess;      /* the record was accepted by the producer */
-	int dl_sess;        /* a dead-letter copy was accepted */
-	int perm_sess;      /* the record was refused for good (produce or report) */
-	int dlperm_sess;    /* the dead-letter copy was refused at produce */
-	int acked_sess;     /* the core got an OK report for it or its copy */
-	bool kafka;         /* an OK report was served for it (any session) */
+	int orig_sess;   /* the record was accepted by the producer */
+	int dl_sess;     /* a dead-letter copy was accepted */
+	int perm_sess;   /* the record was refused for good (produce or report) */
+	int dlperm_sess; /* the dead-letter copy was refused at produce */
+	int acked_sess;  /* the core got an OK report for it or its copy */
+	bool kafka;      /* an OK report was served for it (any session) */
 };
 
 enum { T_OPEN, T_COMMITTED, T_ABORTED };
@@ -151,7 +175,7 @@ enum { T_OPEN, T_COMMITTED, T_ABORTED };
 struct mtxn {
 	uint32_t xid;
 	int state;
-	bool big;            /* streamed when the session streams */
+	bool big; /* streamed when the session streams */
 	int *ops;
 	size_t nops, cap;
 	uint32_t subs[MAXSUB];
@@ -159,26 +183,26 @@ struct mtxn {
 	int nsubs;
 	obx_lsn commit_lsn, end_lsn;
 	int64_t commit_time;
-	int npub;            /* events the core must publish */
-	int streamed_sess;   /* a block of it went on the wire in this session */
-	size_t sent;         /* ops handled by blocks in streamed_sess */
-	int rel_sess;        /* relations announced inside its stream in rel_sess */
+	int npub;          /* events the core must publish */
+	int streamed_sess; /* a block of it went on the wire in this session */
+	size_t sent;       /* ops handled by blocks in streamed_sess */
+	int rel_sess;      /* relations announced inside its stream in rel_sess */
 	bool rel_sent[2];
-	int msgs_sess;       /* our messages the core buffered for it in msgs_sess */
+	int msgs_sess; /* our messages the core buffered for it in msgs_sess */
 	int msgs_fed;
-	int fed_sess;        /* its Commit or Stream Commit was read in this session */
-	int stream_sess;     /* a Stream Start of it was read, no Stream Commit/Abort yet */
+	int fed_sess;    /* its Commit or Stream Commit was read in this session */
+	int stream_sess; /* a Stream Start of it was read, no Stream Commit/Abort yet */
 };
 
 /* One message on the wire. */
 struct witem {
-	char type;           /* pgoutput type, or 'k' for a keepalive */
-	bool stream;         /* inside a Stream Start block */
-	bool flag;           /* 'k': reply requested; 'S': first segment */
+	char type;   /* pgoutput type, or 'k' for a keepalive */
+	bool stream; /* inside a Stream Start block */
+	bool flag;   /* 'k': reply requested; 'S': first segment */
 	int ev;
 	int txn;
-	int rel;             /* 'R': 0 outbox, 1 audit */
-	int layout;          /* 'R', 'I': the columns of the relation (see relcols) */
+	int rel;    /* 'R': 0 outbox, 1 audit */
+	int layout; /* 'R', 'I': the columns of the relation (see relcols) */
 	uint32_t xid, sub;
 	obx_lsn lsn;
 };
@@ -207,13 +231,13 @@ struct model {
 	uint64_t seed;
 	int step;
 	bool failed;
-	bool quiet;          /* draining: no refusals, no failures */
+	bool quiet; /* draining: no refusals, no failures */
 
 	struct mev *ev;
 	size_t nev, evcap;
 	struct mtxn *tx;
 	size_t ntx, txcap;
-	int *corder;         /* committed transactions in commit order */
+	int *corder; /* committed transactions in commit order */
 	size_t ncorder, cocap;
 	struct witem *wire;
 	size_t whead, wn, wcap;
@@ -227,35 +251,35 @@ struct model {
 
 	/* the session */
 	int sess;
-	bool streaming;      /* the server streams in this session */
-	bool rel_sent[2];    /* Relation announced (the core's relation cache has one) */
-	int layout[2];       /* the columns of the last Relation put on the wire */
+	bool streaming;   /* the server streams in this session */
+	bool rel_sent[2]; /* Relation announced (the core's relation cache has one) */
+	int layout[2];    /* the columns of the last Relation put on the wire */
 	obx_lsn sess_start, seen_max, last_flush, fed_commit_end;
-	size_t verified;     /* corder[< verified] checked fully acknowledged */
-	obx_lsn *allowed;    /* positions the flush may take: the start, ends of commits read, */
+	size_t verified;             /* corder[< verified] checked fully acknowledged */
+	obx_lsn *allowed;            /* positions the flush may take: the start, ends of commits read, */
 	size_t nallowed, allowedcap; /* and keepalives read while nothing was open or outstanding */
-	bool plain_open;     /* a Begin was read, its Commit not yet */
-	bool expect_retry;   /* a transient failure was injected */
-	bool expect_off;     /* a savepoint's abort with buffered messages */
+	bool plain_open;             /* a Begin was read, its Commit not yet */
+	bool expect_retry;           /* a transient failure was injected */
+	bool expect_off;             /* a savepoint's abort with buffered messages */
 	int signals;
 	bool key_set[NKEYS];
 	int key_sess[NKEYS];
 	obx_lsn key_lsn[NKEYS];
 	int key_ord[NKEYS];
 
-	obx_lsn confirmed;   /* the slot's confirmed_flush */
-	obx_lsn *hist;       /* every confirmed position, for a server that lost the latest */
+	obx_lsn confirmed; /* the slot's confirmed_flush */
+	obx_lsn *hist;     /* every confirmed position, for a server that lost the latest */
 	size_t nhist, histcap;
 	obx_lsn last_commit_end;
 
 	/* per seed */
 	int status_interval;
-	uint32_t qfull_pm;   /* QUEUE_FULL answers per mille, in a full phase */
+	uint32_t qfull_pm; /* QUEUE_FULL answers per mille, in a full phase */
 	bool qfull_phase;
 	bool dead_letter;
 	long long max_inflight;
 	long long max_inflight_bytes;
-	uint32_t pad;        /* payloads carry up to this many bytes of padding */
+	uint32_t pad; /* payloads carry up to this many bytes of padding */
 
 	char trace[TRACE_LINES][160];
 	size_t ntrace;
@@ -402,15 +426,16 @@ new_event(int txn, uint32_t subxid, enum ev_kind kind)
 	snprintf(e->atype, sizeof(e->atype), "%s", atypes[below(2)]);
 	snprintf(e->type, sizeof(e->type), "%s", types[below(3)]);
 	if (M.pad > 0)
-		snprintf(e->payload, sizeof(e->payload), "{\"n\":%d,\"pad\":\"%.*s\"}", i,
-		    (int)below(M.pad), "................................................................"
+		snprintf(e->payload, sizeof(e->payload), "{\"n\":%d,\"pad\":\"%.*s\"}", i, (int)below(M.pad),
+		    "................................................................"
 		    "................................................................................................");
 	else
 		snprintf(e->payload, sizeof(e->payload), "{\"n\":%d}", i);
 	if (kind == EV_MSG || kind == EV_NOISE_MSG || kind == EV_NONTX_MSG)
-		snprintf(e->content, sizeof(e->content), "{\"id\":\"%s\",\"aggregatetype\":\"%s\","
-		    "\"aggregateid\":\"%s\",\"type\":\"%s\",\"payload\":%s}", e->id, e->atype, e->key,
-		    e->type, e->payload);
+		snprintf(e->content, sizeof(e->content),
+		    "{\"id\":\"%s\",\"aggregatetype\":\"%s\","
+		    "\"aggregateid\":\"%s\",\"type\":\"%s\",\"payload\":%s}",
+		    e->id, e->atype, e->key, e->type, e->payload);
 	e->expected = kind == EV_ROW || (kind == EV_MSG && cfg.messages);
 	e->lsn = wal(0x40);
 	return i;
@@ -515,18 +540,32 @@ push_change(int ti, int e, bool stream)
 			need = true;
 		}
 		if (need) {
-			push((struct witem){ .type = 'R', .stream = stream, .rel = r, .txn = ti,
-			    .xid = stream ? t->xid : 0, .ev = -1, .layout = M.layout[r] });
+			push((struct witem){ .type = 'R',
+			    .stream = stream,
+			    .rel = r,
+			    .txn = ti,
+			    .xid = stream ? t->xid : 0,
+			    .ev = -1,
+			    .layout = M.layout[r] });
 			M.rel_sent[r] = true;
 			if (stream)
 				t->rel_sent[r] = true;
 		}
-		push((struct witem){ .type = 'I', .stream = stream, .ev = e, .txn = ti,
-		    .xid = stream ? ev->subxid : 0, .lsn = ev->lsn, .layout = M.layout[r] });
+		push((struct witem){ .type = 'I',
+		    .stream = stream,
+		    .ev = e,
+		    .txn = ti,
+		    .xid = stream ? ev->subxid : 0,
+		    .lsn = ev->lsn,
+		    .layout = M.layout[r] });
 	} else {
 		/* pgoutput tags a streamed message with the top-level xid */
-		push((struct witem){ .type = 'M', .stream = stream, .ev = e, .txn = ti,
-		    .xid = stream ? t->xid : 0, .lsn = ev->lsn });
+		push((struct witem){ .type = 'M',
+		    .stream = stream,
+		    .ev = e,
+		    .txn = ti,
+		    .xid = stream ? t->xid : 0,
+		    .lsn = ev->lsn });
 	}
 }
 
@@ -536,7 +575,9 @@ push_plain(int ti)
 {
 	struct mtxn *t = &M.tx[ti];
 
-	push((struct witem){ .type = 'B', .txn = ti, .ev = -1,
+	push((struct witem){ .type = 'B',
+	    .txn = ti,
+	    .ev = -1,
 	    .lsn = t->nops ? M.ev[t->ops[0]].lsn : t->commit_lsn });
 	for (size_t i = 0; i < M.tx[ti].nops; i++) {
 		int e = M.tx[ti].ops[i];
@@ -545,7 +586,8 @@ push_plain(int ti)
 			continue;
 		push_change(ti, e, false);
 		if (chance(40)) /* a keepalive while the transaction is sent: the WAL end is past it */
-			push((struct witem){ .type = 'k', .lsn = M.tx[ti].end_lsn, .flag = chance(300), .ev = -1 });
+			push(
+			    (struct witem){ .type = 'k', .lsn = M.tx[ti].end_lsn, .flag = chance(300), .ev = -1 });
 	}
 	push((struct witem){ .type = 'C', .txn = ti, .ev = -1 });
 }
@@ -576,7 +618,11 @@ push_block(int ti)
 	bool first = t->streamed_sess != M.sess;
 
 	t->streamed_sess = M.sess;
-	push((struct witem){ .type = 'S', .txn = ti, .xid = t->xid, .flag = first, .ev = -1,
+	push((struct witem){ .type = 'S',
+	    .txn = ti,
+	    .xid = t->xid,
+	    .flag = first,
+	    .ev = -1,
 	    .lsn = from < t->nops ? M.ev[t->ops[from]].lsn : 0 });
 	for (size_t i = from; i < M.tx[ti].nops; i++) {
 		int e = M.tx[ti].ops[i];
@@ -673,7 +719,11 @@ gen_big_rollback(int ti)
 	abort_sub(ti, s);
 	trace("server: large xid %" PRIu32 " rolls back savepoint %" PRIu32, t->xid, t->subs[s]);
 	if (M.streaming && t->streamed_sess == M.sess)
-		push((struct witem){ .type = 'A', .txn = ti, .xid = t->xid, .sub = t->subs[s], .lsn = at,
+		push((struct witem){ .type = 'A',
+		    .txn = ti,
+		    .xid = t->xid,
+		    .sub = t->subs[s],
+		    .lsn = at,
 		    .ev = -1 });
 }
 
@@ -758,7 +808,10 @@ server_replay(obx_lsn from)
 			t = &M.tx[ti];
 			for (int s = 0; with_aborted && s < t->nsubs; s++)
 				if (t->sub_aborted[s])
-					push((struct witem){ .type = 'A', .txn = ti, .xid = t->xid, .sub = t->subs[s],
+					push((struct witem){ .type = 'A',
+					    .txn = ti,
+					    .xid = t->xid,
+					    .sub = t->subs[s],
 					    .ev = -1 });
 			push((struct witem){ .type = 'c', .txn = ti, .xid = t->xid, .ev = -1 });
 		} else {
@@ -782,7 +835,8 @@ header(const struct obx_record *r, const char *name, char *out, size_t len, bool
 			if (found)
 				*found = true;
 			if (r->headers[i].value != NULL)
-				snprintf(out, len, "%.*s", (int)r->headers[i].len, (const char *)r->headers[i].value);
+				snprintf(out, len, "%.*s", (int)r->headers[i].len,
+				    (const char *)r->headers[i].value);
 			return;
 		}
 	}
@@ -812,7 +866,8 @@ check_record(const struct obx_record *r, const struct mev *e)
 		    r->value ? (const char *)r->value : "(null)", e->payload);
 	header(r, "lsn", h, sizeof(h), NULL);
 	if (strcmp(h, LSN(t->commit_lsn)) != 0)
-		violation("event %s has header lsn=%s, its transaction commits at %s", e->id, h, LSN(t->commit_lsn));
+		violation("event %s has header lsn=%s, its transaction commits at %s", e->id, h,
+		    LSN(t->commit_lsn));
 	header(r, "seq", h, sizeof(h), NULL);
 	snprintf(want, sizeof(want), "%d", e->seq);
 	if (strcmp(h, want) != 0)
@@ -883,8 +938,10 @@ m_produce(void *ctx, const struct obx_record *r, uint64_t opaque, char *errbuf, 
 		return OBX_PRODUCE_OK;
 	}
 	if (e->aborted || M.tx[e->txn].state != T_COMMITTED) {
-		violation("produce of %s, which %s", e->id, e->aborted ? "was rolled back (savepoint or "
-		    "transaction)" : "belongs to a transaction that has not committed");
+		violation("produce of %s, which %s", e->id,
+		    e->aborted ? "was rolled back (savepoint or "
+		                 "transaction)" :
+		                 "belongs to a transaction that has not committed");
 		return OBX_PRODUCE_OK;
 	}
 	if (((opaque >> 63) != 0) != dl)
@@ -897,10 +954,11 @@ m_produce(void *ctx, const struct obx_record *r, uint64_t opaque, char *errbuf, 
 		header(r, "original_topic", otopic, sizeof(otopic), NULL);
 		header(r, "error", err, sizeof(err), &has_err);
 		if (strcmp(otopic, topic) != 0 || !has_err)
-			violation("dead-letter copy of %s: original_topic '%s' (expected %s), error header %s", e->id,
-			    otopic, topic, has_err ? "present" : "missing");
+			violation("dead-letter copy of %s: original_topic '%s' (expected %s), error header %s",
+			    e->id, otopic, topic, has_err ? "present" : "missing");
 		if (e->perm_sess != M.sess)
-			violation("dead-letter copy of %s without a permanent failure of it in this session", e->id);
+			violation("dead-letter copy of %s without a permanent failure of it in this session",
+			    e->id);
 		if (bare && e->dlperm_sess != M.sess)
 			violation("headers-only dead-letter copy of %s although its copy was not refused", e->id);
 	}
@@ -938,7 +996,8 @@ m_produce(void *ctx, const struct obx_record *r, uint64_t opaque, char *errbuf, 
 		if (M.key_set[k] && M.key_sess[k] == M.sess &&
 		    (t->commit_lsn < M.key_lsn[k] || (t->commit_lsn == M.key_lsn[k] && e->ord <= M.key_ord[k])))
 			violation("key %s out of order: %s (commit %s, change %d) after an event of commit %s, "
-			    "change %d", e->key, e->id, LSN(t->commit_lsn), e->ord, LSN(M.key_lsn[k]), M.key_ord[k]);
+			          "change %d",
+			    e->key, e->id, LSN(t->commit_lsn), e->ord, LSN(M.key_lsn[k]), M.key_ord[k]);
 		M.key_set[k] = true;
 		M.key_sess[k] = M.sess;
 		M.key_lsn[k] = t->commit_lsn;
@@ -974,10 +1033,10 @@ static const struct obx_core_ops ops = { m_produce, m_note, NULL };
 
 /* Two shapes of the table: as created, and with a column "note" in the middle. */
 static const struct obx_pg_relcol relcols[2][6] = {
-	{ { 1, "id", 25, -1 }, { 0, "aggregatetype", 25, -1 }, { 0, "aggregateid", 25, -1 },
+	{ { 1, "id", 25, -1 }, { 0, "aggregatetype", 25, -1 }, { 0, "aggregateid", 25, -1 }, { 0, "type", 25, -1 },
+	    { 0, "payload", 3802, -1 } },
+	{ { 1, "id", 25, -1 }, { 0, "note", 25, -1 }, { 0, "aggregatetype", 25, -1 }, { 0, "aggregateid", 25, -1 },
 	    { 0, "type", 25, -1 }, { 0, "payload", 3802, -1 } },
-	{ { 1, "id", 25, -1 }, { 0, "note", 25, -1 }, { 0, "aggregatetype", 25, -1 },
-	    { 0, "aggregateid", 25, -1 }, { 0, "type", 25, -1 }, { 0, "payload", 3802, -1 } },
 };
 
 static void
@@ -1065,8 +1124,8 @@ feed_one(void)
 		m.u.insert.relid = e->kind == EV_NOISE_ROW ? RELID_AUDIT : RELID_OUTBOX;
 		m.u.insert.tuple = (struct obx_pg_tuple){ (uint16_t)n, d };
 		ds = w.lsn;
-		trace("read Insert %s%s xid %" PRIu32 " key %s%s%s", e->kind == EV_NOISE_ROW ? "audit " : "", e->id,
-		    w.xid, e->key, w.stream ? " (stream)" : "", e->aborted ? " [rolls back]" : "");
+		trace("read Insert %s%s xid %" PRIu32 " key %s%s%s", e->kind == EV_NOISE_ROW ? "audit " : "",
+		    e->id, w.xid, e->key, w.stream ? " (stream)" : "", e->aborted ? " [rolls back]" : "");
 		break;
 	case 'M':
 		m.u.message.flags = e->kind == EV_NONTX_MSG ? 0 : 1;
@@ -1142,9 +1201,10 @@ feed_one(void)
 	if (expect_off) {
 		M.expect_off = true;
 		if (obx_core_ended(&core, NULL) != OBX_CORE_END_RETRY || obx_core_streaming_allowed(&core))
-			violation("a savepoint of streamed xid %" PRIu32 " holding %d buffered message(s) rolled back: "
-			    "expected the session to end RETRY with streaming off (ended %d, streaming %s)", w.xid,
-			    t->msgs_fed, (int)obx_core_ended(&core, NULL),
+			violation("a savepoint of streamed xid %" PRIu32
+			          " holding %d buffered message(s) rolled back: "
+			          "expected the session to end RETRY with streaming off (ended %d, streaming %s)",
+			    w.xid, t->msgs_fed, (int)obx_core_ended(&core, NULL),
 			    obx_core_streaming_allowed(&core) ? "allowed" : "off");
 	}
 }
@@ -1176,8 +1236,8 @@ deliver(size_t i, enum obx_report_status st)
 	r.status = st;
 	r.error = st == OBX_REPORT_PERMANENT ? "Broker: Topic authorization failed" : "Local: Message timed out";
 	r.error_name = st == OBX_REPORT_PERMANENT ? "TOPIC_AUTHORIZATION_FAILED" : "_MSG_TIMED_OUT";
-	r.record = (struct obx_record){ o.topic, o.has_key ? o.key : NULL, o.keylen,
-		o.has_value ? o.value : NULL, o.len, 0, hs, o.nh };
+	r.record = (struct obx_record){ o.topic, o.has_key ? o.key : NULL, o.keylen, o.has_value ? o.value : NULL,
+		o.len, 0, hs, o.nh };
 	r.now_us = M.commit_clock + 1000;
 	trace("report %s%s: %s%s", e->id, o.dl ? " (dead-letter)" : "", names[st],
 	    current ? "" : " (an earlier session's)");
@@ -1207,9 +1267,12 @@ report_some(int n)
 		enum obx_report_status st = OBX_REPORT_OK;
 		uint32_t r = below(1000);
 
-		if (o->sess != M.sess) /* docs/internals/design.md, invariant 8: whatever it says, it must change nothing now */
-			st = r < 400 ? OBX_REPORT_OK : r < 700 ? OBX_REPORT_PURGED : r < 850 ? OBX_REPORT_TRANSIENT :
-			    OBX_REPORT_PERMANENT;
+		if (o->sess !=
+		    M.sess) /* docs/internals/design.md, invariant 8: whatever it says, it must change nothing now */
+			st = r < 400 ? OBX_REPORT_OK :
+			    r < 700  ? OBX_REPORT_PURGED :
+			    r < 850  ? OBX_REPORT_TRANSIENT :
+			               OBX_REPORT_PERMANENT;
 		else if (M.quiet || o->dl)
 			st = OBX_REPORT_OK;
 		else if (M.dead_letter && r < 25)
@@ -1252,8 +1315,10 @@ check_flush(obx_lsn flush, obx_lsn write, const char *when)
 		while (i > 0 && M.allowed[i - 1] > flush)
 			i--;
 		if (i == 0 || M.allowed[i - 1] != flush)
-			violation("%s: flush %s is neither the end of a transaction read nor a keepalive read while "
-			    "nothing was open or outstanding (invariant 5)", when, LSN(flush));
+			violation(
+			    "%s: flush %s is neither the end of a transaction read nor a keepalive read while "
+			    "nothing was open or outstanding (invariant 5)",
+			    when, LSN(flush));
 	}
 	for (; M.verified < M.ncorder && !M.failed; M.verified++) {
 		const struct mtxn *t = &M.tx[M.corder[M.verified]];
@@ -1266,10 +1331,13 @@ check_flush(obx_lsn flush, obx_lsn write, const char *when)
 			const struct mev *e = &M.ev[t->ops[i]];
 
 			if (published(e) && e->acked_sess != M.sess) {
-				violation("%s: flush %s passes the end %s of xid %" PRIu32 " whose event %s the broker has "
-				    "not acknowledged in this session%s", when, LSN(flush), LSN(t->end_lsn), t->xid, e->id,
-				    e->orig_sess == M.sess || e->dl_sess == M.sess ? " (produced, report pending)" :
-				    " (never produced in this session)");
+				violation("%s: flush %s passes the end %s of xid %" PRIu32
+				          " whose event %s the broker has "
+				          "not acknowledged in this session%s",
+				    when, LSN(flush), LSN(t->end_lsn), t->xid, e->id,
+				    e->orig_sess == M.sess || e->dl_sess == M.sess ?
+				        " (produced, report pending)" :
+				        " (never produced in this session)");
 				return;
 			}
 		}
@@ -1346,7 +1414,8 @@ session_close(void)
 	if (end == OBX_CORE_END_STOP && M.signals == 1 && core.ack.outstanding == 0 && f < M.fed_commit_end)
 		violation("drained stop confirms only %s, but every transaction read (to %s) was acknowledged",
 		    LSN(f), LSN(M.fed_commit_end));
-	if (end == OBX_CORE_END_STOP && M.signals == 1 && M.now < core.stops.first_ms + OBX_CORE_DRAIN_TIMEOUT_MS && M.plain_open)
+	if (end == OBX_CORE_END_STOP && M.signals == 1 &&
+	    M.now < core.stops.first_ms + OBX_CORE_DRAIN_TIMEOUT_MS && M.plain_open)
 		violation("drained stop inside an open transaction (Begin read, Commit not yet)");
 	/* the broker answers within a few steps here: a drain that needs its 30 s is stuck */
 	if (end == OBX_CORE_END_STOP && M.signals == 1 && M.now >= core.stops.first_ms + OBX_CORE_DRAIN_TIMEOUT_MS)
@@ -1360,7 +1429,10 @@ session_close(void)
 		uint32_t r = below(10);
 
 		if (M.out[i].sess == M.sess && r < 8)
-			deliver(i, r < 4 ? OBX_REPORT_OK : r < 6 ? OBX_REPORT_PURGED : (enum obx_report_status)below(4));
+			deliver(i,
+			    r < 4     ? OBX_REPORT_OK :
+			        r < 6 ? OBX_REPORT_PURGED :
+			                (enum obx_report_status)below(4));
 		else
 			i++;
 	}
@@ -1495,8 +1567,8 @@ drain(void)
 			obx_core_pump(&core, M.now);
 		M.now += 5;
 		after_step();
-		if (wire_len() == 0 && M.nout == 0 && !obx_dlv_pending(&core.dlv) && !core.replaying && !core.in_txn &&
-		    obx_core_ended(&core, NULL) == OBX_CORE_RUNNING && obx_core_can_read(&core))
+		if (wire_len() == 0 && M.nout == 0 && !obx_dlv_pending(&core.dlv) && !core.replaying &&
+		    !core.in_txn && obx_core_ended(&core, NULL) == OBX_CORE_RUNNING && obx_core_can_read(&core))
 			break;
 	}
 	if (M.failed)
@@ -1518,8 +1590,9 @@ drain(void)
 			const struct mev *e = &M.ev[t->ops[k]];
 
 			if (published(e) && !e->kafka) {
-				violation("committed event %s (xid %" PRIu32 ", commit %s) never reached the broker", e->id,
-				    t->xid, LSN(t->commit_lsn));
+				violation("committed event %s (xid %" PRIu32
+				          ", commit %s) never reached the broker",
+				    e->id, t->xid, LSN(t->commit_lsn));
 				break;
 			}
 		}
@@ -1580,9 +1653,9 @@ run_seed(uint64_t seed, int steps)
 	M.commit_clock = 800000000000LL;
 	M.confirmed = M.walpos;
 	trace("seed %" PRIu64 ": streaming %s, messages %s, stream_buffer %lld, max_inflight %lld, "
-	    "max_inflight_bytes %lld, on_error %s", seed, cfg.streaming ? "on" : "off",
-	    cfg.messages ? "on" : "off", cfg.stream_buffer_bytes, M.max_inflight, M.max_inflight_bytes,
-	    M.dead_letter ? "dead_letter" : "stop");
+	      "max_inflight_bytes %lld, on_error %s",
+	    seed, cfg.streaming ? "on" : "off", cfg.messages ? "on" : "off", cfg.stream_buffer_bytes,
+	    M.max_inflight, M.max_inflight_bytes, M.dead_letter ? "dead_letter" : "stop");
 	core_new();
 	session_open();
 	for (M.step = 1; M.step <= steps && !M.failed; M.step++)
@@ -1620,8 +1693,8 @@ test_model(void **state)
 			break;
 	}
 	print_message("relaycore model: seeds %" PRIu64 "..%" PRIu64 ", %ld steps, %ld sessions, %ld records "
-	    "produced, %ld reports, %d failing seed(s)\n", first, last, steps_total, sessions, produced, reports,
-	    failures);
+	              "produced, %ld reports, %d failing seed(s)\n",
+	    first, last, steps_total, sessions, produced, reports, failures);
 	for (int i = 0; i < ST_NSTATS; i++)
 		print_message("  %-20s %ld\n", stat_names[i], stats[i]);
 	if (failures > 0)

@@ -79,8 +79,7 @@ key_for(int32_t p, int32_t nparts, int skip)
 
 /* Feeds one outboxd record to partition p of s at offset. */
 static void
-feed(struct obx_dd_scan *s, int32_t p, int64_t offset, const char *key, obx_lsn lsn, uint32_t seq,
-    const char *id)
+feed(struct obx_dd_scan *s, int32_t p, int64_t offset, const char *key, obx_lsn lsn, uint32_t seq, const char *id)
 {
 	struct rec r;
 	const struct obx_header *h = hdrs(&r, lsn, seq, id);
@@ -156,7 +155,10 @@ test_marks(void **state)
 static void
 test_murmur2_matches_java(void **state)
 {
-	static const struct { const char *key; int32_t murmur2; } cases[] = {
+	static const struct {
+		const char *key;
+		int32_t murmur2;
+	} cases[] = {
 		{ "21", -973932308 },
 		{ "foobar", -790332482 },
 		{ "a-little-bit-long-string", -985981536 },
@@ -191,8 +193,8 @@ test_partitioner_supported(void **state)
 	assert_string_equal(name, "murmur2_random");
 	assert_int_equal(obx_config_set(&cfg, "kafka", "partitioner", "murmur2", "t", false, err, sizeof(err)), 0);
 	assert_true(obx_dd_partitioner_supported(&cfg, &name));
-	assert_int_equal(obx_config_set(&cfg, "kafka", "partitioner", "consistent_random", "t", false, err,
-	    sizeof(err)), 0);
+	assert_int_equal(
+	    obx_config_set(&cfg, "kafka", "partitioner", "consistent_random", "t", false, err, sizeof(err)), 0);
 	assert_false(obx_dd_partitioner_supported(&cfg, &name));
 	assert_string_equal(name, "consistent_random");
 	obx_config_reset(&cfg);
@@ -353,7 +355,8 @@ test_fallbacks_in_scan(void **state)
 	for (int32_t p = 0; p < 4; p++)
 		obx_dd_scan_window_done(s, p);
 	assert_int_equal(s->parts[1].state, OBX_DD_FALLBACK);
-	assert_non_null(strstr(s->parts[1].reason, "the record at offset 2 has no lsn and seq headers of outboxd"));
+	assert_non_null(strstr(s->parts[1].reason,
+	    "the record at offset 2 has no lsn and seq headers of outboxd"));
 	assert_int_equal(s->parts[1].n, 0);
 	assert_int_equal(s->parts[2].state, OBX_DD_CHECKING);
 	assert_int_equal(s->parts[2].n, 1);
@@ -368,7 +371,8 @@ test_fallbacks_in_scan(void **state)
 	feed(s, 3, 1, key_for(5, 8, 0), 1000, 1, "b");
 	obx_dd_scan_window_done(s, 3);
 	assert_true(s->failed);
-	assert_non_null(strstr(s->reason, "the record at offset 1 of partition 3 has a key that maps to "
+	assert_non_null(strstr(s->reason,
+	    "the record at offset 1 of partition 3 has a key that maps to "
 	    "partition 5 of today's 8: the partition count changed"));
 	obx_dd_scan_free(s);
 
@@ -423,11 +427,16 @@ test_fallbacks_in_scan(void **state)
 /* ---- verdicts ---- */
 
 /* A finished scan of topic with nparts partitions holding the given records (p, lsn, seq, id, key). */
-struct rb { int32_t p; obx_lsn lsn; uint32_t seq; const char *id; const char *key; };
+struct rb {
+	int32_t p;
+	obx_lsn lsn;
+	uint32_t seq;
+	const char *id;
+	const char *key;
+};
 
 static struct obx_dd_scan *
-scan_of(const char *topic, const struct obx_dd_mark *floor, int32_t nparts, const struct rb *rbs,
-    size_t n)
+scan_of(const char *topic, const struct obx_dd_mark *floor, int32_t nparts, const struct rb *rbs, size_t n)
 {
 	struct obx_dd_scan *s = obx_dd_scan_new(topic, floor);
 	int64_t count[16] = { 0 }, off[16] = { 0 };
@@ -446,8 +455,8 @@ scan_of(const char *topic, const struct obx_dd_mark *floor, int32_t nparts, cons
 }
 
 static enum obx_dd_verdict
-check(struct obx_dedupe *d, const char *topic, const char *key, obx_lsn lsn, uint32_t seq,
-    const char *id, struct obx_dd_mark *floor)
+check(struct obx_dedupe *d, const char *topic, const char *key, obx_lsn lsn, uint32_t seq, const char *id,
+    struct obx_dd_mark *floor)
 {
 	struct rec r;
 	const struct obx_header *h = hdrs(&r, lsn, seq, id);
@@ -463,10 +472,13 @@ test_verdicts(void **state)
 	const char *a0 = key_for(0, 2, 0), *a1 = key_for(0, 2, 1), *b0 = key_for(1, 2, 0);
 	struct rb rbs[] = {
 		/* partition 0: the session's events at 100/0..100/2 and 101/0 are there */
-		{ 0, 100, 0, "e0", NULL }, { 0, 100, 1, "e1", NULL }, { 0, 100, 2, "e2", NULL },
+		{ 0, 100, 0, "e0", NULL },
+		{ 0, 100, 1, "e1", NULL },
+		{ 0, 100, 2, "e2", NULL },
 		{ 0, 101, 0, "e3", NULL },
 		/* partition 1: 100/3 is there, 100/4 is not, 102/0 is (a gap: e.g. a rejected event) */
-		{ 1, 100, 3, "e4", NULL }, { 1, 102, 0, "e6", NULL },
+		{ 1, 100, 3, "e4", NULL },
+		{ 1, 102, 0, "e6", NULL },
 	};
 
 	(void)state;
@@ -495,7 +507,8 @@ test_verdicts(void **state)
 	assert_false(obx_dedupe_waiting(&d));
 	/* a second scan for the same topic too */
 	obx_dedupe_install(&d, scan_of("t", &floor, 2, NULL, 0));
-	assert_non_null(strstr(notes, "de-duplication: topic t read back: 2 partition(s), 2 of them to "
+	assert_non_null(strstr(notes,
+	    "de-duplication: topic t read back: 2 partition(s), 2 of them to "
 	    "check against 6 record(s)"));
 
 	assert_int_equal(check(&d, "t", a0, 100, 0, "e0", &floor), OBX_DD_SKIP);
@@ -504,14 +517,16 @@ test_verdicts(void **state)
 	assert_int_equal(check(&d, "t", a0, 100, 2, "not-e2", &floor), OBX_DD_SEND);
 	/* partition 0 is caught up: even a record that is there is sent (order) */
 	assert_int_equal(check(&d, "t", a1, 101, 0, "e3", &floor), OBX_DD_SEND);
-	assert_non_null(strstr(notes, "de-duplication: t [0] caught up after 2 event(s) found in Kafka: "
+	assert_non_null(strstr(notes,
+	    "de-duplication: t [0] caught up after 2 event(s) found in Kafka: "
 	    "publishing from lsn 0/64 seq 2"));
 	/* partition 1: found, then the gap ends the checking there */
 	assert_int_equal(check(&d, "t", b0, 100, 3, "e4", &floor), OBX_DD_SKIP);
 	assert_int_equal(check(&d, "t", b0, 100, 4, "e5", &floor), OBX_DD_SEND);
 	assert_int_equal(check(&d, "t", b0, 102, 0, "e6", &floor), OBX_DD_SEND);
 	assert_int_equal(d.skipped, 3);
-	assert_non_null(strstr(notes, "de-duplication: 3 event(s) of topic t were in Kafka already and "
+	assert_non_null(strstr(notes,
+	    "de-duplication: 3 event(s) of topic t were in Kafka already and "
 	    "were not sent again"));
 	obx_dedupe_reset(&d);
 
@@ -524,7 +539,8 @@ test_verdicts(void **state)
 	assert_int_equal(check(&d, "t", a1, 100, 1, "e1", &floor), OBX_DD_SKIP);
 	assert_int_equal(check(&d, "t", a0, 100, 2, "e2", &floor), OBX_DD_SKIP);
 	assert_int_equal(check(&d, "t", a1, 101, 0, "e3", &floor), OBX_DD_SKIP);
-	assert_non_null(strstr(notes, "caught up after 4 event(s) found in Kafka: publishing after lsn "
+	assert_non_null(strstr(notes,
+	    "caught up after 4 event(s) found in Kafka: publishing after lsn "
 	    "0/65 seq 0"));
 	assert_non_null(strstr(notes, "4 event(s) of topic t were in Kafka already"));
 	assert_int_equal(check(&d, "t", a1, 101, 0, "e3", &floor), OBX_DD_SEND);
@@ -596,7 +612,8 @@ test_topic_fallbacks(void **state)
 	obx_dd_scan_fail(s, 1, "the record at offset 7 has no lsn and seq headers of outboxd (another writer)");
 	obx_dedupe_install(&d, s);
 	assert_int_equal(d.fallbacks, 1);
-	assert_non_null(strstr(notes, "de-duplication: topic t partition 1: the record at offset 7 has no lsn "
+	assert_non_null(strstr(notes,
+	    "de-duplication: topic t partition 1: the record at offset 7 has no lsn "
 	    "and seq headers of outboxd (another writer); publishing its events from the slot's position "
 	    "(at-least-once)"));
 	assert_int_equal(check(&d, "t", a0, 100, 0, "e0", &floor), OBX_DD_SKIP);
@@ -608,7 +625,8 @@ test_topic_fallbacks(void **state)
 	obx_dd_scan_fail(s, -1, "could not read its metadata: Local: Timed out");
 	obx_dedupe_install(&d, s);
 	assert_int_equal(d.fallbacks, 2);
-	assert_non_null(strstr(notes, "de-duplication: topic u: could not read its metadata: Local: Timed "
+	assert_non_null(strstr(notes,
+	    "de-duplication: topic u: could not read its metadata: Local: Timed "
 	    "out; publishing its events from the slot's position (at-least-once)"));
 	assert_int_equal(check(&d, "u", a0, 100, 0, "e0", &floor), OBX_DD_SEND);
 
@@ -636,7 +654,9 @@ test_topic_fallbacks(void **state)
 static struct obx_progress_source
 source(void)
 {
-	struct obx_progress_source src = { .system_id = "7", .database = "db", .timeline = 3,
+	struct obx_progress_source src = { .system_id = "7",
+		.database = "db",
+		.timeline = 3,
 		.slot_created = 0x1000 };
 
 	obx_progress_events(&src, "public", "outbox", false, "outboxd");
@@ -647,9 +667,14 @@ source(void)
 static void
 test_progress_record(void **state)
 {
-	struct obx_progress p = { .mark = { 0x16B3A28, 7, 0 }, .mark_commit_time = 12000000,
-		.has_source = true, .src = source(), .end_lsn = 0x16B3B00, .commit_time = 12345678,
-		.records = 42 }, q;
+	struct obx_progress p = { .mark = { 0x16B3A28, 7, 0 },
+		.mark_commit_time = 12000000,
+		.has_source = true,
+		.src = source(),
+		.end_lsn = 0x16B3B00,
+		.commit_time = 12345678,
+		.records = 42 },
+	                    q;
 	char errbuf[128];
 	char *v;
 
@@ -678,12 +703,14 @@ test_progress_record(void **state)
 	free(v);
 	assert_int_equal(obx_progress_parse("nope", 4, "s1", &q, errbuf, sizeof(errbuf)), OBX_EINVAL);
 	assert_int_equal(obx_progress_parse("{\"slot\":\"s1\",\"lsn\":\"x\",\"seq\":1}", 31, "s1", &q, errbuf,
-	    sizeof(errbuf)), OBX_EINVAL);
+	                     sizeof(errbuf)),
+	    OBX_EINVAL);
 	assert_int_equal(obx_progress_parse("{\"slot\":\"s1\",\"seq\":1}", 21, "s1", &q, errbuf, sizeof(errbuf)),
 	    OBX_EINVAL);
 	/* an earlier version's record: no timeline, no source */
 	assert_int_equal(obx_progress_parse("{\"slot\":\"s1\",\"lsn\":\"0/10\",\"seq\":1}", 34, "s1", &q, errbuf,
-	    sizeof(errbuf)), 0);
+	                     sizeof(errbuf)),
+	    0);
 	assert_int_equal(q.src.timeline, 0);
 	assert_false(q.has_source);
 	assert_int_equal(q.mark.lsn, 0x10);
@@ -718,8 +745,11 @@ test_progress_fence_and_partition(void **state)
 static void
 test_progress_trusted(void **state)
 {
-	struct obx_progress rec = { .mark = { 0x5000, 2, 0 }, .mark_commit_time = 99, .has_source = true,
-		.src = source(), .end_lsn = 0x4F00 };
+	struct obx_progress rec = { .mark = { 0x5000, 2, 0 },
+		.mark_commit_time = 99,
+		.has_source = true,
+		.src = source(),
+		.end_lsn = 0x4F00 };
 	struct obx_progress_source now = source(), other;
 	struct obx_progress r2;
 	char errbuf[256];

@@ -21,11 +21,9 @@ test_unrecorded_slot_follows_create_slot(void **state)
 	(void)state;
 	assert_int_equal(obx_slotguard_may_create(&g, "outboxd", false, true, err, sizeof(err)), 0);
 	assert_int_equal(obx_slotguard_may_create(&g, "outboxd", true, true, err, sizeof(err)), 0);
-	assert_int_equal(obx_slotguard_may_create(&g, "outboxd", false, false, err, sizeof(err)),
-	    OBX_ECONFIG);
+	assert_int_equal(obx_slotguard_may_create(&g, "outboxd", false, false, err, sizeof(err)), OBX_ECONFIG);
 	assert_string_equal(err, "replication slot outboxd does not exist and create_slot = false");
-	assert_int_equal(obx_slotguard_may_create(&g, "outboxd", true, false, err, sizeof(err)),
-	    OBX_ECONFIG);
+	assert_int_equal(obx_slotguard_may_create(&g, "outboxd", true, false, err, sizeof(err)), OBX_ECONFIG);
 }
 
 /*
@@ -40,13 +38,12 @@ test_recorded_slot_needs_recreate(void **state)
 	char err[512] = "";
 
 	(void)state;
-	assert_int_equal(obx_slotguard_may_create(&g, "outboxd", false, true, err, sizeof(err)),
-	    OBX_ECONFIG);
-	assert_non_null(strstr(err, "replication slot outboxd is missing but existed before "
+	assert_int_equal(obx_slotguard_may_create(&g, "outboxd", false, true, err, sizeof(err)), OBX_ECONFIG);
+	assert_non_null(strstr(err,
+	    "replication slot outboxd is missing but existed before "
 	    "(created at 0/1A2B3C4 on system 7301234567890123456)"));
 	assert_non_null(strstr(err, "--recreate-slot"));
-	assert_int_equal(obx_slotguard_may_create(&g, "outboxd", false, false, err, sizeof(err)),
-	    OBX_ECONFIG);
+	assert_int_equal(obx_slotguard_may_create(&g, "outboxd", false, false, err, sizeof(err)), OBX_ECONFIG);
 	assert_int_equal(obx_slotguard_may_create(&g, "outboxd", true, true, err, sizeof(err)), 0);
 	assert_int_equal(obx_slotguard_may_create(&g, "outboxd", true, false, err, sizeof(err)), 0);
 }

@@ -16,8 +16,7 @@
 static void
 test_outcomes_that_go_on(void **state)
 {
-	const enum obx_dlv_outcome on[] = { OBX_DLV_SENT, OBX_DLV_SETTLED, OBX_DLV_ACKED,
-		OBX_DLV_IGNORED };
+	const enum obx_dlv_outcome on[] = { OBX_DLV_SENT, OBX_DLV_SETTLED, OBX_DLV_ACKED, OBX_DLV_IGNORED };
 	char err[128];
 
 	(void)state;
@@ -35,8 +34,8 @@ test_outcomes_that_start_again(void **state)
 	char err[128];
 
 	(void)state;
-	assert_int_equal(obx_snap_outcome(OBX_DLV_WAIT_TOPIC, "s1", "topic t is missing", err,
-	    sizeof(err)), OBX_EIO);
+	assert_int_equal(obx_snap_outcome(OBX_DLV_WAIT_TOPIC, "s1", "topic t is missing", err, sizeof(err)),
+	    OBX_EIO);
 	assert_string_equal(err, "snapshot of slot s1: topic t is missing; the snapshot starts again");
 	assert_int_equal(obx_snap_outcome(OBX_DLV_RETRY, "s1", "queue full", err, sizeof(err)), OBX_EIO);
 	assert_string_equal(err, "snapshot of slot s1: queue full; the snapshot starts again");
@@ -49,11 +48,10 @@ test_outcomes_that_stop(void **state)
 	char err[128], small[16];
 
 	(void)state;
-	assert_int_equal(obx_snap_outcome(OBX_DLV_REJECTED, "s1", "record too large", err,
-	    sizeof(err)), OBX_ECONFIG);
-	assert_string_equal(err, "snapshot of slot s1: record too large");
-	assert_int_equal(obx_snap_outcome(OBX_DLV_STOP, "s1", "on_error = stop", err, sizeof(err)),
+	assert_int_equal(obx_snap_outcome(OBX_DLV_REJECTED, "s1", "record too large", err, sizeof(err)),
 	    OBX_ECONFIG);
+	assert_string_equal(err, "snapshot of slot s1: record too large");
+	assert_int_equal(obx_snap_outcome(OBX_DLV_STOP, "s1", "on_error = stop", err, sizeof(err)), OBX_ECONFIG);
 	assert_string_equal(err, "snapshot of slot s1: on_error = stop");
 	/* the reason is cut to the buffer, never overrun */
 	assert_int_equal(obx_snap_outcome(OBX_DLV_STOP, "s1", "on_error = stop", small, sizeof(small)),
@@ -70,8 +68,14 @@ static void
 test_headers(void **state)
 {
 	const struct obx_header in[] = {
-		{ "id", "e1", 2 }, { "type", "Created", 7 }, { "lsn", "0/0", 3 }, { "seq", "4", 1 },
-		{ "xid", "77", 2 }, { "commit_ts", "123", 3 }, { "tenant", "t1", 2 }, { "xid", "x", 1 },
+		{ "id", "e1", 2 },
+		{ "type", "Created", 7 },
+		{ "lsn", "0/0", 3 },
+		{ "seq", "4", 1 },
+		{ "xid", "77", 2 },
+		{ "commit_ts", "123", 3 },
+		{ "tenant", "t1", 2 },
+		{ "xid", "x", 1 },
 	};
 	const char *want[] = { "id", "type", "lsn", "seq", "tenant", "xid", "snapshot" };
 	struct obx_event ev = { .headers = in, .nheaders = 8 };

@@ -57,11 +57,11 @@ test_interleaved_transactions_and_savepoints(void **state)
 	assert_int_equal(add(&b, 10, 10, "early"), OBX_ESTATE); /* no Stream Start yet */
 	assert_int_equal(obx_streambuf_start(&b, 10), 0);
 	assert_int_equal(add(&b, 10, 10, "a1"), 0);
-	assert_int_equal(add(&b, 10, 11, "a2"), 0);   /* savepoint 11, rolled back below */
+	assert_int_equal(add(&b, 10, 11, "a2"), 0); /* savepoint 11, rolled back below */
 	assert_int_equal(obx_streambuf_start(&b, 20), 0);
 	assert_int_equal(add(&b, 20, 20, "b1"), 0);
 	assert_int_equal(obx_streambuf_start(&b, 10), 0); /* a later block of 10 */
-	assert_int_equal(add(&b, 10, 12, "a3"), 0);   /* released savepoint 12: kept */
+	assert_int_equal(add(&b, 10, 12, "a3"), 0);       /* released savepoint 12: kept */
 	assert_int_equal(add(&b, 10, 11, "a4"), 0);
 	assert_int_equal(add(&b, 10, 10, "a5"), 0);
 	assert_int_equal(obx_streambuf_open(&b), 2);

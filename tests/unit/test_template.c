@@ -50,8 +50,7 @@ static void
 test_parts(void **state)
 {
 	(void)state;
-	expect_parts("outbox.event.${aggregatetype}",
-	    (const char *[]){ "=outbox.event.", "$aggregatetype" }, 2);
+	expect_parts("outbox.event.${aggregatetype}", (const char *[]){ "=outbox.event.", "$aggregatetype" }, 2);
 	expect_parts("${tipo}.v1", (const char *[]){ "$tipo", "=.v1" }, 2);
 	expect_parts("${a}${b}", (const char *[]){ "$a", "$b" }, 2);
 	expect_parts("fixed", (const char *[]){ "=fixed" }, 1);

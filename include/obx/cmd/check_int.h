@@ -35,8 +35,8 @@ void obx_check_report(struct obx_check *cx, const char *verdict, const char *fmt
  * there is no row or the value is NULL; OBX_EIO with the server's message
  * in errbuf; OBX_ENOMEM.  *out stays NULL unless 0 is returned.
  */
-int obx_check_query_value(PGconn *conn, const char *sql, int nparams, const char *const *params,
-    char **out, char *errbuf, size_t errlen);
+int obx_check_query_value(PGconn *conn, const char *sql, int nparams, const char *const *params, char **out,
+    char *errbuf, size_t errlen);
 
 /*
  * The number v holds (a count the server printed), or 0 when v is NULL or
@@ -49,11 +49,9 @@ void obx_check_slot(struct obx_check *cx, PGconn *conn, const struct obx_config 
 void obx_check_snapshot(struct obx_check *cx, PGconn *conn, const struct obx_config *cfg);
 void obx_check_failover(struct obx_check *cx, PGconn *conn, const struct obx_config *cfg,
     const struct obx_pgfacts *f, bool in_recovery);
-void obx_check_standby(struct obx_check *cx, PGconn *primary, const struct obx_config *cfg,
-    const char *conninfo);
+void obx_check_standby(struct obx_check *cx, PGconn *primary, const struct obx_config *cfg, const char *conninfo);
 
 /* check_kafka.c: the broker, and with has_table the topics the outbox's rows map to */
-void obx_check_kafka(struct obx_check *cx, PGconn *conn, const struct obx_config *cfg,
-    bool has_table);
+void obx_check_kafka(struct obx_check *cx, PGconn *conn, const struct obx_config *cfg, bool has_table);
 
 #endif

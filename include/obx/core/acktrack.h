@@ -25,8 +25,8 @@
 #include "obx/core/lsn.h"
 
 struct obx_ack_txn {
-	obx_lsn end_lsn;  /* valid once committed */
-	int64_t time;     /* the caller's timestamp for the transaction (its commit time) */
+	obx_lsn end_lsn; /* valid once committed */
+	int64_t time;    /* the caller's timestamp for the transaction (its commit time) */
 	uint32_t outstanding;
 	bool committed;
 };

@@ -73,14 +73,14 @@ struct obx_config {
 	bool create_slot;
 	bool create_publication;
 	int status_interval_ms;
-	bool streaming;             /* ask the server to stream large in-progress transactions */
+	bool streaming;                /* ask the server to stream large in-progress transactions */
 	long long stream_buffer_bytes; /* cap on buffered streamed events before falling back */
-	bool messages;              /* transactional logical decoding messages become events */
+	bool messages;                 /* transactional logical decoding messages become events */
 	char *message_prefix;
-	bool failover;              /* the slot is synchronized to standbys (PostgreSQL 17+) */
-	bool failover_set;          /* failover was given (file, environment or --set) */
-	bool snapshot;              /* a slot created by outboxd first publishes the pending rows */
-	char *snapshot_filter;      /* SQL condition of those rows; "" for the default (snapshot.c) */
+	bool failover;         /* the slot is synchronized to standbys (PostgreSQL 17+) */
+	bool failover_set;     /* failover was given (file, environment or --set) */
+	bool snapshot;         /* a slot created by outboxd first publishes the pending rows */
+	char *snapshot_filter; /* SQL condition of those rows; "" for the default (snapshot.c) */
 
 	/* [outbox]: column names and the topic template */
 	char *col_id;
@@ -89,8 +89,8 @@ struct obx_config {
 	char *col_type;
 	char *col_payload;
 	char *topic;
-	char *col_headers;   /* "" when unset */
-	char *col_timestamp; /* "" when unset */
+	char *col_headers;            /* "" when unset */
+	char *col_timestamp;          /* "" when unset */
 	struct obx_kv *extra_headers; /* header.<name> = column, in file order */
 	size_t n_extra_headers;
 
@@ -104,11 +104,12 @@ struct obx_config {
 	enum obx_on_error on_error;
 	char *dead_letter_topic;
 	long long missing_topic_timeout_ms; /* a topic that does not exist yet is waited for this long */
-	bool dedupe;                /* skip events a restart finds in Kafka already (core/restart_dedupe.h) */
-	bool exactly_once;          /* Kafka transactions with a progress record (docs/internals/design.md, "Exactly-once") */
-	char *transactional_id;     /* "" : outboxd-<slot> */
+	bool dedupe; /* skip events a restart finds in Kafka already (core/restart_dedupe.h) */
+	bool
+	    exactly_once; /* Kafka transactions with a progress record (docs/internals/design.md, "Exactly-once") */
+	char *transactional_id; /* "" : outboxd-<slot> */
 	char *progress_topic;
-	long long txn_max_events;   /* a Kafka transaction ends at the first commit past any of these */
+	long long txn_max_events; /* a Kafka transaction ends at the first commit past any of these */
 	long long txn_max_bytes;
 	long long txn_max_ms;
 
@@ -117,12 +118,12 @@ struct obx_config {
 	 * the bookkeeping columns, mapped in [outbox], and the [poll] section.
 	 */
 	enum obx_source_mode mode;
-	char *col_seq;             /* the ordering column (bigint identity) */
+	char *col_seq; /* the ordering column (bigint identity) */
 	char *col_published_at;
 	char *col_attempts;
 	char *col_last_error;
 	char *col_next_attempt_at;
-	char *col_created_at;      /* for the age of the oldest pending row; "" for none */
+	char *col_created_at; /* for the age of the oldest pending row; "" for none */
 	long long poll_batch;
 	int poll_interval_ms;
 	long long poll_max_attempts;
@@ -150,8 +151,8 @@ struct obx_config {
  * Writes "config ORIGIN: key 'KEY': REASON" (or "config ORIGIN: REASON"
  * when key is NULL) to errbuf: the one form of every configuration error.
  */
-void obx_config_fail(char *errbuf, size_t errlen, const char *origin, const char *key,
-    const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+void obx_config_fail(char *errbuf, size_t errlen, const char *origin, const char *key, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
 
 /*
  * Fills cfg with the defaults (config_table.c) and no checks.  Returns 0 or
@@ -167,8 +168,8 @@ void obx_config_reset(struct obx_config *cfg);
  * from_file makes a second occurrence of the same key an error.
  * Returns 0, OBX_ECONFIG with errbuf filled, or OBX_ENOMEM.
  */
-int obx_config_set(struct obx_config *cfg, const char *section, const char *key,
-    const char *value, const char *origin, bool from_file, char *errbuf, size_t errlen);
+int obx_config_set(struct obx_config *cfg, const char *section, const char *key, const char *value,
+    const char *origin, bool from_file, char *errbuf, size_t errlen);
 
 /*
  * True when name (without "=value") and value have the shapes the kubelet
@@ -209,8 +210,7 @@ int obx_config_finish(struct obx_config *cfg, const char *path, char *errbuf, si
  * order, each once, at most max; returns how many it wrote.  The log level
  * and progress interval are included like every other setting.
  */
-size_t obx_config_diff(const struct obx_config *a, const struct obx_config *b, const char **names,
-    size_t max);
+size_t obx_config_diff(const struct obx_config *a, const struct obx_config *b, const char **names, size_t max);
 
 /* Returns the value of librdkafka property key, or NULL when not set. Borrowed. */
 const char *obx_config_kafka_get(const struct obx_config *cfg, const char *key);

@@ -48,7 +48,7 @@ enum obx_cfg_reload {
 	OBX_CFG_SIGHUP_LOGICAL, /* SIGHUP applies it in logical mode; polling needs a restart */
 };
 
-#define OBX_CFG_NONEMPTY  0x1 /* STRING: "" is refused */
+#define OBX_CFG_NONEMPTY 0x1  /* STRING: "" is refused */
 #define OBX_CFG_ZERO_NONE 0x2 /* DURATION: a plain "0" is accepted and means none */
 
 struct obx_cfg_choice {
@@ -61,8 +61,8 @@ struct obx_cfg_key;
 /* The functions of an OBX_CFG_CUSTOM key (each required). */
 struct obx_cfg_custom {
 	/* Stores value; returns 0, OBX_ECONFIG (errbuf filled, by obx_config_fail()) or OBX_ENOMEM. */
-	int (*set)(struct obx_config *cfg, const char *key, const char *value, const char *origin,
-	    char *errbuf, size_t errlen);
+	int (*set)(struct obx_config *cfg, const char *key, const char *value, const char *origin, char *errbuf,
+	    size_t errlen);
 	/* Writes the value as the file would hold it; returns 0 or OBX_ERANGE (out too small). */
 	int (*format)(const struct obx_config *cfg, char *out, size_t outlen);
 	bool (*differs)(const struct obx_config *a, const struct obx_config *b);
@@ -75,19 +75,19 @@ struct obx_cfg_key {
 	const char *diff_name; /* "[section] name": what obx_config_diff() reports */
 	const char *group;     /* NULL, or the name several keys share in obx_config_diff() */
 	enum obx_cfg_type type;
-	const char *type_name; /* for the reference: "duration", "host:port", ... */
-	size_t off;            /* the field in struct obx_config (a MAP: its struct obx_kv *) */
-	size_t size;           /* its size (a MAP: offset of its count) */
-	size_t given_off;      /* 0, or a bool set true when a source (not the default) sets it */
-	long long min, max;    /* INT, DURATION, SIZE */
-	const char *range;     /* min to max as messages write it: "100ms to 1h" */
-	const char *example;   /* DURATION, SIZE: "10s or 500ms" */
+	const char *type_name;                /* for the reference: "duration", "host:port", ... */
+	size_t off;                           /* the field in struct obx_config (a MAP: its struct obx_kv *) */
+	size_t size;                          /* its size (a MAP: offset of its count) */
+	size_t given_off;                     /* 0, or a bool set true when a source (not the default) sets it */
+	long long min, max;                   /* INT, DURATION, SIZE */
+	const char *range;                    /* min to max as messages write it: "100ms to 1h" */
+	const char *example;                  /* DURATION, SIZE: "10s or 500ms" */
 	const struct obx_cfg_choice *choices; /* BOOL, ENUM: in the order messages list them */
 	size_t nchoices;
-	unsigned flags;        /* OBX_CFG_NONEMPTY, OBX_CFG_ZERO_NONE */
+	unsigned flags; /* OBX_CFG_NONEMPTY, OBX_CFG_ZERO_NONE */
 	enum obx_cfg_secret secret;
 	enum obx_cfg_reload reload;
-	const char *def;       /* the default as the file writes it; NULL for a MAP */
+	const char *def; /* the default as the file writes it; NULL for a MAP */
 	/*
 	 * STRING, MAP: NULL or a check of value (a MAP's: of entry sub = value);
 	 * returns 0, OBX_ECONFIG with errbuf holding the reason (never a secret's
@@ -96,7 +96,7 @@ struct obx_cfg_key {
 	int (*check)(const struct obx_config *cfg, const char *sub, const char *value, char *errbuf,
 	    size_t errlen);
 	const struct obx_cfg_custom *custom;
-	const char *desc;      /* one line for the reference (Markdown) */
+	const char *desc; /* one line for the reference (Markdown) */
 };
 
 struct obx_cfg_section {
@@ -133,7 +133,6 @@ int obx_cfg_env_name(const struct obx_cfg_key *k, char *out, size_t outlen);
  * value too: the caller decides what to show).  Not for a MAP.  Returns 0,
  * OBX_ERANGE (out too small) or OBX_EINVAL (a MAP).
  */
-int obx_cfg_format(const struct obx_config *cfg, const struct obx_cfg_key *k, char *out,
-    size_t outlen);
+int obx_cfg_format(const struct obx_config *cfg, const struct obx_cfg_key *k, char *out, size_t outlen);
 
 #endif

@@ -54,30 +54,30 @@ struct obx_record {
 
 /* What the producer said to one produce call (kafka/producer.c classifies librdkafka's errors). */
 enum obx_produce_result {
-	OBX_PRODUCE_OK,         /* queued; a delivery report will follow */
-	OBX_PRODUCE_QUEUE_FULL, /* not queued; try the same record again later */
-	OBX_PRODUCE_PERMANENT,  /* this record can never be produced (too large, invalid) */
-	OBX_PRODUCE_TRANSIENT,  /* not queued, for a reason a new session may cure */
+	OBX_PRODUCE_OK,            /* queued; a delivery report will follow */
+	OBX_PRODUCE_QUEUE_FULL,    /* not queued; try the same record again later */
+	OBX_PRODUCE_PERMANENT,     /* this record can never be produced (too large, invalid) */
+	OBX_PRODUCE_TRANSIENT,     /* not queued, for a reason a new session may cure */
 	OBX_PRODUCE_MISSING_TOPIC, /* not queued: the cluster does not have the topic (yet) */
 };
 
 /* How a delivery report ended (kafka/producer.c classifies librdkafka's errors). */
 enum obx_report_status {
-	OBX_REPORT_OK,        /* acknowledged by the broker */
-	OBX_REPORT_PURGED,    /* dropped by the producer while a session is torn down */
-	OBX_REPORT_TRANSIENT, /* failed, a retry in a new session may succeed */
-	OBX_REPORT_PERMANENT, /* the broker will never accept it: on_error decides */
+	OBX_REPORT_OK,            /* acknowledged by the broker */
+	OBX_REPORT_PURGED,        /* dropped by the producer while a session is torn down */
+	OBX_REPORT_TRANSIENT,     /* failed, a retry in a new session may succeed */
+	OBX_REPORT_PERMANENT,     /* the broker will never accept it: on_error decides */
 	OBX_REPORT_MISSING_TOPIC, /* the cluster does not have the topic (yet): waited for, then on_error */
 };
 
 /* One delivery report; every pointer is borrowed for the call. */
 struct obx_report {
-	uint64_t opaque;                 /* as given to produce */
+	uint64_t opaque; /* as given to produce */
 	enum obx_report_status status;
-	const char *error;               /* text of the error (not OK) */
-	const char *error_name;          /* its short code name, for the metrics (not OK) */
-	struct obx_record record;        /* the record as the producer held it */
-	int64_t now_us;                  /* PostgreSQL-epoch microseconds now, for the latency histogram */
+	const char *error;        /* text of the error (not OK) */
+	const char *error_name;   /* its short code name, for the metrics (not OK) */
+	struct obx_record record; /* the record as the producer held it */
+	int64_t now_us;           /* PostgreSQL-epoch microseconds now, for the latency histogram */
 };
 
 /* ---- the opaque: bit 63 dead-letter copy, 62 headers alone, 60..61 source, 44..59 generation, 0..43 ticket ---- */
@@ -90,10 +90,10 @@ enum obx_dlv_source {
 
 struct obx_dlv_tag {
 	enum obx_dlv_source src;
-	uint32_t gen;        /* the low 16 bits of the generation */
-	uint64_t ticket;     /* the source's own number for the record */
-	bool dead_letter;    /* the record is a dead-letter copy */
-	bool bare;           /* ... of headers alone */
+	uint32_t gen;     /* the low 16 bits of the generation */
+	uint64_t ticket;  /* the source's own number for the record */
+	bool dead_letter; /* the record is a dead-letter copy */
+	bool bare;        /* ... of headers alone */
 };
 
 uint64_t obx_dlv_opaque(const struct obx_dlv_tag *t);
@@ -106,7 +106,7 @@ struct obx_topic_waits {
 	struct {
 		char name[250];
 		int64_t since_ms;
-		bool expired;    /* waited the whole timeout: on_error applies until one is acknowledged */
+		bool expired; /* waited the whole timeout: on_error applies until one is acknowledged */
 	} t[OBX_DLV_MISSING_TOPICS];
 };
 
@@ -143,18 +143,18 @@ enum obx_dlv_gate {
  * and what it concerns.  Called only from inside obx_dlv_* calls.
  */
 struct obx_delivery_ops {
-	enum obx_dlv_gate (*gate)(void *ctx, const struct obx_record *rec, uint64_t ticket, bool dl,
-	    char *errbuf, size_t errlen);
-	enum obx_produce_result (*produce)(void *ctx, const struct obx_record *rec, uint64_t opaque,
-	    char *errbuf, size_t errlen);
+	enum obx_dlv_gate (*gate)(void *ctx, const struct obx_record *rec, uint64_t ticket, bool dl, char *errbuf,
+	    size_t errlen);
+	enum obx_produce_result (*produce)(void *ctx, const struct obx_record *rec, uint64_t opaque, char *errbuf,
+	    size_t errlen);
 	void (*accepted)(void *ctx, const struct obx_record *rec, uint64_t ticket, bool dl);
 	void (*note)(void *ctx, enum obx_log_level level, const struct obx_logfields *f, const char *line);
 };
 
 /* What a record cannot be published means to its source. */
 enum obx_dlv_policy {
-	OBX_DLV_ON_ERROR,  /* [delivery] on_error: stop, or the dead-letter copy */
-	OBX_DLV_ATTEMPTS,  /* the source counts attempts ([poll] max_attempts): a failure to try again,
+	OBX_DLV_ON_ERROR, /* [delivery] on_error: stop, or the dead-letter copy */
+	OBX_DLV_ATTEMPTS, /* the source counts attempts ([poll] max_attempts): a failure to try again,
 	                    * and obx_dlv_dead_letter() once the source gives up */
 };
 
@@ -165,9 +165,9 @@ enum obx_dlv_outcome {
 	OBX_DLV_ACKED,      /* acknowledged (dead_letter: it was its dead-letter copy) */
 	OBX_DLV_WAIT_TOPIC, /* its topic does not exist (yet) and the wait goes on: try it again later */
 	OBX_DLV_RETRY,      /* failed, for a reason a later try may cure */
-	OBX_DLV_REJECTED,   /* refused for good inside a Kafka transaction: abort it; on_error applies at the replay */
-	OBX_DLV_STOP,       /* cannot be published and on_error = stop, or even its headers were refused */
-	OBX_DLV_IGNORED,    /* a report of an earlier generation, another source, or a purge */
+	OBX_DLV_REJECTED, /* refused for good inside a Kafka transaction: abort it; on_error applies at the replay */
+	OBX_DLV_STOP,     /* cannot be published and on_error = stop, or even its headers were refused */
+	OBX_DLV_IGNORED, /* a report of an earlier generation, another source, or a purge */
 };
 
 /*
@@ -179,7 +179,7 @@ struct obx_dlv_result {
 	uint64_t ticket;
 	bool dead_letter;
 	char reason[768];
-	struct obx_logfields f;   /* what the record is: its id, lsn, xid and (original) topic */
+	struct obx_logfields f; /* what the record is: its id, lsn, xid and (original) topic */
 	char f_id[128], f_topic[256];
 };
 
@@ -188,29 +188,29 @@ struct obx_dlv_pending {
 	bool dead_letter, bare;
 	uint64_t ticket;
 	char *topic;
-	void *key, *value;    /* value NULL with has_value false: tombstone */
+	void *key, *value; /* value NULL with has_value false: tombstone */
 	bool has_value;
 	size_t keylen, len;
 	int64_t timestamp_ms;
 	struct obx_header *headers;
-	char **hstore;        /* owned copies of the header names and values */
+	char **hstore; /* owned copies of the header names and values */
 	size_t nheaders;
 };
 
 struct obx_delivery {
-	const struct obx_config *cfg;      /* borrowed */
+	const struct obx_config *cfg; /* borrowed */
 	const struct obx_delivery_ops *ops;
 	void *ctx;
-	struct obx_metrics *m;             /* borrowed: the Kafka error counters, the missing-topic gauge */
-	struct obx_topic_waits *waits;     /* borrowed: shared by the process's sources */
+	struct obx_metrics *m;         /* borrowed: the Kafka error counters, the missing-topic gauge */
+	struct obx_topic_waits *waits; /* borrowed: shared by the process's sources */
 	enum obx_dlv_source src;
 	enum obx_dlv_policy policy;
-	bool transactional;                /* records go into Kafka transactions */
+	bool transactional; /* records go into Kafka transactions */
 	uint32_t gen;
 
-	struct obx_dlv_pending *pend;      /* what the producer's queue refused, in order */
+	struct obx_dlv_pending *pend; /* what the producer's queue refused, in order */
 	size_t npend, pend_cap;
-	uint64_t inflight;                 /* records with the producer, no report yet */
+	uint64_t inflight; /* records with the producer, no report yet */
 	uint64_t inflight_bytes;
 	int64_t now_ms;
 };
@@ -240,16 +240,16 @@ void obx_dlv_begin(struct obx_delivery *d, uint32_t gen, bool transactional);
  * the refusal means (WAIT_TOPIC, RETRY, STOP; res says why); a
  * dead-letter copy sent instead is SENT.  now_ms is the caller's clock.
  */
-enum obx_dlv_outcome obx_dlv_send(struct obx_delivery *d, const struct obx_record *rec, uint64_t ticket,
-    bool dl, int64_t now_ms, struct obx_dlv_result *res);
+enum obx_dlv_outcome obx_dlv_send(struct obx_delivery *d, const struct obx_record *rec, uint64_t ticket, bool dl,
+    int64_t now_ms, struct obx_dlv_result *res);
 
 /*
  * Sends rec's dead-letter copy (the source gave the record up: reason
  * says why), its headers alone when the copy is refused.  Returns as
  * obx_dlv_send(); RETRY or STOP when neither can be produced.
  */
-enum obx_dlv_outcome obx_dlv_dead_letter(struct obx_delivery *d, const struct obx_record *rec,
-    uint64_t ticket, const char *reason, int64_t now_ms, struct obx_dlv_result *res);
+enum obx_dlv_outcome obx_dlv_dead_letter(struct obx_delivery *d, const struct obx_record *rec, uint64_t ticket,
+    const char *reason, int64_t now_ms, struct obx_dlv_result *res);
 
 /*
  * Produces pending records in order until the queue refuses one again or

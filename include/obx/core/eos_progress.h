@@ -32,20 +32,20 @@
 
 /* The history a progress record belongs to. */
 struct obx_progress_source {
-	char system_id[32];  /* IDENTIFY_SYSTEM's systemid */
+	char system_id[32]; /* IDENTIFY_SYSTEM's systemid */
 	char database[128];
 	uint32_t timeline;
 	obx_lsn slot_created; /* the slot's creation point as the slot guard recorded it; 0: unknown */
-	char events[400];    /* what seq counts: "schema.table", "+messages:prefix" with [source] messages */
+	char events[400];     /* what seq counts: "schema.table", "+messages:prefix" with [source] messages */
 };
 
 struct obx_progress {
-	struct obx_dd_mark mark; /* id_hash unused (0) */
+	struct obx_dd_mark mark;  /* id_hash unused (0) */
 	int64_t mark_commit_time; /* commit time of the transaction at mark.lsn; 0: unknown */
-	bool has_source;         /* src was in the record (records of earlier versions lack it) */
+	bool has_source;          /* src was in the record (records of earlier versions lack it) */
 	struct obx_progress_source src;
 	obx_lsn end_lsn;
-	int64_t commit_time;     /* PostgreSQL epoch microseconds; 0 when unknown */
+	int64_t commit_time; /* PostgreSQL epoch microseconds; 0 when unknown */
 	uint64_t records;
 };
 
@@ -54,8 +54,8 @@ struct obx_progress {
  * what the seq ordinals of a transaction count, so that a record is never
  * read against another numbering.
  */
-void obx_progress_events(struct obx_progress_source *src, const char *schema, const char *table,
-    bool messages, const char *prefix);
+void obx_progress_events(struct obx_progress_source *src, const char *schema, const char *table, bool messages,
+    const char *prefix);
 
 /*
  * Fills *src with the history a session decodes: the server's system_id
@@ -63,8 +63,8 @@ void obx_progress_events(struct obx_progress_source *src, const char *schema, co
  * (0: unknown) and what cfg's table and [source] messages make the seq
  * ordinals count (obx_progress_events()).  Strings are copied, cut to fit.
  */
-void obx_progress_source_init(struct obx_progress_source *src, const char *system_id,
-    const char *database, uint32_t timeline, obx_lsn slot_created, const struct obx_config *cfg);
+void obx_progress_source_init(struct obx_progress_source *src, const char *system_id, const char *database,
+    uint32_t timeline, obx_lsn slot_created, const struct obx_config *cfg);
 
 /*
  * The record's value for slot and transactional_id (p->src is written when
@@ -76,8 +76,8 @@ char *obx_progress_encode(const struct obx_progress *p, const char *slot, const 
  * Reads a value; slot must match.  Returns 0, OBX_ENOENT (another slot's
  * record) or OBX_EINVAL (not a progress record: errbuf says what is wrong).
  */
-int obx_progress_parse(const void *value, size_t len, const char *slot, struct obx_progress *out,
-    char *errbuf, size_t errlen);
+int obx_progress_parse(const void *value, size_t len, const char *slot, struct obx_progress *out, char *errbuf,
+    size_t errlen);
 
 /*
  * Whether a session on source now, whose server's WAL position is
@@ -144,7 +144,7 @@ enum obx_progress_floor {
  * end reason for UNREADABLE, a warning for UNTRUSTED, else an info line.
  */
 enum obx_progress_floor obx_progress_floor(const struct obx_config *cfg, const char *txn_id,
-    const struct obx_progress_source *now, obx_lsn server_lsn, bool slot_made, int read_rc,
-    const char *read_why, const struct obx_progress *rec, char *line, size_t linelen);
+    const struct obx_progress_source *now, obx_lsn server_lsn, bool slot_made, int read_rc, const char *read_why,
+    const struct obx_progress *rec, char *line, size_t linelen);
 
 #endif

@@ -55,7 +55,7 @@ struct obx_dbuf {
 
 struct obx_event_builder {
 	const struct obx_config *cfg; /* borrowed; outlives the builder */
-	struct obx_template tpl; /* cfg->topic, parsed */
+	struct obx_template tpl;      /* cfg->topic, parsed */
 	/* column indexes resolved for one relation version */
 	const struct obx_rel *rel;
 	unsigned rel_version;
@@ -99,9 +99,8 @@ bool obx_event_is_outbox(const struct obx_event_builder *b, const struct obx_rel
  * name in the headers column): why then names the column or the reason, for
  * the on_error policy; OBX_ENOMEM.
  */
-int obx_event_build(struct obx_event_builder *b, const struct obx_rel *rel,
-    const struct obx_pg_tuple *tuple, const struct obx_txninfo *txn, uint32_t seq,
-    struct obx_event *out, char *errbuf, size_t errlen);
+int obx_event_build(struct obx_event_builder *b, const struct obx_rel *rel, const struct obx_pg_tuple *tuple,
+    const struct obx_txninfo *txn, uint32_t seq, struct obx_event *out, char *errbuf, size_t errlen);
 
 /*
  * Every column of a row that cannot become an event as one JSON object of

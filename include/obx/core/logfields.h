@@ -16,9 +16,9 @@
  * absent.  Strings are borrowed for the call only.
  */
 struct obx_logfields {
-	const char *slot;     /* overrides the context's slot */
-	obx_lsn lsn;          /* rendered "X/X" */
-	uint32_t xid;         /* rendered as a number */
+	const char *slot; /* overrides the context's slot */
+	obx_lsn lsn;      /* rendered "X/X" */
+	uint32_t xid;     /* rendered as a number */
 	const char *event_id;
 	const char *topic;
 };
@@ -48,8 +48,7 @@ obx_logfields_keep(struct obx_logfields_kept *k, const struct obx_logfields *f)
 static inline struct obx_logfields
 obx_logfields_of(const struct obx_logfields_kept *k)
 {
-	return (struct obx_logfields){ .lsn = k->lsn, .xid = k->xid, .event_id = k->event_id,
-		.topic = k->topic };
+	return (struct obx_logfields){ .lsn = k->lsn, .xid = k->xid, .event_id = k->event_id, .topic = k->topic };
 }
 
 #endif

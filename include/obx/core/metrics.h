@@ -46,10 +46,10 @@ extern const char *const obx_kafka_error_codes[OBX_KAFKA_ERR_CODES];
 struct obx_metrics {
 	enum obx_state state;
 	enum obx_not_ready not_ready; /* why not ready, for /readyz */
-	char state_reason[160]; /* the full reason; /readyz shows it only with [metrics] detailed_health */
+	char state_reason[160];       /* the full reason; /readyz shows it only with [metrics] detailed_health */
 	uint64_t received_lsn;
 	uint64_t confirmed_flush_lsn;
-	uint64_t stream_wal_end_lsn;   /* how far the stream says the walsender has sent */
+	uint64_t stream_wal_end_lsn; /* how far the stream says the walsender has sent */
 	/* from the slot watch (slotwatch.h): the server's own numbers */
 	int server_ok;                 /* the last read of the server succeeded */
 	uint64_t server_wal_lsn;       /* pg_current_wal_lsn(), or the replay position on a standby */
@@ -57,14 +57,14 @@ struct obx_metrics {
 	uint64_t server_read_failures; /* reads of the server that failed */
 	double oldest_unacked_age_seconds;
 	uint64_t events_published;
-	double last_event_unix;        /* Unix time the broker last acknowledged an event; 0 before the first */
+	double last_event_unix; /* Unix time the broker last acknowledged an event; 0 before the first */
 	uint64_t events_dead_lettered;
-	uint64_t dedupe_skipped;       /* events a session found in Kafka already and did not send */
-	uint64_t dedupe_fallbacks;     /* topics and partitions published without de-duplication */
-	uint64_t kafka_txn_committed;  /* exactly-once: Kafka transactions committed */
-	uint64_t kafka_txn_aborted;    /* exactly-once: Kafka transactions ended without a commit */
+	uint64_t dedupe_skipped;      /* events a session found in Kafka already and did not send */
+	uint64_t dedupe_fallbacks;    /* topics and partitions published without de-duplication */
+	uint64_t kafka_txn_committed; /* exactly-once: Kafka transactions committed */
+	uint64_t kafka_txn_aborted;   /* exactly-once: Kafka transactions ended without a commit */
 	uint64_t transactions;
-	uint64_t messages_refused;     /* non-transactional messages with our prefix */
+	uint64_t messages_refused;      /* non-transactional messages with our prefix */
 	uint64_t stream_aborted_events; /* buffered events of streamed (sub)transactions rolled back */
 	uint64_t stream_buffer_bytes;
 	uint64_t inflight_events;
@@ -83,7 +83,7 @@ struct obx_metrics {
 	int64_t slot_safe_wal_size_bytes; /* -1 when NULL (max_slot_wal_keep_size = -1) */
 	int slot_wal_status; /* 0 unknown, 1 reserved, 2 extended, 3 unreserved, 4 lost (rendered as a state set) */
 	int64_t slot_max_wal_keep_size_bytes; /* max_slot_wal_keep_size; -1 unbounded */
-	char missing_topic[250];  /* a topic waited for because the cluster does not have it; "" none */
+	char missing_topic[250]; /* a topic waited for because the cluster does not have it; "" none */
 	double missing_topic_seconds;
 	int64_t heartbeat_ms; /* monotonic time the loop last turned */
 	/*
@@ -91,12 +91,12 @@ struct obx_metrics {
 	 * not apply and render as NaN; these describe the table instead.
 	 */
 	int poll_mode;
-	int64_t poll_pending_rows;            /* -1 until the first count */
+	int64_t poll_pending_rows;              /* -1 until the first count */
 	double poll_oldest_pending_age_seconds; /* 0 when none pending */
-	int64_t poll_retrying_rows;           /* pending rows that failed at least once */
-	int64_t poll_max_attempts_pending;    /* the highest attempts among pending rows */
-	uint64_t poll_failed_attempts;        /* failures recorded (attempts + 1) by this process */
-	uint64_t poll_batches;                /* claim cycles that produced at least one row */
+	int64_t poll_retrying_rows;             /* pending rows that failed at least once */
+	int64_t poll_max_attempts_pending;      /* the highest attempts among pending rows */
+	uint64_t poll_failed_attempts;          /* failures recorded (attempts + 1) by this process */
+	uint64_t poll_batches;                  /* claim cycles that produced at least one row */
 	/* what these numbers describe, for outboxd_info (set once at start-up; the mode from poll_mode) */
 	char info_slot[64];
 	char info_database[64];
@@ -109,7 +109,7 @@ struct obx_metrics {
  * read (that metric is left out).
  */
 struct obx_process {
-	double cpu_seconds;        /* user + system CPU time */
+	double cpu_seconds; /* user + system CPU time */
 	int64_t resident_bytes;
 	int64_t virtual_bytes;
 	int64_t open_fds;

@@ -49,7 +49,7 @@ struct obx_pgmsg {
 	uint32_t xid; /* 0 when the message carries none */
 	union {
 		struct {
-			obx_lsn final_lsn; /* the commit LSN */
+			obx_lsn final_lsn;   /* the commit LSN */
 			int64_t commit_time; /* microseconds since 2000-01-01 */
 			uint32_t xid;
 		} begin;
@@ -82,7 +82,7 @@ struct obx_pgmsg {
 		} insert;
 		struct {
 			uint32_t relid;
-			char old_kind; /* 'K' old key, 'O' old tuple, 0 none (Update only) */
+			char old_kind;             /* 'K' old key, 'O' old tuple, 0 none (Update only) */
 			struct obx_pg_tuple tuple; /* Update: the new tuple; Delete: the old key or tuple */
 		} change;
 		struct {
@@ -110,7 +110,7 @@ struct obx_pgmsg {
 		struct {
 			uint32_t xid;
 			uint32_t subxid;
-			obx_lsn abort_lsn;   /* v4 with streaming = parallel only, else 0 */
+			obx_lsn abort_lsn; /* v4 with streaming = parallel only, else 0 */
 			int64_t abort_time;
 		} stream_abort;
 		/* 'b' 'P' 'K' 'p': lsn is the prepare (or commit) LSN, time likewise */
@@ -136,8 +136,8 @@ struct obx_pgmsg {
 
 struct obx_pgoutput {
 	int proto_version;
-	bool stream_parallel; /* streaming = parallel was requested (v4 abort fields) */
-	bool in_stream;       /* between Stream Start and Stream Stop */
+	bool stream_parallel;        /* streaming = parallel was requested (v4 abort fields) */
+	bool in_stream;              /* between Stream Start and Stream Stop */
 	struct obx_pg_datum *datums; /* scratch for tuples, grown on demand */
 	size_t datum_cap;
 	struct obx_pg_relcol *relcols; /* scratch for Relation columns */
@@ -158,8 +158,7 @@ void obx_pgoutput_reset(struct obx_pgoutput *d);
  * type (d->error_offset then says where); OBX_ENOMEM when growing scratch
  * space failed.
  */
-int obx_pgoutput_decode(struct obx_pgoutput *d, const uint8_t *buf, size_t len,
-    struct obx_pgmsg *out);
+int obx_pgoutput_decode(struct obx_pgoutput *d, const uint8_t *buf, size_t len, struct obx_pgmsg *out);
 
 /*
  * The highest pgoutput protocol version a server of server_version

@@ -16,16 +16,16 @@
 #define OBX_PG_MIN_VERSION 130000
 
 struct obx_pgfacts {
-	int version;           /* server_version_num, e.g. 170004 */
-	int major;             /* 13 .. */
-	int proto;             /* highest pgoutput protocol: 1 on 13, 2 on 14, 3 on 15, 4 from 16 */
-	bool streaming;        /* in-progress transactions streamed (protocol 2, 14) */
-	bool messages;         /* logical decoding messages in pgoutput (14) */
+	int version;              /* server_version_num, e.g. 170004 */
+	int major;                /* 13 .. */
+	int proto;                /* highest pgoutput protocol: 1 on 13, 2 on 14, 3 on 15, 4 from 16 */
+	bool streaming;           /* in-progress transactions streamed (protocol 2, 14) */
+	bool messages;            /* logical decoding messages in pgoutput (14) */
 	bool publication_filters; /* row filters and column lists: pg_publication_tables.rowfilter,
 	                          * attnames; CREATE PUBLICATION ... WHERE (15) */
-	bool slot_options;     /* CREATE_REPLICATION_SLOT ... (SNAPSHOT 'nothing') syntax (15) */
-	bool standby_decoding; /* logical slots and decoding on a hot standby (16) */
-	bool failover_slots;   /* CREATE_REPLICATION_SLOT ... (FAILOVER), pg_replication_slots.failover
+	bool slot_options;        /* CREATE_REPLICATION_SLOT ... (SNAPSHOT 'nothing') syntax (15) */
+	bool standby_decoding;    /* logical slots and decoding on a hot standby (16) */
+	bool failover_slots;      /* CREATE_REPLICATION_SLOT ... (FAILOVER), pg_replication_slots.failover
 	                        * and .synced, slot synchronization to standbys (17) */
 };
 

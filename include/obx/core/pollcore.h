@@ -89,12 +89,12 @@ enum obx_prow_state {
 /* One claimed row.  Read-only for the caller. */
 struct obx_prow {
 	int64_t seq;
-	long long attempts;        /* failed attempts recorded before this claim */
+	long long attempts; /* failed attempts recorded before this claim */
 	enum obx_prow_state state;
-	bool dead_letter;          /* this batch sends its dead-letter copy */
-	bool marked;               /* acknowledged and already taken by a marking statement */
-	char *error;               /* owned: why it failed, or what became of it; NULL when none */
-	const char *key;           /* borrowed (see obx_pollcore_add()); NULL when the key is NULL */
+	bool dead_letter; /* this batch sends its dead-letter copy */
+	bool marked;      /* acknowledged and already taken by a marking statement */
+	char *error;      /* owned: why it failed, or what became of it; NULL when none */
+	const char *key;  /* borrowed (see obx_pollcore_add()); NULL when the key is NULL */
 	size_t keylen;
 };
 
@@ -128,11 +128,11 @@ struct obx_pollcore {
 	const struct obx_config *cfg;
 	struct obx_prow *rows;
 	size_t nrows, cap;
-	size_t next;               /* the next row obx_pollcore_next() looks at */
-	size_t outstanding;        /* rows in flight */
-	uint32_t gen;              /* per batch: reports of an earlier one are stale */
-	int signals;               /* stop signals so far (obx_pollcore_stop()) */
-	int64_t stop_ms;           /* when the first came, on the caller's clock */
+	size_t next;        /* the next row obx_pollcore_next() looks at */
+	size_t outstanding; /* rows in flight */
+	uint32_t gen;       /* per batch: reports of an earlier one are stale */
+	int signals;        /* stop signals so far (obx_pollcore_stop()) */
+	int64_t stop_ms;    /* when the first came, on the caller's clock */
 	struct obx_poll_holds holds;
 };
 
@@ -149,8 +149,8 @@ int obx_pollcore_begin(struct obx_pollcore *pc, const struct obx_config *cfg, si
  * and obx_pollcore_failed() of this batch only) and its last_error (copied;
  * may be NULL).  Returns 0 or OBX_ENOMEM.
  */
-int obx_pollcore_add(struct obx_pollcore *pc, int64_t seq, long long attempts, const char *key,
-    size_t keylen, const char *last_error);
+int obx_pollcore_add(struct obx_pollcore *pc, int64_t seq, long long attempts, const char *key, size_t keylen,
+    const char *last_error);
 
 /* Row i (< pc->nrows): a borrowed pointer valid until the batch ends. */
 const struct obx_prow *obx_pollcore_row(const struct obx_pollcore *pc, size_t i);

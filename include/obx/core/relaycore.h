@@ -63,10 +63,9 @@
  * de-duplication.  All are called only from inside core calls.
  */
 struct obx_core_ops {
-	enum obx_produce_result (*produce)(void *ctx, const struct obx_record *rec, uint64_t opaque,
-	    char *errbuf, size_t errlen);
-	void (*note)(void *ctx, enum obx_log_level level, const struct obx_logfields *f,
-	    const char *line);
+	enum obx_produce_result (*produce)(void *ctx, const struct obx_record *rec, uint64_t opaque, char *errbuf,
+	    size_t errlen);
+	void (*note)(void *ctx, enum obx_log_level level, const struct obx_logfields *f, const char *line);
 	bool (*lookup)(void *ctx, const char *topic, const struct obx_dd_mark *floor, uint32_t gen);
 };
 
@@ -75,11 +74,11 @@ struct obx_core_ops {
  * what one Kafka transaction holds, for its progress record.
  */
 struct obx_core_progress {
-	struct obx_dd_mark mark; /* the last event it holds (lsn, seq); id_hash unused */
+	struct obx_dd_mark mark;  /* the last event it holds (lsn, seq); id_hash unused */
 	int64_t mark_commit_time; /* commit time of the transaction at mark.lsn (0: unknown) */
-	obx_lsn end_lsn;         /* the end of the last PostgreSQL transaction it completes (0/0: none) */
-	int64_t commit_time;     /* that transaction's commit time, PostgreSQL epoch microseconds */
-	uint64_t records;        /* records produced in it */
+	obx_lsn end_lsn;          /* the end of the last PostgreSQL transaction it completes (0/0: none) */
+	int64_t commit_time;      /* that transaction's commit time, PostgreSQL epoch microseconds */
+	uint64_t records;         /* records produced in it */
 };
 
 /* How a Kafka transaction's commit ended, as the loop reports it. */
@@ -106,21 +105,21 @@ struct obx_core;
 
 /* What the loop reads of the core: its positions and counters, for status, metrics and logs. */
 struct obx_core_stats {
-	obx_lsn received;          /* the write position: the highest LSN read */
-	obx_lsn sent_flush;        /* the highest flush position sent */
-	obx_lsn server_wal_end;    /* the highest WAL end the server reported */
-	int status_interval_ms;    /* this session's (obx_core_session_start()) */
-	bool draining;             /* a first stop signal came: the session drains */
-	bool backpressured;        /* obx_core_backpressured() */
-	bool end_kafka;            /* the session ended because of the broker side */
-	uint64_t published;        /* events acknowledged (not counting dead-lettered ones) */
-	uint64_t inflight_events;  /* records handed to the producer, not yet reported */
+	obx_lsn received;         /* the write position: the highest LSN read */
+	obx_lsn sent_flush;       /* the highest flush position sent */
+	obx_lsn server_wal_end;   /* the highest WAL end the server reported */
+	int status_interval_ms;   /* this session's (obx_core_session_start()) */
+	bool draining;            /* a first stop signal came: the session drains */
+	bool backpressured;       /* obx_core_backpressured() */
+	bool end_kafka;           /* the session ended because of the broker side */
+	uint64_t published;       /* events acknowledged (not counting dead-lettered ones) */
+	uint64_t inflight_events; /* records handed to the producer, not yet reported */
 	uint64_t inflight_bytes;
-	uint64_t txn_records;      /* exactly-once: records in the open Kafka transaction */
-	uint64_t txn_committed;    /* exactly-once: Kafka transactions committed */
-	uint64_t txn_aborted;      /* exactly-once: ended without a commit (abort, rewind) */
-	bool has_oldest;           /* an event is unacknowledged; oldest_time is valid */
-	int64_t oldest_time;       /* the commit time of the oldest transaction with unacknowledged
+	uint64_t txn_records;   /* exactly-once: records in the open Kafka transaction */
+	uint64_t txn_committed; /* exactly-once: Kafka transactions committed */
+	uint64_t txn_aborted;   /* exactly-once: ended without a commit (abort, rewind) */
+	bool has_oldest;        /* an event is unacknowledged; oldest_time is valid */
+	int64_t oldest_time;    /* the commit time of the oldest transaction with unacknowledged
 	                              events, PostgreSQL epoch microseconds */
 };
 
@@ -130,8 +129,8 @@ struct obx_core_stats {
  * NULL).  Returns 0, or OBX_ENOMEM with *out NULL.  The caller frees it
  * with obx_core_free().
  */
-int obx_core_new(struct obx_core **out, const struct obx_config *cfg, const struct obx_core_ops *ops,
-    void *ctx, struct obx_metrics *m);
+int obx_core_new(struct obx_core **out, const struct obx_config *cfg, const struct obx_core_ops *ops, void *ctx,
+    struct obx_metrics *m);
 /* Frees everything the core owns, and the core; obx_core_free(NULL) is a no-op. */
 void obx_core_free(struct obx_core *c);
 
@@ -141,8 +140,7 @@ void obx_core_free(struct obx_core *c);
  * A new generation begins: reports of earlier sessions are never counted.
  * Returns 0 or OBX_ENOMEM.
  */
-int obx_core_session_start(struct obx_core *c, obx_lsn start, int proto, int status_interval_ms,
-    int64_t now_ms);
+int obx_core_session_start(struct obx_core *c, obx_lsn start, int proto, int status_interval_ms, int64_t now_ms);
 
 /*
  * Exactly-once: this session publishes in Kafka transactions.  floor (NULL:
@@ -175,8 +173,7 @@ bool obx_core_commit_due(struct obx_core *c, int64_t now_ms, bool idle, struct o
  * session (reason, borrowed, says how).  now_us (PostgreSQL-epoch
  * microseconds) feeds the commit-to-acknowledgement histogram.
  */
-void obx_core_commit_done(struct obx_core *c, enum obx_core_commit how, const char *reason,
-    int64_t now_us);
+void obx_core_commit_done(struct obx_core *c, enum obx_core_commit how, const char *reason, int64_t now_us);
 
 /*
  * Exactly-once: the progress record of the transaction *p describes
@@ -194,8 +191,7 @@ void obx_core_progress_record(const struct obx_core_progress *p, const struct ob
  * producer's words on entry and is rewritten for a time-out (OBX_ETIMEDOUT after
  * budget_ms, or a stop that cut the wait short).
  */
-enum obx_core_end obx_core_txn_init_end(int res, const char *txn_id, int budget_ms,
-    char *errbuf, size_t errlen);
+enum obx_core_end obx_core_txn_init_end(int res, const char *txn_id, int budget_ms, char *errbuf, size_t errlen);
 
 /*
  * Exactly-once: the broker refused this producer's epoch, and
@@ -205,8 +201,8 @@ enum obx_core_end obx_core_txn_init_end(int res, const char *txn_id, int budget_
  * outlived transaction.timeout.ms: a new session goes on).  errbuf gets the
  * line.
  */
-enum obx_core_end obx_core_fenced_end(bool connection_ours, const char *txn_id, const char *slot,
-    char *errbuf, size_t errlen);
+enum obx_core_end obx_core_fenced_end(bool connection_ours, const char *txn_id, const char *slot, char *errbuf,
+    size_t errlen);
 
 /*
  * Exactly-once: how a commit call that ended (res, 0 or an OBX_E* code of
@@ -217,8 +213,8 @@ enum obx_core_end obx_core_fenced_end(bool connection_ours, const char *txn_id, 
  * (stop); errbuf holds the producer's words on entry and gets the fence's line
  * for OBX_EFENCED.
  */
-enum obx_core_commit obx_core_commit_verdict(int res, bool connection_ours,
-    const char *txn_id, const char *slot, char *errbuf, size_t errlen);
+enum obx_core_commit obx_core_commit_verdict(int res, bool connection_ours, const char *txn_id, const char *slot,
+    char *errbuf, size_t errlen);
 
 /*
  * The status interval of a session: [source] status_interval
@@ -259,8 +255,7 @@ void obx_core_report(struct obx_core *c, const struct obx_report *r);
  * published); one of an earlier session (generation) is freed unused.  The
  * records that waited for it move on at the next obx_core_pump().
  */
-void obx_core_lookup_done(struct obx_core *c, uint32_t gen, const char *topic,
-    struct obx_dd_scan *s);
+void obx_core_lookup_done(struct obx_core *c, uint32_t gen, const char *topic, struct obx_dd_scan *s);
 
 /*
  * Moves pending work on as far as the in-flight caps allow: events found in
@@ -293,8 +288,7 @@ bool obx_core_backpressured(const struct obx_core *c);
  * (idle, so the flush position may follow the WAL end).  After sending it
  * the loop calls obx_core_status_sent().
  */
-bool obx_core_status_due(const struct obx_core *c, int64_t now_ms, obx_lsn *write, obx_lsn *flush,
-    bool *reply);
+bool obx_core_status_due(const struct obx_core *c, int64_t now_ms, obx_lsn *write, obx_lsn *flush, bool *reply);
 void obx_core_status_sent(struct obx_core *c, obx_lsn flush, int64_t now_ms);
 
 /*

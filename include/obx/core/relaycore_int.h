@@ -56,7 +56,7 @@ struct obx_core {
 	const struct obx_config *cfg; /* borrowed; outlives the core */
 	const struct obx_core_ops *ops;
 	void *ctx;
-	struct obx_metrics *m;        /* borrowed; counters the core updates */
+	struct obx_metrics *m; /* borrowed; counters the core updates */
 
 	struct obx_pgoutput dec;
 	struct obx_relcache rels;
@@ -64,18 +64,18 @@ struct obx_core {
 	struct obx_acktrack ack;
 	struct obx_streambuf sbuf;
 	struct obx_core_msgrow mrow;
-	struct obx_rel msgrel;        /* how a buffered message is kept: one column "content" */
+	struct obx_rel msgrel; /* how a buffered message is kept: one column "content" */
 	struct obx_relcol msgcol;
 
-	uint32_t gen;                 /* stream generation, bumped per session (docs/internals/design.md, invariant 8) */
-	bool active;                  /* between session_start and session_end */
-	bool streaming_off;           /* the process no longer asks for streaming */
+	uint32_t gen;       /* stream generation, bumped per session (docs/internals/design.md, invariant 8) */
+	bool active;        /* between session_start and session_end */
+	bool streaming_off; /* the process no longer asks for streaming */
 
-	bool in_txn;                  /* Begin (or a Stream Commit being published) seen, Commit not yet */
-	bool in_stream;               /* between Stream Start and Stream Stop */
+	bool in_txn;    /* Begin (or a Stream Commit being published) seen, Commit not yet */
+	bool in_stream; /* between Stream Start and Stream Stop */
 	struct obx_txninfo txn;
 	uint32_t txn_events;
-	uint32_t stream_xid;          /* the transaction of the current Stream Start block */
+	uint32_t stream_xid; /* the transaction of the current Stream Start block */
 
 	/* a Stream Commit whose rows are being published */
 	bool replaying;
@@ -83,62 +83,63 @@ struct obx_core {
 	size_t replay_next;
 	obx_lsn replay_end_lsn;
 
-	struct obx_delivery dlv;      /* the delivery policy: pending records, in-flight counts, on_error */
-	struct obx_topic_waits waits; /* topics the cluster does not have (kept across sessions, shared with the snapshot) */
+	struct obx_delivery dlv; /* the delivery policy: pending records, in-flight counts, on_error */
+	struct obx_topic_waits
+	    waits; /* topics the cluster does not have (kept across sessions, shared with the snapshot) */
 
-	struct obx_dedupe dd;         /* restart de-duplication of this session (core/restart_dedupe.h) */
-	bool dd_noted;                /* said once why de-duplication is off */
-	uint64_t *skips;              /* tickets of events found in Kafka, acknowledged by the next pump */
+	struct obx_dedupe dd; /* restart de-duplication of this session (core/restart_dedupe.h) */
+	bool dd_noted;        /* said once why de-duplication is off */
+	uint64_t *skips;      /* tickets of events found in Kafka, acknowledged by the next pump */
 	size_t nskips, skips_cap;
 
-	obx_lsn received;             /* the write position: the highest LSN read */
-	obx_lsn sent_flush;           /* the highest flush position sent */
+	obx_lsn received;   /* the write position: the highest LSN read */
+	obx_lsn sent_flush; /* the highest flush position sent */
 	obx_lsn server_wal_end;
 	int64_t last_status_ms;
-	bool status_now;              /* the server asked for a reply */
+	bool status_now; /* the server asked for a reply */
 	int status_interval_ms;
 
-	uint64_t published;           /* events acknowledged (not counting dead-lettered ones) */
-	bool paused;                  /* the in-flight caps stop reading */
-	int64_t last_pause_note_ms;   /* backpressure lines at info at most every 10 s */
-	bool pause_noted;             /* the current pause was logged at info */
+	uint64_t published;         /* events acknowledged (not counting dead-lettered ones) */
+	bool paused;                /* the in-flight caps stop reading */
+	int64_t last_pause_note_ms; /* backpressure lines at info at most every 10 s */
+	bool pause_noted;           /* the current pause was logged at info */
 
-	struct obx_stops stops;       /* stop signals (runpolicy.h): the first drains, a later one stops */
+	struct obx_stops stops; /* stop signals (runpolicy.h): the first drains, a later one stops */
 	bool draining;
 
-	int64_t now_ms;               /* the caller's clock at the last pump or session start */
+	int64_t now_ms; /* the caller's clock at the last pump or session start */
 
 	/* exactly-once ([delivery] exactly_once; docs/internals/design.md, "Exactly-once") */
 	bool eos;                     /* this session publishes in Kafka transactions */
 	struct obx_dd_mark eos_floor; /* the last event of the last committed transaction: at or below, skip */
 	bool eos_floor_set;
-	int64_t eos_floor_time;       /* commit time of the floor's transaction */
-	bool eos_checking;            /* the replay has not met the floor's transaction yet */
-	bool eos_holding;             /* events skipped before that: the flush position stays */
-	obx_lsn eos_hold_flush;       /* where it stays: the session's start */
+	int64_t eos_floor_time;         /* commit time of the floor's transaction */
+	bool eos_checking;              /* the replay has not met the floor's transaction yet */
+	bool eos_holding;               /* events skipped before that: the flush position stays */
+	obx_lsn eos_hold_flush;         /* where it stays: the session's start */
 	struct obx_dd_mark eos_refused; /* a floor the replay contradicted (kept across sessions) */
 	int64_t eos_refused_time;
 	bool eos_refused_set;
-	uint64_t eos_skipped;         /* replayed events at or below the floor this session */
-	bool commit_wanted;           /* the open transaction takes nothing more; its commit waits for its reports */
-	bool committing;              /* a commit was asked for and has not ended */
+	uint64_t eos_skipped; /* replayed events at or below the floor this session */
+	bool commit_wanted;   /* the open transaction takes nothing more; its commit waits for its reports */
+	bool committing;      /* a commit was asked for and has not ended */
 	uint64_t batch_records, batch_bytes;
-	int64_t batch_since_ms;       /* when the open transaction got its first record */
+	int64_t batch_since_ms; /* when the open transaction got its first record */
 	struct obx_core_progress batch;
-	uint64_t *batch_tickets;      /* the tickets of its records, acknowledged when it commits */
+	uint64_t *batch_tickets; /* the tickets of its records, acknowledged when it commits */
 	size_t nbatch, batch_cap;
 	struct obx_core_rejected {
 		struct obx_dd_mark mark;
 		bool dead_letter;
-		bool bare;            /* a record of headers only (no key, no value) */
-		char reason[255];     /* the broker's words */
-	} *rejected;                  /* kept across sessions: on_error applies at the replay */
+		bool bare;        /* a record of headers only (no key, no value) */
+		char reason[255]; /* the broker's words */
+	} * rejected;             /* kept across sessions: on_error applies at the replay */
 	size_t nrejected, rejected_cap;
-	uint64_t eos_commits;         /* Kafka transactions committed */
-	uint64_t eos_aborts;          /* ended without a commit (abort, rewind) */
+	uint64_t eos_commits; /* Kafka transactions committed */
+	uint64_t eos_aborts;  /* ended without a commit (abort, rewind) */
 
 	enum obx_core_end end;
-	bool end_kafka;               /* the session ended because of the broker side */
+	bool end_kafka; /* the session ended because of the broker side */
 	char reason[1024];
 	struct obx_logfields_kept reason_fields; /* what reason concerns (the event, the topic), for its line */
 };
@@ -149,8 +150,8 @@ struct obx_core {
  * the counters (all borrowed, outliving the core; none may be NULL).
  * Returns 0 or OBX_ENOMEM.  Pair with obx_core_reset().
  */
-int obx_core_init(struct obx_core *c, const struct obx_config *cfg, const struct obx_core_ops *ops,
-    void *ctx, struct obx_metrics *m);
+int obx_core_init(struct obx_core *c, const struct obx_config *cfg, const struct obx_core_ops *ops, void *ctx,
+    struct obx_metrics *m);
 /* Frees everything the core owns; a second reset is a no-op. */
 void obx_core_reset(struct obx_core *c);
 
@@ -160,19 +161,18 @@ void obx_core_reset(struct obx_core *c);
 /* relaycore.c */
 
 /* A line for the log about f (NULL: nothing in particular), through ops->note. */
-void obx_rc_note(struct obx_core *c, enum obx_log_level level, const struct obx_logfields *f,
-    const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+void obx_rc_note(struct obx_core *c, enum obx_log_level level, const struct obx_logfields *f, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 /* obx_core_fail() with what the reason concerns, for its line in the log. */
-void obx_rc_fail_at(struct obx_core *c, enum obx_core_end how, const struct obx_logfields *f,
-    const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+void obx_rc_fail_at(struct obx_core *c, enum obx_core_end how, const struct obx_logfields *f, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 /* True once the session has an end (obx_core_fail()). */
 bool obx_rc_ending(const struct obx_core *c);
 /*
  * A transaction's events begin (Begin, or a Stream Commit about to publish
  * its rows).  Returns false, with the session ended, when one is open already.
  */
-bool obx_rc_open_txn(struct obx_core *c, const char *what, obx_lsn commit_lsn, uint32_t xid,
-    int64_t commit_time);
+bool obx_rc_open_txn(struct obx_core *c, const char *what, obx_lsn commit_lsn, uint32_t xid, int64_t commit_time);
 
 /* relaycore_msgs.c */
 
@@ -223,8 +223,7 @@ bool obx_rc_floor_skip(struct obx_core *c, uint64_t ticket);
 /* Why the broker rejected rec in an earlier session's transaction, or NULL. */
 const char *obx_rc_rejected_before(const struct obx_core *c, const struct obx_record *rec, bool dl);
 /* Remembers that the broker rejected rec for good. */
-void obx_rc_remember_rejected(struct obx_core *c, const struct obx_record *rec, bool dl,
-    const char *reason);
+void obx_rc_remember_rejected(struct obx_core *c, const struct obx_record *rec, bool dl, const char *reason);
 /* A record went into the open Kafka transaction: its ticket waits for the commit. */
 void obx_rc_batch_add(struct obx_core *c, const struct obx_record *rec, uint64_t ticket, bool dl);
 /* The open Kafka transaction holds nothing (any more). */

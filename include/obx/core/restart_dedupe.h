@@ -93,32 +93,32 @@ enum obx_dd_part_state {
 
 struct obx_dd_part {
 	enum obx_dd_part_state state;
-	bool bounded;          /* lo and hi are known */
-	bool reached;          /* met a record below the floor, or the first offset: nothing older matters */
-	int64_t lo, hi;        /* the first offset and the end when the read began */
-	int64_t read_from;     /* the lowest offset read so far (hi before the first window) */
+	bool bounded;             /* lo and hi are known */
+	bool reached;             /* met a record below the floor, or the first offset: nothing older matters */
+	int64_t lo, hi;           /* the first offset and the end when the read began */
+	int64_t read_from;        /* the lowest offset read so far (hi before the first window) */
 	struct obx_dd_window win; /* the window given out */
-	bool in_window;        /* win is being read */
-	int64_t last_below;    /* the last offset of a record below the floor; -1 none */
-	int64_t last_foreign;  /* the last offset of a record without a mark; -1 none */
-	int64_t last_moved;    /* the last offset of a record whose key maps elsewhere; -1 none */
+	bool in_window;           /* win is being read */
+	int64_t last_below;       /* the last offset of a record below the floor; -1 none */
+	int64_t last_foreign;     /* the last offset of a record without a mark; -1 none */
+	int64_t last_moved;       /* the last offset of a record whose key maps elsewhere; -1 none */
 	bool has_last;
-	struct obx_dd_mark last; /* the mark of the partition's last outboxd record */
-	int64_t last_off;      /* its offset */
-	uint64_t records, bytes; /* read so far, for the size of the next window */
+	struct obx_dd_mark last;   /* the mark of the partition's last outboxd record */
+	int64_t last_off;          /* its offset */
+	uint64_t records, bytes;   /* read so far, for the size of the next window */
 	struct obx_dd_mark *marks; /* marks at or above the floor, sorted once installed */
 	size_t n, cap;
-	uint64_t skipped;      /* records of the session found here */
-	char reason[256];         /* FALLBACK: the reason, for the log */
+	uint64_t skipped; /* records of the session found here */
+	char reason[256]; /* FALLBACK: the reason, for the log */
 };
 
 struct obx_dd_scan {
 	char *topic;
 	struct obx_dd_mark floor; /* the first record of the session to check: nothing below matters */
-	int32_t nparts;        /* -1 until known; 0: the topic does not exist */
+	int32_t nparts;           /* -1 until known; 0: the topic does not exist */
 	struct obx_dd_part *parts;
-	size_t nmarks;         /* over all partitions */
-	bool failed;           /* the whole topic falls back */
+	size_t nmarks; /* over all partitions */
+	bool failed;   /* the whole topic falls back */
 	char reason[512];
 };
 
@@ -152,8 +152,8 @@ bool obx_dd_scan_want(struct obx_dd_scan *s, int32_t p, struct obx_dd_window *w)
  * none), its value's length and its headers (borrowed for the call).
  * Records outside the window given out are ignored.
  */
-void obx_dd_scan_record(struct obx_dd_scan *s, int32_t p, int64_t offset, const void *key,
-    size_t keylen, size_t len, const struct obx_header *hs, size_t nh);
+void obx_dd_scan_record(struct obx_dd_scan *s, int32_t p, int64_t offset, const void *key, size_t keylen,
+    size_t len, const struct obx_header *hs, size_t nh);
 
 /*
  * The window of p is read: its last offset arrived, or a record past it,
@@ -200,9 +200,9 @@ struct obx_dedupe {
 	void *ctx;
 	struct obx_dd_topic *topics;
 	size_t n, cap;
-	size_t last;            /* the topic looked up last: most records go to one in a row */
-	uint64_t skipped;       /* records found in Kafka (counted by obx_dedupe_check) */
-	uint64_t fallbacks;     /* topics and partitions that fell back to publishing everything */
+	size_t last;        /* the topic looked up last: most records go to one in a row */
+	uint64_t skipped;   /* records found in Kafka (counted by obx_dedupe_check) */
+	uint64_t fallbacks; /* topics and partitions that fell back to publishing everything */
 };
 
 /* Starts a session's state; off, every record is sent.  note may be NULL. */
@@ -217,8 +217,8 @@ void obx_dedupe_reset(struct obx_dedupe *d);
  * topic waits for obx_dedupe_install() (or obx_dedupe_unavailable()).
  * Records with no key, or no mark, are always sent.
  */
-enum obx_dd_verdict obx_dedupe_check(struct obx_dedupe *d, const char *topic, const void *key,
-    size_t keylen, const struct obx_header *hs, size_t nh, struct obx_dd_mark *mark);
+enum obx_dd_verdict obx_dedupe_check(struct obx_dedupe *d, const char *topic, const void *key, size_t keylen,
+    const struct obx_header *hs, size_t nh, struct obx_dd_mark *mark);
 
 /*
  * The read-back of s->topic is over.  Takes ownership of s.  Logs a line

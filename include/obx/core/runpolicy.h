@@ -14,9 +14,9 @@
 
 #include "obx/core/metrics.h"
 
-#define OBX_RECONNECT_MIN_MS 200    /* the first wait before a new session */
-#define OBX_RECONNECT_MAX_MS 30000  /* the longest */
-#define OBX_STANDBY_RETRY_MS 1000   /* a hot standby's, whatever the attempt */
+#define OBX_RECONNECT_MIN_MS 200   /* the first wait before a new session */
+#define OBX_RECONNECT_MAX_MS 30000 /* the longest */
+#define OBX_STANDBY_RETRY_MS 1000  /* a hot standby's, whatever the attempt */
 
 /*
  * The wait before session attempt + 1 (attempt 0: the first retry): the
@@ -79,8 +79,7 @@ enum obx_failure_line {
  * reason, "" for none); standby says the slot is in use by another
  * instance, was_standby that the previous failure said so too.
  */
-enum obx_failure_line obx_failure_line(const char *last, const char *reason, bool standby,
-    bool was_standby);
+enum obx_failure_line obx_failure_line(const char *last, const char *reason, bool standby, bool was_standby);
 
 /*
  * The metrics while the next session is awaited: the side's reconnect
@@ -111,7 +110,6 @@ enum obx_standby_step {
  * cannot be read or no read came for 3 s (the session finds out why), or
  * when a read since the wait began finds the slot free or gone.
  */
-enum obx_standby_step obx_standby_step(bool ok, int64_t read_ms, bool busy, int64_t since_ms,
-    int64_t now_ms);
+enum obx_standby_step obx_standby_step(bool ok, int64_t read_ms, bool busy, int64_t since_ms, int64_t now_ms);
 
 #endif

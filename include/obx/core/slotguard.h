@@ -25,7 +25,7 @@ struct obx_slotguard {
  * Returns 0, or OBX_ECONFIG with the line that says why and what to do in
  * errbuf.
  */
-int obx_slotguard_may_create(const struct obx_slotguard *g, const char *slot, bool recreate,
-    bool create_slot, char *errbuf, size_t errlen);
+int obx_slotguard_may_create(const struct obx_slotguard *g, const char *slot, bool recreate, bool create_slot,
+    char *errbuf, size_t errlen);
 
 #endif

@@ -22,8 +22,7 @@
  * on_error cannot take, a record rejected for good or on_error = stop
  * (exit 1).  On a non-zero return errbuf gets the run's reason.
  */
-int obx_snap_outcome(enum obx_dlv_outcome o, const char *slot, const char *reason, char *errbuf,
-    size_t errlen);
+int obx_snap_outcome(enum obx_dlv_outcome o, const char *slot, const char *reason, char *errbuf, size_t errlen);
 
 /*
  * The headers of a snapshot record made of the event builder's (ev): id,
@@ -36,7 +35,7 @@ int obx_snap_outcome(enum obx_dlv_outcome o, const char *slot, const char *reaso
  * headers borrow ev's strings and point.  Returns 0 or OBX_ENOMEM (*hdrs
  * and *cap unchanged).
  */
-int obx_snap_headers(const struct obx_event *ev, const char *point, struct obx_header **hdrs,
-    size_t *cap, size_t *n);
+int obx_snap_headers(const struct obx_event *ev, const char *point, struct obx_header **hdrs, size_t *cap,
+    size_t *n);
 
 #endif

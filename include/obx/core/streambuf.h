@@ -25,7 +25,7 @@
 
 struct obx_sbuf_row {
 	uint32_t subxid;
-	uint32_t rel;   /* index into the transaction's rels; OBX_SBUF_MESSAGE for a message */
+	uint32_t rel;              /* index into the transaction's rels; OBX_SBUF_MESSAGE for a message */
 	struct obx_pg_tuple tuple; /* columns and their bytes live in one allocation */
 	size_t size;
 };
@@ -63,8 +63,8 @@ int obx_streambuf_start(struct obx_streambuf *b, uint32_t xid);
  * started; OBX_EFULL when the copy would pass the limit (nothing kept);
  * OBX_ENOMEM.
  */
-int obx_streambuf_add(struct obx_streambuf *b, uint32_t xid, uint32_t subxid,
-    const struct obx_rel *rel, const struct obx_pg_tuple *tuple);
+int obx_streambuf_add(struct obx_streambuf *b, uint32_t xid, uint32_t subxid, const struct obx_rel *rel,
+    const struct obx_pg_tuple *tuple);
 
 /*
  * Keeps a copy of a transactional logical decoding message's content, as a
@@ -74,8 +74,8 @@ int obx_streambuf_add(struct obx_streambuf *b, uint32_t xid, uint32_t subxid,
  * find it: the caller checks nmessages (obx_streambuf_get) before trusting
  * a subtransaction's abort.  Returns as obx_streambuf_add().
  */
-int obx_streambuf_add_message(struct obx_streambuf *b, uint32_t xid, uint32_t subxid,
-    const uint8_t *content, uint32_t len);
+int obx_streambuf_add_message(struct obx_streambuf *b, uint32_t xid, uint32_t subxid, const uint8_t *content,
+    uint32_t len);
 
 /*
  * Stream Abort: discards the whole transaction when subxid == xid, else the

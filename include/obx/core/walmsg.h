@@ -21,11 +21,11 @@
 #define OBX_PG_EPOCH_OFFSET_US 946684800000000LL
 
 struct obx_walmsg {
-	char kind; /* 'w' or 'k' */
-	obx_lsn data_start;  /* 'w' only; 0/0 for messages without a position */
+	char kind;          /* 'w' or 'k' */
+	obx_lsn data_start; /* 'w' only; 0/0 for messages without a position */
 	obx_lsn wal_end;
 	int64_t send_time;
-	bool reply_requested; /* 'k' only */
+	bool reply_requested;   /* 'k' only */
 	const uint8_t *payload; /* 'w' only: borrowed view into the CopyData buffer */
 	size_t payload_len;
 };
@@ -37,7 +37,7 @@ struct obx_walmsg {
 int obx_walmsg_parse(const void *buf, size_t len, struct obx_walmsg *out);
 
 /* Builds a standby status update into out (OBX_STATUS_UPDATE_LEN bytes). */
-void obx_walmsg_status(uint8_t out[OBX_STATUS_UPDATE_LEN], obx_lsn write, obx_lsn flush,
-    obx_lsn apply, int64_t send_time, bool reply_requested);
+void obx_walmsg_status(uint8_t out[OBX_STATUS_UPDATE_LEN], obx_lsn write, obx_lsn flush, obx_lsn apply,
+    int64_t send_time, bool reply_requested);
 
 #endif

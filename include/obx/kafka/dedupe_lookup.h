@@ -43,7 +43,7 @@ struct obx_lookup {
 	pthread_cond_t cv;
 	struct obx_lookup_job *todo, *done; /* FIFO lists, guarded by mu */
 	bool stop;
-	int wake[2];                  /* the thread writes a byte to wake[1] per answer */
+	int wake[2]; /* the thread writes a byte to wake[1] per answer */
 };
 
 /* Prepares l for cfg (borrowed); starts nothing. */
@@ -61,8 +61,7 @@ int obx_lookup_start(struct obx_lookup *l);
  * Returns 0, or OBX_ENOMEM / OBX_EIO (no pipe or thread) when it cannot be
  * started.
  */
-int obx_lookup_request(struct obx_lookup *l, const char *topic, const struct obx_dd_mark *floor,
-    uint32_t tag);
+int obx_lookup_request(struct obx_lookup *l, const char *topic, const struct obx_dd_mark *floor, uint32_t tag);
 
 /* The fd that becomes readable when an answer is ready; -1 before the first request. */
 int obx_lookup_fd(const struct obx_lookup *l);

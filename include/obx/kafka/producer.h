@@ -30,7 +30,7 @@ struct obx_kafka {
 	obx_delivery_fn on_delivery;
 	void *ctx;
 	bool fatal;
-	bool fenced;       /* the fatal error says another producer took the transactional.id */
+	bool fenced; /* the fatal error says another producer took the transactional.id */
 	char fatal_reason[512];
 	/* counts the error callback's codes (transport, all brokers down); NULL: not counted.
 	 * Borrowed; the caller sets it after obx_kafka_open() */
@@ -38,12 +38,12 @@ struct obx_kafka {
 
 	/* exactly-once ([delivery] exactly_once): a transactional producer */
 	bool transactional;
-	bool txn_open;     /* begin_transaction done, commit or abort not yet */
-	bool committing;   /* commit_transaction returned a retriable time-out: call it again */
-	char txn_id[256];  /* the transactional.id */
+	bool txn_open;          /* begin_transaction done, commit or abort not yet */
+	bool committing;        /* commit_transaction returned a retriable time-out: call it again */
+	char txn_id[256];       /* the transactional.id */
 	char producer_name[64]; /* wall-clock ms and pid at open: unique across restarts */
 	uint64_t txn_count;
-	char txn_name[96];  /* producer_name.txn_count: the txn header of the open transaction */
+	char txn_name[96]; /* producer_name.txn_count: the txn header of the open transaction */
 };
 
 /* The opaque of a progress record: its delivery report is not an event's. */
@@ -63,8 +63,8 @@ rd_kafka_conf_t *obx_kafka_conf(const struct obx_config *cfg, char *errbuf, size
  * that transactional.id.  Returns 0, or OBX_ECONFIG (a property) / OBX_EIO
  * with errbuf filled.
  */
-int obx_kafka_open(struct obx_kafka *k, const struct obx_config *cfg, const char *txn_id,
-    obx_delivery_fn fn, void *ctx, char *errbuf, size_t errlen);
+int obx_kafka_open(struct obx_kafka *k, const struct obx_config *cfg, const char *txn_id, obx_delivery_fn fn,
+    void *ctx, char *errbuf, size_t errlen);
 
 /*
  * The transactional.id of [delivery] exactly_once: transactional_id when
@@ -74,8 +74,7 @@ int obx_kafka_open(struct obx_kafka *k, const struct obx_config *cfg, const char
  * on a physical standby promoted in its place, so its instance fences the
  * old one's.
  */
-void obx_kafka_txn_id(const struct obx_config *cfg, const char *sysid, const char *dbname, char *out,
-    size_t len);
+void obx_kafka_txn_id(const struct obx_config *cfg, const char *sysid, const char *dbname, char *out, size_t len);
 
 /*
  * Exactly-once: init_transactions, which fences every older producer with
@@ -88,8 +87,8 @@ void obx_kafka_txn_id(const struct obx_config *cfg, const char *sysid, const cha
  * producer is unusable: recreate it and rewind); errbuf is filled when it is
  * not 0.
  */
-int obx_kafka_txn_init(struct obx_kafka *k, int timeout_ms, bool (*tick)(void *),
-    void *arg, char *errbuf, size_t errlen);
+int obx_kafka_txn_init(struct obx_kafka *k, int timeout_ms, bool (*tick)(void *), void *arg, char *errbuf,
+    size_t errlen);
 
 /*
  * Commits the open transaction (flushing its records first; delivery
@@ -114,8 +113,8 @@ int obx_kafka_txn_abort(struct obx_kafka *k, int timeout_ms, char *errbuf, size_
  */
 enum obx_produce_result obx_kafka_produce(struct obx_kafka *k, const char *topic, int32_t partition,
     const void *key, size_t keylen, const void *value, size_t len, int64_t timestamp_ms,
-    const struct obx_header *headers, size_t nheaders, const char *extra_name,
-    const char *extra_value, uint64_t opaque, const char **errname, char *errbuf, size_t errlen);
+    const struct obx_header *headers, size_t nheaders, const char *extra_name, const char *extra_value,
+    uint64_t opaque, const char **errname, char *errbuf, size_t errlen);
 
 /* The fd to poll for readability. */
 int obx_kafka_fd(const struct obx_kafka *k);

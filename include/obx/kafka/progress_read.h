@@ -25,8 +25,7 @@
  * is none (no topic, or no such record), or OBX_EIO with errbuf filled (it
  * could not be read: the caller must not guess).
  */
-int obx_kafka_progress_read(const struct obx_config *cfg, const char *key, int budget_ms,
-    bool (*tick)(void *), void *arg, struct obx_progress *out, int32_t *nparts, char *errbuf,
-    size_t errlen);
+int obx_kafka_progress_read(const struct obx_config *cfg, const char *key, int budget_ms, bool (*tick)(void *),
+    void *arg, struct obx_progress *out, int32_t *nparts, char *errbuf, size_t errlen);
 
 #endif

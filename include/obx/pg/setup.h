@@ -60,8 +60,7 @@ struct obx_pgsetup_ctx {
  * code is OBX_EIO (may heal: server down, network), OBX_ECONFIG (refused
  * for good: authentication, unknown host or database, TLS) or OBX_ENOMEM.
  */
-int obx_pgsetup_connect(const char *conninfo, const char *password, PGconn **out, char *errbuf,
-    size_t errlen);
+int obx_pgsetup_connect(const char *conninfo, const char *password, PGconn **out, char *errbuf, size_t errlen);
 
 /*
  * Checks the server release (PQserverVersion) against cfg and picks the
@@ -70,8 +69,8 @@ int obx_pgsetup_connect(const char *conninfo, const char *password, PGconn **out
  * transactions (14 and later; a warning is logged when it cannot).
  * Returns 0 or OBX_ECONFIG.
  */
-int obx_pgsetup_protocol(int server_version, const struct obx_config *cfg, bool want_streaming,
-    int *proto_version, bool *streaming, char *errbuf, size_t errlen);
+int obx_pgsetup_protocol(int server_version, const struct obx_config *cfg, bool want_streaming, int *proto_version,
+    bool *streaming, char *errbuf, size_t errlen);
 
 /*
  * Runs IDENTIFY_SYSTEM: copies the system identifier into sysid and sets
@@ -80,8 +79,8 @@ int obx_pgsetup_protocol(int server_version, const struct obx_config *cfg, bool 
  * Returns 0, OBX_EIO, or OBX_EPROTO when the reply names no database (not a
  * logical replication connection) or is out of form.
  */
-int obx_pgsetup_identify(PGconn *c, char *sysid, size_t sysidlen, int *timeline, obx_lsn *xlogpos,
-    char *errbuf, size_t errlen);
+int obx_pgsetup_identify(PGconn *c, char *sysid, size_t sysidlen, int *timeline, obx_lsn *xlogpos, char *errbuf,
+    size_t errlen);
 
 /*
  * Checks wal_level = logical, reads the server's wal_sender_timeout into
@@ -103,7 +102,7 @@ int obx_pgsetup_check_server(PGconn *c, const struct obx_config *cfg, int *wal_s
  * OBX_ECONFIG (also: missing on a hot standby, naming what to run on the
  * primary) or OBX_ENOMEM.
  */
-int obx_pgsetup_publication(PGconn *c, const struct obx_config *cfg, bool in_recovery,
-    char *errbuf, size_t errlen);
+int obx_pgsetup_publication(PGconn *c, const struct obx_config *cfg, bool in_recovery, char *errbuf,
+    size_t errlen);
 
 #endif

@@ -47,8 +47,8 @@ struct obx_pgsetup_names {
 };
 
 /* Returns 0, or OBX_ENOMEM with errbuf filled (n is then empty). */
-int obx_pgsetup_names_init(struct obx_pgsetup_names *n, PGconn *c, const struct obx_config *cfg,
-    char *errbuf, size_t errlen);
+int obx_pgsetup_names_init(struct obx_pgsetup_names *n, PGconn *c, const struct obx_config *cfg, char *errbuf,
+    size_t errlen);
 
 /* Frees what n holds and empties it; an empty n is fine. */
 void obx_pgsetup_names_free(struct obx_pgsetup_names *n);
@@ -58,8 +58,7 @@ void obx_pgsetup_names_free(struct obx_pgsetup_names *n);
  * (the caller clears it), or OBX_EIO with the server's message in errbuf
  * and its SQLSTATE in sqlstate ("" when there is none; sqlstate may be NULL).
  */
-int obx_pgsetup_query(PGconn *c, const char *sql, PGresult **out, char sqlstate[6], char *errbuf,
-    size_t errlen);
+int obx_pgsetup_query(PGconn *c, const char *sql, PGresult **out, char sqlstate[6], char *errbuf, size_t errlen);
 
 /*
  * Runs sql like obx_pgsetup_query() for a command that may wait on the
@@ -69,8 +68,8 @@ int obx_pgsetup_query(PGconn *c, const char *sql, PGresult **out, char sqlstate[
  * sqlstate set, OBX_EBUSY when the time ran out, or OBX_ESTATE when the
  * tick stopped it.
  */
-int obx_pgsetup_query_waiting(PGconn *c, const char *sql, int timeout_ms,
-    struct obx_pgsetup_ctx *ctx, PGresult **out, char sqlstate[6], char *errbuf, size_t errlen);
+int obx_pgsetup_query_waiting(PGconn *c, const char *sql, int timeout_ms, struct obx_pgsetup_ctx *ctx,
+    PGresult **out, char sqlstate[6], char *errbuf, size_t errlen);
 
 /* What pg_replication_slots says about the slot (columns the server lacks read false). */
 struct obx_pgsetup_slotrow {
@@ -84,8 +83,8 @@ struct obx_pgsetup_slotrow {
 
 /* The publication's comment and what it records of the slot. */
 struct obx_pgsetup_guard {
-	char *comment;             /* the whole comment, owned ("" when there is none) */
-	struct obx_slotguard rec;  /* the record of cfg's slot in it */
+	char *comment;            /* the whole comment, owned ("" when there is none) */
+	struct obx_slotguard rec; /* the record of cfg's slot in it */
 };
 
 /*
@@ -93,8 +92,8 @@ struct obx_pgsetup_guard {
  * g (free g->comment with obx_pgsetup_guard_reset(), also after a failure).
  * Returns 0, OBX_EIO or OBX_ENOMEM.
  */
-int obx_pgsetup_read_guard(PGconn *c, const struct obx_config *cfg,
-    const struct obx_pgsetup_names *nm, struct obx_pgsetup_guard *g, char *errbuf, size_t errlen);
+int obx_pgsetup_read_guard(PGconn *c, const struct obx_config *cfg, const struct obx_pgsetup_names *nm,
+    struct obx_pgsetup_guard *g, char *errbuf, size_t errlen);
 
 /* Frees g's comment (NULL after); g->rec stays. */
 void obx_pgsetup_guard_reset(struct obx_pgsetup_guard *g);
@@ -105,25 +104,23 @@ void obx_pgsetup_guard_reset(struct obx_pgsetup_guard *g);
  * kept).  A failure is logged, at debug when quiet (a standby adopting a
  * slot tries every second).  Returns 0, OBX_EIO or OBX_ENOMEM.
  */
-int obx_pgsetup_record_marker(PGconn *c, const struct obx_config *cfg,
-    const struct obx_pgsetup_names *nm, const char *comment, const char *sysid, const char *lsn,
-    bool quiet);
+int obx_pgsetup_record_marker(PGconn *c, const struct obx_config *cfg, const struct obx_pgsetup_names *nm,
+    const char *comment, const char *sysid, const char *lsn, bool quiet);
 
 /*
  * On a hot standby, which cannot write the record: says once (ctx) which
  * line protects the slot when added to the comment on the primary.
  */
-void obx_pgsetup_note_standby_guard(const struct obx_config *cfg, const char *sysid,
-    const char *lsn, struct obx_pgsetup_ctx *ctx);
+void obx_pgsetup_note_standby_guard(const struct obx_config *cfg, const char *sysid, const char *lsn,
+    struct obx_pgsetup_ctx *ctx);
 
 /*
  * The slot exists: sets *born to the creation point the guard recorded (0:
  * unknown), recording the slot at confirmed when the comment holds no
  * record of it (made outside outboxd).  Only logs what fails.
  */
-void obx_pgsetup_adopt_slot(PGconn *c, const struct obx_config *cfg,
-    const struct obx_pgsetup_names *nm, const char *sysid, obx_lsn confirmed, bool in_recovery,
-    struct obx_pgsetup_ctx *ctx, obx_lsn *born);
+void obx_pgsetup_adopt_slot(PGconn *c, const struct obx_config *cfg, const struct obx_pgsetup_names *nm,
+    const char *sysid, obx_lsn confirmed, bool in_recovery, struct obx_pgsetup_ctx *ctx, obx_lsn *born);
 
 /* ---- snapshot_mark.c ([source] snapshot = pending) ---- */
 
@@ -133,20 +130,19 @@ void obx_pgsetup_adopt_slot(PGconn *c, const struct obx_config *cfg,
  * nothing when it is open already.  Returns 0, OBX_EBUSY (another instance
  * holds the lock), OBX_EIO or OBX_ENOMEM.
  */
-int obx_pgsetup_snapshot_open(PGconn *c, const struct obx_config *cfg,
-    struct obx_pgsetup_snapshot *snap, char *errbuf, size_t errlen);
+int obx_pgsetup_snapshot_open(PGconn *c, const struct obx_config *cfg, struct obx_pgsetup_snapshot *snap,
+    char *errbuf, size_t errlen);
 
 /* Creates the marker slot, left behind by an earlier run or not.  Returns 0, OBX_EIO, OBX_ECONFIG or OBX_ENOMEM. */
-int obx_pgsetup_create_snapmark(PGconn *c, const char *slot, const char *marker, char *errbuf,
-    size_t errlen);
+int obx_pgsetup_create_snapmark(PGconn *c, const char *slot, const char *marker, char *errbuf, size_t errlen);
 
 /*
  * Opens a read-only repeatable-read transaction on importer in the
  * snapshot name that the slot's creation exported.  Returns 0, OBX_EIO,
  * OBX_EPROTO (no snapshot name) or OBX_ENOMEM.
  */
-int obx_pgsetup_import_snapshot(PGconn *importer, const struct obx_config *cfg, const char *name,
-    char *errbuf, size_t errlen);
+int obx_pgsetup_import_snapshot(PGconn *importer, const struct obx_config *cfg, const char *name, char *errbuf,
+    size_t errlen);
 
 /*
  * The slot (row) exists: sets snap->wanted when its pending rows are still
@@ -155,17 +151,16 @@ int obx_pgsetup_import_snapshot(PGconn *importer, const struct obx_config *cfg, 
  * and waited on while another instance holds its lock.  Returns 0,
  * OBX_EBUSY, OBX_EIO, OBX_ECONFIG or OBX_ENOMEM.
  */
-int obx_pgsetup_snapshot_wanted(PGconn *c, const struct obx_config *cfg,
-    const struct obx_pgsetup_names *nm, const struct obx_pgsetup_slotrow *row, bool in_recovery,
-    struct obx_pgsetup_snapshot *snap, struct obx_pgsetup_ctx *ctx, char *errbuf, size_t errlen);
+int obx_pgsetup_snapshot_wanted(PGconn *c, const struct obx_config *cfg, const struct obx_pgsetup_names *nm,
+    const struct obx_pgsetup_slotrow *row, bool in_recovery, struct obx_pgsetup_snapshot *snap,
+    struct obx_pgsetup_ctx *ctx, char *errbuf, size_t errlen);
 
 /*
  * A slot just created with its snapshot: names in snap->legacy the marker
  * an earlier version left under the old name when it can only have been
  * this slot's, so that it goes with the new one after the snapshot.
  */
-void obx_pgsetup_adopt_legacy_mark(PGconn *c, const struct obx_config *cfg,
-    struct obx_pgsetup_snapshot *snap);
+void obx_pgsetup_adopt_legacy_mark(PGconn *c, const struct obx_config *cfg, struct obx_pgsetup_snapshot *snap);
 
 /* ---- failover.c ---- */
 
@@ -177,8 +172,7 @@ void obx_pgsetup_note_failover_ignored(const struct obx_config *cfg, const struc
 void obx_pgsetup_note_standby_failover(const struct obx_config *cfg, struct obx_pgsetup_ctx *ctx);
 
 /* Says once that the slot was synchronized from a former primary, resuming at confirmed. */
-void obx_pgsetup_note_synced(const struct obx_config *cfg, obx_lsn confirmed,
-    struct obx_pgsetup_ctx *ctx);
+void obx_pgsetup_note_synced(const struct obx_config *cfg, obx_lsn confirmed, struct obx_pgsetup_ctx *ctx);
 
 /*
  * Makes the slot's failover flag [source] failover (PostgreSQL 17+).
@@ -186,8 +180,8 @@ void obx_pgsetup_note_synced(const struct obx_config *cfg, obx_lsn confirmed,
  * logged), OBX_EBUSY (another instance took the slot meanwhile) or OBX_EIO
  * (the connection failed, or a stop signal came while waiting).
  */
-int obx_pgsetup_match_failover(PGconn *c, const struct obx_config *cfg,
-    const struct obx_pgsetup_names *nm, const struct obx_pgsetup_slotrow *row, bool in_recovery,
-    struct obx_pgsetup_ctx *ctx, char *errbuf, size_t errlen);
+int obx_pgsetup_match_failover(PGconn *c, const struct obx_config *cfg, const struct obx_pgsetup_names *nm,
+    const struct obx_pgsetup_slotrow *row, bool in_recovery, struct obx_pgsetup_ctx *ctx, char *errbuf,
+    size_t errlen);
 
 #endif

@@ -56,12 +56,12 @@ struct obx_pgsetup_snapshot {
 
 /* What obx_pgsetup_slot() is told, and what it answers. */
 struct obx_pgsetup_slot_args {
-	const char *sysid;  /* in: the system identifier (IDENTIFY_SYSTEM), for the guard's record */
-	bool recreate;      /* in: --recreate-slot: create a slot the guard says existed */
-	bool in_recovery;   /* in: the server is a hot standby (obx_pgsetup_check_server) */
-	obx_lsn confirmed;  /* out: the slot's confirmed_flush (its consistent point when created) */
-	bool created;       /* out: this call created the slot */
-	obx_lsn born;       /* out: the slot's creation point from the guard's record; 0: unknown */
+	const char *sysid; /* in: the system identifier (IDENTIFY_SYSTEM), for the guard's record */
+	bool recreate;     /* in: --recreate-slot: create a slot the guard says existed */
+	bool in_recovery;  /* in: the server is a hot standby (obx_pgsetup_check_server) */
+	obx_lsn confirmed; /* out: the slot's confirmed_flush (its consistent point when created) */
+	bool created;      /* out: this call created the slot */
+	obx_lsn born;      /* out: the slot's creation point from the guard's record; 0: unknown */
 };
 
 /*
@@ -94,7 +94,6 @@ int obx_pgsetup_slot(PGconn *c, const struct obx_config *cfg, struct obx_pgsetup
  * acknowledged; also snap->legacy, unless another slot may need it by now.
  * A marker already gone is fine.  Returns 0, OBX_EIO or OBX_ENOMEM.
  */
-int obx_pgsetup_snapshot_done(PGconn *c, const struct obx_pgsetup_snapshot *snap, char *errbuf,
-    size_t errlen);
+int obx_pgsetup_snapshot_done(PGconn *c, const struct obx_pgsetup_snapshot *snap, char *errbuf, size_t errlen);
 
 #endif

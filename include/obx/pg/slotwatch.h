@@ -23,18 +23,18 @@
 
 /* What the last read found. */
 struct obx_slotview {
-	bool ok;                 /* the last read succeeded (false: the fields below are stale) */
-	int64_t read_ms;         /* monotonic time of the last successful read (0: none yet) */
-	uint64_t failures;       /* reads that failed since start */
-	bool has_slot;           /* the slot exists */
-	bool active;             /* a walsender streams from it */
-	int active_pid;          /* that walsender's pid (0: none) */
-	obx_lsn server_lsn;      /* pg_current_wal_lsn(), or the replay position on a standby */
-	obx_lsn confirmed;       /* the slot's confirmed_flush_lsn (0: NULL) */
-	int64_t lag_bytes;       /* server_lsn minus confirmed, as the server computes it */
-	int64_t retained_wal_bytes; /* server_lsn minus restart_lsn */
-	int64_t safe_wal_size_bytes; /* -1: NULL (max_slot_wal_keep_size = -1) */
-	int wal_status;          /* obx_metrics_wal_status() of wal_status (0: unknown) */
+	bool ok;                         /* the last read succeeded (false: the fields below are stale) */
+	int64_t read_ms;                 /* monotonic time of the last successful read (0: none yet) */
+	uint64_t failures;               /* reads that failed since start */
+	bool has_slot;                   /* the slot exists */
+	bool active;                     /* a walsender streams from it */
+	int active_pid;                  /* that walsender's pid (0: none) */
+	obx_lsn server_lsn;              /* pg_current_wal_lsn(), or the replay position on a standby */
+	obx_lsn confirmed;               /* the slot's confirmed_flush_lsn (0: NULL) */
+	int64_t lag_bytes;               /* server_lsn minus confirmed, as the server computes it */
+	int64_t retained_wal_bytes;      /* server_lsn minus restart_lsn */
+	int64_t safe_wal_size_bytes;     /* -1: NULL (max_slot_wal_keep_size = -1) */
+	int wal_status;                  /* obx_metrics_wal_status() of wal_status (0: unknown) */
 	int64_t max_wal_keep_size_bytes; /* -1: unbounded */
 };
 

@@ -25,19 +25,19 @@ struct obx_pgstream {
 	PGconn *conn;
 	char sysid[32];
 	int timeline;
-	obx_lsn server_lsn;      /* IDENTIFY_SYSTEM's xlogpos at the session's start */
-	obx_lsn slot_created;    /* the slot's creation point from the slot guard; 0: unknown */
-	obx_lsn start_confirmed; /* the slot's confirmed_flush before START_REPLICATION */
+	obx_lsn server_lsn;        /* IDENTIFY_SYSTEM's xlogpos at the session's start */
+	obx_lsn slot_created;      /* the slot's creation point from the slot guard; 0: unknown */
+	obx_lsn start_confirmed;   /* the slot's confirmed_flush before START_REPLICATION */
 	int wal_sender_timeout_ms; /* 0: disabled */
 	int server_version;
-	int proto_version; /* the pgoutput protocol version asked for */
-	bool streaming;    /* the server streams large in-progress transactions */
-	bool slot_made;    /* this run created the slot */
-	bool in_recovery;  /* the server is a hot standby (PostgreSQL 16+) */
+	int proto_version;                /* the pgoutput protocol version asked for */
+	bool streaming;                   /* the server streams large in-progress transactions */
+	bool slot_made;                   /* this run created the slot */
+	bool in_recovery;                 /* the server is a hot standby (PostgreSQL 16+) */
 	struct obx_pgsetup_snapshot snap; /* [source] snapshot = pending: snap.wanted until published */
-	uint8_t *copybuf; /* the last CopyData message, owned (PQfreemem) */
-	PQnoticeReceiver prev_notice; /* libpq's receiver, for the notices pg/stream.c does not read */
-	char pub_skipped[512]; /* "" or why the server decoded without the publication (pg/stream.c) */
+	uint8_t *copybuf;                 /* the last CopyData message, owned (PQfreemem) */
+	PQnoticeReceiver prev_notice;     /* libpq's receiver, for the notices pg/stream.c does not read */
+	char pub_skipped[512];            /* "" or why the server decoded without the publication (pg/stream.c) */
 };
 
 /*
@@ -55,8 +55,8 @@ struct obx_pgstream {
  * with exit status 1).  Call
  * obx_pgstream_close() either way.
  */
-int obx_pgstream_open(struct obx_pgstream *s, const struct obx_config *cfg,
-    bool recreate_slot, bool streaming, struct obx_pgsetup_ctx *ctx, char *errbuf, size_t errlen);
+int obx_pgstream_open(struct obx_pgstream *s, const struct obx_config *cfg, bool recreate_slot, bool streaming,
+    struct obx_pgsetup_ctx *ctx, char *errbuf, size_t errlen);
 
 /*
  * After obx_pgstream_open() left s->snap.wanted set (the rows pending at
@@ -65,8 +65,7 @@ int obx_pgstream_open(struct obx_pgstream *s, const struct obx_config *cfg,
  * starts streaming from the slot's creation point.  Returns as
  * obx_pgstream_open().
  */
-int obx_pgstream_start(struct obx_pgstream *s, const struct obx_config *cfg,
-    char *errbuf, size_t errlen);
+int obx_pgstream_start(struct obx_pgstream *s, const struct obx_config *cfg, char *errbuf, size_t errlen);
 
 /* The socket to poll for reading (and writing while obx_pgstream_flush() returns 1). */
 int obx_pgstream_fd(const struct obx_pgstream *s);
@@ -81,15 +80,14 @@ int obx_pgstream_fd(const struct obx_pgstream *s);
  * ends the stream with that error; 18 warns and skips what it cannot
  * decode, and the stream ends at the warning.
  */
-int obx_pgstream_read(struct obx_pgstream *s, const uint8_t **buf, size_t *len,
-    char *errbuf, size_t errlen);
+int obx_pgstream_read(struct obx_pgstream *s, const uint8_t **buf, size_t *len, char *errbuf, size_t errlen);
 
 /* Reads what arrived on the socket into libpq's buffer.  Returns 0 or OBX_EIO (errbuf filled). */
 int obx_pgstream_consume(struct obx_pgstream *s, char *errbuf, size_t errlen);
 
 /* Queues a standby status update.  Returns 0 or OBX_EIO (errbuf filled). */
-int obx_pgstream_send_status(struct obx_pgstream *s, obx_lsn write, obx_lsn flush,
-    bool reply_requested, char *errbuf, size_t errlen);
+int obx_pgstream_send_status(struct obx_pgstream *s, obx_lsn write, obx_lsn flush, bool reply_requested,
+    char *errbuf, size_t errlen);
 
 /* Flushes queued output.  Returns 0 (all sent), 1 (more to send: poll for POLLOUT) or OBX_EIO. */
 int obx_pgstream_flush(struct obx_pgstream *s);

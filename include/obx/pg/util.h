@@ -33,8 +33,7 @@
  * OBX_EIO (could not connect or set those, and may heal) or OBX_ENOMEM.
  */
 int obx_pg_connect(const char *conninfo, const char *password, const char *const *extra_kw,
-    const char *const *extra_val, const char *application_name, PGconn **out, char *errbuf,
-    size_t errlen);
+    const char *const *extra_val, const char *application_name, PGconn **out, char *errbuf, size_t errlen);
 
 /*
  * Copies libpq's last error for conn into buf as one line (newlines become

@@ -34,28 +34,28 @@ struct poller {
 	bool kf_open;
 	struct obx_event_builder eb;
 	struct obx_poll_sql sql;
-	struct obx_rel rel;       /* the claim's result columns, built once per connection */
+	struct obx_rel rel; /* the claim's result columns, built once per connection */
 	bool rel_built;
 	unsigned rel_version;
 	struct obx_pg_datum *datums;
 	struct obx_header *hdrs;
 	size_t hdr_cap;
-	struct obx_pollcore pc;   /* the claimed batch and its decisions */
-	struct obx_delivery dlv;  /* the delivery policy (delivery.h): pending records, copies, missing topics */
+	struct obx_pollcore pc;  /* the claimed batch and its decisions */
+	struct obx_delivery dlv; /* the delivery policy (delivery.h): pending records, copies, missing topics */
 	struct obx_topic_waits waits;
-	bool pg_busy;             /* an early marking UPDATE is running (wait_acks) */
+	bool pg_busy; /* an early marking UPDATE is running (wait_acks) */
 	struct obx_metrics m;
-	struct obx_runner run;    /* HTTP, heartbeat, title, signals, the session loop */
-	int signals;              /* stop signals received: the runner's count, kept here for the batch */
-	int64_t stop_ms;          /* when the first one came (the runner's, for the batch) */
-	int rc;                   /* how the session ended: 0 stopped, else a negative OBX_E* */
+	struct obx_runner run;      /* HTTP, heartbeat, title, signals, the session loop */
+	int signals;                /* stop signals received: the runner's count, kept here for the batch */
+	int64_t stop_ms;            /* when the first one came (the runner's, for the batch) */
+	int rc;                     /* how the session ended: 0 stopped, else a negative OBX_E* */
 	uint64_t published_at_open; /* events published when the session opened: did it progress */
 	bool listening;
 	int64_t next_stats_ms;
 	char reason[1024];
 	enum obx_log_level log_level;
 #ifdef OBX_TEST_HOOKS
-	long test_kill_after;     /* OBX_TEST_KILL_AFTER_ACKS: SIGKILL itself after that many acks */
+	long test_kill_after; /* OBX_TEST_KILL_AFTER_ACKS: SIGKILL itself after that many acks */
 	long test_acks;
 #endif
 };

@@ -23,27 +23,27 @@
 /* What the loop lends a session's exactly-once part; every pointer borrowed for the session. */
 struct obx_relay_eos_io {
 	const struct obx_config *cfg;
-	struct obx_pgstream *st;  /* started: START_REPLICATION made the slot this instance's */
-	struct obx_kafka *kf;     /* the session's transactional producer */
+	struct obx_pgstream *st; /* started: START_REPLICATION made the slot this instance's */
+	struct obx_kafka *kf;    /* the session's transactional producer */
 	struct obx_core *core;
 	struct obx_metrics *m;
-	int64_t *reports_at_us;   /* the loop's: set before each call that serves delivery reports */
-	bool (*tick)(void *);     /* health and signals while the start waits (true: give up) */
+	int64_t *reports_at_us; /* the loop's: set before each call that serves delivery reports */
+	bool (*tick)(void *);   /* health and signals while the start waits (true: give up) */
 	void *tick_arg;
-	long kill_after;          /* test builds: SIGKILL after a commit past N events (0: never) */
+	long kill_after; /* test builds: SIGKILL after a commit past N events (0: never) */
 };
 
 /* Embedded in the loop's state, zeroed once; fenced_before outlives sessions. */
 struct obx_relay_eos {
 	struct obx_relay_eos_io io;
-	bool committing;          /* a commit is under way (obx_kafka_txn_commit again) */
-	int32_t partition;        /* where the progress records go */
+	bool committing;                   /* a commit is under way (obx_kafka_txn_commit again) */
+	int32_t partition;                 /* where the progress records go */
 	struct obx_progress_source source; /* the history this session's records name */
-	int64_t status_ms;        /* the last status update while the session starts */
+	int64_t status_ms;                 /* the last status update while the session starts */
 	bool have_floor;
 	struct obx_progress floor; /* the trusted record, when have_floor */
-	bool fenced_before;       /* the last session was fenced while its connection looked alive */
-	char fenced_id[256];      /* its transactional.id */
+	bool fenced_before;        /* the last session was fenced while its connection looked alive */
+	char fenced_id[256];       /* its transactional.id */
 };
 
 /*
@@ -54,8 +54,8 @@ struct obx_relay_eos {
  * session ends (OBX_CORE_END_RETRY, OBX_CORE_END_FATAL) with errbuf set
  * when it cannot go on.
  */
-enum obx_core_end obx_relay_eos_open(struct obx_relay_eos *e, const struct obx_relay_eos_io *io,
-    char *errbuf, size_t errlen);
+enum obx_core_end obx_relay_eos_open(struct obx_relay_eos *e, const struct obx_relay_eos_io *io, char *errbuf,
+    size_t errlen);
 
 /* Hands the floor found by obx_relay_eos_open() to the core; after obx_core_session_start(). */
 void obx_relay_eos_start(struct obx_relay_eos *e);
@@ -78,7 +78,6 @@ void obx_relay_eos_fenced(struct obx_relay_eos *e);
  * connection looked alive is remembered for the next session
  * (obx_progress_taken_over()).
  */
-bool obx_relay_eos_close(struct obx_relay_eos *e, enum obx_core_end end, char *errbuf,
-    size_t errlen);
+bool obx_relay_eos_close(struct obx_relay_eos *e, enum obx_core_end end, char *errbuf, size_t errlen);
 
 #endif

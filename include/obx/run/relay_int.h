@@ -25,30 +25,30 @@
 #include "obx/run/snapshot.h"
 
 struct relay {
-	struct obx_slotwatch watch;  /* the slot as the server sees it: lag, and a standby's wait */
+	struct obx_slotwatch watch; /* the slot as the server sees it: lag, and a standby's wait */
 	const struct obx_config *cfg;
 	const struct obx_run_opts *opts;
 	struct obx_pgstream st;
 	struct obx_kafka kf;
-	struct obx_lookup lk;   /* reads topics back for restart de-duplication */
-	struct obx_core *core;  /* the decisions (relaycore.h) */
+	struct obx_lookup lk;  /* reads topics back for restart de-duplication */
+	struct obx_core *core; /* the decisions (relaycore.h) */
 	struct obx_metrics m;
-	struct obx_runner run;   /* HTTP, heartbeat, title, signals, the session loop */
+	struct obx_runner run;        /* HTTP, heartbeat, title, signals, the session loop */
 	struct obx_pgsetup_ctx setup; /* lines said once, the tick while the setup waits */
 
-	enum obx_core_end end;  /* how the last session ended */
+	enum obx_core_end end; /* how the last session ended */
 	char reason[1024];
 	struct obx_logfields_kept reason_fields; /* what reason concerns, for its line */
-	bool streamed;          /* the last session got as far as streaming */
-	bool slot_seen;         /* some session of this process found or created the slot */
-	bool standby;           /* the slot is in use by another instance */
-	bool end_kafka;         /* the last session ended because of the broker side */
-	bool first_message;     /* logged once per process */
-	int announced_interval; /* the status interval the last session used */
-	int64_t last_rx_ms;     /* the last message from the server (or the last time we were not reading) */
-	int64_t reports_at_us;  /* PostgreSQL-epoch time of the delivery reports being served */
-	int silence_factor;     /* times wal_sender_timeout that counts as dead (1, 2, 4, 8) */
-	obx_lsn silence_at;     /* the received position when silence last ended a session */
+	bool streamed;                           /* the last session got as far as streaming */
+	bool slot_seen;                          /* some session of this process found or created the slot */
+	bool standby;                            /* the slot is in use by another instance */
+	bool end_kafka;                          /* the last session ended because of the broker side */
+	bool first_message;                      /* logged once per process */
+	int announced_interval;                  /* the status interval the last session used */
+	int64_t last_rx_ms;           /* the last message from the server (or the last time we were not reading) */
+	int64_t reports_at_us;        /* PostgreSQL-epoch time of the delivery reports being served */
+	int silence_factor;           /* times wal_sender_timeout that counts as dead (1, 2, 4, 8) */
+	obx_lsn silence_at;           /* the received position when silence last ended a session */
 	enum obx_log_level log_level; /* as running: SIGHUP may change it */
 	int progress_interval_ms;
 
@@ -57,7 +57,7 @@ struct relay {
 	uint64_t progress_txns;
 	struct obx_relay_eos eos; /* exactly-once: the session's transactions (relay_eos.h) */
 	struct obx_snapshot snap; /* [source] snapshot = pending: the run under way */
-	bool snapshotting;      /* delivery reports go to snap */
+	bool snapshotting;        /* delivery reports go to snap */
 #ifdef OBX_TEST_HOOKS
 	long test_fatal_after;
 	long test_produced;

@@ -75,9 +75,9 @@ struct obx_runner {
 	bool http_on;
 	enum obx_state title_state;
 	struct obx_stops stops;
-	int attempt;             /* sessions failed in a row since one progressed */
-	bool was_standby;        /* the last failure was a standby's (the source clears it) */
-	char last[1024];         /* the last failure's reason */
+	int attempt;      /* sessions failed in a row since one progressed */
+	bool was_standby; /* the last failure was a standby's (the source clears it) */
+	char last[1024];  /* the last failure's reason */
 };
 
 /*
@@ -85,8 +85,8 @@ struct obx_runner {
  * or obx_http_start()'s OBX_ECONFIG or OBX_EIO with the error logged
  * (obx_runner_reset() still applies).
  */
-int obx_runner_init(struct obx_runner *run, const struct obx_config *cfg,
-    const struct obx_run_opts *opts, struct obx_metrics *m, const struct obx_runner_ops *ops, void *ctx);
+int obx_runner_init(struct obx_runner *run, const struct obx_config *cfg, const struct obx_run_opts *opts,
+    struct obx_metrics *m, const struct obx_runner_ops *ops, void *ctx);
 
 /* Stops the HTTP server. */
 void obx_runner_reset(struct obx_runner *run);

@@ -33,30 +33,30 @@ struct obx_core;
 
 struct obx_snapshot {
 	const struct obx_config *cfg;
-	struct obx_core *core;      /* the relay's: its missing-topic waits and generation (relaycore.h) */
-	struct obx_delivery dlv;    /* the delivery policy (delivery.h): in flight, pending, on_error */
+	struct obx_core *core;   /* the relay's: its missing-topic waits and generation (relaycore.h) */
+	struct obx_delivery dlv; /* the delivery policy (delivery.h): in flight, pending, on_error */
 	struct obx_kafka *kf;
 	struct obx_metrics *m;
 	struct obx_event_builder eb;
 	bool eb_ready;
-	struct obx_rel rel;         /* the cursor's columns, as the event builder resolves them */
+	struct obx_rel rel; /* the cursor's columns, as the event builder resolves them */
 	struct obx_pg_datum *datums;
 	struct obx_header *hdrs;
 	size_t hdr_cap;
-	char point[32];             /* the slot's creation point: the snapshot header */
-	char table[600];            /* the outbox table, quoted and schema-qualified */
-	uint64_t rows;              /* rows read */
-	uint64_t acked;             /* records acknowledged (dead-letter copies included) */
+	char point[32];  /* the slot's creation point: the snapshot header */
+	char table[600]; /* the outbox table, quoted and schema-qualified */
+	uint64_t rows;   /* rows read */
+	uint64_t acked;  /* records acknowledged (dead-letter copies included) */
 	uint64_t dead_lettered;
-	int end;                    /* 0, or how the run failed: OBX_EIO (retry) or OBX_ECONFIG (stop) */
-	char reason[768];           /* why, when end != 0 */
-	bool (*tick)(void *);       /* the caller's, while records or the server are waited for */
+	int end;              /* 0, or how the run failed: OBX_EIO (retry) or OBX_ECONFIG (stop) */
+	char reason[768];     /* why, when end != 0 */
+	bool (*tick)(void *); /* the caller's, while records or the server are waited for */
 	void *tick_arg;
-	bool stopped;               /* the tick asked to stop */
-	int64_t ticked_ms;          /* when the tick last ran */
+	bool stopped;      /* the tick asked to stop */
+	int64_t ticked_ms; /* when the tick last ran */
 	int64_t started_ms;
-	int64_t next_note_ms;       /* the next progress line */
-	long kill_after;            /* test builds: SIGKILL after that many acknowledgements (0: never) */
+	int64_t next_note_ms; /* the next progress line */
+	long kill_after;      /* test builds: SIGKILL after that many acknowledgements (0: never) */
 };
 
 /*
@@ -66,8 +66,8 @@ struct obx_snapshot {
  * table has it, else the created_at column and ctid, else ctid).  Returns
  * 0, OBX_ECONFIG (no such table, a name too long) or OBX_EIO, with errbuf.
  */
-int obx_snapshot_describe(PGconn *c, const struct obx_config *cfg, char *table, size_t tlen,
-    char *filter, size_t flen, char *order, size_t olen, char *errbuf, size_t errlen);
+int obx_snapshot_describe(PGconn *c, const struct obx_config *cfg, char *table, size_t tlen, char *filter,
+    size_t flen, char *order, size_t olen, char *errbuf, size_t errlen);
 
 /*
  * Prepares s for one run; core (borrowed) decides how long a missing topic
@@ -95,8 +95,8 @@ int obx_snapshot_init(struct obx_snapshot *s, const struct obx_config *cfg, stru
  * transaction stays open until the caller closes conn (after dropping the
  * marker).
  */
-int obx_snapshot_run(struct obx_snapshot *s, PGconn *conn, bool imported, obx_lsn start,
-    bool (*tick)(void *), void *arg, char *errbuf, size_t errlen);
+int obx_snapshot_run(struct obx_snapshot *s, PGconn *conn, bool imported, obx_lsn start, bool (*tick)(void *),
+    void *arg, char *errbuf, size_t errlen);
 
 /* The delivery report of a record produced by obx_snapshot_run(). */
 void obx_snapshot_report(struct obx_snapshot *s, uint64_t opaque, const rd_kafka_message_t *m);

@@ -28,8 +28,8 @@ extern const struct obx_config_checks obx_config_io_checks;
  * calls.  Returns 0, OBX_ECONFIG or OBX_ENOMEM (errbuf filled, in the form
  * config.h describes).
  */
-int obx_config_load(struct obx_config *cfg, const char *path, char *const *envp,
-    const char *const *sets, size_t nsets, char *errbuf, size_t errlen);
+int obx_config_load(struct obx_config *cfg, const char *path, char *const *envp, const char *const *sets,
+    size_t nsets, char *errbuf, size_t errlen);
 
 /*
  * Writes conninfo (key/value or URI form) to out with any password replaced

@@ -44,9 +44,9 @@ struct obx_http {
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
 	struct obx_metrics snap; /* guarded by mu */
-	pthread_t reaper; /* shuts down connections past their deadline */
+	pthread_t reaper;        /* shuts down connections past their deadline */
 	bool reaper_running;
-	bool stopping; /* guarded by mu */
+	bool stopping;                                    /* guarded by mu */
 	struct obx_http_conn conns[OBX_HTTP_CONNECTIONS]; /* guarded by mu */
 	const struct obx_config *cfg;
 	int port; /* the bound port (useful with listen = host:0) */

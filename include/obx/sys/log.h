@@ -29,8 +29,7 @@ void obx_log_context(const char *slot, const char *mode);
 bool obx_log_enabled(enum obx_log_level level);
 /* "error", "warn", "info" or "debug" (static). */
 const char *obx_log_level_name(enum obx_log_level level);
-void obx_log(enum obx_log_level level, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
+void obx_log(enum obx_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* obx_log() with the fields of f (NULL: the context's only). */
 void obx_log_f(enum obx_log_level level, const struct obx_logfields *f, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -41,8 +40,8 @@ void obx_log_f(enum obx_log_level level, const struct obx_logfields *f, const ch
  * NULL).  Returns a string the caller frees with free(), or NULL when out
  * of memory.  A JSON line whose msg is not valid UTF-8 falls back to text.
  */
-char *obx_log_render(enum obx_log_format format, const char *ts, enum obx_log_level level,
-    const char *ctx_slot, const char *ctx_mode, const struct obx_logfields *f, const char *msg);
+char *obx_log_render(enum obx_log_format format, const char *ts, enum obx_log_level level, const char *ctx_slot,
+    const char *ctx_mode, const struct obx_logfields *f, const char *msg);
 
 #define obx_log_error(...) obx_log(OBX_LOG_ERROR, __VA_ARGS__)
 #define obx_log_warn(...) obx_log(OBX_LOG_WARN, __VA_ARGS__)
