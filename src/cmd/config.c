@@ -4,7 +4,9 @@
  * obx_config_load() reads back, and the configuration reference in
  * Markdown (docs/reference/configuration.md).  Both come from the one
  * table, config_table.c.  No secret is ever printed: a secret key is shown
- * as a comment, a connection string with its password replaced.
+ * as a comment, a connection string with its password replaced, so what
+ * is read back lacks the secrets (they come from their files or the
+ * environment, as in production).
  */
 #include <stdio.h>
 #include <stdlib.h>

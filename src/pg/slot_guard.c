@@ -21,8 +21,9 @@
 
 /*
  * Copies the first nw words of line (n bytes; words are separated by white
- * space) into w.  Returns how many there were, or OBX_ERANGE when one is
- * WORD_MAX bytes or longer.
+ * space) into w, each cut to WORD_MAX - 1 bytes: an over-long word still
+ * counts, so a damaged record is never taken for none.  Returns how many
+ * there were.
  */
 static int
 split_words(const char *line, size_t n, char w[][WORD_MAX], int nw)
@@ -31,7 +32,7 @@ split_words(const char *line, size_t n, char w[][WORD_MAX], int nw)
 	int k = 0;
 
 	while (k < nw) {
-		size_t start;
+		size_t start, len;
 
 		while (i < n && isspace((unsigned char)line[i]))
 			i++;
@@ -40,10 +41,9 @@ split_words(const char *line, size_t n, char w[][WORD_MAX], int nw)
 		start = i;
 		while (i < n && !isspace((unsigned char)line[i]))
 			i++;
-		if (i - start >= WORD_MAX)
-			return OBX_ERANGE;
-		memcpy(w[k], line + start, i - start);
-		w[k][i - start] = '\0';
+		len = i - start < WORD_MAX ? i - start : WORD_MAX - 1;
+		memcpy(w[k], line + start, len);
+		w[k][len] = '\0';
 		k++;
 	}
 	return k;
@@ -67,10 +67,10 @@ find_marker(const char *comment, const char *slot, struct obx_slotguard *rec)
 		char w[3][WORD_MAX];
 
 		if (n > ml && strncmp(p, MARKER, ml) == 0 && isspace((unsigned char)p[ml]) &&
-		    split_words(p + ml, n - ml, w, 3) == 3 && strcmp(w[0], slot) == 0 &&
-		    strlen(w[1]) < sizeof(rec->sysid) && strlen(w[2]) < sizeof(rec->lsn)) {
+		    split_words(p + ml, n - ml, w, 3) == 3 && strcmp(w[0], slot) == 0) {
 			rec->marked = true;
-			strlcpy(rec->sysid, w[1], sizeof(rec->sysid)); /* lengths checked above */
+			/* cut to the fields, as a damaged record is still this slot's record */
+			strlcpy(rec->sysid, w[1], sizeof(rec->sysid));
 			strlcpy(rec->lsn, w[2], sizeof(rec->lsn));
 			return 0;
 		}

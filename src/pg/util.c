@@ -101,8 +101,9 @@ obx_pg_connect(const char *conninfo, const char *password, const char *const *ex
 		return obx_connfail_class(err);
 	}
 	if (pin_session(c, errbuf, errlen) != 0) {
+		/* a refused session setting is judged like a refused connection */
 		PQfinish(c);
-		return OBX_EIO;
+		return obx_connfail_class(errbuf);
 	}
 	*out = c;
 	return 0;

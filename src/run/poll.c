@@ -278,8 +278,9 @@ produce_row(struct poller *p, const PGresult *res, size_t i)
  * Starts the batch of res's rows and produces them, in seq order, as
  * pollcore decides: a row that cannot be built or whose produce call fails
  * holds back the later rows of its key in this batch (they stay pending and
- * are claimed after it); a stop signal leaves the rest unsent.  Returns 0
- * or OBX_ENOMEM.
+ * are claimed after it); a stop signal leaves the rest unsent.  Returns 0,
+ * OBX_ENOMEM, or OBX_EPROTO with p->reason filled (a row's seq is NULL or
+ * not a number).
  */
 static int
 produce_batch(struct poller *p, const PGresult *res)
@@ -295,11 +296,21 @@ produce_batch(struct poller *p, const PGresult *res)
 	obx_dlv_begin(&p->dlv, p->pc.gen, false); /* what an earlier batch left pending is dropped */
 	for (int k = 0; k < n; k++) {
 		const char *key = kcol >= 0 && !PQgetisnull(res, k, kcol) ? PQgetvalue(res, k, kcol) : NULL;
-		int64_t id, seq;
+		int64_t seq, attempts = 0;
 
-		if (obx_pg_int64(res, k, 0, &id) != 0 || obx_pg_int64(res, k, 1, &seq) != 0)
+		if (obx_pg_int64(res, k, 0, &seq) != 0) {
+			snprintf(p->reason, sizeof(p->reason),
+			    "claimed row %d: [outbox] seq (%s) is NULL or not an integer", k + 1, p->cfg->col_seq);
 			return OBX_EPROTO;
-		if ((r = obx_pollcore_add(&p->pc, id, seq, key,
+		}
+		/* a NULL attempts column (a nullable column mapped to [outbox] attempts) counts as none */
+		if (!PQgetisnull(res, k, 1) && obx_pg_int64(res, k, 1, &attempts) != 0) {
+			snprintf(p->reason, sizeof(p->reason),
+			    "claimed row %d (seq %" PRId64 "): [outbox] attempts (%s) is not an integer", k + 1,
+			    seq, p->cfg->col_attempts);
+			return OBX_EPROTO;
+		}
+		if ((r = obx_pollcore_add(&p->pc, seq, attempts, key,
 		         key != NULL ? (size_t)PQgetlength(res, k, kcol) : 0,
 		         PQgetisnull(res, k, 2) ? NULL : PQgetvalue(res, k, 2))) != 0)
 			return r;

@@ -29,8 +29,9 @@
  * Returns 0 with *out set (the caller
  * closes it with PQfinish()); otherwise *out is NULL, the message is in
  * errbuf (one line) and the code is OBX_ECONFIG (a refusal no retry heals,
- * obx_connfail_class(): authentication, an unknown database, TLS),
- * OBX_EIO (could not connect or set those, and may heal) or OBX_ENOMEM.
+ * of the connection or of those settings, obx_connfail_class():
+ * authentication, an unknown database, TLS, a permission), OBX_EIO (could
+ * not connect or set those, and may heal) or OBX_ENOMEM.
  */
 int obx_pg_connect(const char *conninfo, const char *password, const char *const *extra_kw,
     const char *const *extra_val, const char *application_name, PGconn **out, char *errbuf, size_t errlen);
