@@ -482,8 +482,15 @@ key_differs(const struct obx_config *a, const struct obx_config *b, const struct
 	}
 }
 
-size_t
-obx_config_diff(const struct obx_config *a, const struct obx_config *b, const char **names, size_t max)
+static bool
+applies_live(const struct obx_cfg_key *k, enum obx_source_mode mode)
+{
+	return k->reload == OBX_CFG_SIGHUP || (k->reload == OBX_CFG_SIGHUP_LOGICAL && mode == OBX_SOURCE_LOGICAL);
+}
+
+static size_t
+diff(const struct obx_config *a, const struct obx_config *b, const enum obx_source_mode *later_in,
+    const char **names, size_t max)
 {
 	size_t n = 0;
 
@@ -492,7 +499,7 @@ obx_config_diff(const struct obx_config *a, const struct obx_config *b, const ch
 		const char *name = k->group != NULL ? k->group : k->diff_name;
 		bool named = false;
 
-		if (!key_differs(a, b, k))
+		if (!key_differs(a, b, k) || (later_in != NULL && applies_live(k, *later_in)))
 			continue;
 		for (size_t j = 0; j < n && !named; j++)
 			named = strcmp(names[j], name) == 0;
@@ -500,4 +507,17 @@ obx_config_diff(const struct obx_config *a, const struct obx_config *b, const ch
 			names[n++] = name;
 	}
 	return n;
+}
+
+size_t
+obx_config_diff(const struct obx_config *a, const struct obx_config *b, const char **names, size_t max)
+{
+	return diff(a, b, NULL, names, max);
+}
+
+size_t
+obx_config_diff_restart(const struct obx_config *running, const struct obx_config *fresh, const char **names,
+    size_t max)
+{
+	return diff(running, fresh, &running->mode, names, max);
 }

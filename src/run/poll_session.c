@@ -28,8 +28,6 @@
 /* ---- signals and title: the runner's (runner.h) ---- */
 
 /* SIGHUP: the log level takes effect at once; the runner names the other changes. */
-static const char *const poll_live[] = { "[log] level" };
-
 static void
 poll_reload(void *ctx, const struct obx_config *fresh)
 {
@@ -277,8 +275,6 @@ static const struct obx_runner_ops poll_runner_ops = {
 	.close = poll_close,
 	.stop = poll_stop,
 	.reload = poll_reload,
-	.live = poll_live,
-	.nlive = sizeof(poll_live) / sizeof(poll_live[0]),
 	.title = poll_title,
 	.interrupted_names_reason = true,
 };

@@ -23,11 +23,10 @@
 /* ---- signals, metrics, title: the runner's (runner.h) ---- */
 
 /*
- * SIGHUP: the log level and the progress interval take effect at once;
- * the runner names every other change as needing a restart.
+ * SIGHUP: the log level and the progress interval take effect at once (the
+ * table marks them so); the runner names every other change as needing a
+ * restart.
  */
-static const char *const relay_live[] = { "[log] level", "[log] progress_interval" };
-
 static void
 relay_reload(void *ctx, const struct obx_config *fresh)
 {
@@ -466,8 +465,6 @@ static const struct obx_runner_ops relay_runner_ops = {
 	.close = relay_close,
 	.stop = relay_stop,
 	.reload = relay_reload,
-	.live = relay_live,
-	.nlive = sizeof(relay_live) / sizeof(relay_live[0]),
 	.title = relay_title,
 	.refresh = relay_refresh,
 	.standby_wait = relay_standby_wait,

@@ -78,22 +78,15 @@ obx_runner_publish(struct obx_runner *run)
  * running settings stay as they are).
  */
 static void
-report_reload(const struct obx_config *running, const struct obx_config *fresh, const char *const *live,
-    size_t nlive)
+report_reload(const struct obx_config *running, const struct obx_config *fresh)
 {
 	const char *names[48];
 	char later[1024] = "";
-	size_t n = obx_config_diff(running, fresh, names, sizeof(names) / sizeof(names[0]));
+	size_t n = obx_config_diff_restart(running, fresh, names, sizeof(names) / sizeof(names[0]));
 
-	for (size_t i = 0; i < n; i++) {
-		bool applied = false;
-
-		for (size_t j = 0; j < nlive && !applied; j++)
-			applied = strcmp(names[i], live[j]) == 0;
-		if (!applied)
-			snprintf(later + strlen(later), sizeof(later) - strlen(later), "%s%s",
-			    later[0] ? ", " : "", names[i]);
-	}
+	for (size_t i = 0; i < n; i++)
+		snprintf(later + strlen(later), sizeof(later) - strlen(later), "%s%s", later[0] ? ", " : "",
+		    names[i]);
 	if (later[0] != '\0')
 		obx_log_warn("SIGHUP: changed settings that take effect only after a restart: %s", later);
 	else
@@ -114,7 +107,7 @@ reload(struct obx_runner *run)
 		return;
 	}
 	run->ops->reload(run->ctx, &fresh);
-	report_reload(run->cfg, &fresh, run->ops->live, run->ops->nlive);
+	report_reload(run->cfg, &fresh);
 	obx_config_reset(&fresh);
 }
 

@@ -876,6 +876,42 @@ test_io_checks_come_from_the_loader(void **state)
 	assert_null(cfg.checks);
 }
 
+/*
+ * What SIGHUP cannot apply comes from the table's reload column: the log
+ * level at once in both modes, the progress interval at once in logical
+ * mode only, a slot never.
+ */
+static void
+test_diff_restart(void **state)
+{
+	struct obx_config a, b, pa, pb;
+	const char *names[32];
+	size_t n;
+
+	(void)state;
+	assert_int_equal(load(&a, KAFKA, NULL, NULL, 0), 0);
+	assert_int_equal(load(&b,
+	                     KAFKA "[log]\nlevel = debug\nprogress_interval = 5s\n"
+	                           "[source]\nslot = other\n",
+	                     NULL, NULL, 0),
+	    0);
+	assert_int_equal(obx_config_diff(&a, &b, names, 32), 3);
+	n = obx_config_diff_restart(&a, &b, names, 32);
+	assert_int_equal(n, 1);
+	assert_string_equal(names[0], "[source] slot");
+	assert_int_equal(load(&pa, KAFKA "[source]\nmode = poll\n", NULL, NULL, 0), 0);
+	assert_int_equal(load(&pb, KAFKA "[source]\nmode = poll\n[log]\nlevel = debug\nprogress_interval = 5s\n",
+	                     NULL, NULL, 0),
+	    0);
+	n = obx_config_diff_restart(&pa, &pb, names, 32);
+	assert_int_equal(n, 1);
+	assert_string_equal(names[0], "[log] progress_interval");
+	obx_config_reset(&a);
+	obx_config_reset(&b);
+	obx_config_reset(&pa);
+	obx_config_reset(&pb);
+}
+
 /* SIGHUP names a changed [delivery] dedupe as needing a restart, like every other key. */
 static void
 test_dedupe_diff(void **state)
@@ -1036,6 +1072,7 @@ main(void)
 		cmocka_unit_test(test_reserved_header_mapping_refused),
 		cmocka_unit_test(test_io_checks_come_from_the_loader),
 		cmocka_unit_test(test_dedupe_diff),
+		cmocka_unit_test(test_diff_restart),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -212,6 +212,14 @@ int obx_config_finish(struct obx_config *cfg, const char *path, char *errbuf, si
  */
 size_t obx_config_diff(const struct obx_config *a, const struct obx_config *b, const char **names, size_t max);
 
+/*
+ * obx_config_diff() of the settings a SIGHUP cannot apply to running (in
+ * its [source] mode): those whose table entry says restart, so the runner
+ * names them as waiting for one.  The others take effect at once.
+ */
+size_t obx_config_diff_restart(const struct obx_config *running, const struct obx_config *fresh,
+    const char **names, size_t max);
+
 /* Returns the value of librdkafka property key, or NULL when not set. Borrowed. */
 const char *obx_config_kafka_get(const struct obx_config *cfg, const char *key);
 

@@ -47,10 +47,9 @@ struct obx_runner_ops {
 	void (*close)(void *ctx, bool opened, struct obx_session_result *out);
 	/* A stop signal; obx_runner_stops() already counts it. */
 	void (*stop)(void *ctx, enum obx_stop_verdict v, int64_t now_ms);
-	/* SIGHUP: applies what of fresh takes effect at once (the live names) and logs it. */
+	/* SIGHUP: applies what of fresh takes effect at once (the keys the configuration table marks
+	 * SIGHUP for this mode) and logs it; the runner names the rest (obx_config_diff_restart()). */
 	void (*reload)(void *ctx, const struct obx_config *fresh);
-	const char *const *live;
-	size_t nlive;
 	/* The process title (NUL-terminated into buf, len bytes). */
 	void (*title)(void *ctx, char *buf, size_t len);
 	/* Optional: refreshes the metrics before each publication. */
