@@ -1119,3 +1119,122 @@ t_metric(const char *body, const char *name)
 	}
 	return -1;
 }
+
+/* ---- helpers several test programs share ---- */
+
+void
+t_insert_events(struct t_relay *r, const char *agg, int from, int to)
+{
+	for (int i = from; i < to; i++)
+		t_exec(r->pg,
+		    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
+		    "VALUES ('%s', 'k%d', 'E', '{\"i\": %d}')",
+		    agg, i % 11, i);
+}
+
+size_t
+t_expect_all_published(struct t_relay *r, const char *agg, int timeout_ms)
+{
+	char topic[128];
+	struct t_msg *m;
+	size_t n;
+	PGresult *res;
+
+	snprintf(topic, sizeof(topic), "outbox.event.%s", agg);
+	/* once the slot confirmed everything, the topic holds every event */
+	if (!t_wait_confirmed_current(r, timeout_ms)) {
+		t_log_dump(r);
+		fail_msg("outboxd did not confirm up to the server's WAL position");
+	}
+	n = t_consume_all(r->b.bootstrap, topic, 20000, &m);
+	res = PQexec(r->pg, "SELECT id::text FROM outbox");
+	for (int i = 0; i < PQntuples(res); i++) {
+		size_t c = 0;
+
+		for (size_t j = 0; j < n; j++)
+			if (strcmp(t_msg_header(&m[j], "id"), PQgetvalue(res, i, 0)) == 0)
+				c++;
+		if (c == 0) {
+			t_log_dump(r);
+			fail_msg("committed event %s never published (%zu records read)", PQgetvalue(res, i, 0),
+			    n);
+		}
+	}
+	PQclear(res);
+	t_msgs_free(m, n);
+	return n;
+}
+
+void
+t_insert_txn(struct t_relay *r, const char *agg, int n, int nkeys)
+{
+	t_exec(r->pg,
+	    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
+	    "SELECT '%s', 'k' || (g %% %d), 'T', jsonb_build_object('i', g) FROM generate_series(0, %d) g",
+	    agg, nkeys, n - 1);
+}
+
+void
+t_run_until_killed_after_acks(struct t_relay *r, int n, const char *agg, int nkeys)
+{
+	char v[32];
+	int st;
+
+	snprintf(v, sizeof(v), "%d", n);
+	setenv("OBX_TEST_KILL_AFTER_ACKS", v, 1);
+	t_relay_start(r, NULL, 1);
+	unsetenv("OBX_TEST_KILL_AFTER_ACKS");
+	if (agg != NULL)
+		t_insert_txn(r, agg, n, nkeys);
+	st = t_wait(r->pid, 60000);
+	if (st == -1 || !WIFSIGNALED(st) || WTERMSIG(st) != SIGKILL) {
+		t_log_dump(r);
+		fail_msg("outboxd did not kill itself after %d acknowledgements", n);
+	}
+	r->pid = 0;
+	t_slot_wait_inactive(r, 15000);
+}
+
+size_t
+t_count_id(const struct t_msg *m, size_t n, const char *id)
+{
+	size_t c = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		const char *v = t_msg_header(&m[i], "id");
+
+		if (v != NULL && strcmp(v, id) == 0)
+			c++;
+	}
+	return c;
+}
+
+double
+t_relay_metric(struct t_relay *r, const char *name)
+{
+	static char body[1 << 16];
+
+	if (t_http_get(t_metrics_port(r), "/metrics", body, sizeof(body)) != 200)
+		fail_msg("could not read /metrics");
+	return t_metric(body, name);
+}
+
+int
+t_cmp_str(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+size_t
+t_count_header(const struct t_msg *m, size_t n, const char *header, const char *value)
+{
+	size_t c = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		const char *v = t_msg_header(&m[i], header);
+
+		if (v != NULL && strcmp(v, value) == 0)
+			c++;
+	}
+	return c;
+}

@@ -178,8 +178,6 @@ int t_run_capture(const char *cmd, char *out, size_t len);
 /* Milliseconds on the monotonic clock. */
 int64_t t_now_ms(void);
 
-#endif
-
 /* ---- a relay under test: database with the sql/ schema, broker, outboxd ---- */
 
 struct t_relay {
@@ -236,3 +234,22 @@ int t_http_get(int port, const char *path, char *body, size_t len);
 int t_metrics_port(const struct t_relay *r);
 /* Value of a metric line "name value" in a /metrics body, or -1 when absent. */
 double t_metric(const char *body, const char *name);
+
+/* ---- helpers several test programs share ---- */
+void t_insert_events(struct t_relay *r, const char *agg, int from, int to);
+/* Every id in the outbox table is in the topic at least once; returns the number of records. */
+size_t t_expect_all_published(struct t_relay *r, const char *agg, int timeout_ms);
+/* One transaction with n events of aggregate type agg over keys k0..k(nkeys-1). */
+void t_insert_txn(struct t_relay *r, const char *agg, int n, int nkeys);
+/*
+ * Starts outboxd that kills itself after n acknowledgements; once it
+ * streams, commits one transaction of n events of agg (agg NULL: none, a
+ * workload runs) and waits until it died.
+ */
+void t_run_until_killed_after_acks(struct t_relay *r, int n, const char *agg, int nkeys);
+size_t t_count_id(const struct t_msg *m, size_t n, const char *id);
+double t_relay_metric(struct t_relay *r, const char *name);
+int t_cmp_str(const void *a, const void *b);
+size_t t_count_header(const struct t_msg *m, size_t n, const char *header, const char *value);
+
+#endif

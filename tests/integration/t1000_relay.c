@@ -32,20 +32,6 @@ teardown(void **state)
 	return 0;
 }
 
-static size_t
-count_value(const struct t_msg *m, size_t n, const char *header, const char *value)
-{
-	size_t c = 0;
-
-	for (size_t i = 0; i < n; i++) {
-		const char *v = t_msg_header(&m[i], header);
-
-		if (v != NULL && strcmp(v, value) == 0)
-			c++;
-	}
-	return c;
-}
-
 /* 1. One INSERT -> one record with the right topic, key, value bytes, headers and partition. */
 static void
 test_one_insert(void **state)
@@ -226,8 +212,8 @@ test_deleted_published_rolled_back_not(void **state)
 	}
 	n = t_consume(R.b.bootstrap, "outbox.event.acct", 1, 15000, &m);
 	assert_int_equal(n, 1);
-	assert_int_equal(count_value(m, n, "id", kept), 1);
-	assert_int_equal(count_value(m, n, "id", rolled), 0);
+	assert_int_equal(t_count_header(m, n, "id", kept), 1);
+	assert_int_equal(t_count_header(m, n, "id", rolled), 0);
 	assert_string_equal(m[0].value, "{\"n\": 2}");
 	t_msgs_free(m, n);
 	free(kept);
@@ -396,7 +382,7 @@ test_kill9_resends_unconfirmed(void **state)
 	res = PQexec(R.pg, "SELECT id::text FROM outbox");
 	assert_int_equal(PQntuples(res), 1020);
 	for (int i = 0; i < PQntuples(res); i++) {
-		size_t c = count_value(m, n, "id", PQgetvalue(res, i, 0));
+		size_t c = t_count_header(m, n, "id", PQgetvalue(res, i, 0));
 
 		if (c == 0)
 			fail_msg("event %s was committed but never published", PQgetvalue(res, i, 0));
@@ -411,7 +397,7 @@ test_kill9_resends_unconfirmed(void **state)
 
 			if (strncmp(m[i].key, "copy-", 5) == 0)
 				copy_seen++;
-			if (count_value(m, n, "id", id) > 1) {
+			if (t_count_header(m, n, "id", id) > 1) {
 				dups++;
 				assert_true(t_lsn(t_msg_header(&m[i], "lsn")) >= confirmed);
 				assert_int_equal(strncmp(m[i].key, "copy-", 5), 0);
@@ -492,12 +478,6 @@ test_broker_down(void **state)
 	free(before_lsn);
 }
 
-static int
-cmp_str(const void *a, const void *b)
-{
-	return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
 /* 4. Concurrent writers: every event exactly once, per-key order = commit order (version oracle). */
 static void
 test_concurrent_writers_order(void **state)
@@ -552,7 +532,7 @@ test_concurrent_writers_order(void **state)
 
 		for (size_t i = 0; i < n; i++)
 			ids[i] = (char *)t_msg_header(&m[i], "id");
-		qsort(ids, n, sizeof(char *), cmp_str);
+		qsort(ids, n, sizeof(char *), t_cmp_str);
 		for (size_t i = 0; i < n; i++)
 			assert_string_equal(ids[i], PQgetvalue(res, (int)i, 0));
 		free(ids);

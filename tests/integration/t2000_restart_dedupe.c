@@ -36,66 +36,6 @@ teardown(void **state)
 
 /* ---- helpers ---- */
 
-/* One transaction with n events of aggregate type agg over keys k0..k(nkeys-1). */
-static void
-insert_txn(const char *agg, int n, int nkeys)
-{
-	t_exec(R.pg,
-	    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
-	    "SELECT '%s', 'k' || (g %% %d), 'T', jsonb_build_object('i', g) FROM generate_series(0, %d) g",
-	    agg, nkeys, n - 1);
-}
-
-/*
- * Starts outboxd that kills itself after n acknowledgements; once it
- * streams, commits one transaction of n events of agg (agg NULL: none, a
- * workload runs) and waits until it died.
- */
-static void
-run_until_killed_after_acks(int n, const char *agg, int nkeys)
-{
-	char v[32];
-	int st;
-
-	snprintf(v, sizeof(v), "%d", n);
-	setenv("OBX_TEST_KILL_AFTER_ACKS", v, 1);
-	t_relay_start(&R, NULL, 1);
-	unsetenv("OBX_TEST_KILL_AFTER_ACKS");
-	if (agg != NULL)
-		insert_txn(agg, n, nkeys);
-	st = t_wait(R.pid, 60000);
-	if (st == -1 || !WIFSIGNALED(st) || WTERMSIG(st) != SIGKILL) {
-		t_log_dump(&R);
-		fail_msg("outboxd did not kill itself after %d acknowledgements", n);
-	}
-	R.pid = 0;
-	t_slot_wait_inactive(&R, 15000);
-}
-
-static size_t
-count_id(const struct t_msg *m, size_t n, const char *id)
-{
-	size_t c = 0;
-
-	for (size_t i = 0; i < n; i++) {
-		const char *v = t_msg_header(&m[i], "id");
-
-		if (v != NULL && strcmp(v, id) == 0)
-			c++;
-	}
-	return c;
-}
-
-static double
-metric(const char *name)
-{
-	static char body[1 << 16];
-
-	if (t_http_get(t_metrics_port(&R), "/metrics", body, sizeof(body)) != 200)
-		fail_msg("could not read /metrics");
-	return t_metric(body, name);
-}
-
 static rd_kafka_t *
 producer(void)
 {
@@ -150,19 +90,19 @@ test_restart_after_acks_skips_all(void **state)
 	(void)state;
 	t_relay_setup(&R, "ddacks", 0);
 	t_relay_config(&R, NULL);
-	run_until_killed_after_acks(300, "ddacks", 40);
+	t_run_until_killed_after_acks(&R, 300, "ddacks", 40);
 	confirmed = t_slot_confirmed(&R);
 	t_relay_start(&R, NULL, 1);
 	assert_true(t_wait_confirmed_current(&R, 20000));
 	assert_true(t_slot_confirmed(&R) > confirmed);
-	assert_int_equal((int)metric("outboxd_dedupe_skipped_total"), 300);
-	assert_int_equal((int)metric("outboxd_events_published_total"), 0);
+	assert_int_equal((int)t_relay_metric(&R, "outboxd_dedupe_skipped_total"), 300);
+	assert_int_equal((int)t_relay_metric(&R, "outboxd_events_published_total"), 0);
 	assert_int_equal(t_log_count(&R, "300 event(s) of topic outbox.event.ddacks were in Kafka already"), 1);
 	n = t_consume_all(R.b.bootstrap, "outbox.event.ddacks", 20000, &m);
 	assert_int_equal(n, 300);
 	res = PQexec(R.pg, "SELECT id::text FROM outbox");
 	for (int i = 0; i < PQntuples(res); i++)
-		assert_int_equal(count_id(m, n, PQgetvalue(res, i, 0)), 1);
+		assert_int_equal(t_count_id(m, n, PQgetvalue(res, i, 0)), 1);
 	PQclear(res);
 	t_msgs_free(m, n);
 }
@@ -185,7 +125,7 @@ test_foreign_record_falls_back(void **state)
 	(void)state;
 	t_relay_setup(&R, "ddforeign", 0);
 	t_relay_config(&R, NULL);
-	run_until_killed_after_acks(200, "ddforeign", 40);
+	t_run_until_killed_after_acks(&R, 200, "ddforeign", 40);
 	part = rd_kafka_msg_partitioner_murmur2(NULL, "k0", 2, 4, NULL, NULL);
 	rk = producer();
 	produce_to(rk, "outbox.event.ddforeign", part, "k0", "not from outboxd", NULL, 0);
@@ -202,12 +142,12 @@ test_foreign_record_falls_back(void **state)
 	                     "has no lsn and seq headers of outboxd (another writer); publishing "
 	                     "its events from the slot's position (at-least-once)"),
 	    1);
-	assert_int_equal((int)metric("outboxd_dedupe_fallbacks_total"), 1);
+	assert_int_equal((int)t_relay_metric(&R, "outboxd_dedupe_fallbacks_total"), 1);
 	n = t_consume_all(R.b.bootstrap, "outbox.event.ddforeign", 20000, &m);
 	res = PQexec(R.pg, "SELECT id::text, aggregateid FROM outbox");
 	assert_int_equal(PQntuples(res), 200);
 	for (int i = 0; i < PQntuples(res); i++) {
-		size_t c = count_id(m, n, PQgetvalue(res, i, 0));
+		size_t c = t_count_id(m, n, PQgetvalue(res, i, 0));
 		const char *key = PQgetvalue(res, i, 1);
 		bool in_part = rd_kafka_msg_partitioner_murmur2(NULL, key, strlen(key), 4, NULL, NULL) == part;
 
@@ -219,7 +159,7 @@ test_foreign_record_falls_back(void **state)
 	}
 	PQclear(res);
 	assert_true(again > 0 && once > 0);
-	assert_int_equal((int)metric("outboxd_dedupe_skipped_total"), (int)once);
+	assert_int_equal((int)t_relay_metric(&R, "outboxd_dedupe_skipped_total"), (int)once);
 	assert_int_equal(n, 200 + again + 1);
 	t_msgs_free(m, n);
 }
@@ -244,7 +184,7 @@ test_partition_count_change_detected(void **state)
 	(void)state;
 	t_relay_setup(&R, "ddpc", 0);
 	t_relay_config(&R, "[outbox]\ntopic = old.${aggregatetype}\n");
-	run_until_killed_after_acks(100, "ddpc", 30);
+	t_run_until_killed_after_acks(&R, 100, "ddpc", 30);
 	n = t_consume_all(R.b.bootstrap, "old.ddpc", 20000, &m);
 	assert_int_equal(n, 100);
 	assert_int_equal(t_broker_cmd(&R.b, "topic new.ddpc 8"), 0);
@@ -259,12 +199,12 @@ test_partition_count_change_detected(void **state)
 	assert_true(t_wait_confirmed_current(&R, 20000));
 	assert_int_equal(t_log_count(&R, "de-duplication: topic new.ddpc: the record at offset"), 1);
 	assert_int_equal(t_log_count(&R, "of today's 8: the partition count changed since it was written"), 1);
-	assert_int_equal((int)metric("outboxd_dedupe_skipped_total"), 0);
+	assert_int_equal((int)t_relay_metric(&R, "outboxd_dedupe_skipped_total"), 0);
 	n2 = t_consume_all(R.b.bootstrap, "new.ddpc", 20000, &m2);
 	assert_int_equal(n2, 200);
 	res = PQexec(R.pg, "SELECT id::text FROM outbox");
 	for (int i = 0; i < PQntuples(res); i++)
-		assert_int_equal(count_id(m2, n2, PQgetvalue(res, i, 0)), 2);
+		assert_int_equal(t_count_id(m2, n2, PQgetvalue(res, i, 0)), 2);
 	PQclear(res);
 	t_msgs_free(m2, n2);
 }
@@ -285,7 +225,7 @@ test_read_back_timeout_publishes(void **state)
 	(void)state;
 	t_relay_setup(&R, "ddslow", 0);
 	t_relay_config(&R, NULL);
-	run_until_killed_after_acks(50, "ddslow", 10);
+	t_run_until_killed_after_acks(&R, 50, "ddslow", 10);
 	for (int b = 1; b <= 3; b++)
 		assert_int_equal(t_broker_cmd(&R.b, "rtt %d 6000", b), 0);
 	t_relay_start(&R, NULL, 1);
@@ -308,7 +248,7 @@ test_read_back_timeout_publishes(void **state)
 	assert_int_equal(n, 100);
 	res = PQexec(R.pg, "SELECT id::text FROM outbox");
 	for (int i = 0; i < PQntuples(res); i++)
-		assert_int_equal(count_id(m, n, PQgetvalue(res, i, 0)), 2);
+		assert_int_equal(t_count_id(m, n, PQgetvalue(res, i, 0)), 2);
 	PQclear(res);
 	t_msgs_free(m, n);
 }

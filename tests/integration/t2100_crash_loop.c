@@ -41,42 +41,6 @@ teardown(void **state)
 
 /* ---- helpers ---- */
 
-/* One transaction with n events of aggregate type agg over keys k0..k(nkeys-1). */
-static void
-insert_txn(const char *agg, int n, int nkeys)
-{
-	t_exec(R.pg,
-	    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
-	    "SELECT '%s', 'k' || (g %% %d), 'T', jsonb_build_object('i', g) FROM generate_series(0, %d) g",
-	    agg, nkeys, n - 1);
-}
-
-/*
- * Starts outboxd that kills itself after n acknowledgements; once it
- * streams, commits one transaction of n events of agg (agg NULL: none, a
- * workload runs) and waits until it died.
- */
-static void
-run_until_killed_after_acks(int n, const char *agg, int nkeys)
-{
-	char v[32];
-	int st;
-
-	snprintf(v, sizeof(v), "%d", n);
-	setenv("OBX_TEST_KILL_AFTER_ACKS", v, 1);
-	t_relay_start(&R, NULL, 1);
-	unsetenv("OBX_TEST_KILL_AFTER_ACKS");
-	if (agg != NULL)
-		insert_txn(agg, n, nkeys);
-	st = t_wait(R.pid, 60000);
-	if (st == -1 || !WIFSIGNALED(st) || WTERMSIG(st) != SIGKILL) {
-		t_log_dump(&R);
-		fail_msg("outboxd did not kill itself after %d acknowledgements", n);
-	}
-	R.pid = 0;
-	t_slot_wait_inactive(&R, 15000);
-}
-
 /* The events outboxd said it found in Kafka and did not send again, over every run in the log. */
 static long
 skipped_in_log(void)
@@ -158,12 +122,6 @@ cmp_msg(const void *a, const void *b)
 	return x->offset < y->offset ? -1 : x->offset > y->offset;
 }
 
-static int
-cmp_str(const void *a, const void *b)
-{
-	return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
 /*
  * A workload runs while outboxd is killed with kill -9 at random moments
  * (also during start-up and its read-backs) and, every third round, kills
@@ -216,7 +174,7 @@ crash_loop(enum mode mode, int rounds, unsigned seed)
 		if (round % 3 == 2) {
 			/* dies right after acknowledgements, before their status update */
 			t_slot_wait_inactive(&R, 15000);
-			run_until_killed_after_acks(1 + (int)(random() % 400), NULL, 0);
+			t_run_until_killed_after_acks(&R, 1 + (int)(random() % 400), NULL, 0);
 			hooked++;
 		}
 		/* sometimes at once, sometimes after the slot is free: during start-up and read-back too */
@@ -259,7 +217,7 @@ crash_loop(enum mode mode, int rounds, unsigned seed)
 	ids = calloc(nall + 1, sizeof(char *));
 	for (size_t i = 0; i < nall; i++)
 		ids[i] = (char *)t_msg_header(&all[i], "id");
-	qsort(ids, nall, sizeof(char *), cmp_str);
+	qsort(ids, nall, sizeof(char *), t_cmp_str);
 	{
 		size_t j = 0;
 

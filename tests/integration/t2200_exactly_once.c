@@ -37,40 +37,6 @@ teardown(void **state)
 
 /* ---- helpers ---- */
 
-/* One transaction with n events of aggregate type agg over keys k0..k(nkeys-1). */
-static void
-insert_txn(const char *agg, int n, int nkeys)
-{
-	t_exec(R.pg,
-	    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
-	    "SELECT '%s', 'k' || (g %% %d), 'T', jsonb_build_object('i', g) FROM generate_series(0, %d) g",
-	    agg, nkeys, n - 1);
-}
-
-static size_t
-count_id(const struct t_msg *m, size_t n, const char *id)
-{
-	size_t c = 0;
-
-	for (size_t i = 0; i < n; i++) {
-		const char *v = t_msg_header(&m[i], "id");
-
-		if (v != NULL && strcmp(v, id) == 0)
-			c++;
-	}
-	return c;
-}
-
-static double
-metric(const char *name)
-{
-	static char body[1 << 16];
-
-	if (t_http_get(t_metrics_port(&R), "/metrics", body, sizeof(body)) != 200)
-		fail_msg("could not read /metrics");
-	return t_metric(body, name);
-}
-
 /* Every outbox row of the database is in the committed records of topic exactly once. */
 static void
 expect_committed_once(const char *topic, size_t want)
@@ -83,9 +49,9 @@ expect_committed_once(const char *topic, size_t want)
 	res = PQexec(R.pg, "SELECT id::text FROM outbox");
 	assert_int_equal((size_t)PQntuples(res), want);
 	for (int i = 0; i < PQntuples(res); i++)
-		if (count_id(m, n, PQgetvalue(res, i, 0)) != 1)
+		if (t_count_id(m, n, PQgetvalue(res, i, 0)) != 1)
 			fail_msg("event %s is in committed Kafka transactions %zu time(s)", PQgetvalue(res, i, 0),
-			    count_id(m, n, PQgetvalue(res, i, 0)));
+			    t_count_id(m, n, PQgetvalue(res, i, 0)));
 	assert_int_equal(n, want);
 	PQclear(res);
 	t_msgs_free(m, n);
@@ -115,7 +81,7 @@ test_zombie_is_fenced(void **state)
 	t_relay_setup(&R, "eoszombie", 0);
 	t_relay_config(&R, "[delivery]\nexactly_once = on\n");
 	t_relay_start(&R, NULL, 1);
-	insert_txn("zomb", 100, 10);
+	t_insert_txn(&R, "zomb", 100, 10);
 	assert_true(t_wait_confirmed_current(&R, 30000));
 
 	t_relay_twin(&R, &S, "standby");
@@ -127,10 +93,10 @@ test_zombie_is_fenced(void **state)
 	/* the next transaction stays open: the brokers answer late, and the instance stops */
 	for (int b = 1; b <= 3; b++)
 		assert_int_equal(t_broker_cmd(&R.b, "rtt %d 5000", b), 0);
-	insert_txn("zomb", 100, 10);
-	for (t0 = t_now_ms(); metric("outboxd_inflight_events") == 0 && t_now_ms() - t0 < 15000;)
+	t_insert_txn(&R, "zomb", 100, 10);
+	for (t0 = t_now_ms(); t_relay_metric(&R, "outboxd_inflight_events") == 0 && t_now_ms() - t0 < 15000;)
 		usleep(20000);
-	assert_true(metric("outboxd_inflight_events") > 0);
+	assert_true(t_relay_metric(&R, "outboxd_inflight_events") > 0);
 	assert_int_equal(kill(R.pid, SIGSTOP), 0);
 	for (int b = 1; b <= 3; b++)
 		assert_int_equal(t_broker_cmd(&R.b, "rtt %d 0", b), 0);
@@ -185,7 +151,7 @@ test_zombie_is_fenced(void **state)
 		assert_int_equal(t_broker_cmd(&R.b, "clear %d", apis[i]), 0);
 
 	/* the new instance goes on; every event is in committed transactions exactly once */
-	insert_txn("zomb", 50, 10);
+	t_insert_txn(&R, "zomb", 50, 10);
 	assert_true(t_wait_confirmed_current(&R, 30000));
 	expect_committed_once("outbox.event.zomb", 250);
 	assert_int_equal(t_log_count(&S, "fenced"), 0);
@@ -205,13 +171,14 @@ test_abortable_transaction_rewinds(void **state)
 	t_relay_setup(&R, "eosabort", 0);
 	t_relay_config(&R, "[delivery]\nexactly_once = on\n");
 	t_relay_start(&R, NULL, 1);
-	insert_txn("eosab", 50, 5);
+	t_insert_txn(&R, "eosab", 50, 5);
 	assert_true(t_wait_confirmed_current(&R, 30000));
 	assert_int_equal(t_broker_cmd(&R.b, "request-errors 24 1 TOPIC_AUTHORIZATION_FAILED"), 0);
-	insert_txn("eosab", 50, 5);
-	insert_txn("eosab", 50, 5);
+	t_insert_txn(&R, "eosab", 50, 5);
+	t_insert_txn(&R, "eosab", 50, 5);
 	assert_true(t_wait_confirmed_current(&R, 30000));
-	if (metric("outboxd_kafka_transactions_aborted_total") < 1 || t_log_count(&R, "streaming from slot") < 2) {
+	if (t_relay_metric(&R, "outboxd_kafka_transactions_aborted_total") < 1 ||
+	    t_log_count(&R, "streaming from slot") < 2) {
 		t_log_dump(&R);
 		fail_msg("the injected error did not abort a transaction and rewind");
 	}
@@ -219,7 +186,7 @@ test_abortable_transaction_rewinds(void **state)
 	assert_int_equal(t_log_count(&R, "could not commit the Kafka transaction") +
 	        t_log_count(&R, "the Kafka transaction can take no more records"),
 	    1);
-	assert_true(metric("outboxd_kafka_transactions_committed_total") >= 2);
+	assert_true(t_relay_metric(&R, "outboxd_kafka_transactions_committed_total") >= 2);
 	expect_committed_once("outbox.event.eosab", 150);
 }
 
@@ -236,11 +203,11 @@ test_fenced_while_holding_the_slot(void **state)
 	t_relay_setup(&R, "eosfence", 0);
 	t_relay_config(&R, "[delivery]\nexactly_once = on\n");
 	t_relay_start(&R, NULL, 1);
-	insert_txn("eosfn", 40, 4);
+	t_insert_txn(&R, "eosfn", 40, 4);
 	assert_true(t_wait_confirmed_current(&R, 30000));
 	assert_int_equal(t_broker_cmd(&R.b, "request-errors 26 1 INVALID_PRODUCER_EPOCH"), 0);
-	insert_txn("eosfn", 40, 4);
-	insert_txn("eosfn", 40, 4);
+	t_insert_txn(&R, "eosfn", 40, 4);
+	t_insert_txn(&R, "eosfn", 40, 4);
 	if (!t_wait_confirmed_current(&R, 30000) || t_log_count(&R, "while this instance still holds slot") != 1) {
 		t_log_dump(&R);
 		fail_msg("the fenced epoch did not start a new session");
@@ -269,7 +236,7 @@ expect_agg_committed(const char *agg, size_t want, bool exact)
 	    0);
 	assert_int_equal((size_t)PQntuples(res), want);
 	for (int i = 0; i < PQntuples(res); i++) {
-		size_t c = count_id(m, n, PQgetvalue(res, i, 0));
+		size_t c = t_count_id(m, n, PQgetvalue(res, i, 0));
 
 		if (c == 0 || (exact && c != 1)) {
 			t_log_dump(&R);
@@ -301,7 +268,7 @@ test_restored_data_directory_publishes(void **state)
 	t_relay_setup(&R, "eosrestore", 0);
 	t_relay_config(&R, "[delivery]\nexactly_once = on\n");
 	t_relay_start(&R, NULL, 1);
-	insert_txn("rsa", 50, 5);
+	t_insert_txn(&R, "rsa", 50, 5);
 	assert_true(t_wait_confirmed_current(&R, 30000));
 	assert_int_equal(t_relay_signal(&R, SIGTERM, 30000), 0);
 	R.pid = 0;
@@ -311,7 +278,7 @@ test_restored_data_directory_publishes(void **state)
 	PQreset(R.pg);
 	t_relay_start(&R, NULL, 1);
 	for (int i = 0; i < 40; i++)
-		insert_txn("rsb", 20, 5);
+		t_insert_txn(&R, "rsb", 20, 5);
 	assert_true(t_wait_confirmed_current(&R, 30000));
 	assert_int_equal(t_relay_signal(&R, SIGTERM, 30000), 0);
 	R.pid = 0;
@@ -328,10 +295,10 @@ test_restored_data_directory_publishes(void **state)
 	free(v);
 	assert_true(first < lost_end); /* the restore went back */
 	for (int i = 0; i < 150; i++)
-		insert_txn("rsc", 1, 150);
+		t_insert_txn(&R, "rsc", 1, 150);
 	while (t_lsn(v = t_query1(R.pg, "SELECT pg_current_wal_lsn()::text")) <= lost_end) {
 		free(v);
-		insert_txn("rsd", 1, 1); /* the server's WAL goes past the lost history's end */
+		t_insert_txn(&R, "rsd", 1, 1); /* the server's WAL goes past the lost history's end */
 	}
 	free(v);
 
@@ -392,7 +359,7 @@ test_shared_transactional_id(void **state)
 		free(t_query1(R.pg, "SELECT pg_switch_wal()::text"));
 	}
 	t_relay_start(&R, NULL, 1);
-	insert_txn("sharea", 50, 5);
+	t_insert_txn(&R, "sharea", 50, 5);
 	assert_true(t_wait_confirmed_current(&R, 30000));
 	assert_int_equal(t_relay_signal(&R, SIGTERM, 30000), 0);
 	R.pid = 0;

@@ -99,20 +99,6 @@ test_unmigrated_table(void **state)
 	    1);
 }
 
-static size_t
-count_value(const struct t_msg *m, size_t n, const char *header, const char *value)
-{
-	size_t c = 0;
-
-	for (size_t i = 0; i < n; i++) {
-		const char *v = t_msg_header(&m[i], header);
-
-		if (v != NULL && strcmp(v, value) == 0)
-			c++;
-	}
-	return c;
-}
-
 /* Waits until no row is pending; fails after timeout_ms. */
 static void
 wait_drained(int timeout_ms)
@@ -317,7 +303,7 @@ test_broker_down(void **state)
 		PGresult *res = PQexec(R.pg, "SELECT id::text FROM outbox");
 
 		for (int i = 0; i < PQntuples(res); i++)
-			assert_int_equal(count_value(m, n, "id", PQgetvalue(res, i, 0)), 1);
+			assert_int_equal(t_count_header(m, n, "id", PQgetvalue(res, i, 0)), 1);
 		PQclear(res);
 	}
 	assert_key_order(m, n);
@@ -429,8 +415,8 @@ test_poison_dead_letter(void **state)
 	/* the next row of p1 only after the poison row was dead-lettered; p2 at once */
 	n = t_consume_all(R.b.bootstrap, "outbox.event.poison", 10000, &m);
 	assert_int_equal(n, 2);
-	assert_int_equal(count_value(m, n, "id", after), 1);
-	assert_int_equal(count_value(m, n, "id", other), 1);
+	assert_int_equal(t_count_header(m, n, "id", after), 1);
+	assert_int_equal(t_count_header(m, n, "id", other), 1);
 	t_msgs_free(m, n);
 	dl_at = t_query1(R.pg, "SELECT published_at FROM outbox WHERE id = '%s'", big);
 	after_at = t_query1(R.pg,
@@ -466,12 +452,6 @@ test_poison_dead_letter(void **state)
 	t_msgs_free(m, n);
 	free(row);
 	free(big);
-}
-
-static int
-cmp_str(const void *a, const void *b)
-{
-	return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
 /* The seq range of the last batch a replica claimed, from its debug log; 0 when none. */
@@ -577,7 +557,7 @@ test_replicas_kill9(void **state)
 
 		for (size_t i = 0; i < n; i++)
 			ids[i] = (char *)t_msg_header(&m[i], "id");
-		qsort(ids, n, sizeof(char *), cmp_str);
+		qsort(ids, n, sizeof(char *), t_cmp_str);
 		for (int r = 0; r < PQntuples(res); r++) {
 			size_t c = 0;
 			long long seq = atoll(PQgetvalue(res, r, 1));

@@ -40,50 +40,6 @@ teardown(void **state)
 }
 
 static void
-insert_events(struct t_relay *r, const char *agg, int from, int to)
-{
-	for (int i = from; i < to; i++)
-		t_exec(r->pg,
-		    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
-		    "VALUES ('%s', 'k%d', 'E', '{\"i\": %d}')",
-		    agg, i % 11, i);
-}
-
-/* Every id in the outbox table is in the topic at least once; returns the number of records. */
-static size_t
-expect_all_published(struct t_relay *r, const char *agg, int timeout_ms)
-{
-	char topic[128];
-	struct t_msg *m;
-	size_t n;
-	PGresult *res;
-
-	snprintf(topic, sizeof(topic), "outbox.event.%s", agg);
-	/* once the slot confirmed everything, the topic holds every event */
-	if (!t_wait_confirmed_current(r, timeout_ms)) {
-		t_log_dump(r);
-		fail_msg("outboxd did not confirm up to the server's WAL position");
-	}
-	n = t_consume_all(r->b.bootstrap, topic, 20000, &m);
-	res = PQexec(r->pg, "SELECT id::text FROM outbox");
-	for (int i = 0; i < PQntuples(res); i++) {
-		size_t c = 0;
-
-		for (size_t j = 0; j < n; j++)
-			if (strcmp(t_msg_header(&m[j], "id"), PQgetvalue(res, i, 0)) == 0)
-				c++;
-		if (c == 0) {
-			t_log_dump(r);
-			fail_msg("committed event %s never published (%zu records read)", PQgetvalue(res, i, 0),
-			    n);
-		}
-	}
-	PQclear(res);
-	t_msgs_free(m, n);
-	return n;
-}
-
-static void
 test_standby_takes_over(void **state)
 {
 	struct t_relay S;
@@ -93,7 +49,7 @@ test_standby_takes_over(void **state)
 	t_relay_setup(&R, "standby", 0);
 	t_relay_config(&R, NULL);
 	t_relay_start(&R, NULL, 1);
-	insert_events(&R, "standby", 0, 50);
+	t_insert_events(&R, "standby", 0, 50);
 
 	/* a second instance, same slot and config: it waits as a hot standby */
 	t_relay_twin(&R, &S, "standby");
@@ -113,8 +69,8 @@ test_standby_takes_over(void **state)
 	assert_int_equal(t_log_count(&S, "taking over slot"), 1);
 	print_message("standby took over %lld ms after kill -9 of the active instance\n", (long long)takeover);
 	assert_true(takeover < 10000);
-	insert_events(&R, "standby", 50, 100);
-	expect_all_published(&R, "standby", 30000);
+	t_insert_events(&R, "standby", 50, 100);
+	t_expect_all_published(&R, "standby", 30000);
 	t_relay_twin_stop(&S);
 }
 
@@ -144,8 +100,8 @@ test_two_instances_start_together(void **state)
 		fail_msg("expected one streaming and one standby instance (streaming %d, standby %d)", a, b);
 	}
 	assert_int_equal(t_log_count(&R, "could not create") + t_log_count(&S, "could not create"), 0);
-	insert_events(&R, "together", 0, 20);
-	expect_all_published(&R, "together", 20000);
+	t_insert_events(&R, "together", 0, 20);
+	t_expect_all_published(&R, "together", 20000);
 	t_relay_twin_stop(&S);
 }
 

@@ -266,12 +266,6 @@ start_load(void)
 	unlink(log);
 }
 
-static int
-cmp_str(const void *a, const void *b)
-{
-	return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
 /*
  * Waits up to timeout_ms until every outbox id on truth is in the topic
  * outbox.event.<agg> (duplicates allowed); with no_invention, every record
@@ -294,7 +288,7 @@ expect_ids(PGconn *truth, const char *agg, bool no_invention, int timeout_ms)
 	want = calloc(nwant + 1, sizeof(*want));
 	for (size_t i = 0; i < nwant; i++)
 		want[i] = PQgetvalue(res, (int)i, 0);
-	qsort(want, nwant, sizeof(*want), cmp_str); /* the server's collation may differ */
+	qsort(want, nwant, sizeof(*want), t_cmp_str); /* the server's collation may differ */
 	for (;;) {
 		struct t_msg *m = NULL;
 		size_t n = t_consume_all(R.b.bootstrap, topic, 20000, &m), found = 0;
@@ -303,15 +297,15 @@ expect_ids(PGconn *truth, const char *agg, bool no_invention, int timeout_ms)
 
 		for (size_t j = 0; j < n; j++)
 			got[j] = (char *)t_msg_header(&m[j], "id");
-		qsort(got, n, sizeof(*got), cmp_str);
+		qsort(got, n, sizeof(*got), t_cmp_str);
 		for (size_t i = 0; i < nwant; i++) {
-			if (bsearch(&want[i], got, n, sizeof(*got), cmp_str) != NULL)
+			if (bsearch(&want[i], got, n, sizeof(*got), t_cmp_str) != NULL)
 				found++;
 			else if (missing == NULL)
 				missing = want[i];
 		}
 		for (size_t j = 0; no_invention && j < n; j++)
-			if (bsearch(&got[j], want, nwant, sizeof(*want), cmp_str) == NULL) {
+			if (bsearch(&got[j], want, nwant, sizeof(*want), t_cmp_str) == NULL) {
 				t_log_dump(&R);
 				fail_msg("invention: event %s is in Kafka but not on the promoted server", got[j]);
 			}

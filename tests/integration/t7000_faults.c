@@ -26,50 +26,6 @@ teardown(void **state)
 }
 
 static void
-insert_events(struct t_relay *r, const char *agg, int from, int to)
-{
-	for (int i = from; i < to; i++)
-		t_exec(r->pg,
-		    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
-		    "VALUES ('%s', 'k%d', 'E', '{\"i\": %d}')",
-		    agg, i % 11, i);
-}
-
-/* Every id in the outbox table is in the topic at least once; returns the number of records. */
-static size_t
-expect_all_published(struct t_relay *r, const char *agg, int timeout_ms)
-{
-	char topic[128];
-	struct t_msg *m;
-	size_t n;
-	PGresult *res;
-
-	snprintf(topic, sizeof(topic), "outbox.event.%s", agg);
-	/* once the slot confirmed everything, the topic holds every event */
-	if (!t_wait_confirmed_current(r, timeout_ms)) {
-		t_log_dump(r);
-		fail_msg("outboxd did not confirm up to the server's WAL position");
-	}
-	n = t_consume_all(r->b.bootstrap, topic, 20000, &m);
-	res = PQexec(r->pg, "SELECT id::text FROM outbox");
-	for (int i = 0; i < PQntuples(res); i++) {
-		size_t c = 0;
-
-		for (size_t j = 0; j < n; j++)
-			if (strcmp(t_msg_header(&m[j], "id"), PQgetvalue(res, i, 0)) == 0)
-				c++;
-		if (c == 0) {
-			t_log_dump(r);
-			fail_msg("committed event %s never published (%zu records read)", PQgetvalue(res, i, 0),
-			    n);
-		}
-	}
-	PQclear(res);
-	t_msgs_free(m, n);
-	return n;
-}
-
-static void
 test_walsender_terminated(void **state)
 {
 	(void)state;
@@ -77,15 +33,15 @@ test_walsender_terminated(void **state)
 	t_relay_config(&R, NULL);
 	t_relay_start(&R, NULL, 1);
 	for (int round = 0; round < 3; round++) {
-		insert_events(&R, "term", round * 50, round * 50 + 50);
+		t_insert_events(&R, "term", round * 50, round * 50 + 50);
 		t_exec(R.pg,
 		    "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
 		    "WHERE slot_name = '%s' AND active",
 		    R.slot);
 		usleep(300000);
 	}
-	insert_events(&R, "term", 150, 160);
-	expect_all_published(&R, "term", 30000);
+	t_insert_events(&R, "term", 150, 160);
+	t_expect_all_published(&R, "term", 30000);
 	assert_true(t_log_count(&R, "streaming from slot") >= 2);
 	assert_true(t_wait_confirmed_current(&R, 15000));
 }
@@ -107,8 +63,8 @@ test_hung_walsender_detected(void **state)
 	t_relay_setup(&R, "hung", 0);
 	t_relay_config(&R, NULL);
 	t_relay_start(&R, NULL, 1);
-	insert_events(&R, "hung", 0, 10);
-	expect_all_published(&R, "hung", 30000);
+	t_insert_events(&R, "hung", 0, 10);
+	t_expect_all_published(&R, "hung", 30000);
 	pid = t_query1(R.pg, "SELECT active_pid::text FROM pg_replication_slots WHERE slot_name = '%s'", R.slot);
 	assert_int_equal(kill((pid_t)atoi(pid), SIGSTOP), 0);
 	deadline = t_now_ms() + 20000;
@@ -119,8 +75,8 @@ test_hung_walsender_detected(void **state)
 		t_log_dump(&R);
 	assert_int_equal(t_log_count(&R, "treating the replication connection as dead"), 1);
 	free(pid);
-	insert_events(&R, "hung", 10, 20);
-	expect_all_published(&R, "hung", 30000);
+	t_insert_events(&R, "hung", 10, 20);
+	t_expect_all_published(&R, "hung", 30000);
 	assert_true(t_wait_confirmed_current(&R, 15000));
 }
 
@@ -131,13 +87,13 @@ test_server_crash_and_restart(void **state)
 	t_relay_setup(&R, "crash", 0);
 	t_relay_config(&R, NULL);
 	t_relay_start(&R, NULL, 1);
-	insert_events(&R, "crash", 0, 100);
+	t_insert_events(&R, "crash", 0, 100);
 	PQfinish(R.pg);
 	R.pg = NULL;
 	assert_int_equal(t_pg_ctl(&R.st, "restart -m immediate"), 0);
 	R.pg = t_pg(&R.st, R.db, 0);
-	insert_events(&R, "crash", 100, 150);
-	expect_all_published(&R, "crash", 60000);
+	t_insert_events(&R, "crash", 100, 150);
+	t_expect_all_published(&R, "crash", 60000);
 	assert_true(t_log_count(&R, "streaming from slot") >= 2);
 	/* one warning for the outage, not one per retry */
 	assert_true(t_log_count(&R, "retrying") <= 3);
@@ -152,8 +108,8 @@ test_producer_fatal_error_rewinds(void **state)
 	setenv("OBX_TEST_FATAL_AFTER", "30", 1);
 	t_relay_start(&R, NULL, 1);
 	unsetenv("OBX_TEST_FATAL_AFTER");
-	insert_events(&R, "fatal", 0, 100);
-	expect_all_published(&R, "fatal", 30000);
+	t_insert_events(&R, "fatal", 0, 100);
+	t_expect_all_published(&R, "fatal", 30000);
 	if (t_log_count(&R, "recreating it and rewinding to the slot") != 1) {
 		t_log_dump(&R);
 		fail_msg("the test hook did not raise a fatal error (is OBX_TEST_HOOKS on?)");
@@ -171,7 +127,7 @@ test_invalidated_slot(void **state)
 	t_relay_setup(&R, "lost", 0);
 	t_relay_config(&R, NULL);
 	t_relay_start(&R, NULL, 1);
-	insert_events(&R, "lost", 0, 5);
+	t_insert_events(&R, "lost", 0, 5);
 	assert_true(t_wait_confirmed_current(&R, 10000));
 	assert_true(WIFEXITED(t_relay_signal(&R, SIGTERM, 40000)));
 	t_slot_wait_inactive(&R, 10000);

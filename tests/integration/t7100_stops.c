@@ -26,50 +26,6 @@ teardown(void **state)
 	return 0;
 }
 
-static void
-insert_events(struct t_relay *r, const char *agg, int from, int to)
-{
-	for (int i = from; i < to; i++)
-		t_exec(r->pg,
-		    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
-		    "VALUES ('%s', 'k%d', 'E', '{\"i\": %d}')",
-		    agg, i % 11, i);
-}
-
-/* Every id in the outbox table is in the topic at least once; returns the number of records. */
-static size_t
-expect_all_published(struct t_relay *r, const char *agg, int timeout_ms)
-{
-	char topic[128];
-	struct t_msg *m;
-	size_t n;
-	PGresult *res;
-
-	snprintf(topic, sizeof(topic), "outbox.event.%s", agg);
-	/* once the slot confirmed everything, the topic holds every event */
-	if (!t_wait_confirmed_current(r, timeout_ms)) {
-		t_log_dump(r);
-		fail_msg("outboxd did not confirm up to the server's WAL position");
-	}
-	n = t_consume_all(r->b.bootstrap, topic, 20000, &m);
-	res = PQexec(r->pg, "SELECT id::text FROM outbox");
-	for (int i = 0; i < PQntuples(res); i++) {
-		size_t c = 0;
-
-		for (size_t j = 0; j < n; j++)
-			if (strcmp(t_msg_header(&m[j], "id"), PQgetvalue(res, i, 0)) == 0)
-				c++;
-		if (c == 0) {
-			t_log_dump(r);
-			fail_msg("committed event %s never published (%zu records read)", PQgetvalue(res, i, 0),
-			    n);
-		}
-	}
-	PQclear(res);
-	t_msgs_free(m, n);
-	return n;
-}
-
 /*
  * Creating a slot waits for the transactions running when it started to
  * end.  A transaction left open must not make outboxd deaf to SIGTERM while
@@ -113,12 +69,12 @@ test_second_signal_exits_at_once(void **state)
 	t_relay_setup(&R, "twice", 0);
 	t_relay_config(&R, NULL);
 	t_relay_start(&R, NULL, 1);
-	insert_events(&R, "twice", 0, 1);
-	expect_all_published(&R, "twice", 15000);
+	t_insert_events(&R, "twice", 0, 1);
+	t_expect_all_published(&R, "twice", 15000);
 	for (int b = 1; b <= 3; b++)
 		assert_int_equal(t_broker_cmd(&R.b, "down %d", b), 0);
 	before = t_query1(R.pg, "SELECT pg_current_wal_lsn()");
-	insert_events(&R, "twice", 1, 5);
+	t_insert_events(&R, "twice", 1, 5);
 	sleep(1);
 	kill(R.pid, SIGTERM);
 	sleep(2);
