@@ -118,16 +118,33 @@ is_fencing(rd_kafka_resp_err_t err)
 	    err == RD_KAFKA_RESP_ERR_INVALID_PRODUCER_EPOCH;
 }
 
+/*
+ * Records the producer's fatal error, once, whichever call met it first: the
+ * error callback, a produce call or a transactional call.  A session ends on
+ * it, and the next one starts a new producer.
+ */
+static void
+latch_fatal(struct obx_kafka *k, rd_kafka_resp_err_t err)
+{
+	char buf[512];
+
+	if (k->fatal)
+		return;
+	k->fenced = is_fencing(rd_kafka_fatal_error(k->rk, buf, sizeof(buf))) || is_fencing(err);
+	snprintf(k->fatal_reason, sizeof(k->fatal_reason), "%s", buf);
+	k->fatal = true;
+	if (k->metrics != NULL)
+		obx_metrics_kafka_error(k->metrics, "_FATAL");
+}
+
 static void
 error_cb(rd_kafka_t *rk, int err, const char *reason, void *opaque)
 {
 	struct obx_kafka *k = opaque;
-	char buf[512];
 
+	(void)rk;
 	if (err == RD_KAFKA_RESP_ERR__FATAL) {
-		k->fenced = is_fencing(rd_kafka_fatal_error(rk, buf, sizeof(buf)));
-		k->fatal = true;
-		snprintf(k->fatal_reason, sizeof(k->fatal_reason), "%s", buf);
+		latch_fatal(k, RD_KAFKA_RESP_ERR_NO_ERROR);
 		return;
 	}
 	/* transient: librdkafka retries by itself */
@@ -223,14 +240,8 @@ txn_begin(struct obx_kafka *k)
 		rd_kafka_resp_err_t err = rd_kafka_error_code(e);
 
 		obx_log_debug("kafka: could not begin a transaction: %s", rd_kafka_error_string(e));
-		if (rd_kafka_error_is_fatal(e) && !k->fatal) {
-			/* the error callback may not have run yet: fencing must not go unnoticed */
-			char buf[512];
-
-			k->fenced = is_fencing(rd_kafka_fatal_error(k->rk, buf, sizeof(buf))) || is_fencing(err);
-			snprintf(k->fatal_reason, sizeof(k->fatal_reason), "%s", buf);
-			k->fatal = true;
-		}
+		if (rd_kafka_error_is_fatal(e)) /* the error callback may not have run yet */
+			latch_fatal(k, err);
 		rd_kafka_error_destroy(e);
 		return err != RD_KAFKA_RESP_ERR_NO_ERROR ? err : RD_KAFKA_RESP_ERR__STATE;
 	}
@@ -245,11 +256,15 @@ static enum obx_report_status report_status(rd_kafka_resp_err_t err);
 
 /* err (not 0) as obx_kafka_produce() returns it, with errbuf and *errname filled. */
 static enum obx_produce_result
-refused(const struct obx_kafka *k, rd_kafka_resp_err_t err, const char **errname, char *errbuf, size_t errlen)
+refused(struct obx_kafka *k, rd_kafka_resp_err_t err, const char **errname, char *errbuf, size_t errlen)
 {
 	if (errname != NULL)
 		*errname = rd_kafka_err2name(err);
-	if (err == RD_KAFKA_RESP_ERR__STATE && k->transactional)
+	if (err == RD_KAFKA_RESP_ERR__FATAL)
+		latch_fatal(k, err);
+	if (k->fatal)
+		snprintf(errbuf, errlen, "producer fatal error: %s", k->fatal_reason);
+	else if (err == RD_KAFKA_RESP_ERR__STATE && k->transactional)
 		snprintf(errbuf, errlen,
 		    "the Kafka transaction can take no more records (the broker refused "
 		    "part of it, it must be aborted)");
@@ -323,13 +338,7 @@ txn_result(struct obx_kafka *k, rd_kafka_error_t *e, const char *what, char *err
 	err = rd_kafka_error_code(e);
 	snprintf(errbuf, errlen, "could not %s the Kafka transaction: %s", what, rd_kafka_error_string(e));
 	if (rd_kafka_error_is_fatal(e) || k->fatal) {
-		char buf[512];
-
-		if (!k->fatal) {
-			k->fatal = true;
-			k->fenced = is_fencing(rd_kafka_fatal_error(k->rk, buf, sizeof(buf)));
-			snprintf(k->fatal_reason, sizeof(k->fatal_reason), "%s", buf);
-		}
+		latch_fatal(k, RD_KAFKA_RESP_ERR_NO_ERROR);
 		res = k->fenced || is_fencing(err) ? OBX_EFENCED : OBX_EFATAL;
 		if (res == OBX_EFENCED)
 			k->fenced = true;

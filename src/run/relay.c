@@ -126,8 +126,7 @@ serve_reports(struct relay *r)
 		obx_relay_eos_fenced(&r->eos);
 	}
 	if (r->kf.fatal && obx_core_ended(r->core, NULL) == OBX_CORE_RUNNING) {
-		r->end_kafka = true;
-		obx_metrics_kafka_error(&r->m, "_FATAL");
+		r->end_kafka = true; /* kafka/producer.c counted it in outboxd_kafka_errors_total */
 		obx_core_fail(r->core, OBX_CORE_END_RETRY,
 		    "producer fatal error: %s; recreating it and "
 		    "rewinding to the slot",
