@@ -133,7 +133,8 @@ latch_fatal(struct obx_kafka *k, rd_kafka_resp_err_t err)
 	k->fenced = is_fencing(rd_kafka_fatal_error(k->rk, buf, sizeof(buf))) || is_fencing(err);
 	snprintf(k->fatal_reason, sizeof(k->fatal_reason), "%s", buf);
 	k->fatal = true;
-	if (k->metrics != NULL)
+	/* a fence is counted as _FENCED where the exactly-once part acts on it (run/relay_eos.c) */
+	if (k->metrics != NULL && !k->fenced)
 		obx_metrics_kafka_error(k->metrics, "_FATAL");
 }
 
@@ -338,7 +339,7 @@ txn_result(struct obx_kafka *k, rd_kafka_error_t *e, const char *what, char *err
 	err = rd_kafka_error_code(e);
 	snprintf(errbuf, errlen, "could not %s the Kafka transaction: %s", what, rd_kafka_error_string(e));
 	if (rd_kafka_error_is_fatal(e) || k->fatal) {
-		latch_fatal(k, RD_KAFKA_RESP_ERR_NO_ERROR);
+		latch_fatal(k, err);
 		res = k->fenced || is_fencing(err) ? OBX_EFENCED : OBX_EFATAL;
 		if (res == OBX_EFENCED)
 			k->fenced = true;
