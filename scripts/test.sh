@@ -60,7 +60,10 @@ for m in "${majors[@]}"; do
 	echo "test.sh: PostgreSQL $m, $what"
 	t0=$(date +%s)
 	r=0
-	(cd "$build" && OBX_PGBIN=${pgbin[$m]} ctest --output-on-failure --timeout 900 "${sel[@]}") || r=$?
+	# two programs at a time: most of an integration test's time is waiting on the server or the
+	# broker; the ones that stop or reconfigure the shared server are RUN_SERIAL (tests/CMakeLists.txt)
+	(cd "$build" && OBX_PGBIN=${pgbin[$m]} ctest --output-on-failure --timeout 900 -j "${OBX_TEST_JOBS:-2}" \
+		"${sel[@]}") || r=$?
 	if [ "$r" -eq 0 ]; then
 		result=passed
 		npass=$((npass + 1))

@@ -361,6 +361,43 @@ t_exec(PGconn *c, const char *fmt, ...)
 }
 
 char *
+t_exec_commit_bound(PGconn *c, char **first, const char *fmt, ...)
+{
+	va_list ap;
+	char *sql, *txn, *lsn = NULL;
+	PGresult *r;
+	int i = 0;
+
+	va_start(ap, fmt);
+	if (vasprintf(&sql, fmt, ap) < 0)
+		fail_msg("out of memory");
+	va_end(ap);
+	/* one round trip: the commit record follows the LSN read just before it, and other
+	 * databases can write only in the microseconds between the two */
+	if (asprintf(&txn, "BEGIN; %s; SELECT pg_current_wal_insert_lsn()::text; COMMIT", sql) < 0)
+		fail_msg("out of memory");
+	if (!PQsendQuery(c, txn))
+		fail_msg("SQL failed: %.300s: %s", sql, PQerrorMessage(c));
+	if (first != NULL)
+		*first = NULL;
+	while ((r = PQgetResult(c)) != NULL) {
+		if (PQresultStatus(r) != PGRES_COMMAND_OK && PQresultStatus(r) != PGRES_TUPLES_OK)
+			fail_msg("SQL failed: %.300s: %s", sql, PQresultErrorMessage(r));
+		if (i == 1 && first != NULL && PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) > 0)
+			*first = strdup(PQgetvalue(r, 0, 0));
+		if (i == 2)
+			lsn = strdup(PQgetvalue(r, 0, 0));
+		PQclear(r);
+		i++;
+	}
+	if (lsn == NULL)
+		fail_msg("SQL gave no LSN: %.300s", sql);
+	free(sql);
+	free(txn);
+	return lsn;
+}
+
+char *
 t_query1(PGconn *c, const char *fmt, ...)
 {
 	va_list ap;
@@ -841,7 +878,9 @@ t_relay_start(struct t_relay *r, const char *arg, int wait)
 	const char *bin = r->bin ? r->bin : getenv("OBX_OUTBOXD");
 	char *argv[6];
 	int n = 0;
-	int64_t deadline = t_now_ms() + 20000;
+	/* creating a slot waits for the server's next running-transactions record, up to 15 s and
+	 * sometimes twice on a server other programs keep busy */
+	int64_t deadline = t_now_ms() + 60000;
 
 	if (bin == NULL)
 		fail_msg("OBX_OUTBOXD is not set");

@@ -97,6 +97,11 @@ void t_exec(PGconn *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)
 void t_exec_file(PGconn *c, const char *relpath);
 
 /* Runs SQL returning one value; returns a malloc'd string ("" for NULL). */
+/* Runs one statement in a transaction of its own and returns the WAL position read just before
+ * its COMMIT: the transaction's commit record starts at or after it, so a slot confirmed up to it
+ * confirmed nothing of that transaction, whatever other databases write meanwhile. *first, when
+ * given, gets the statement's first value (RETURNING) or NULL. */
+char *t_exec_commit_bound(PGconn *c, char **first, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 char *t_query1(PGconn *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Creates a fresh database named prefix_<pid>_<n>, written to name. */

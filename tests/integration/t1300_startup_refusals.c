@@ -201,8 +201,7 @@ test_publication_recreated_behind_slot(void **state)
 	assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
 	t_slot_wait_inactive(&R, 10000);
 	t_exec(R.pg, "DROP PUBLICATION outboxd");
-	gap = t_query1(R.pg, "SELECT pg_current_wal_lsn()");
-	t_exec(R.pg,
+	gap = t_exec_commit_bound(R.pg, NULL,
 	    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('pubre', 'gap', 'T', '{}')");
 	t_exec(R.pg, "CREATE PUBLICATION outboxd FOR TABLE outbox WITH (publish = 'insert')");
 	/* the server cannot decode the gap without the publication (up to 17 it stops with an

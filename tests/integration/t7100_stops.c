@@ -73,8 +73,9 @@ test_second_signal_exits_at_once(void **state)
 	t_expect_all_published(&R, "twice", 15000);
 	for (int b = 1; b <= 3; b++)
 		assert_int_equal(t_broker_cmd(&R.b, "down %d", b), 0);
-	before = t_query1(R.pg, "SELECT pg_current_wal_lsn()");
-	t_insert_events(&R, "twice", 1, 5);
+	before = t_exec_commit_bound(R.pg, NULL,
+	    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('twice', 'k1', 'E', '{}')");
+	t_insert_events(&R, "twice", 2, 5);
 	sleep(1);
 	kill(R.pid, SIGTERM);
 	sleep(2);
