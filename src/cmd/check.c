@@ -15,6 +15,7 @@
 #include "obx/cmd/cli.h"
 #include "obx/core/config.h"
 #include "obx/core/err.h"
+#include "obx/core/tables.h"
 #include "obx/core/template.h"
 #include "obx/pg/util.h"
 #include "obx/run/poll.h"
@@ -270,13 +271,44 @@ check_poll(struct obx_check *cx, PGconn *conn, const struct obx_config *cfg)
 	return 0;
 }
 
+void
+obx_check_columns(struct obx_check *cx, PGconn *conn, const struct obx_config *cfg, bool name_table)
+{
+	struct obx_names cols = { 0 };
+	char err[1024], where[2 * 64 + 8] = "";
+
+	if (name_table)
+		snprintf(where, sizeof(where), " of %s.%s", cfg->table_schema, cfg->table_name);
+	/* what the event builder reads: the topic template's columns, not a fixed list */
+	if (obx_config_mapped_columns(cfg, &cols) != 0) {
+		obx_check_report(cx, "FAIL", "column: out of memory");
+		obx_names_reset(&cols);
+		return;
+	}
+	for (size_t i = 0; i < cols.n; i++) {
+		const char *p[3] = { cfg->table_schema, cfg->table_name, cols.v[i] };
+		char *t;
+
+		obx_check_query_value(conn,
+		    "SELECT format_type(a.atttypid, a.atttypmod) FROM pg_attribute a "
+		    "WHERE a.attrelid = (quote_ident($1) || '.' || quote_ident($2))::regclass "
+		    "AND a.attname = $3 AND a.attnum > 0 AND NOT a.attisdropped",
+		    3, p, &t, err, sizeof(err));
+		if (t == NULL)
+			obx_check_report(cx, "FAIL", "column: %s is missing from the outbox table%s", cols.v[i],
+			    where);
+		else
+			obx_check_report(cx, "ok", "column: %s (%s)%s", cols.v[i], t, where);
+		free(t);
+	}
+	obx_names_reset(&cols);
+}
+
 int
 obx_cmd_check(const struct obx_config *cfg, const char *standby)
 {
 	struct obx_check cx = { 0, 0 };
 	const char *tparams[2] = { cfg->table_schema, cfg->table_name };
-	const char *cols[] = { cfg->col_id, cfg->col_key, cfg->col_aggregate_type, cfg->col_type, cfg->col_payload,
-		cfg->col_headers, cfg->col_timestamp };
 	char err[1024], ver[32];
 	struct obx_pgfacts facts;
 	PGconn *conn;
@@ -359,6 +391,10 @@ obx_cmd_check(const struct obx_config *cfg, const char *standby)
 		    "GRANT rds_replication TO ...)");
 	free(v);
 
+	if (obx_tables_several(cfg)) {
+		has_table = obx_check_tables(&cx, conn, cfg, in_recovery);
+		goto slot;
+	}
 	rc = obx_check_query_value(conn,
 	    "SELECT c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
 	    "WHERE n.nspname = $1 AND c.relname = $2",
@@ -375,35 +411,19 @@ obx_cmd_check(const struct obx_config *cfg, const char *standby)
 		obx_check_report(&cx, "FAIL", "table: %s.%s does not exist", cfg->table_schema, cfg->table_name);
 	} else {
 		obx_check_report(&cx, "ok", "table: %s.%s exists", cfg->table_schema, cfg->table_name);
-		for (size_t i = 0; i < sizeof(cols) / sizeof(cols[0]); i++) {
-			const char *p[3] = { cfg->table_schema, cfg->table_name, cols[i] };
-			char *t;
-
-			if (cols[i][0] == '\0')
-				continue;
-			obx_check_query_value(conn,
-			    "SELECT format_type(a.atttypid, a.atttypmod) FROM pg_attribute a "
-			    "WHERE a.attrelid = (quote_ident($1) || '.' || quote_ident($2))::regclass "
-			    "AND a.attname = $3 AND a.attnum > 0 AND NOT a.attisdropped",
-			    3, p, &t, err, sizeof(err));
-			if (t == NULL)
-				obx_check_report(&cx, "FAIL", "column: %s is missing from the outbox table",
-				    cols[i]);
-			else
-				obx_check_report(&cx, "ok", "column: %s (%s)", cols[i], t);
-			free(t);
-		}
+		obx_check_columns(&cx, conn, cfg, false);
 	}
 	has_table = v != NULL;
 	free(v);
 	check_publication(&cx, conn, cfg, has_table, in_recovery);
-
+slot:
 	obx_check_slot(&cx, conn, cfg);
 	obx_check_snapshot(&cx, conn, cfg);
 	obx_check_failover(&cx, conn, cfg, &facts, in_recovery);
 	if (standby != NULL)
 		obx_check_standby(&cx, conn, cfg, standby);
-	obx_check_kafka(&cx, conn, cfg, has_table);
+	/* with several tables, the topics of each table's rows are not sampled */
+	obx_check_kafka(&cx, conn, cfg, has_table && !obx_tables_several(cfg));
 done:
 	PQfinish(conn);
 	printf("%d failed, %d warnings\n", cx.failures, cx.warnings);

@@ -17,6 +17,7 @@
 
 #include "obx/core/config.h"
 #include "obx/core/config_table.h"
+#include "obx/core/tables.h"
 #include "obx/core/err.h"
 #include "obx/core/template.h"
 
@@ -75,8 +76,8 @@ obx_kafka_prop_is_secret(const char *key)
 
 /* ---- name = value lists ([kafka], header.*) ---------------------------- */
 
-static struct obx_kv *
-kv_find(struct obx_kv *kv, size_t n, const char *key)
+struct obx_kv *
+obx_kv_find(struct obx_kv *kv, size_t n, const char *key)
 {
 	for (size_t i = 0; i < n; i++)
 		if (strcmp(kv[i].key, key) == 0)
@@ -84,10 +85,10 @@ kv_find(struct obx_kv *kv, size_t n, const char *key)
 	return NULL;
 }
 
-static int
-kv_put(struct obx_kv **kv, size_t *n, const char *key, const char *value, const char *origin)
+int
+obx_kv_put(struct obx_kv **kv, size_t *n, const char *key, const char *value, const char *origin)
 {
-	struct obx_kv *e = kv_find(*kv, *n, key);
+	struct obx_kv *e = obx_kv_find(*kv, *n, key);
 	struct obx_kv *grown;
 	char *v, *o;
 
@@ -120,8 +121,8 @@ nomem:
 	return OBX_ENOMEM;
 }
 
-static void
-kv_free(struct obx_kv *kv, size_t n)
+void
+obx_kv_free(struct obx_kv *kv, size_t n)
 {
 	for (size_t i = 0; i < n; i++) {
 		free(kv[i].key);
@@ -256,7 +257,7 @@ set_value(struct obx_config *cfg, const struct obx_cfg_key *k, const char *key, 
 	case OBX_CFG_MAP:
 		if ((r = k->check(cfg, sub, value, reason, sizeof(reason))) != 0)
 			break;
-		if ((r = kv_put(field(cfg, k->off), field(cfg, k->size), sub, value, origin)) != 0)
+		if ((r = obx_kv_put(field(cfg, k->off), field(cfg, k->size), sub, value, origin)) != 0)
 			snprintf(reason, sizeof(reason), "%s", obx_strerror(r));
 		break;
 	case OBX_CFG_CUSTOM:
@@ -283,6 +284,13 @@ obx_config_set(struct obx_config *cfg, const char *section, const char *key, con
 	char full[512];
 	int r;
 
+	if (strncmp(section, OBX_TABLE_SECTION, strlen(OBX_TABLE_SECTION)) == 0) {
+		if (key[0] == '\0') {
+			obx_config_fail(errbuf, errlen, origin, NULL, "empty key in [%s]", section);
+			return OBX_ECONFIG;
+		}
+		return obx_tables_override_set(cfg, section, key, value, origin, errbuf, errlen);
+	}
 	if (obx_cfg_section_find(section) == NULL) {
 		size_t used = 0;
 
@@ -306,13 +314,13 @@ obx_config_set(struct obx_config *cfg, const char *section, const char *key, con
 		struct obx_kv *prev;
 
 		snprintf(full, sizeof(full), "%s.%s", section, key);
-		prev = kv_find(cfg->seen, cfg->n_seen, full);
+		prev = obx_kv_find(cfg->seen, cfg->n_seen, full);
 		if (prev != NULL) {
 			obx_config_fail(errbuf, errlen, origin, key, "set twice in [%s] (first at %s)", section,
 			    prev->origin);
 			return OBX_ECONFIG;
 		}
-		if ((r = kv_put(&cfg->seen, &cfg->n_seen, full, "", origin)) != 0)
+		if ((r = obx_kv_put(&cfg->seen, &cfg->n_seen, full, "", origin)) != 0)
 			return r;
 	}
 	if ((k = obx_cfg_find(section, key, &sub)) == NULL) {
@@ -355,19 +363,20 @@ obx_config_reset(struct obx_config *cfg)
 				explicit_bzero(*slot, strlen(*slot));
 			free(*slot);
 		} else if (k->type == OBX_CFG_MAP) {
-			kv_free(*(struct obx_kv **)field(cfg, k->off), *(size_t *)field(cfg, k->size));
+			obx_kv_free(*(struct obx_kv **)field(cfg, k->off), *(size_t *)field(cfg, k->size));
 		} else if (k->type == OBX_CFG_CUSTOM) {
 			k->custom->reset(cfg);
 		}
 	}
-	kv_free(cfg->seen, cfg->n_seen);
+	obx_tables_overrides_reset(cfg);
+	obx_kv_free(cfg->seen, cfg->n_seen);
 	memset(cfg, 0, sizeof(*cfg));
 }
 
 const char *
 obx_config_kafka_get(const struct obx_config *cfg, const char *key)
 {
-	struct obx_kv *e = kv_find(cfg->kafka, cfg->n_kafka, key);
+	struct obx_kv *e = obx_kv_find(cfg->kafka, cfg->n_kafka, key);
 
 	return e != NULL ? e->value : NULL;
 }
@@ -394,8 +403,47 @@ obx_config_mapped_columns(const struct obx_config *cfg, struct obx_names *out)
 	return r;
 }
 
-/* The polling mode's combinations: its own block, so [delivery]'s checks stay apart. */
 /* ---- what only the whole configuration can tell ------------------------ */
+
+/*
+ * Several tables: the overrides' mappings, an exact override that names
+ * no table of [source] table, and what works with one table only so far.
+ */
+static int
+finish_tables(struct obx_config *cfg, const char *path, char *errbuf, size_t errlen)
+{
+	int r;
+
+	if ((r = obx_tables_overrides_finish(cfg, errbuf, errlen)) != 0)
+		return r;
+	for (size_t i = 0; i < cfg->n_overrides; i++) {
+		const struct obx_table_override *o = &cfg->overrides[i];
+
+		if (!o->pat.schema_wild && !o->pat.name_wild &&
+		    obx_tables_mapping(cfg, o->pat.schema, o->pat.name) == -1) {
+			obx_config_fail(errbuf, errlen, o->keys[0].origin, NULL,
+			    "section [%s]: %s.%s is not a table of [source] table", o->section, o->pat.schema,
+			    o->pat.name);
+			return OBX_ECONFIG;
+		}
+	}
+	if (!obx_tables_several(cfg))
+		return 0;
+	if (cfg->mode == OBX_SOURCE_POLL) {
+		obx_config_fail(errbuf, errlen, path, "table",
+		    "polling mode reads one table so far: give one table, or use [source] mode = logical");
+		return OBX_ECONFIG;
+	}
+	if (cfg->snapshot) {
+		obx_config_fail(errbuf, errlen, path, "snapshot",
+		    "snapshot = pending publishes one table's rows so far: give one table, or start with "
+		    "snapshot = none");
+		return OBX_ECONFIG;
+	}
+	return 0;
+}
+
+/* The polling mode's combinations: its own block, so [delivery]'s checks stay apart. */
 
 /*
  * The checks across keys, one key constraining another: the only place
@@ -447,7 +495,7 @@ obx_config_finish(struct obx_config *cfg, const char *path, char *errbuf, size_t
 		obx_config_fail(errbuf, errlen, path, "dead_letter_topic", "required when on_error = dead_letter");
 		return OBX_ECONFIG;
 	}
-	return 0;
+	return finish_tables(cfg, path, errbuf, errlen);
 }
 
 /* ---- SIGHUP: what changed ------------------------------------------------ */
@@ -506,6 +554,8 @@ diff(const struct obx_config *a, const struct obx_config *b, const enum obx_sour
 		if (!named && n < max)
 			names[n++] = name;
 	}
+	if (obx_tables_overrides_differ(a, b) && n < max)
+		names[n++] = "[outbox.<schema>.<table>]";
 	return n;
 }
 

@@ -166,22 +166,37 @@ obx_cfg_check_kafka(const struct obx_config *cfg, const char *key, const char *v
 	return OBX_ECONFIG;
 }
 
-/* ---- [source] table: "schema.table", either part may be double-quoted ---- */
+/* ---- [source] table: "schema.table, ...", a part double-quoted or a '*' pattern ---- */
+
+void
+obx_table_pat_reset(struct obx_table_pat *p)
+{
+	free(p->schema);
+	free(p->name);
+	memset(p, 0, sizeof(*p));
+}
 
 /*
- * Splits s into its parts, as the server reads the same identifiers:
- * Outbox is outbox, "Outbox" is Outbox.
+ * Reads one [schema.]table from *sp up to a ',' outside quotes or the end,
+ * as the server reads the same identifiers (Outbox is outbox, "Outbox" is
+ * Outbox); an unquoted '*' makes its part a pattern.  Leaves *sp after the
+ * entry (on the ',' or the NUL).  Returns 0, OBX_EINVAL, OBX_ERANGE (a
+ * part longer than PostgreSQL's names) or OBX_ENOMEM.
  */
 static int
-parse_qualified_name(const char *s, char **schema, char **name)
+parse_table_entry(const char **sp, struct obx_table_pat *out)
 {
 	char part[2][NAMEDATALEN_MAX];
+	bool wild[2] = { false, false };
 	int n = 0;
 	size_t len = 0;
-	bool quoted = false;
+	bool quoted = false, any_quoted = false;
+	const char *p = *sp;
 
+	while (*p == ' ' || *p == '\t')
+		p++;
 	part[0][0] = part[1][0] = '\0';
-	for (const char *p = s;; p++) {
+	for (;; p++) {
 		if (quoted) {
 			if (*p == '\0')
 				return OBX_EINVAL;
@@ -194,17 +209,31 @@ parse_qualified_name(const char *s, char **schema, char **name)
 				}
 			}
 		} else if (*p == '"') {
-			quoted = true;
+			if (len != 0 && !any_quoted)
+				return OBX_EINVAL; /* a quote inside a name */
+			quoted = any_quoted = true;
 			continue;
-		} else if (*p == '.' || *p == '\0') {
+		} else if (*p == ' ' || *p == '\t') {
+			const char *q = p;
+
+			while (*q == ' ' || *q == '\t')
+				q++;
+			if (*q != ',' && *q != '\0')
+				return OBX_EINVAL;
+			p = q - 1;
+			continue;
+		} else if (*p == '.' || *p == ',' || *p == '\0') {
 			if (len == 0 || n == 2)
 				return OBX_EINVAL;
 			part[n][len] = '\0';
 			n++;
 			len = 0;
-			if (*p == '\0')
+			any_quoted = false;
+			if (*p != '.')
 				break;
 			continue;
+		} else if (*p == '*') {
+			wild[n < 2 ? n : 1] = true;
 		}
 		if (n >= 2)
 			return OBX_EINVAL;
@@ -213,38 +242,106 @@ parse_qualified_name(const char *s, char **schema, char **name)
 		/* unquoted, the server folds ASCII letters to lower case: so does this */
 		part[n][len++] = !quoted && *p >= 'A' && *p <= 'Z' ? (char)(*p - 'A' + 'a') : *p;
 	}
-	*schema = strdup(n == 1 ? "public" : part[0]);
-	*name = strdup(n == 1 ? part[0] : part[1]);
-	if (*schema == NULL || *name == NULL)
+	*sp = p;
+	out->schema = strdup(n == 1 ? "public" : part[0]);
+	out->name = strdup(n == 1 ? part[0] : part[1]);
+	out->schema_wild = n == 2 && wild[0];
+	out->name_wild = n == 1 ? wild[0] : wild[1];
+	if (out->schema == NULL || out->name == NULL)
 		return OBX_ENOMEM;
 	return 0;
+}
+
+int
+obx_table_pat_parse(const char *s, struct obx_table_pat *out)
+{
+	int r;
+
+	memset(out, 0, sizeof(*out));
+	r = parse_table_entry(&s, out);
+	if (r == 0 && *s != '\0')
+		r = OBX_EINVAL;
+	if (r != 0)
+		obx_table_pat_reset(out);
+	return r;
+}
+
+static void
+tables_free(struct obx_table_pat *t, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		obx_table_pat_reset(&t[i]);
+	free(t);
 }
 
 static int
 table_set(struct obx_config *cfg, const char *key, const char *value, const char *origin, char *errbuf,
     size_t errlen)
 {
-	char *schema = NULL, *name = NULL;
-	int r = parse_qualified_name(value, &schema, &name);
+	struct obx_table_pat *t = NULL, *grown;
+	size_t n = 0;
+	const char *p = value;
+	char *schema, *name;
+	int r = 0;
 
+	for (;;) {
+		if ((grown = reallocarray(t, n + 1, sizeof(*t))) == NULL) {
+			r = OBX_ENOMEM;
+			break;
+		}
+		t = grown;
+		memset(&t[n], 0, sizeof(t[n]));
+		r = parse_table_entry(&p, &t[n]);
+		n++;
+		if (r != 0 || *p == '\0')
+			break;
+		p++; /* the ',' */
+	}
+	for (size_t i = 0; r == 0 && i < n; i++)
+		for (size_t j = 0; j < i; j++)
+			if (strcmp(t[i].schema, t[j].schema) == 0 && strcmp(t[i].name, t[j].name) == 0 &&
+			    t[i].schema_wild == t[j].schema_wild && t[i].name_wild == t[j].name_wild) {
+				obx_config_fail(errbuf, errlen, origin, key, "'%s' names %s.%s twice", value,
+				    t[i].schema, t[i].name);
+				tables_free(t, n);
+				return OBX_ECONFIG;
+			}
 	if (r != 0) {
+		tables_free(t, n);
+		if (r == OBX_ENOMEM)
+			return r;
+		obx_config_fail(errbuf, errlen, origin, key,
+		    "expected [schema.]table, or several separated by commas ('*' matches any run of "
+		    "characters), got '%s'",
+		    value);
+		return OBX_ECONFIG;
+	}
+	schema = strdup(t[0].schema);
+	name = strdup(t[0].name);
+	if (schema == NULL || name == NULL) {
 		free(schema);
 		free(name);
-		obx_config_fail(errbuf, errlen, origin, key, "expected [schema.]table, got '%s'", value);
-		return r == OBX_ENOMEM ? r : OBX_ECONFIG;
+		tables_free(t, n);
+		return OBX_ENOMEM;
 	}
+	tables_free(cfg->tables, cfg->n_tables);
 	free(cfg->table_schema);
 	free(cfg->table_name);
+	cfg->tables = t;
+	cfg->n_tables = n;
 	cfg->table_schema = schema;
 	cfg->table_name = name;
 	return 0;
 }
 
-/* Appends identifier id as parse_qualified_name() reads it back: quoted unless plain lower case. */
+/* Appends identifier id as parse_table_entry() reads it back: quoted unless plain lower case (or a pattern). */
 static int
-put_ident(char *out, size_t outlen, size_t *used, const char *id)
+put_ident(char *out, size_t outlen, size_t *used, const char *id, bool wild)
 {
-	bool plain = id[0] != '\0' && strspn(id, "abcdefghijklmnopqrstuvwxyz0123456789_$") == strlen(id);
+	bool plain = id[0] != '\0' &&
+	    strspn(id,
+	        wild ? "abcdefghijklmnopqrstuvwxyz0123456789_$*" : "abcdefghijklmnopqrstuvwxyz0123456789_$") ==
+	        strlen(id);
 
 #define PUT(c)                                                                                                    \
 	do {                                                                                                      \
@@ -275,13 +372,26 @@ table_format(const struct obx_config *cfg, char *out, size_t outlen)
 	if (outlen == 0)
 		return OBX_ERANGE;
 	out[0] = '\0';
-	if ((r = put_ident(out, outlen, &used, cfg->table_schema)) != 0)
-		return r;
-	if (used + 2 >= outlen)
-		return OBX_ERANGE;
-	out[used++] = '.';
-	out[used] = '\0';
-	return put_ident(out, outlen, &used, cfg->table_name);
+	for (size_t i = 0; i < cfg->n_tables; i++) {
+		const struct obx_table_pat *t = &cfg->tables[i];
+
+		if (i > 0) {
+			if (used + 3 >= outlen)
+				return OBX_ERANGE;
+			out[used++] = ',';
+			out[used++] = ' ';
+			out[used] = '\0';
+		}
+		if ((r = put_ident(out, outlen, &used, t->schema, t->schema_wild)) != 0)
+			return r;
+		if (used + 2 >= outlen)
+			return OBX_ERANGE;
+		out[used++] = '.';
+		out[used] = '\0';
+		if ((r = put_ident(out, outlen, &used, t->name, t->name_wild)) != 0)
+			return r;
+	}
+	return 0;
 }
 
 static bool
@@ -293,12 +403,24 @@ str_differs(const char *a, const char *b)
 static bool
 table_differs(const struct obx_config *a, const struct obx_config *b)
 {
-	return str_differs(a->table_schema, b->table_schema) || str_differs(a->table_name, b->table_name);
+	if (a->n_tables != b->n_tables)
+		return true;
+	for (size_t i = 0; i < a->n_tables; i++) {
+		const struct obx_table_pat *x = &a->tables[i], *y = &b->tables[i];
+
+		if (str_differs(x->schema, y->schema) || str_differs(x->name, y->name) ||
+		    x->schema_wild != y->schema_wild || x->name_wild != y->name_wild)
+			return true;
+	}
+	return false;
 }
 
 static void
 table_reset(struct obx_config *cfg)
 {
+	tables_free(cfg->tables, cfg->n_tables);
+	cfg->tables = NULL;
+	cfg->n_tables = 0;
 	free(cfg->table_schema);
 	free(cfg->table_name);
 	cfg->table_schema = cfg->table_name = NULL;

@@ -65,7 +65,10 @@ static const struct obx_cfg_choice formats[] = {
 
 const struct obx_cfg_section obx_cfg_sections[] = {
 	{ "source", "Where the events come from: the PostgreSQL server, the slot and the outbox table." },
-	{ "outbox", "The outbox table's columns and how a row becomes a Kafka record." },
+	{ "outbox",
+	    "The outbox table's columns and how a row becomes a Kafka record. A section "
+	    "`[outbox.<schema>.<table>]` (a part may be a `*` pattern) gives any of these keys for the "
+	    "tables it names; they take `[outbox]`'s for the keys it does not give." },
 	{ "kafka",
 	    "The producer's librdkafka properties, verbatim (any name librdkafka knows); "
 	    "`bootstrap.servers` is required." },
@@ -91,9 +94,11 @@ const struct obx_cfg_key obx_cfg_keys[] = {
 	    .desc = "logical replication slot" },
 	{ KEY("source", "publication"), STR(publication, OBX_CFG_NONEMPTY), .def = "outboxd",
 	    .desc = "publication of the outbox table" },
-	{ KEY("source", "table"), .type = OBX_CFG_CUSTOM, .type_name = "[schema.]table",
+	{ KEY("source", "table"), .type = OBX_CFG_CUSTOM, .type_name = "[schema.]table, ...",
 	    .custom = &obx_cfg_table_fns, .def = "public.outbox",
-	    .desc = "outbox table; unquoted names fold to lower case, double-quoted ones keep it" },
+	    .desc = "outbox table, or several separated by commas; an unquoted `*` matches any run of "
+	            "characters, in tables created later too; unquoted names fold to lower case, "
+	            "double-quoted ones keep it ([several tables](../guide/several-tables.md))" },
 	{ KEY("source", "create_slot"), BOOL(create_slot, true_false), .def = "true",
 	    .desc = "create the slot the first time" },
 	{ KEY("source", "create_publication"), BOOL(create_publication, true_false), .def = "true",

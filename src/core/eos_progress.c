@@ -12,6 +12,7 @@
 #include "obx/core/err.h"
 #include "obx/core/event.h"
 #include "obx/core/eos_progress.h"
+#include "obx/core/tables.h"
 
 void
 obx_progress_events(struct obx_progress_source *src, const char *schema, const char *table, bool messages,
@@ -29,6 +30,18 @@ obx_progress_source_init(struct obx_progress_source *src, const char *system_id,
 	strlcpy(src->system_id, system_id, sizeof(src->system_id));
 	strlcpy(src->database, database, sizeof(src->database));
 	obx_progress_events(src, cfg->table_schema, cfg->table_name, cfg->messages, cfg->message_prefix);
+	if (obx_tables_several(cfg)) {
+		/* several tables: the list as configured counts the events */
+		char list[sizeof(src->events)];
+
+		if (obx_tables_format(cfg, list, sizeof(list)) == 0) {
+			strlcpy(src->events, list, sizeof(src->events));
+			if (cfg->messages) {
+				strlcat(src->events, "+messages:", sizeof(src->events));
+				strlcat(src->events, cfg->message_prefix, sizeof(src->events));
+			}
+		}
+	}
 }
 
 char *

@@ -7,6 +7,7 @@
 
 #include "obx/core/err.h"
 #include "obx/core/event.h"
+#include "obx/core/tables.h"
 #include "obx/core/walmsg.h"
 
 #define BYTEA_OID 17
@@ -15,7 +16,7 @@
 #define TIMESTAMPTZ_OID 1184
 
 const char *const obx_reserved_headers[] = { "id", "type", "lsn", "seq", "xid", "commit_ts", "txn", "snapshot",
-	NULL };
+	"table", NULL };
 
 bool
 obx_header_is_reserved(const char *name)
@@ -66,18 +67,33 @@ dbuf_free(struct obx_dbuf *d)
 int
 obx_event_builder_init(struct obx_event_builder *b, const struct obx_config *cfg)
 {
-	size_t nh = 6 + cfg->n_extra_headers + 16;
+	size_t max_extra = 0, max_parts = 1;
 	char errbuf[256];
 	int r;
 
 	memset(b, 0, sizeof(*b));
-	b->cfg = cfg;
-	if ((r = obx_template_parse(&b->tpl, cfg->topic, errbuf, sizeof(errbuf))) != 0)
-		return r;
-	b->i_tpl = calloc(b->tpl.nparts ? b->tpl.nparts : 1, sizeof(int));
-	b->i_extra = calloc(cfg->n_extra_headers ? cfg->n_extra_headers : 1, sizeof(int));
-	b->headers = calloc(nh, sizeof(*b->headers));
-	b->header_cap = nh;
+	b->base = cfg;
+	b->table_header = obx_tables_several(cfg);
+	b->nmaps = cfg->n_overrides + 1;
+	if ((b->maps = calloc(b->nmaps, sizeof(*b->maps))) == NULL)
+		return OBX_ENOMEM;
+	for (size_t i = 0; i < b->nmaps; i++) {
+		struct obx_event_map *m = &b->maps[i];
+
+		obx_tables_view(cfg, (int)i, cfg->table_schema, cfg->table_name, &m->view);
+		if ((r = obx_template_parse(&m->tpl, m->view.topic, errbuf, sizeof(errbuf))) != 0)
+			return r;
+		if (m->tpl.nparts > max_parts)
+			max_parts = m->tpl.nparts;
+		if (m->view.n_extra_headers > max_extra)
+			max_extra = m->view.n_extra_headers;
+	}
+	b->cfg = &b->maps[0].view;
+	b->tpl = &b->maps[0].tpl;
+	b->i_tpl = calloc(max_parts, sizeof(int));
+	b->i_extra = calloc(max_extra ? max_extra : 1, sizeof(int));
+	b->header_cap = 7 + max_extra + 16;
+	b->headers = calloc(b->header_cap, sizeof(*b->headers));
 	if (b->i_tpl == NULL || b->i_extra == NULL || b->headers == NULL)
 		return OBX_ENOMEM;
 	return 0;
@@ -103,7 +119,9 @@ obx_event_builder_forget(struct obx_event_builder *b)
 void
 obx_event_builder_reset(struct obx_event_builder *b)
 {
-	obx_template_reset(&b->tpl);
+	for (size_t i = 0; b->maps != NULL && i < b->nmaps; i++)
+		obx_template_reset(&b->maps[i].tpl);
+	free(b->maps);
 	free(b->i_tpl);
 	free(b->i_extra);
 	free(b->headers);
@@ -118,7 +136,7 @@ obx_event_builder_reset(struct obx_event_builder *b)
 bool
 obx_event_is_outbox(const struct obx_event_builder *b, const struct obx_rel *rel)
 {
-	return strcmp(rel->relname, b->cfg->table_name) == 0 && strcmp(rel->nspname, b->cfg->table_schema) == 0;
+	return obx_tables_mapping(b->base, rel->nspname, rel->relname) >= 0;
 }
 
 static int
@@ -130,20 +148,26 @@ col_or_none(const struct obx_rel *rel, const char *name)
 static void
 resolve(struct obx_event_builder *b, const struct obx_rel *rel)
 {
-	const struct obx_config *c = b->cfg;
+	const struct obx_config *c;
+	int map;
 
 	if (b->rel == rel && b->rel_version == rel->version)
 		return;
 	b->rel = rel;
 	b->rel_version = rel->version;
+	/* a row the caller builds is an outbox row: one no entry matches (a snapshot's) takes [outbox] */
+	map = obx_tables_mapping(b->base, rel->nspname, rel->relname);
+	c = b->cfg = &b->maps[map > 0 ? map : 0].view;
+	b->tpl = &b->maps[map > 0 ? map : 0].tpl;
+	snprintf(b->table, sizeof(b->table), "%s.%s", rel->nspname, rel->relname);
 	b->i_id = obx_rel_column(rel, c->col_id);
 	b->i_key = obx_rel_column(rel, c->col_key);
 	b->i_type = obx_rel_column(rel, c->col_type);
 	b->i_payload = obx_rel_column(rel, c->col_payload);
 	b->i_headers = col_or_none(rel, c->col_headers);
 	b->i_timestamp = col_or_none(rel, c->col_timestamp);
-	for (size_t i = 0; i < b->tpl.nparts; i++)
-		b->i_tpl[i] = b->tpl.parts[i].is_column ? obx_rel_column(rel, b->tpl.parts[i].text) : -2;
+	for (size_t i = 0; i < b->tpl->nparts; i++)
+		b->i_tpl[i] = b->tpl->parts[i].is_column ? obx_rel_column(rel, b->tpl->parts[i].text) : -2;
 	for (size_t i = 0; i < c->n_extra_headers; i++)
 		b->i_extra[i] = obx_rel_column(rel, c->extra_headers[i].value);
 }
@@ -392,8 +416,8 @@ obx_event_build(struct obx_event_builder *b, const struct obx_rel *rel, const st
 	if (dbuf_reserve(&b->topic, 1) != 0)
 		return OBX_ENOMEM;
 	b->topic.p[0] = '\0';
-	for (size_t i = 0; i < b->tpl.nparts; i++) {
-		const struct obx_template_part *part = &b->tpl.parts[i];
+	for (size_t i = 0; i < b->tpl->nparts; i++) {
+		const struct obx_template_part *part = &b->tpl->parts[i];
 
 		if (!part->is_column) {
 			rc = dbuf_append(&b->topic, part->text, strlen(part->text));
@@ -482,6 +506,8 @@ obx_event_build(struct obx_event_builder *b, const struct obx_rel *rel, const st
 	    add_header(b, &nh, "seq", b->seq, strlen(b->seq)) == NULL ||
 	    add_header(b, &nh, "xid", b->xid, strlen(b->xid)) == NULL ||
 	    add_header(b, &nh, "commit_ts", b->commit_ts, strlen(b->commit_ts)) == NULL)
+		return OBX_ENOMEM;
+	if (b->table_header && rel->relid != 0 && add_header(b, &nh, "table", b->table, strlen(b->table)) == NULL)
 		return OBX_ENOMEM;
 	for (size_t i = 0; i < c->n_extra_headers; i++) {
 		if ((rc = datum(t, b->i_extra[i], c->extra_headers[i].value, "header", &d, errbuf, errlen)) != 0)

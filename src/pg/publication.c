@@ -10,6 +10,7 @@
 #include "obx/core/err.h"
 #include "obx/pg/setup_int.h"
 #include "obx/pg/util.h"
+#include "obx/core/tables.h"
 #include "obx/core/template.h"
 #include "obx/sys/log.h"
 
@@ -38,9 +39,9 @@ mapped_columns_sql(PGconn *c, const struct obx_config *cfg, char **out)
  * publication exists either way, and *created says whether this call made
  * it.  Returns 0 or OBX_ECONFIG (errbuf).
  */
-static int
-create_publication(PGconn *c, const struct obx_config *cfg, const char *sql, bool *created, char *errbuf,
-    size_t errlen)
+int
+obx_pgsetup_create_publication(PGconn *c, const struct obx_config *cfg, const char *sql, bool *created,
+    char *errbuf, size_t errlen)
 {
 	char err[1024], state[6];
 	PGresult *res;
@@ -91,7 +92,7 @@ message_publication(PGconn *c, const struct obx_config *cfg, const struct obx_pg
 		    cfg->publication, cfg->publication);
 	if (!exists) {
 		snprintf(sql, sizeof(sql), "CREATE PUBLICATION %s WITH (publish = 'insert')", nm->pub_ident);
-		if ((r = create_publication(c, cfg, sql, &created, errbuf, errlen)) != 0)
+		if ((r = obx_pgsetup_create_publication(c, cfg, sql, &created, errbuf, errlen)) != 0)
 			return r;
 	}
 	obx_log_info("outbox table %s.%s does not exist: publishing logical decoding messages with "
@@ -168,7 +169,7 @@ ensure_publication(PGconn *c, const struct obx_config *cfg, const struct obx_pgs
 			    cfg->publication, cfg->table_schema, cfg->table_name);
 		snprintf(sql, sizeof(sql), "CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert'%s)",
 		    nm->pub_ident, nm->qualified, relkind == 'p' ? ", publish_via_partition_root = true" : "");
-		if ((r = create_publication(c, cfg, sql, &created, errbuf, errlen)) != 0)
+		if ((r = obx_pgsetup_create_publication(c, cfg, sql, &created, errbuf, errlen)) != 0)
 			return r;
 		if (created)
 			obx_log_info("created publication %s for table %s.%s (inserts only)", cfg->publication,
@@ -185,8 +186,8 @@ ensure_publication(PGconn *c, const struct obx_config *cfg, const struct obx_pgs
  * only logged: its rows follow on_error.  Returns 0, OBX_EIO, OBX_ECONFIG
  * or OBX_ENOMEM.
  */
-static int
-check_publication_columns(PGconn *c, const struct obx_config *cfg, const struct obx_pgsetup_names *nm,
+int
+obx_pgsetup_check_columns(PGconn *c, const struct obx_config *cfg, const struct obx_pgsetup_names *nm,
     char *errbuf, size_t errlen)
 {
 	char err[1024], state[6];
@@ -246,6 +247,8 @@ obx_pgsetup_publication(PGconn *c, const struct obx_config *cfg, bool in_recover
 	bool viaroot = false;
 	int r;
 
+	if (obx_tables_several(cfg))
+		return obx_pgsetup_publication_tables(c, cfg, in_recovery, errbuf, errlen);
 	if ((r = obx_pgsetup_names_init(&nm, c, cfg, errbuf, errlen)) != 0)
 		return r;
 	r = table_relkind(c, cfg, &nm, &relkind, errbuf, errlen);
@@ -268,7 +271,7 @@ obx_pgsetup_publication(PGconn *c, const struct obx_config *cfg, bool in_recover
 		    cfg->table_schema, cfg->table_name, cfg->publication, cfg->publication);
 		goto out;
 	}
-	r = check_publication_columns(c, cfg, &nm, errbuf, errlen);
+	r = obx_pgsetup_check_columns(c, cfg, &nm, errbuf, errlen);
 out:
 	obx_pgsetup_names_free(&nm);
 	return r;

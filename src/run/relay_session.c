@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "obx/core/tables.h"
 #include "obx/core/err.h"
 #include "obx/sys/log.h"
 #include "obx/pg/util.h"
@@ -495,7 +496,8 @@ obx_relay_run(const struct obx_config *cfg, const struct obx_run_opts *opts)
 		r.test_kill_after = (long)strtonum(getenv("OBX_TEST_KILL_AFTER_ACKS"), 0, LONG_MAX, NULL);
 #endif
 	snprintf(r.m.info_slot, sizeof(r.m.info_slot), "%s", cfg->slot);
-	snprintf(r.m.info_table, sizeof(r.m.info_table), "%s.%s", cfg->table_schema, cfg->table_name);
+	if (obx_tables_format(cfg, r.m.info_table, sizeof(r.m.info_table)) != 0)
+		strlcpy(r.m.info_table, "(several)", sizeof(r.m.info_table));
 	obx_pg_conninfo_dbname(cfg->conninfo, r.m.info_database, sizeof(r.m.info_database));
 	if (obx_core_new(&r.core, cfg, &obx_relay_core_ops, &r, &r.m) != 0) {
 		obx_log_error("out of memory");

@@ -13,6 +13,8 @@
 #include "obx/core/config.h"
 #include "obx/sys/config_load.h"
 #include "obx/core/err.h"
+#include "obx/core/config_table.h"
+#include "obx/core/tables.h"
 
 static char path[64];
 static char errbuf[1024];
@@ -169,6 +171,115 @@ test_full_file(void **state)
 			obx_config_reset(&cfg);
 		}
 	}
+}
+
+/* [source] table as a list with patterns, and [outbox.<schema>.<table>] over [outbox]. */
+static void
+test_several_tables(void **state)
+{
+	struct obx_config cfg, view;
+	char out[256];
+	const char *names[8];
+
+	(void)state;
+	assert_int_equal(load(&cfg,
+	                     KAFKA "[source]\ntable = orders.outbox, tenant_*.outbox , \"Billing\".\"Out*\"\n"
+	                           "[outbox]\ntopic = ev.${aggregatetype}\nheader.region = region\n"
+	                           "[outbox.\"Billing\".\"Out*\"]\nkey = account\ntopic = billing\n"
+	                           "[outbox.tenant_*.outbox]\nheader.tenant = tenant\n",
+	                     NULL, NULL, 0),
+	    0);
+	assert_int_equal(cfg.n_tables, 3);
+	assert_string_equal(cfg.table_schema, "orders"); /* the first entry */
+	assert_string_equal(cfg.table_name, "outbox");
+	assert_true(cfg.tables[1].schema_wild && !cfg.tables[1].name_wild);
+	assert_false(cfg.tables[2].schema_wild || cfg.tables[2].name_wild); /* quoted: a literal '*' */
+	assert_true(obx_tables_several(&cfg) && obx_tables_wild(&cfg));
+	/* which table is an outbox and which mapping it takes */
+	assert_int_equal(obx_tables_mapping(&cfg, "orders", "outbox"), 0);
+	assert_int_equal(obx_tables_mapping(&cfg, "tenant_42", "outbox"), 2);
+	assert_int_equal(obx_tables_mapping(&cfg, "tenant_", "outbox"), 2);
+	assert_int_equal(obx_tables_mapping(&cfg, "tenant_42", "outbox2"), -1);
+	assert_int_equal(obx_tables_mapping(&cfg, "Billing", "Out*"), 1);
+	assert_int_equal(obx_tables_mapping(&cfg, "Billing", "Outbox"), -1);
+	assert_int_equal(obx_tables_mapping(&cfg, "public", "outbox"), -1);
+	/* an override inherits what it does not give */
+	obx_tables_view(&cfg, 1, "Billing", "Out*", &view);
+	assert_string_equal(view.col_key, "account");
+	assert_string_equal(view.topic, "billing");
+	assert_string_equal(view.col_id, "id");
+	assert_string_equal(view.table_name, "Out*");
+	assert_int_equal(view.n_extra_headers, 1);
+	obx_tables_view(&cfg, 2, "tenant_7", "outbox", &view);
+	assert_string_equal(view.topic, "ev.${aggregatetype}");
+	assert_string_equal(view.col_key, "aggregateid");
+	assert_int_equal(view.n_extra_headers, 2);
+	assert_string_equal(view.extra_headers[1].key, "tenant");
+	obx_tables_view(&cfg, 0, "orders", "outbox", &view);
+	assert_int_equal(view.n_extra_headers, 1);
+	/* printed as it reads back */
+	assert_int_equal(obx_cfg_format(&cfg, obx_cfg_find("source", "table", &names[0]), out, sizeof(out)), 0);
+	assert_string_equal(out, "orders.outbox, tenant_*.outbox, \"Billing\".\"Out*\"");
+	obx_config_reset(&cfg);
+
+	/* one table, as before */
+	assert_int_equal(load(&cfg, KAFKA, NULL, NULL, 0), 0);
+	assert_int_equal(cfg.n_tables, 1);
+	assert_false(obx_tables_several(&cfg));
+	assert_int_equal(obx_tables_mapping(&cfg, "public", "outbox"), 0);
+	obx_config_reset(&cfg);
+
+	/* a changed override is a restart's */
+	{
+		struct obx_config a, b;
+
+		assert_int_equal(
+		    load(&a, KAFKA "[source]\ntable = a.o, b.o\n[outbox.b.o]\ntopic = x\n", NULL, NULL, 0), 0);
+		assert_int_equal(
+		    load(&b, KAFKA "[source]\ntable = a.o, b.o\n[outbox.b.o]\ntopic = y\n", NULL, NULL, 0), 0);
+		assert_int_equal(obx_config_diff_restart(&a, &b, names, 8), 1);
+		assert_string_equal(names[0], "[outbox.<schema>.<table>]");
+		obx_config_reset(&b);
+		assert_int_equal(load(&b, KAFKA "[source]\ntable = a.o\n[outbox.a.o]\ntopic = y\n", NULL, NULL, 0),
+		    0);
+		assert_int_equal(obx_config_diff_restart(&a, &b, names, 8), 2);
+		assert_string_equal(names[0], "[source] table");
+		obx_config_reset(&a);
+		obx_config_reset(&b);
+	}
+
+	expect_error(KAFKA "[source]\ntable = a.o, a.o\n", "key 'table': 'a.o, a.o' names a.o twice");
+	expect_error(KAFKA "[source]\ntable = a.o,\n", "key 'table': expected [schema.]table, or several");
+	expect_error(KAFKA "[source]\ntable = a.o b.o\n", "key 'table': expected [schema.]table, or several");
+	expect_error(KAFKA "[source]\ntable = a.o\n[outbox.b.o]\ntopic = x\n",
+	    "section [outbox.b.o]: b.o is not a table of [source] table");
+	expect_error(KAFKA "[source]\ntable = a.o\n[outbox.a.o]\ncolour = red\n",
+	    "key 'colour': unknown key in [outbox.a.o] (it takes [outbox]'s keys)");
+	expect_error(KAFKA "[source]\ntable = a.o\n[outbox.a.o]\ntopic = x\ntopic = y\n",
+	    "key 'topic': set twice in [outbox.a.o]");
+	expect_error(KAFKA "[source]\ntable = a.o\n[outbox.a.o]\ntopic = ${nope\n", "key 'topic'");
+	expect_error(KAFKA "[source]\ntable = a.o\n[outbox.a.o]\nheader.id = x\n", "key 'header.id'");
+	expect_error(KAFKA "[outbox.a.b.c]\ntopic = x\n",
+	    "section 'outbox.a.b.c': expected [outbox.<schema>.<table>]");
+	expect_error(KAFKA "[source]\ntable = a.o, b.o\nmode = poll\n", "polling mode reads one table so far");
+	expect_error(KAFKA "[source]\ntable = t_*.o\nsnapshot = pending\n",
+	    "snapshot = pending publishes one table");
+}
+
+static void
+test_glob(void **state)
+{
+	(void)state;
+	assert_true(obx_glob_match("*", ""));
+	assert_true(obx_glob_match("a*", "a"));
+	assert_true(obx_glob_match("a*c", "abbbc"));
+	assert_true(obx_glob_match("*b*", "abc"));
+	assert_true(obx_glob_match("a*b*c", "aXbYbZc"));
+	assert_false(obx_glob_match("a*c", "abcd"));
+	assert_false(obx_glob_match("abc", "ab"));
+	assert_false(obx_glob_match("a*b", "a"));
+	assert_true(obx_glob_match("t_*_x", "t_1_2_x"));
+	assert_false(obx_glob_match("t_*", "t"));
 }
 
 static void
@@ -356,7 +467,7 @@ test_value_errors(void **state)
 	    "key 'status_interval': '5ms' is out of range (100ms to 1h)");
 	expect_error(KAFKA "[source]\nstatus_interval = 99999999999999999999s\n", "out of range");
 	expect_error(KAFKA "[source]\nslot =\n", ":4: key 'slot': must not be empty");
-	expect_error(KAFKA "[source]\ntable = a.b.c\n", "key 'table': expected [schema.]table, got 'a.b.c'");
+	expect_error(KAFKA "[source]\ntable = a.b.c\n", "key 'table': expected [schema.]table, or several");
 	expect_error(KAFKA "[source]\ntable = \"unclosed\n", "key 'table': expected [schema.]table");
 	expect_error(KAFKA "[source]\ntable = .x\n", "key 'table': expected [schema.]table");
 	expect_error(KAFKA "[outbox]\ntopic = events.${type\n", "key 'topic': unclosed '${'");
@@ -820,8 +931,8 @@ test_mapped_columns(void **state)
 static void
 test_reserved_header_mapping_refused(void **state)
 {
-	static const char *const reserved[] = { "id", "type", "lsn", "seq", "xid", "commit_ts", "txn",
-		"snapshot" };
+	static const char *const reserved[] = { "id", "type", "lsn", "seq", "xid", "commit_ts", "txn", "snapshot",
+		"table" };
 	struct obx_config cfg;
 	char text[256], want[256];
 
@@ -830,7 +941,7 @@ test_reserved_header_mapping_refused(void **state)
 		snprintf(text, sizeof(text), KAFKA "[outbox]\nheader.%s = type\n", reserved[i]);
 		snprintf(want, sizeof(want),
 		    ":4: key 'header.%s': header '%s' is reserved: outboxd writes it "
-		    "itself (reserved: id, type, lsn, seq, xid, commit_ts, txn, snapshot); choose another name",
+		    "itself (reserved: id, type, lsn, seq, xid, commit_ts, txn, snapshot, table); choose another name",
 		    reserved[i], reserved[i]);
 		expect_error(text, want);
 		assert_null(strchr(errbuf, '\n'));
@@ -1073,6 +1184,8 @@ main(void)
 		cmocka_unit_test(test_io_checks_come_from_the_loader),
 		cmocka_unit_test(test_dedupe_diff),
 		cmocka_unit_test(test_diff_restart),
+		cmocka_unit_test(test_several_tables),
+		cmocka_unit_test(test_glob),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -44,6 +44,15 @@ int obx_check_query_value(PGconn *conn, const char *sql, int nparams, const char
  */
 long long obx_check_count(const char *v);
 
+/* check.c: the mapped columns of cfg's table (named in each line when name_table) */
+void obx_check_columns(struct obx_check *cx, PGconn *conn, const struct obx_config *cfg, bool name_table);
+
+/*
+ * check_tables.c: several tables or a pattern in [source] table: each table that exists, its
+ * mapping's columns, the publication's coverage.  Returns true when a table exists.
+ */
+bool obx_check_tables(struct obx_check *cx, PGconn *conn, const struct obx_config *cfg, bool in_recovery);
+
 /* check_slot.c */
 void obx_check_slot(struct obx_check *cx, PGconn *conn, const struct obx_config *cfg);
 void obx_check_snapshot(struct obx_check *cx, PGconn *conn, const struct obx_config *cfg);

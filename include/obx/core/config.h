@@ -38,6 +38,31 @@ struct obx_kv {
 };
 
 /*
+ * One entry of [source] table: a schema and a table name, each exact
+ * (double-quoted, or unquoted and folded to lower case) or, unquoted with a
+ * '*', a shell-style pattern where '*' matches any run of characters.
+ */
+struct obx_table_pat {
+	char *schema;
+	char *name;
+	bool schema_wild;
+	bool name_wild;
+};
+
+/*
+ * One [outbox.<schema>.<table>] section: the [outbox] keys it gives (in
+ * file order, with their origins) and, after obx_config_finish(), the
+ * whole mapping (map: [outbox] with those keys applied over it).
+ */
+struct obx_table_override {
+	struct obx_table_pat pat;
+	char *section; /* "outbox.<schema>.<table>" as written */
+	struct obx_kv *keys;
+	size_t nkeys;
+	struct obx_config *map; /* NULL until obx_config_finish() */
+};
+
+/*
  * Checks of values that only a library with I/O can judge.  Each member may
  * be NULL: the value is then taken as it is.  obx_config_init() installs
  * none; obx_config_load() installs libpq's and librdkafka's.
@@ -68,8 +93,10 @@ struct obx_config {
 	char *password; /* libpq's password, over conninfo's and PGPASSWORD ("" none); a secret */
 	char *slot;
 	char *publication;
-	char *table_schema;
+	char *table_schema; /* the first entry of [source] table (the only one, usually) */
 	char *table_name;
+	struct obx_table_pat *tables; /* every entry of [source] table, in order */
+	size_t n_tables;
 	bool create_slot;
 	bool create_publication;
 	int status_interval_ms;
@@ -93,6 +120,9 @@ struct obx_config {
 	char *col_timestamp;          /* "" when unset */
 	struct obx_kv *extra_headers; /* header.<name> = column, in file order */
 	size_t n_extra_headers;
+	/* [outbox.<schema>.<table>] sections, in file order (core/tables.h reads them) */
+	struct obx_table_override *overrides;
+	size_t n_overrides;
 
 	/* [kafka]: librdkafka properties, verbatim, in the order given */
 	struct obx_kv *kafka;
@@ -219,6 +249,15 @@ size_t obx_config_diff(const struct obx_config *a, const struct obx_config *b, c
  */
 size_t obx_config_diff_restart(const struct obx_config *running, const struct obx_config *fresh,
     const char **names, size_t max);
+
+/*
+ * name = value lists: find returns the entry of key or NULL (borrowed);
+ * put adds or replaces one (copies everything; returns 0 or OBX_ENOMEM);
+ * free frees a list and its entries.
+ */
+struct obx_kv *obx_kv_find(struct obx_kv *kv, size_t n, const char *key);
+int obx_kv_put(struct obx_kv **kv, size_t *n, const char *key, const char *value, const char *origin);
+void obx_kv_free(struct obx_kv *kv, size_t n);
 
 /* Returns the value of librdkafka property key, or NULL when not set. Borrowed. */
 const char *obx_config_kafka_get(const struct obx_config *cfg, const char *key);

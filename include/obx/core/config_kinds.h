@@ -25,7 +25,18 @@ int obx_cfg_check_header(const struct obx_config *cfg, const char *sub, const ch
 int obx_cfg_check_kafka(const struct obx_config *cfg, const char *key, const char *value, char *errbuf,
     size_t errlen);
 
-/* [source] table ("schema.table", either part double-quoted) and [metrics] listen (host:port). */
+/*
+ * Parses one [schema.]table entry of [source] table (s holds nothing else)
+ * into out, which the caller resets with obx_table_pat_reset().  Returns 0,
+ * OBX_EINVAL, OBX_ERANGE or OBX_ENOMEM; out is zeroed on failure.
+ */
+int obx_table_pat_parse(const char *s, struct obx_table_pat *out);
+void obx_table_pat_reset(struct obx_table_pat *p);
+
+/*
+ * [source] table ("schema.table", a part double-quoted or a '*' pattern, several separated by
+ * commas) and [metrics] listen (host:port).
+ */
 extern const struct obx_cfg_custom obx_cfg_table_fns;
 extern const struct obx_cfg_custom obx_cfg_listen_fns;
 

@@ -53,12 +53,23 @@ struct obx_dbuf {
 	size_t cap;
 };
 
+/* One mapping of the configuration: [outbox], or [outbox] under an [outbox.<schema>.<table>] section. */
+struct obx_event_map {
+	struct obx_config view;  /* obx_tables_view(): borrowed from the builder's configuration */
+	struct obx_template tpl; /* view.topic, parsed */
+};
+
 struct obx_event_builder {
-	const struct obx_config *cfg; /* borrowed; outlives the builder */
-	struct obx_template tpl;      /* cfg->topic, parsed */
-	/* column indexes resolved for one relation version */
+	const struct obx_config *base; /* borrowed; outlives the builder */
+	struct obx_event_map *maps;    /* [outbox], then each override of base */
+	size_t nmaps;
+	bool table_header; /* several tables: each event says its table (header table) */
+	/* column indexes resolved for one relation version, in the mapping of its table */
+	const struct obx_config *cfg;   /* that mapping's configuration (maps[i].view) */
+	const struct obx_template *tpl; /* and its topic template */
 	const struct obx_rel *rel;
 	unsigned rel_version;
+	char table[2 * 64 + 2]; /* "schema.table" of rel, for the table header */
 	int i_id, i_key, i_type, i_payload, i_headers, i_timestamp;
 	int *i_tpl;   /* per template part (-2 for literals) */
 	int *i_extra; /* per [outbox] header.<name> */
@@ -89,7 +100,7 @@ void obx_event_builder_reset(struct obx_event_builder *b);
  */
 void obx_event_builder_forget(struct obx_event_builder *b);
 
-/* True when rel is the configured outbox table. */
+/* True when rel is an outbox table: an entry of [source] table matches it (core/tables.h). */
 bool obx_event_is_outbox(const struct obx_event_builder *b, const struct obx_rel *rel);
 
 /*
@@ -112,14 +123,15 @@ char *obx_event_row_json(const struct obx_rel *rel, const struct obx_pg_tuple *t
 
 /*
  * The header names outboxd writes itself: id, type, lsn, seq, xid and
- * commit_ts on every event (here), txn in exactly-once mode (kafka/producer.c) and
+ * commit_ts on every event and table when [source] table names several
+ * (here), txn in exactly-once mode (kafka/producer.c) and
  * snapshot on the records of a slot's snapshot (snapshot.c).  A user
  * header of one of these names would shadow outboxd's own (consumers and
  * restart de-duplication read them), so [outbox] header.<name> refuses
  * them and a headers column that holds one makes the row unbuildable.
  * OBX_RESERVED_HEADERS is the same list as text, for messages.
  */
-#define OBX_RESERVED_HEADERS "id, type, lsn, seq, xid, commit_ts, txn, snapshot"
+#define OBX_RESERVED_HEADERS "id, type, lsn, seq, xid, commit_ts, txn, snapshot, table"
 extern const char *const obx_reserved_headers[]; /* NULL-terminated */
 
 /* True when name is one of obx_reserved_headers (compared exactly, as Kafka does). */

@@ -6,6 +6,7 @@
  *   setup_query.c    the escaped names and the two ways to run a command
  *   connect.c        connect, the server checks, IDENTIFY_SYSTEM
  *   publication.c    the publication
+ *   publication_tables.c  the publication of several tables or a pattern
  *   slot.c           the slot: read, create, obx_pgsetup_slot()
  *   slot_guard.c     the guard's record in the publication's comment
  *   snapshot_mark.c  the marker of an unfinished snapshot and its lock
@@ -78,6 +79,32 @@ struct obx_pgsetup_slotrow {
 	bool failover; /* synchronized to standbys that run slot synchronization (17) */
 	bool synced;   /* made by slot synchronization from a primary (17) */
 };
+
+/* ---- publication.c, publication_tables.c ---- */
+
+/*
+ * Runs CREATE PUBLICATION sql; a racing instance that created it first is
+ * no error, and *created says whether this call made it.  Returns 0 or
+ * OBX_ECONFIG (errbuf).
+ */
+int obx_pgsetup_create_publication(PGconn *c, const struct obx_config *cfg, const char *sql, bool *created,
+    char *errbuf, size_t errlen);
+
+/*
+ * Refuses a publication of cfg's table (nm) that would let its events be
+ * confirmed unpublished: without the table, with a row filter, or with a
+ * column list hiding a mapped column.  Returns 0, OBX_EIO, OBX_ECONFIG or
+ * OBX_ENOMEM.
+ */
+int obx_pgsetup_check_columns(PGconn *c, const struct obx_config *cfg, const struct obx_pgsetup_names *nm,
+    char *errbuf, size_t errlen);
+
+/*
+ * obx_pgsetup_publication() when [source] table names several tables or
+ * holds a pattern (pg/tables.h).
+ */
+int obx_pgsetup_publication_tables(PGconn *c, const struct obx_config *cfg, bool in_recovery, char *errbuf,
+    size_t errlen);
 
 /* ---- slot_guard.c ---- */
 

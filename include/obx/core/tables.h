@@ -1,0 +1,77 @@
+/*
+ * tables.h - which relations are outbox tables, and the mapping each one
+ * uses (pure).  [source] table lists tables and '*' patterns; a relation
+ * is an outbox table when an entry matches its schema and name, whether
+ * it existed when outboxd started or was created later.  Its mapping is
+ * [outbox] with the keys of the first [outbox.<schema>.<table>] section
+ * (in file order) that matches it applied over it.
+ *
+ * Ownership: overrides live in struct obx_config (config.h), which frees
+ * them; views borrow from the configuration and the names they are given.
+ */
+#ifndef OBX_TABLES_H
+#define OBX_TABLES_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "obx/core/config.h"
+
+/* The prefix of an override section's name: "outbox." then [schema.]table. */
+#define OBX_TABLE_SECTION "outbox."
+
+/* Writes [source] table as the file would hold it ("a.o, t_*.o").  Returns 0 or OBX_ERANGE. */
+int obx_tables_format(const struct obx_config *cfg, char *out, size_t outlen);
+
+/* True when s matches the shell-style pattern pat, where '*' matches any run (no other metacharacter). */
+bool obx_glob_match(const char *pat, const char *s);
+
+/* True when entry p matches schema.name. */
+bool obx_table_pat_match(const struct obx_table_pat *p, const char *schema, const char *name);
+
+/* True when [source] table names more than one table or holds a pattern. */
+bool obx_tables_several(const struct obx_config *cfg);
+
+/* True when an entry of [source] table holds a pattern (tables created later can match). */
+bool obx_tables_wild(const struct obx_config *cfg);
+
+/*
+ * The mapping of schema.name: -1 when no entry of [source] table matches it
+ * (not an outbox table), 0 for [outbox] itself, k + 1 for the override
+ * cfg->overrides[k].
+ */
+int obx_tables_mapping(const struct obx_config *cfg, const char *schema, const char *name);
+
+/*
+ * The configuration of mapping (obx_tables_mapping(), >= 0) with schema.name
+ * as the outbox table: cfg copied, its [outbox] keys replaced by the
+ * mapping's, table_schema and table_name pointing at schema and name.
+ * Everything is borrowed (from cfg, its override and the names): never
+ * reset a view; it stays valid while they do.
+ */
+void obx_tables_view(const struct obx_config *cfg, int mapping, const char *schema, const char *name,
+    struct obx_config *view);
+
+/*
+ * Stores key = value of section "outbox.<schema>.<table>" (checked when
+ * the configuration is finished, against [outbox]'s keys).  Returns 0,
+ * OBX_ECONFIG (errbuf filled: a malformed section name, a key given twice,
+ * a key [outbox] does not have) or OBX_ENOMEM.
+ */
+int obx_tables_override_set(struct obx_config *cfg, const char *section, const char *key, const char *value,
+    const char *origin, char *errbuf, size_t errlen);
+
+/*
+ * Builds each override's mapping: [outbox] as configured, then its keys
+ * applied with their checks.  Called by obx_config_finish().  Returns 0,
+ * OBX_ECONFIG (errbuf names the line) or OBX_ENOMEM.
+ */
+int obx_tables_overrides_finish(struct obx_config *cfg, char *errbuf, size_t errlen);
+
+/* Frees the overrides (obx_config_reset() calls it). */
+void obx_tables_overrides_reset(struct obx_config *cfg);
+
+/* True when two configurations' overrides differ (the SIGHUP diff). */
+bool obx_tables_overrides_differ(const struct obx_config *a, const struct obx_config *b);
+
+#endif
