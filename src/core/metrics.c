@@ -5,6 +5,9 @@
 
 #include "obx/core/metrics.h"
 
+#define OBX_STR_(x) #x
+#define OBX_STR(x) OBX_STR_(x)
+
 const double obx_hist_bounds[OBX_HIST_BUCKETS] = {
 	0.005,
 	0.01,
@@ -217,6 +220,28 @@ process_metrics(FILE *fp, const struct obx_process *p)
 	}
 }
 
+size_t
+obx_metrics_table_slot(struct obx_metrics *m, const char *name)
+{
+	for (size_t i = 0; i < m->ntables; i++)
+		if (strcmp(m->tables[i].name, name) == 0)
+			return i;
+	if (m->ntables == OBX_METRICS_TABLES)
+		return OBX_METRICS_TABLES;
+	strlcpy(m->tables[m->ntables].name, name, sizeof(m->tables[m->ntables].name));
+	m->tables[m->ntables].events = 0;
+	return m->ntables++;
+}
+
+void
+obx_metrics_table_event(struct obx_metrics *m, size_t slot)
+{
+	if (slot < m->ntables)
+		m->tables[slot].events++;
+	else
+		m->other_table_events++;
+}
+
 char *
 obx_metrics_render(const struct obx_metrics *m, const struct obx_process *proc, size_t *len)
 {
@@ -305,6 +330,17 @@ obx_metrics_render(const struct obx_metrics *m, const struct obx_process *proc, 
 	fprintf(fp, "outboxd_last_event_timestamp_seconds %.3f\n", m->last_event_unix);
 	counter_u64(fp, "outboxd_events_dead_lettered_total", "events sent to the dead-letter topic",
 	    m->events_dead_lettered);
+	family(fp, "outboxd_table_events_total", "counter",
+	    "outbox rows of committed transactions read, by table (the first " OBX_STR(
+	        OBX_METRICS_TABLES) " tables; later ones under table=\"_other\")");
+	for (size_t i = 0; i < m->ntables; i++) {
+		char table[2 * sizeof(m->tables[i].name)];
+
+		fprintf(fp, "outboxd_table_events_total{table=\"%s\"} %" PRIu64 "\n",
+		    label_value(m->tables[i].name, table, sizeof(table)), m->tables[i].events);
+	}
+	if (m->ntables == OBX_METRICS_TABLES)
+		fprintf(fp, "outboxd_table_events_total{table=\"_other\"} %" PRIu64 "\n", m->other_table_events);
 	counter_u64(fp, "outboxd_dedupe_skipped_total",
 	    "events not sent again after a restart: read back from their partition (de-duplication)",
 	    m->dedupe_skipped);

@@ -390,6 +390,7 @@ obx_core_session_end(struct obx_core *c)
 	obx_streambuf_reset(&c->sbuf);
 	obx_streambuf_init(&c->sbuf, (size_t)c->cfg->stream_buffer_bytes);
 	obx_event_builder_forget(&c->eb);
+	c->mt_rel = NULL; /* and the metrics slot cached for them */
 	c->m->stream_buffer_bytes = 0;
 }
 

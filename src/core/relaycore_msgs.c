@@ -99,6 +99,15 @@ publish_event(struct obx_core *c, const struct obx_rel *rel, const struct obx_pg
 void
 obx_rc_publish_row(struct obx_core *c, const struct obx_rel *rel, const struct obx_pg_tuple *t)
 {
+	if (c->mt_rel != rel || c->mt_version != rel->version) {
+		char name[sizeof(c->m->tables[0].name)];
+
+		snprintf(name, sizeof(name), "%s.%s", rel->nspname, rel->relname);
+		c->mt_slot = obx_metrics_table_slot(c->m, name);
+		c->mt_rel = rel;
+		c->mt_version = rel->version;
+	}
+	obx_metrics_table_event(c->m, c->mt_slot);
 	publish_event(c, rel, t, NULL);
 }
 

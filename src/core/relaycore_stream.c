@@ -62,6 +62,7 @@ obx_rc_replay(struct obx_core *c)
 	if (obx_rc_ending(c) || (t != NULL && c->replay_next < t->nrows))
 		return;
 	obx_event_builder_forget(&c->eb); /* the relation copies go now */
+	c->mt_rel = NULL;                 /* and the metrics slot cached for them */
 	if (obx_ack_commit(&c->ack, c->replay_end_lsn) != 0) {
 		fail(c, OBX_CORE_END_FATAL, "Stream Commit without its transaction at lsn %s",
 		    obx_lsn_format(c->txn.commit_lsn, a, sizeof(a)));
@@ -89,6 +90,7 @@ obx_rc_stream_commit(struct obx_core *c, const struct obx_pgmsg *m)
 	c->replay_next = 0;
 	c->replay_end_lsn = m->u.stream_commit.end_lsn;
 	obx_event_builder_forget(&c->eb);
+	c->mt_rel = NULL; /* and the metrics slot cached for them */
 	obx_rc_replay(c);
 }
 

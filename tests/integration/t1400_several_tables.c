@@ -232,6 +232,16 @@ test_table_created_while_running(void **state)
 		expect_in(out, "table: pattern tenant_*.outbox matches 2 table(s) now");
 		expect_in(out, "publication: outboxd publishes inserts of every table");
 	}
+	{
+		/* the table label: what this process read of each */
+		char body[65536];
+		int port = t_metrics_port(&R);
+
+		assert_int_equal(t_http_get(port, "/metrics", body, sizeof(body)), 200);
+		assert_true(t_metric(body, "outboxd_table_events_total{table=\"tenant_a.outbox\"}") == 20);
+		assert_true(t_metric(body, "outboxd_table_events_total{table=\"tenant_b.outbox\"}") == 30);
+		assert_true(t_metric(body, "outboxd_table_events_total{table=\"public.business\"}") == -1);
+	}
 	/* a table dropped while running is not an error; the others go on */
 	t_exec(R.pg, "DROP TABLE tenant_a.outbox");
 	t_exec(R.pg,

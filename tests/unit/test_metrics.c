@@ -214,6 +214,50 @@ test_last_event_timestamp(void **state)
 	assert_line(b, "outboxd_last_event_timestamp_seconds 1700000010.250");
 }
 
+/* The table label: a series per table up to the bound, then "_other", across thousands of tenants. */
+static void
+test_table_label_bounded(void **state)
+{
+	static struct obx_metrics m; /* large: not on the stack */
+	char name[64];
+	const char *b;
+	size_t series = 0;
+
+	(void)state;
+	streaming(&m);
+	b = render(&m);
+	assert_line(b, "# TYPE outboxd_table_events_total counter");
+	assert_no_text(b, "outboxd_table_events_total{");
+	for (int t = 0; t < 3000; t++) {
+		snprintf(name, sizeof(name), "tenant_%d.outbox", t);
+		for (int e = 0; e <= t % 3; e++)
+			obx_metrics_table_event(&m, obx_metrics_table_slot(&m, name));
+	}
+	/* a table seen before keeps its slot */
+	assert_int_equal(obx_metrics_table_slot(&m, "tenant_0.outbox"), 0);
+	assert_int_equal(obx_metrics_table_slot(&m, "tenant_2999.outbox"), OBX_METRICS_TABLES);
+	b = render(&m);
+	assert_line(b, "outboxd_table_events_total{table=\"tenant_0.outbox\"} 1");
+	assert_line(b, "outboxd_table_events_total{table=\"tenant_2.outbox\"} 3");
+	assert_no_text(b, "table=\"tenant_256.outbox\"");
+	for (const char *p = b; (p = strstr(p, "outboxd_table_events_total{")) != NULL; p++)
+		series++;
+	assert_int_equal(series, OBX_METRICS_TABLES + 1);
+	{
+		/* every event counted once: the named series and _other add up to all of them */
+		uint64_t named = 0, all = 0;
+
+		for (size_t i = 0; i < m.ntables; i++)
+			named += m.tables[i].events;
+		for (int t = 0; t < 3000; t++)
+			all += (uint64_t)(t % 3 + 1);
+		assert_true(named + m.other_table_events == all);
+		snprintf(name, sizeof(name), "outboxd_table_events_total{table=\"_other\"} %llu",
+		    (unsigned long long)m.other_table_events);
+		assert_line(b, name);
+	}
+}
+
 /* The process_* families, under the client libraries' names; a number not read is left out. */
 static void
 test_process_metrics(void **state)
@@ -255,6 +299,7 @@ main(void)
 		cmocka_unit_test_teardown(test_kafka_errors_from_zero, release),
 		cmocka_unit_test_teardown(test_last_event_timestamp, release),
 		cmocka_unit_test_teardown(test_process_metrics, release),
+		cmocka_unit_test_teardown(test_table_label_bounded, release),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -43,6 +43,18 @@ enum obx_not_ready {
 #define OBX_KAFKA_ERR_CODES 13
 extern const char *const obx_kafka_error_codes[OBX_KAFKA_ERR_CODES];
 
+/*
+ * outboxd_table_events_total{table} has a series for the first this many
+ * tables that had an event; the events of any further table count under
+ * table="_other", so thousands of tenant tables keep the scrape bounded.
+ */
+#define OBX_METRICS_TABLES 256
+
+struct obx_metrics_table {
+	char name[130]; /* "schema.table" */
+	uint64_t events;
+};
+
 struct obx_metrics {
 	enum obx_state state;
 	enum obx_not_ready not_ready; /* why not ready, for /readyz */
@@ -101,7 +113,21 @@ struct obx_metrics {
 	char info_slot[64];
 	char info_database[64];
 	char info_table[130];
+	/* outbox rows of committed transactions read, by table (obx_metrics_table_slot()) */
+	struct obx_metrics_table tables[OBX_METRICS_TABLES];
+	size_t ntables;
+	uint64_t other_table_events;
 };
+
+/*
+ * The slot of table name ("schema.table") in m->tables, added while there
+ * is room; OBX_METRICS_TABLES when the tables are full (the "_other"
+ * series).  Linear in the tables seen: callers cache the slot.
+ */
+size_t obx_metrics_table_slot(struct obx_metrics *m, const char *name);
+
+/* Counts one event of the table in slot (obx_metrics_table_slot()). */
+void obx_metrics_table_event(struct obx_metrics *m, size_t slot);
 
 /*
  * The process's own numbers, read at scrape time (procstat.h) and rendered

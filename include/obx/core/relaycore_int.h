@@ -61,6 +61,10 @@ struct obx_core {
 	struct obx_pgoutput dec;
 	struct obx_relcache rels;
 	struct obx_event_builder eb;
+	/* the metrics slot of the table an outbox row came from last (obx_metrics_table_slot()) */
+	const struct obx_rel *mt_rel;
+	unsigned mt_version;
+	size_t mt_slot;
 	struct obx_acktrack ack;
 	struct obx_streambuf sbuf;
 	struct obx_core_msgrow mrow;
