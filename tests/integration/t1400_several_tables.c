@@ -301,6 +301,68 @@ test_restart_dedupe_across_tables(void **state)
 	assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
 }
 
+/*
+ * Exactly-once across two tables: killed after acknowledgements with a Kafka transaction open,
+ * restarted: a read_committed reader sees every event of both tables once.
+ */
+static void
+test_exactly_once_across_tables(void **state)
+{
+	const char *tables[] = { "e1.outbox", "e2.outbox" };
+	struct t_msg *m;
+	size_t n;
+	int st;
+
+	(void)state;
+	t_relay_setup(&R, "tabeos", 1);
+	t_exec(R.pg, "CREATE SCHEMA e1; CREATE SCHEMA e2");
+	t_exec(R.pg, "CREATE TABLE e1.outbox " OUTBOX_COLUMNS);
+	t_exec(R.pg, "CREATE TABLE e2.outbox " OUTBOX_COLUMNS);
+	t_relay_config(&R,
+	    "[source]\ntable = e1.outbox, e2.outbox\n[outbox]\ntopic = eos\n"
+	    "[delivery]\nexactly_once = on\ntransaction_max_events = 50\n");
+	setenv("OBX_TEST_KILL_AFTER_ACKS", "120", 1);
+	t_relay_start(&R, NULL, 1);
+	unsetenv("OBX_TEST_KILL_AFTER_ACKS");
+	for (int t = 0; t < 10; t++)
+		t_exec(R.pg,
+		    "BEGIN; "
+		    "INSERT INTO e1.outbox (aggregatetype, aggregateid, type, payload) "
+		    "SELECT 'e', 'k' || (g %% 7), 'T', jsonb_build_object('i', g) FROM generate_series(1, 15) g; "
+		    "INSERT INTO e2.outbox (aggregatetype, aggregateid, type, payload) "
+		    "SELECT 'e', 'k' || (g %% 7), 'T', jsonb_build_object('i', g) FROM generate_series(1, 15) g; "
+		    "COMMIT");
+	st = t_wait(R.pid, 60000);
+	if (st == -1 || !WIFSIGNALED(st) || WTERMSIG(st) != SIGKILL) {
+		t_log_dump(&R);
+		fail_msg("outboxd was not killed after 120 acknowledgements");
+	}
+	R.pid = 0;
+	t_relay_start(&R, NULL, 1);
+	assert_true(t_wait_confirmed_current(&R, 30000));
+	n = t_consume_all(R.b.bootstrap, "eos", 20000, &m);
+	t_committed_only(R.b.bootstrap, R.slot, m, &n);
+	for (size_t k = 0; k < 2; k++) {
+		PGresult *res;
+		char sql[64];
+
+		snprintf(sql, sizeof(sql), "SELECT id::text FROM %s", tables[k]);
+		res = PQexec(R.pg, sql);
+		assert_int_equal(PQntuples(res), 150);
+		for (int i = 0; i < PQntuples(res); i++)
+			if (t_count_id(m, n, PQgetvalue(res, i, 0)) != 1) {
+				t_log_dump(&R);
+				fail_msg("event %s of %s is in committed Kafka transactions %zu time(s)",
+				    PQgetvalue(res, i, 0), tables[k], t_count_id(m, n, PQgetvalue(res, i, 0)));
+			}
+		PQclear(res);
+	}
+	assert_int_equal(n, 300);
+	t_msgs_free(m, n);
+	st = t_relay_signal(&R, SIGTERM, 40000);
+	assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+}
+
 /* A pattern with a publication of named tables would miss a new tenant's first rows: refused. */
 static void
 test_pattern_refuses_named_publication(void **state)
@@ -340,6 +402,7 @@ main(void)
 		cmocka_unit_test_teardown(test_named_tables_and_mappings, teardown),
 		cmocka_unit_test_teardown(test_table_created_while_running, teardown),
 		cmocka_unit_test_teardown(test_restart_dedupe_across_tables, teardown),
+		cmocka_unit_test_teardown(test_exactly_once_across_tables, teardown),
 		cmocka_unit_test_teardown(test_pattern_refuses_named_publication, teardown),
 	};
 
