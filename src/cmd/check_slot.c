@@ -9,6 +9,8 @@
 #include <string.h>
 
 #include "obx/cmd/check_int.h"
+#include "obx/core/tables.h"
+#include "obx/pg/tables.h"
 #include "obx/core/snapmark.h"
 #include "obx/pg/util.h"
 #include "obx/run/snapshot.h"
@@ -68,6 +70,43 @@ obx_check_slot(struct obx_check *cx, PGconn *conn, const struct obx_config *cfg)
 	free(v);
 }
 
+/* What the snapshot would publish of cfg's table (one line).  slot: the slot exists, with marker. */
+static void
+snapshot_of_table(struct obx_check *cx, PGconn *conn, const struct obx_config *cfg, bool slot, const char *marker)
+{
+	char table[600], filter[1024], order[300], err[1024];
+	char *sql = NULL, *v = NULL;
+	bool several = obx_tables_several(cfg);
+	char of[2 * 64 + 8] = "";
+
+	if (several)
+		snprintf(of, sizeof(of), " of %s.%s", cfg->table_schema, cfg->table_name);
+	if (obx_snapshot_describe(conn, cfg, table, sizeof(table), filter, sizeof(filter), order, sizeof(order),
+	        err, sizeof(err)) != 0) {
+		obx_check_report(cx, "FAIL", "snapshot: %s", err);
+		return;
+	}
+	if (asprintf(&sql, "SELECT count(*)::text FROM (SELECT 1 FROM %s WHERE (%s) LIMIT 1000001) x", table,
+	        filter) < 0)
+		sql = NULL;
+	if (sql == NULL || obx_check_query_value(conn, sql, 0, NULL, &v, err, sizeof(err)) != 0)
+		obx_check_report(cx, "FAIL",
+		    "snapshot: [source] snapshot_filter does not work on %s.%s (WHERE %s): %s", cfg->table_schema,
+		    cfg->table_name, filter, sql == NULL ? "out of memory" : err);
+	else if (slot)
+		obx_check_report(cx, "WARN",
+		    "snapshot: the snapshot of slot %s did not finish (slot %s exists): the "
+		    "next start publishes the %s row(s)%s WHERE %s again, ORDER BY %s, then streams",
+		    cfg->slot, marker, strcmp(v, "1000001") == 0 ? "over 1,000,000" : v, of, filter, order);
+	else
+		obx_check_report(cx, "ok",
+		    "snapshot: pending: creating slot %s will publish the %s row(s)%s WHERE %s "
+		    "first, ORDER BY %s (one more free replication slot, %s, is used meanwhile)",
+		    cfg->slot, strcmp(v, "1000001") == 0 ? "over 1,000,000" : v, of, filter, order, marker);
+	free(v);
+	free(sql);
+}
+
 /*
  * [source] snapshot = pending: which rows a new slot publishes first (the
  * filter is run, so a bad one fails here), or that an earlier snapshot did
@@ -76,9 +115,9 @@ obx_check_slot(struct obx_check *cx, PGconn *conn, const struct obx_config *cfg)
 void
 obx_check_snapshot(struct obx_check *cx, PGconn *conn, const struct obx_config *cfg)
 {
-	char table[600], filter[1024], order[300], err[1024], marker[80], legacy[80];
-	char *sql = NULL, *v = NULL;
+	char err[1024], marker[80], legacy[80];
 	const char *p[3] = { cfg->slot, marker, legacy };
+	struct obx_pg_tables tl;
 	bool slot = false, marked = false;
 	PGresult *r;
 
@@ -104,30 +143,19 @@ obx_check_snapshot(struct obx_check *cx, PGconn *conn, const struct obx_config *
 		    cfg->slot);
 		return;
 	}
-	if (obx_snapshot_describe(conn, cfg, table, sizeof(table), filter, sizeof(filter), order, sizeof(order),
-	        err, sizeof(err)) != 0) {
-		obx_check_report(cx, "FAIL", "snapshot: %s", err);
+	if (!obx_tables_several(cfg)) {
+		snapshot_of_table(cx, conn, cfg, slot, marker);
 		return;
 	}
-	if (asprintf(&sql, "SELECT count(*)::text FROM (SELECT 1 FROM %s WHERE (%s) LIMIT 1000001) x", table,
-	        filter) < 0)
-		sql = NULL;
-	if (sql == NULL || obx_check_query_value(conn, sql, 0, NULL, &v, err, sizeof(err)) != 0)
-		obx_check_report(cx, "FAIL",
-		    "snapshot: [source] snapshot_filter does not work on %s.%s (WHERE %s): %s", cfg->table_schema,
-		    cfg->table_name, filter, sql == NULL ? "out of memory" : err);
-	else if (slot)
-		obx_check_report(cx, "WARN",
-		    "snapshot: the snapshot of slot %s did not finish (slot %s exists): the "
-		    "next start publishes the %s row(s) WHERE %s again, ORDER BY %s, then streams",
-		    cfg->slot, marker, strcmp(v, "1000001") == 0 ? "over 1,000,000" : v, filter, order);
-	else
-		obx_check_report(cx, "ok",
-		    "snapshot: pending: creating slot %s will publish the %s row(s) WHERE %s "
-		    "first, ORDER BY %s (one more free replication slot, %s, is used meanwhile)",
-		    cfg->slot, strcmp(v, "1000001") == 0 ? "over 1,000,000" : v, filter, order, marker);
-	free(v);
-	free(sql);
+	if (obx_pg_tables_read(conn, cfg, &tl, err, sizeof(err)) != 0)
+		obx_check_report(cx, "FAIL", "snapshot: could not read the outbox tables: %s", err);
+	for (size_t i = 0; i < tl.n; i++) {
+		struct obx_config view;
+
+		obx_tables_view(cfg, tl.t[i].mapping, tl.t[i].schema, tl.t[i].name, &view);
+		snapshot_of_table(cx, conn, &view, slot, marker);
+	}
+	obx_pg_tables_reset(&tl);
 }
 
 /*

@@ -39,10 +39,18 @@ check_coverage(struct obx_check *cx, const struct obx_config *cfg, const struct 
 		    cfg->publication);
 		return;
 	}
+	if (wild && !tl->pub_viaroot) {
+		obx_check_report(cx, "FAIL",
+		    "publication: %s lacks publish_via_partition_root = true: a partitioned outbox created "
+		    "later would arrive under its partitions' names",
+		    cfg->publication);
+		unpublished++;
+	}
 	for (size_t i = 0; i < tl->n; i++)
 		if (!tl->t[i].published) {
-			obx_check_report(cx, "FAIL", "publication: %s does not publish %s.%s", cfg->publication,
-			    tl->t[i].schema, tl->t[i].name);
+			obx_check_report(cx, "FAIL",
+			    "publication: %s does not publish %s.%s (an unlogged table never is)",
+			    cfg->publication, tl->t[i].schema, tl->t[i].name);
 			unpublished++;
 		} else if (tl->t[i].relkind == 'p' && !tl->pub_viaroot) {
 			obx_check_report(cx, "FAIL",

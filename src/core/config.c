@@ -19,6 +19,7 @@
 #include "obx/core/config_table.h"
 #include "obx/core/tables.h"
 #include "obx/core/err.h"
+#include "obx/core/event.h"
 #include "obx/core/template.h"
 
 void
@@ -431,14 +432,21 @@ finish_tables(struct obx_config *cfg, const char *path, char *errbuf, size_t err
 		return 0;
 	if (cfg->mode == OBX_SOURCE_POLL) {
 		obx_config_fail(errbuf, errlen, path, "table",
-		    "polling mode reads one table so far: give one table, or use [source] mode = logical");
+		    "polling mode reads one table with [outbox]'s mapping so far: give one table and no "
+		    "[outbox.<schema>.<table>] section, or use [source] mode = logical");
 		return OBX_ECONFIG;
 	}
-	if (cfg->snapshot) {
-		obx_config_fail(errbuf, errlen, path, "snapshot",
-		    "snapshot = pending publishes one table's rows so far: give one table, or start with "
-		    "snapshot = none");
-		return OBX_ECONFIG;
+	/* with several tables each event says its table: a header of that name would shadow it */
+	for (size_t i = 0; i <= cfg->n_overrides; i++) {
+		const struct obx_config *m = i == 0 ? cfg : cfg->overrides[i - 1].map;
+		const struct obx_kv *h = obx_kv_find(m->extra_headers, m->n_extra_headers, OBX_TABLE_HEADER);
+
+		if (h != NULL) {
+			obx_config_fail(errbuf, errlen, h->origin, "header." OBX_TABLE_HEADER,
+			    "header '" OBX_TABLE_HEADER "' is reserved with several tables: outboxd writes the "
+			    "event's table in it; choose another name");
+			return OBX_ECONFIG;
+		}
 	}
 	return 0;
 }

@@ -190,7 +190,7 @@ parse_table_entry(const char **sp, struct obx_table_pat *out)
 	bool wild[2] = { false, false };
 	int n = 0;
 	size_t len = 0;
-	bool quoted = false, any_quoted = false;
+	bool quoted = false;
 	const char *p = *sp;
 
 	while (*p == ' ' || *p == '\t')
@@ -205,13 +205,17 @@ parse_table_entry(const char **sp, struct obx_table_pat *out)
 					p++;
 				} else {
 					quoted = false;
+					/* a quoted name ends the part, as the server reads it ("a"b is an error) */
+					if (p[1] != '.' && p[1] != ',' && p[1] != ' ' && p[1] != '\t' &&
+					    p[1] != '\0')
+						return OBX_EINVAL;
 					continue;
 				}
 			}
 		} else if (*p == '"') {
-			if (len != 0 && !any_quoted)
+			if (len != 0)
 				return OBX_EINVAL; /* a quote inside a name */
-			quoted = any_quoted = true;
+			quoted = true;
 			continue;
 		} else if (*p == ' ' || *p == '\t') {
 			const char *q = p;
@@ -228,7 +232,6 @@ parse_table_entry(const char **sp, struct obx_table_pat *out)
 			part[n][len] = '\0';
 			n++;
 			len = 0;
-			any_quoted = false;
 			if (*p != '.')
 				break;
 			continue;
@@ -338,10 +341,8 @@ table_set(struct obx_config *cfg, const char *key, const char *value, const char
 static int
 put_ident(char *out, size_t outlen, size_t *used, const char *id, bool wild)
 {
-	bool plain = id[0] != '\0' &&
-	    strspn(id,
-	        wild ? "abcdefghijklmnopqrstuvwxyz0123456789_$*" : "abcdefghijklmnopqrstuvwxyz0123456789_$") ==
-	        strlen(id);
+	/* a pattern is unquoted by definition (it was read so, folded to lower case) */
+	bool plain = wild || (id[0] != '\0' && strspn(id, "abcdefghijklmnopqrstuvwxyz0123456789_$") == strlen(id));
 
 #define PUT(c)                                                                                                    \
 	do {                                                                                                      \

@@ -31,16 +31,27 @@ obx_progress_source_init(struct obx_progress_source *src, const char *system_id,
 	strlcpy(src->database, database, sizeof(src->database));
 	obx_progress_events(src, cfg->table_schema, cfg->table_name, cfg->messages, cfg->message_prefix);
 	if (obx_tables_several(cfg)) {
-		/* several tables: the list as configured counts the events */
-		char list[sizeof(src->events)];
+		/* several tables: the list as configured counts the events; one too long for the
+		 * record is named by its length and a 64-bit FNV-1a hash of it, never cut */
+		size_t cap = cfg->n_tables * 300 + 16;
+		char *list = malloc(cap);
+		uint64_t h = 14695981039346656037ULL;
 
-		if (obx_tables_format(cfg, list, sizeof(list)) == 0) {
-			strlcpy(src->events, list, sizeof(src->events));
+		if (list != NULL && obx_tables_format(cfg, list, cap) == 0) {
+			if (strlen(list) + 64 < sizeof(src->events)) {
+				strlcpy(src->events, list, sizeof(src->events));
+			} else {
+				for (const char *p = list; *p != '\0'; p++)
+					h = (h ^ (unsigned char)*p) * 1099511628211ULL;
+				snprintf(src->events, sizeof(src->events), "tables(%zu)#%016" PRIx64,
+				    cfg->n_tables, h);
+			}
 			if (cfg->messages) {
 				strlcat(src->events, "+messages:", sizeof(src->events));
 				strlcat(src->events, cfg->message_prefix, sizeof(src->events));
 			}
 		}
+		free(list);
 	}
 }
 

@@ -16,7 +16,7 @@
 #define TIMESTAMPTZ_OID 1184
 
 const char *const obx_reserved_headers[] = { "id", "type", "lsn", "seq", "xid", "commit_ts", "txn", "snapshot",
-	"table", NULL };
+	NULL };
 
 bool
 obx_header_is_reserved(const char *name)
@@ -156,7 +156,7 @@ resolve(struct obx_event_builder *b, const struct obx_rel *rel)
 	b->rel = rel;
 	b->rel_version = rel->version;
 	/* a row the caller builds is an outbox row: one no entry matches (a snapshot's) takes [outbox] */
-	map = obx_tables_mapping(b->base, rel->nspname, rel->relname);
+	map = rel->message ? 0 : obx_tables_mapping(b->base, rel->nspname, rel->relname); /* a message: [outbox] */
 	c = b->cfg = &b->maps[map > 0 ? map : 0].view;
 	b->tpl = &b->maps[map > 0 ? map : 0].tpl;
 	snprintf(b->table, sizeof(b->table), "%s.%s", rel->nspname, rel->relname);
@@ -271,11 +271,11 @@ add_json_headers(struct obx_event_builder *b, size_t *n, const struct obx_pg_dat
 	}
 	json_object_foreach(b->hdr_json, k, v)
 	{
-		if (obx_header_is_reserved(k)) {
+		if (obx_header_is_reserved(k) || (b->table_header && strcmp(k, OBX_TABLE_HEADER) == 0)) {
 			snprintf(errbuf, errlen,
 			    "headers column '%s' holds header '%.64s', a name outboxd writes "
-			    "itself (reserved: " OBX_RESERVED_HEADERS ")",
-			    b->cfg->col_headers, k);
+			    "itself (reserved: " OBX_RESERVED_HEADERS "%s)",
+			    b->cfg->col_headers, k, b->table_header ? ", " OBX_TABLE_HEADER : "");
 			return OBX_EINVAL;
 		}
 		if (json_is_string(v)) {
@@ -507,7 +507,8 @@ obx_event_build(struct obx_event_builder *b, const struct obx_rel *rel, const st
 	    add_header(b, &nh, "xid", b->xid, strlen(b->xid)) == NULL ||
 	    add_header(b, &nh, "commit_ts", b->commit_ts, strlen(b->commit_ts)) == NULL)
 		return OBX_ENOMEM;
-	if (b->table_header && rel->relid != 0 && add_header(b, &nh, "table", b->table, strlen(b->table)) == NULL)
+	if (b->table_header && !rel->message &&
+	    add_header(b, &nh, OBX_TABLE_HEADER, b->table, strlen(b->table)) == NULL)
 		return OBX_ENOMEM;
 	for (size_t i = 0; i < c->n_extra_headers; i++) {
 		if ((rc = datum(t, b->i_extra[i], c->extra_headers[i].value, "header", &d, errbuf, errlen)) != 0)

@@ -146,7 +146,8 @@ message_row(struct obx_core *c, const uint8_t *content, uint32_t len, struct obx
 		.nspname = c->cfg->table_schema,
 		.relname = c->cfg->table_name,
 		.cols = mr->cols,
-		.version = ++mr->version };
+		.version = ++mr->version,
+		.message = true };
 	obx_event_builder_forget(&c->eb);
 	mr->json = json_loadb((const char *)content, len, 0, &jerr);
 	if (mr->json == NULL || !json_is_object(mr->json) || json_object_size(mr->json) > OBX_CORE_MESSAGE_KEYS) {

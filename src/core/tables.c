@@ -68,7 +68,8 @@ obx_tables_wild(const struct obx_config *cfg)
 bool
 obx_tables_several(const struct obx_config *cfg)
 {
-	return cfg->n_tables > 1 || obx_tables_wild(cfg);
+	/* an override section too: every path that reads a table's mapping then reads it per table */
+	return cfg->n_tables > 1 || obx_tables_wild(cfg) || cfg->n_overrides > 0;
 }
 
 int
@@ -142,6 +143,19 @@ obx_tables_override_set(struct obx_config *cfg, const char *section, const char 
 			    "pattern)",
 			    section);
 			return OBX_ECONFIG;
+		}
+		/* the same tables under another spelling: the later section would never apply */
+		for (size_t i = 0; i < cfg->n_overrides; i++) {
+			const struct obx_table_pat *q = &cfg->overrides[i].pat;
+
+			if (strcmp(q->schema, pat.schema) == 0 && strcmp(q->name, pat.name) == 0 &&
+			    q->schema_wild == pat.schema_wild && q->name_wild == pat.name_wild) {
+				obx_config_fail(errbuf, errlen, origin, NULL,
+				    "section '%s' names the tables of [%s] again", section,
+				    cfg->overrides[i].section);
+				obx_table_pat_reset(&pat);
+				return OBX_ECONFIG;
+			}
 		}
 		if ((grown = reallocarray(cfg->overrides, cfg->n_overrides + 1, sizeof(*grown))) == NULL) {
 			obx_table_pat_reset(&pat);

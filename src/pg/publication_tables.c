@@ -62,7 +62,7 @@ obx_pg_tables_read(PGconn *c, const struct obx_config *cfg, struct obx_pg_tables
 	        "LEFT JOIN (SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s) pt "
 	        "ON pt.schemaname = n.nspname AND pt.tablename = c.relname "
 	        "WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition "
-	        "AND n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname !~ '^pg_toast' "
+	        "AND n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname !~ '^pg_(toast|temp)' "
 	        "ORDER BY 1, 2",
 	        pub) < 0) {
 		sql = NULL;
@@ -84,8 +84,10 @@ obx_pg_tables_read(PGconn *c, const struct obx_config *cfg, struct obx_pg_tables
 		}
 		out->t = grown;
 		t = &grown[out->n];
+		/* pg_publication_tables lists what is published, FOR ALL TABLES too (an unlogged table,
+		 * which has no WAL to decode, never is) */
 		*t = (struct obx_pg_table){ strdup(schema), strdup(name), PQgetvalue(res, i, 2)[0],
-			strcmp(PQgetvalue(res, i, 3), "t") == 0 || out->pub_all, map };
+			strcmp(PQgetvalue(res, i, 3), "t") == 0, map };
 		out->n++;
 		if (t->schema == NULL || t->name == NULL) {
 			r = obx_pgsetup_failf(errbuf, errlen, OBX_ENOMEM, "out of memory");
@@ -146,7 +148,12 @@ out:
 	return r != 0 || *sql == NULL ? OBX_ENOMEM : 0;
 }
 
-/* An exact entry of [source] table that names no table the server has.  Returns 0 or OBX_ECONFIG. */
+/*
+ * An exact entry of [source] table that names no table the server has: a refusal before the
+ * publication is created (it could not name the table), later a warning (a table dropped
+ * while outboxd ran is not an error, and a reconnect must not make it one).  Returns 0 or
+ * OBX_ECONFIG.
+ */
 static int
 missing_table(const struct obx_config *cfg, const struct obx_pg_tables *tl, char *errbuf, size_t errlen)
 {
@@ -158,7 +165,11 @@ missing_table(const struct obx_config *cfg, const struct obx_pg_tables *tl, char
 			continue;
 		for (size_t j = 0; j < tl->n && !found; j++)
 			found = strcmp(tl->t[j].schema, p->schema) == 0 && strcmp(tl->t[j].name, p->name) == 0;
-		if (!found)
+		if (!found && tl->pub_exists)
+			obx_log_warn("outbox table %s.%s of [source] table does not exist (dropped?); the other "
+			             "tables are relayed",
+			    p->schema, p->name);
+		else if (!found)
 			return obx_pgsetup_failf(errbuf, errlen, OBX_ECONFIG,
 			    "outbox table %s.%s of [source] table does not exist (create it, see sql/, or take it "
 			    "out of [source] table)",
@@ -184,6 +195,12 @@ check_existing(PGconn *c, const struct obx_config *cfg, const struct obx_pg_tabl
 		    "table created later would be missed; drop the publication and let outboxd create it FOR "
 		    "ALL TABLES, or name every table without '*'",
 		    cfg->publication);
+	if (obx_tables_wild(cfg) && !tl->pub_viaroot)
+		return obx_pgsetup_failf(errbuf, errlen, OBX_ECONFIG,
+		    "publication %s lacks publish_via_partition_root = true: the rows of a partitioned outbox "
+		    "created later would arrive under its partitions' names, which [source] table does not "
+		    "match (ALTER PUBLICATION %s SET (publish_via_partition_root = true))",
+		    cfg->publication, cfg->publication);
 	for (size_t i = 0; i < tl->n && r == 0; i++) {
 		const struct obx_pg_table *t = &tl->t[i];
 		struct obx_config view;
@@ -191,7 +208,8 @@ check_existing(PGconn *c, const struct obx_config *cfg, const struct obx_pg_tabl
 
 		if (!t->published)
 			return obx_pgsetup_failf(errbuf, errlen, OBX_ECONFIG,
-			    "publication %s does not publish table %s.%s (ALTER PUBLICATION %s ADD TABLE ...)",
+			    "publication %s does not publish table %s.%s (ALTER PUBLICATION %s ADD TABLE ...; an "
+			    "unlogged table is never published: ALTER TABLE ... SET LOGGED)",
 			    cfg->publication, t->schema, t->name, cfg->publication);
 		if (t->relkind == 'p' && !tl->pub_viaroot)
 			return obx_pgsetup_failf(errbuf, errlen, OBX_ECONFIG,

@@ -28,11 +28,13 @@
 #include "obx/core/relaycore.h"
 #include "obx/core/snapcore.h"
 #include "obx/run/snapshot.h"
+#include "obx/run/snapshot_int.h"
+#include "obx/pg/tables.h"
+#include "obx/core/tables.h"
 
-/* each FETCH is read a row at a time (single-row mode): libpq holds one row, whatever the sizes */
-#define FETCH_SQL "FETCH 500 FROM outboxd_snapshot"
+
 #define PROGRESS_MS 10000
-#define CTID_COL "outboxd_snapshot_ctid"
+
 
 static const struct obx_delivery_ops snapshot_ops;
 
@@ -67,11 +69,9 @@ obx_snapshot_reset(struct obx_snapshot *s)
 	memset(s, 0, sizeof(*s));
 }
 
-static void fail(struct obx_snapshot *s, int end, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-
 /* Records the first failure of the run; later ones add nothing. */
-static void
-fail(struct obx_snapshot *s, int end, const char *fmt, ...)
+void
+obx_snap_fail(struct obx_snapshot *s, int end, const char *fmt, ...)
 {
 	va_list ap;
 
@@ -114,15 +114,15 @@ static const struct obx_delivery_ops snapshot_ops = { NULL, snap_produce, NULL, 
  * the next session starts the snapshot again, or exit 1).  Returns 0 or
  * the run's end code.
  */
-static int
-delivered(struct obx_snapshot *s, enum obx_dlv_outcome o, const struct obx_dlv_result *res)
+int
+obx_snap_delivered(struct obx_snapshot *s, enum obx_dlv_outcome o, const struct obx_dlv_result *res)
 {
 	char errbuf[sizeof(s->reason)];
 	int end = obx_snap_outcome(o, s->cfg->slot, res->reason, errbuf, sizeof(errbuf));
 
 	if (end == 0)
 		return 0;
-	fail(s, end, "%s", errbuf);
+	obx_snap_fail(s, end, "%s", errbuf);
 	return s->end;
 }
 
@@ -137,7 +137,7 @@ obx_snapshot_report(struct obx_snapshot *s, uint64_t opaque, const rd_kafka_mess
 	obx_kafka_report(m, opaque, hs, OBX_DLV_MAX_HEADERS, &rep);
 	o = obx_dlv_report(&s->dlv, &rep, obx_mono_ms(), &res);
 	if (o != OBX_DLV_ACKED) {
-		(void)delivered(s, o, &res);
+		(void)obx_snap_delivered(s, o, &res);
 		return;
 	}
 	s->acked++;
@@ -163,8 +163,8 @@ obx_snapshot_report(struct obx_snapshot *s, uint64_t opaque, const rd_kafka_mess
  * so that nothing in [source] snapshot_filter can end the read-only
  * transaction or run a statement of its own.
  */
-static int
-exec_ok(PGconn *c, const char *sql, char *err, size_t errlen, char state[6])
+int
+obx_snap_exec(PGconn *c, const char *sql, char *err, size_t errlen, char state[6])
 {
 	PGresult *res = PQexecParams(c, sql, 0, NULL, NULL, NULL, NULL, 0);
 	ExecStatusType st = PQresultStatus(res);
@@ -190,8 +190,8 @@ exec_ok(PGconn *c, const char *sql, char *err, size_t errlen, char state[6])
 }
 
 /* A server error's class: a bad filter, table or column needs a person. */
-static int
-sql_class(PGconn *c, const char *state)
+int
+obx_snap_sql_class(PGconn *c, const char *state)
 {
 	if (PQstatus(c) != CONNECTION_OK)
 		return OBX_EIO;
@@ -201,154 +201,20 @@ sql_class(PGconn *c, const char *state)
 	    OBX_EIO;
 }
 
-int
-obx_snapshot_describe(PGconn *c, const struct obx_config *cfg, char *table, size_t tlen, char *filter, size_t flen,
-    char *order, size_t olen, char *errbuf, size_t errlen)
-{
-	char qpub[300] = "", qseq[300] = "", qcreated[300] = "", err[512];
-	const char *params[4], *given = cfg->snapshot_filter;
-	bool has_pub = false, has_seq = false, has_created = false;
-	PGresult *res;
-
-	table[0] = '\0';
-	if (obx_poll_quote_ident(cfg->table_schema, table, tlen) != 0 || strlcat(table, ".", tlen) >= tlen ||
-	    obx_poll_quote_ident(cfg->table_name, table, tlen) != 0 ||
-	    obx_poll_quote_ident(cfg->col_published_at, qpub, sizeof(qpub)) != 0 ||
-	    obx_poll_quote_ident(cfg->col_seq, qseq, sizeof(qseq)) != 0 ||
-	    obx_poll_quote_ident(cfg->col_created_at, qcreated, sizeof(qcreated)) != 0) {
-		snprintf(errbuf, errlen, "snapshot of slot %s: a table or column name is too long", cfg->slot);
-		return OBX_ECONFIG;
-	}
-	params[0] = table;
-	params[1] = cfg->col_published_at;
-	params[2] = cfg->col_seq;
-	params[3] = cfg->col_created_at;
-	res = PQexecParams(c,
-	    "SELECT attname FROM pg_attribute WHERE attrelid = $1::regclass AND "
-	    "attnum > 0 AND NOT attisdropped AND attname IN ($2, $3, $4)",
-	    4, NULL, params, NULL, NULL, 0);
-	if (PQresultStatus(res) != PGRES_TUPLES_OK) {
-		const char *code = PQresultErrorField(res, PG_DIAG_SQLSTATE);
-		char state[6];
-
-		snprintf(state, sizeof(state), "%s", code != NULL ? code : "");
-		snprintf(errbuf, errlen, "snapshot of slot %s: could not read table %s.%s: %s", cfg->slot,
-		    cfg->table_schema, cfg->table_name, obx_pg_result_error_line(res, err, sizeof(err)));
-		PQclear(res);
-		return sql_class(c, state);
-	}
-	for (int i = 0; i < PQntuples(res); i++) {
-		has_pub = has_pub || strcmp(PQgetvalue(res, i, 0), cfg->col_published_at) == 0;
-		has_seq = has_seq || strcmp(PQgetvalue(res, i, 0), cfg->col_seq) == 0;
-		has_created = has_created ||
-		    (cfg->col_created_at[0] != '\0' && strcmp(PQgetvalue(res, i, 0), cfg->col_created_at) == 0);
-	}
-	PQclear(res);
-#ifdef OBX_TEST_HOOKS
-	/* test builds only: a filter the configuration would refuse, as if it reached the server */
-	if (getenv("OBX_TEST_SNAPSHOT_FILTER") != NULL)
-		given = getenv("OBX_TEST_SNAPSHOT_FILTER");
-#endif
-	if (given[0] != '\0')
-		snprintf(filter, flen, "%s", given);
-	else if (has_pub)
-		snprintf(filter, flen, "%s IS NULL", qpub);
-	else
-		snprintf(filter, flen, "true");
-	/* insertion order: the ordering column; else the creation time (a transaction's start,
-	 * sql/001_outbox.sql's default), ties by position; else the position alone, which
-	 * cleanup and VACUUM can make differ from insertion order */
-	if (has_seq)
-		snprintf(order, olen, "%s", qseq);
-	else if (has_created)
-		snprintf(order, olen, "%s, ctid", qcreated);
-	else
-		snprintf(order, olen, "ctid");
-	return 0;
-}
-
-/* The cursor's columns after the ctid, as a relation the event builder resolves by name. */
-static int
-build_rel(struct obx_snapshot *s, const PGresult *res)
-{
-	int n = PQnfields(res) - 1;
-
-	obx_rel_free(&s->rel);
-	free(s->datums);
-	s->datums = calloc((size_t)n, sizeof(*s->datums));
-	s->rel.cols = calloc((size_t)n, sizeof(*s->rel.cols));
-	s->rel.nspname = strdup(s->cfg->table_schema);
-	s->rel.relname = strdup(s->cfg->table_name);
-	if (s->datums == NULL || s->rel.cols == NULL || s->rel.nspname == NULL || s->rel.relname == NULL)
-		return OBX_ENOMEM;
-	s->rel.natts = (uint16_t)n;
-	for (int i = 0; i < n; i++) {
-		if ((s->rel.cols[i].name = strdup(PQfname(res, i + 1))) == NULL)
-			return OBX_ENOMEM;
-		s->rel.cols[i].type_oid = PQftype(res, i + 1);
-	}
-	s->rel.version = 1;
-	obx_event_builder_forget(&s->eb);
-	return 0;
-}
-
-/*
- * A row that cannot become a record: dead-lettered as the JSON of its
- * columns, as the stream does ([delivery] on_error), or the end.
- */
-static int wait_reports(struct obx_snapshot *s, bool (*room)(const struct obx_snapshot *, size_t), size_t bytes);
-static bool room_for(const struct obx_snapshot *s, size_t bytes);
-
-static int
-bad_row(struct obx_snapshot *s, const struct obx_pg_tuple *t, const char *table_ctid, const char *reason)
-{
-	struct obx_header hs[2] = {
-		{ "error", reason, strlen(reason) },
-		{ "snapshot", s->point, strlen(s->point) },
-	};
-	struct obx_dlv_result res;
-	struct obx_record rec;
-	char *row;
-	int r;
-
-	if (s->cfg->on_error != OBX_ON_ERROR_DEAD_LETTER) {
-		fail(s, OBX_ECONFIG,
-		    "snapshot of slot %s: row %s of %s.%s cannot become an event: %s "
-		    "([delivery] on_error = stop)",
-		    s->cfg->slot, table_ctid, s->cfg->table_schema, s->cfg->table_name, reason);
-		return s->end;
-	}
-	if ((row = obx_event_row_json(&s->rel, t)) == NULL) {
-		fail(s, OBX_ENOMEM, "out of memory");
-		return s->end;
-	}
-	rec = (struct obx_record){ s->cfg->dead_letter_topic, NULL, 0, row, strlen(row), 0, hs, 2 };
-	/* bounded like every record of the snapshot: at most max_inflight_bytes plus one row */
-	if ((r = wait_reports(s, room_for, rec.len)) == 0)
-		r = delivered(s, obx_dlv_send(&s->dlv, &rec, s->rows, true, obx_mono_ms(), &res), &res);
-	free(row);
-	if (r == 0)
-		obx_log_warn("snapshot of slot %s: row %s of %s.%s cannot become an event (%s): dead-lettering "
-		             "it to %s",
-		    s->cfg->slot, table_ctid, s->cfg->table_schema, s->cfg->table_name, reason,
-		    s->cfg->dead_letter_topic);
-	return r;
-}
-
 /*
  * Serves delivery reports, and moves on what the producer's queue refused,
  * until room(s) holds; the tick runs about every 100 ms, also when nothing
  * has to wait.  Returns 0, the run's end code, or OBX_ESTATE when the tick
  * asks to stop.
  */
-static int
-wait_reports(struct obx_snapshot *s, bool (*room)(const struct obx_snapshot *, size_t), size_t bytes)
+int
+obx_snap_wait_reports(struct obx_snapshot *s, bool (*room)(const struct obx_snapshot *, size_t), size_t bytes)
 {
 	struct obx_dlv_result res;
 
 	while (s->end == 0) {
 		obx_kafka_poll(s->kf, room(s, bytes) ? 0 : 100);
-		if (delivered(s, obx_dlv_pump(&s->dlv, obx_mono_ms(), &res), &res) != 0)
+		if (obx_snap_delivered(s, obx_dlv_pump(&s->dlv, obx_mono_ms(), &res), &res) != 0)
 			break;
 		if (s->tick != NULL && obx_mono_ms() - s->ticked_ms >= 100) {
 			s->ticked_ms = obx_mono_ms();
@@ -370,15 +236,15 @@ wait_reports(struct obx_snapshot *s, bool (*room)(const struct obx_snapshot *, s
 }
 
 /* Room for a record of bytes: the in-flight bounds hold with it (one record always goes). */
-static bool
-room_for(const struct obx_snapshot *s, size_t bytes)
+bool
+obx_snap_room_for(const struct obx_snapshot *s, size_t bytes)
 {
 	return obx_dlv_room_for(&s->dlv, bytes);
 }
 
 /* Nothing waits: every record produced has its report. */
-static bool
-all_reported(const struct obx_snapshot *s, size_t bytes)
+bool
+obx_snap_all_reported(const struct obx_snapshot *s, size_t bytes)
 {
 	(void)bytes;
 	return !obx_dlv_pending(&s->dlv) && s->dlv.inflight == 0;
@@ -398,12 +264,12 @@ any(const struct obx_snapshot *s, size_t bytes)
  * (the first FETCH may sort every matching row).  Returns 0, OBX_ESTATE
  * when the tick asked to stop, or the run's end code once a report ended it.
  */
-static int
-wait_result(struct obx_snapshot *s, PGconn *c)
+int
+obx_snap_wait_result(struct obx_snapshot *s, PGconn *c)
 {
 	while (PQisBusy(c)) {
 		struct pollfd p = { PQsocket(c), POLLIN, 0 };
-		int r = wait_reports(s, any, 0);
+		int r = obx_snap_wait_reports(s, any, 0);
 
 		if (r != 0)
 			return r; /* stopped, or the run ended (a report): the FETCH is not waited for */
@@ -415,102 +281,39 @@ wait_result(struct obx_snapshot *s, PGconn *c)
 	return 0;
 }
 
-/* Produces row 0 of res (a single-row result).  Returns 0 or the run's end code. */
-static int
-produce_row(struct obx_snapshot *s, const PGresult *res)
-{
-	int nf = PQnfields(res) - 1;
-	struct obx_txninfo txn = { 0, 0, obx_pg_now() };
-	struct obx_pg_tuple t = { (uint16_t)nf, s->datums };
-	struct obx_event ev;
-	struct obx_record rec;
-	struct obx_dlv_result dres;
-	char errbuf[512];
-	size_t nh;
-	int r;
-
-	for (int f = 0; f < nf; f++) {
-		s->datums[f].kind = PQgetisnull(res, 0, f + 1) ? 'n' : 't';
-		s->datums[f].data = (const uint8_t *)PQgetvalue(res, 0, f + 1);
-		s->datums[f].len = (uint32_t)PQgetlength(res, 0, f + 1);
-	}
-	/* seq: the ordinal in this snapshot (uint32 in the mark; wraps past 4 billion rows) */
-	r = obx_event_build(&s->eb, &s->rel, &t, &txn, (uint32_t)s->rows, &ev, errbuf, sizeof(errbuf));
-	s->rows++;
-	if (r == OBX_ENOMEM) {
-		fail(s, OBX_ENOMEM, "out of memory");
-		return s->end;
-	}
-	if (r != 0)
-		return bad_row(s, &t, PQgetvalue(res, 0, 0), errbuf);
-	if (obx_snap_headers(&ev, s->point, &s->hdrs, &s->hdr_cap, &nh) != 0) {
-		fail(s, OBX_ENOMEM, "out of memory");
-		return s->end;
-	}
-	/* what waits for the broker is bounded per record, as in the stream */
-	if ((r = wait_reports(s, room_for, ev.len + ev.keylen)) != 0)
-		return r;
-	rec = (struct obx_record){ ev.topic, ev.key, ev.keylen, ev.value, ev.len, ev.timestamp_ms, s->hdrs, nh };
-	return delivered(s, obx_dlv_send(&s->dlv, &rec, s->rows, false, obx_mono_ms(), &dres), &dres);
-}
-
 /*
- * One FETCH in single-row mode: each row is produced as it arrives, so
- * libpq holds one row at a time and the producer at most the in-flight
- * bounds (docs/internals/design.md, invariant 7), whatever the rows weigh.  *n counts
- * the rows.  Returns 0, the run's end code, or (errbuf filled) the class of
- * a failed read.  On a non-zero return the FETCH may be unfinished: the
- * caller ends the run, and the connection with it.
+ * Several tables: the pending rows of each table an entry of [source] table matches in the
+ * snapshot (the tables that existed at the slot's creation point; a table created later is
+ * in the stream from its first row), each read in its own mapping.  Returns what
+ * obx_snap_table() returns.
  */
 static int
-fetch_rows(struct obx_snapshot *s, PGconn *c, bool *built, int *n, char *errbuf, size_t errlen)
+every_table(struct obx_snapshot *s, PGconn *conn, bool imported, char *errbuf, size_t errlen)
 {
-	char err[512], state[6];
-	PGresult *res;
+	const struct obx_config *cfg = s->cfg;
+	struct obx_pg_tables tl;
 	int r;
 
-	*n = 0;
-	if (PQsendQuery(c, FETCH_SQL) == 0 || PQsetSingleRowMode(c) == 0) {
-		snprintf(errbuf, errlen, "snapshot of slot %s: could not read the pending rows of %s.%s: %s",
-		    s->cfg->slot, s->cfg->table_schema, s->cfg->table_name,
-		    obx_pg_error_line(c, err, sizeof(err)));
-		return OBX_EIO;
-	}
-	for (;;) {
-		if ((r = wait_result(s, c)) != 0)
-			return r;
-		if ((res = PQgetResult(c)) == NULL)
-			return 0;
-		if (PQresultStatus(res) == PGRES_SINGLE_TUPLE) {
-			if (!*built && (r = build_rel(s, res)) != 0) {
-				PQclear(res);
-				snprintf(errbuf, errlen, "out of memory");
-				return r;
-			}
-			*built = true;
-			(*n)++;
-			r = produce_row(s, res);
-			PQclear(res);
-			if (r != 0)
-				return r;
-		} else if (PQresultStatus(res) == PGRES_TUPLES_OK) {
-			PQclear(res); /* the FETCH's end; PQgetResult() says NULL next */
-		} else {
-			const char *code = PQresultErrorField(res, PG_DIAG_SQLSTATE);
-			const char *primary = PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY);
+	if ((r = obx_pg_tables_read(conn, cfg, &tl, errbuf, errlen)) != 0) {
+		char why[512];
 
-			snprintf(state, sizeof(state), "%s", code != NULL ? code : "");
-			snprintf(errbuf, errlen,
-			    "snapshot of slot %s: could not read the pending rows of %s.%s: "
-			    "%s",
-			    s->cfg->slot, s->cfg->table_schema, s->cfg->table_name,
-			    primary != NULL                  ? primary :
-			        PQstatus(c) != CONNECTION_OK ? obx_pg_error_line(c, err, sizeof(err)) :
-			                                       obx_pg_result_error_line(res, err, sizeof(err)));
-			PQclear(res);
-			return sql_class(c, state);
-		}
+		strlcpy(why, errbuf, sizeof(why));
+		snprintf(errbuf, errlen, "snapshot of slot %s: could not read the outbox tables: %s", cfg->slot,
+		    why);
+		obx_pg_tables_reset(&tl);
+		return r;
 	}
+	errbuf[0] = '\0';
+	for (size_t i = 0; i < tl.n && r == 0; i++) {
+		struct obx_config view;
+
+		obx_tables_view(cfg, tl.t[i].mapping, tl.t[i].schema, tl.t[i].name, &view);
+		s->cfg = &view;
+		r = obx_snap_table(s, conn, imported, errbuf, errlen);
+		s->cfg = cfg;
+	}
+	obx_pg_tables_reset(&tl);
+	return r;
 }
 
 int
@@ -518,8 +321,7 @@ obx_snapshot_run(struct obx_snapshot *s, PGconn *conn, bool imported, obx_lsn st
     void *arg, char *errbuf, size_t errlen)
 {
 	const struct obx_config *cfg = s->cfg;
-	char err[512], state[6], filter[1024], order[300];
-	char *declare = NULL;
+	char err[512];
 	int r;
 
 	/* [delivery] max_inflight and max_inflight_bytes bound what waits for the broker, as in
@@ -530,51 +332,16 @@ obx_snapshot_run(struct obx_snapshot *s, PGconn *conn, bool imported, obx_lsn st
 	s->next_note_ms = s->started_ms + PROGRESS_MS;
 	obx_lsn_format(start, s->point, sizeof(s->point));
 	if (!imported &&
-	    exec_ok(conn, "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY", err, sizeof(err), NULL) != 0) {
+	    obx_snap_exec(conn, "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY", err, sizeof(err), NULL) != 0) {
 		snprintf(errbuf, errlen, "snapshot of slot %s: could not begin: %s", cfg->slot, err);
 		return OBX_EIO;
 	}
-	if ((r = obx_snapshot_describe(conn, cfg, s->table, sizeof(s->table), filter, sizeof(filter), order,
-	         sizeof(order), errbuf, errlen)) != 0)
-		return r;
-	if (asprintf(&declare,
-	        "DECLARE outboxd_snapshot NO SCROLL CURSOR FOR SELECT ctid AS " CTID_COL
-	        ", * FROM %s WHERE (%s) ORDER BY %s",
-	        s->table, filter, order) < 0) {
-		snprintf(errbuf, errlen, "out of memory");
-		return OBX_ENOMEM;
-	}
-	r = exec_ok(conn, declare, err, sizeof(err), state);
-	free(declare);
-	if (r != 0) {
-		snprintf(errbuf, errlen,
-		    "snapshot of slot %s: could not read the pending rows of %s.%s "
-		    "(WHERE %s ORDER BY %s; [source] snapshot_filter): %s",
-		    cfg->slot, cfg->table_schema, cfg->table_name, filter, order, err);
-		return sql_class(conn, state);
-	}
-	if (imported)
-		obx_log_info("snapshot of slot %s at %s: publishing the rows of %s.%s WHERE %s, ORDER BY %s, "
-		             "before streaming",
-		    cfg->slot, s->point, cfg->table_schema, cfg->table_name, filter, order);
-	else
-		obx_log_warn(
-		    "snapshot of slot %s at %s did not finish: publishing the rows of %s.%s WHERE "
-		    "%s, ORDER BY %s, as they are now, before streaming from %s; rows published before it "
-		    "ended, and rows committed since %s that match, are published again",
-		    cfg->slot, s->point, cfg->table_schema, cfg->table_name, filter, order, s->point, s->point);
-	for (bool built = false;;) {
-		int n;
-
-		errbuf[0] = '\0';
-		r = fetch_rows(s, conn, &built, &n, errbuf, errlen);
-		if (r != 0 && errbuf[0] != '\0')
-			return r; /* the read failed: errbuf says how */
-		if (r != 0 || n == 0)
-			break;
-	}
+	r = obx_tables_several(cfg) ? every_table(s, conn, imported, errbuf, errlen) :
+	                              obx_snap_table(s, conn, imported, errbuf, errlen);
+	if (r != 0 && errbuf[0] != '\0')
+		return r; /* the read failed: errbuf says how */
 	if (r == 0)
-		r = wait_reports(s, all_reported, 0);
+		r = obx_snap_wait_reports(s, obx_snap_all_reported, 0);
 	if (r == OBX_ESTATE) {
 		snprintf(errbuf, errlen,
 		    "stopped during the snapshot of slot %s: %" PRIu64 " of its rows "

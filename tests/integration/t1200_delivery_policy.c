@@ -272,7 +272,7 @@ test_reserved_header_row_dead_lettered(void **state)
 	assert_int_equal(n, 1);
 	assert_string_equal(t_msg_header(&m[0], "error"),
 	    "headers column 'headers' holds header 'id', a name "
-	    "outboxd writes itself (reserved: id, type, lsn, seq, xid, commit_ts, txn, snapshot, table)");
+	    "outboxd writes itself (reserved: id, type, lsn, seq, xid, commit_ts, txn, snapshot)");
 	assert_non_null(strstr(m[0].value, "not-outboxd"));
 	t_msgs_free(m, n);
 	n = t_consume(R.b.bootstrap, "outbox.event.rh", 1, 15000, &m);

@@ -161,6 +161,21 @@ test_named_tables_and_mappings(void **state)
 	t_msgs_free(orders, no);
 	t_msgs_free(billing, nb);
 	assert_int_equal(t_log_count(&R, "retrying"), 0);
+
+	/* a listed table dropped, then the connection cut: the reconnect warns and goes on */
+	t_exec(R.pg, "DROP TABLE billing.outbox");
+	t_exec(R.pg, "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = '%s'",
+	    R.slot);
+	t_exec(R.pg,
+	    "INSERT INTO orders.outbox (aggregatetype, aggregateid, type, payload) VALUES ('o', 'after', 'T', '{}')");
+	no = t_consume(R.b.bootstrap, "orders.events", 41, 30000, &orders);
+	if (no != 41 ||
+	    t_log_count(&R, "outbox table billing.outbox of [source] table does not exist (dropped?)") < 1) {
+		t_log_dump(&R);
+		fail_msg("after a listed table was dropped and the connection cut: %zu records of 41", no);
+	}
+	t_msgs_free(orders, no);
+	assert_int_equal(t_wait(R.pid, 1), -1); /* still running */
 	assert_true(WIFEXITED(t_relay_signal(&R, SIGTERM, 40000)));
 }
 
@@ -363,6 +378,57 @@ test_exactly_once_across_tables(void **state)
 	assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
 }
 
+/*
+ * snapshot = pending with two tables: the rows already in each when outboxd creates its slot,
+ * in each table's mapping, then the stream; every row once.
+ */
+static void
+test_snapshot_pending_across_tables(void **state)
+{
+	struct t_msg *m;
+	size_t n, snap = 0;
+	int st;
+
+	(void)state;
+	t_relay_setup(&R, "tabsnap", 1);
+	t_exec(R.pg, "CREATE SCHEMA s1; CREATE SCHEMA s2");
+	t_exec(R.pg, "CREATE TABLE s1.outbox " OUTBOX_COLUMNS);
+	t_exec(R.pg,
+	    "CREATE TABLE s2.outbox (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), who text, body jsonb)");
+	t_exec(R.pg,
+	    "INSERT INTO s1.outbox (aggregatetype, aggregateid, type, payload) "
+	    "SELECT 's', 'k' || (g %% 5), 'T', jsonb_build_object('i', g) FROM generate_series(1, 30) g");
+	t_exec(R.pg, "INSERT INTO s2.outbox (who, body) SELECT 'w' || g, '{}' FROM generate_series(1, 20) g");
+	t_relay_config(&R,
+	    "[source]\ntable = s1.outbox, s2.outbox\nsnapshot = pending\n[outbox]\ntopic = snap\n"
+	    "[outbox.s2.outbox]\nkey = who\ntype = who\npayload = body\n");
+	{
+		char out[8192];
+
+		run_check(out, sizeof(out));
+		expect_in(out, "will publish the 30 row(s) of s1.outbox WHERE true");
+		expect_in(out, "will publish the 20 row(s) of s2.outbox WHERE true");
+	}
+	t_relay_start(&R, NULL, 1);
+	t_exec(R.pg,
+	    "INSERT INTO s1.outbox (aggregatetype, aggregateid, type, payload) "
+	    "SELECT 's', 'k' || (g %% 5), 'T', jsonb_build_object('i', g) FROM generate_series(31, 35) g");
+	t_exec(R.pg, "INSERT INTO s2.outbox (who, body) SELECT 'w' || g, '{}' FROM generate_series(21, 25) g");
+	assert_true(t_wait_confirmed_current(&R, 30000));
+	n = t_consume_all(R.b.bootstrap, "snap", 20000, &m);
+	expect_rows_published("s1.outbox", m, n);
+	expect_rows_published("s2.outbox", m, n);
+	for (size_t i = 0; i < n; i++)
+		snap += t_msg_header(&m[i], "snapshot") != NULL;
+	if (n != 60 || snap != 50) {
+		t_log_dump(&R);
+		fail_msg("%zu records (%zu from the snapshot) for 50 pending and 10 streamed rows", n, snap);
+	}
+	t_msgs_free(m, n);
+	st = t_relay_signal(&R, SIGTERM, 40000);
+	assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+}
+
 /* A pattern with a publication of named tables would miss a new tenant's first rows: refused. */
 static void
 test_pattern_refuses_named_publication(void **state)
@@ -380,6 +446,34 @@ test_pattern_refuses_named_publication(void **state)
 	    t_log_count(&R, "names its tables, but [source] table has a pattern") != 1) {
 		t_log_dump(&R);
 		fail_msg("a publication of named tables with a pattern was not refused with one line");
+	}
+	/* FOR ALL TABLES without publish_via_partition_root: a partitioned tenant would arrive under
+	 * its partitions' names */
+	t_exec(R.pg, "DROP PUBLICATION outboxd");
+	t_exec(R.pg, "CREATE PUBLICATION outboxd FOR ALL TABLES WITH (publish = 'insert')");
+	unlink(R.log);
+	t_relay_start(&R, NULL, 0);
+	st = t_wait(R.pid, 30000);
+	R.pid = 0;
+	if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) == 0 ||
+	    t_log_count(&R, "lacks publish_via_partition_root = true") != 1) {
+		t_log_dump(&R);
+		fail_msg("FOR ALL TABLES without publish_via_partition_root was not refused with a pattern");
+	}
+	/* an unlogged listed table is never published: refused, naming the fix */
+	t_exec(R.pg, "DROP PUBLICATION outboxd");
+	t_exec(R.pg, "CREATE UNLOGGED TABLE public.fast " OUTBOX_COLUMNS);
+	t_exec(R.pg,
+	    "CREATE PUBLICATION outboxd FOR ALL TABLES WITH (publish = 'insert', publish_via_partition_root = true)");
+	t_relay_config(&R, "[source]\ntable = public.outbox, public.fast\n");
+	unlink(R.log);
+	t_relay_start(&R, NULL, 0);
+	st = t_wait(R.pid, 30000);
+	R.pid = 0;
+	if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) == 0 ||
+	    t_log_count(&R, "does not publish table public.fast") != 1) {
+		t_log_dump(&R);
+		fail_msg("an unlogged outbox table was not refused");
 	}
 	/* a listed table that does not exist is refused too, naming it */
 	t_exec(R.pg, "DROP PUBLICATION outboxd");
@@ -403,6 +497,7 @@ main(void)
 		cmocka_unit_test_teardown(test_table_created_while_running, teardown),
 		cmocka_unit_test_teardown(test_restart_dedupe_across_tables, teardown),
 		cmocka_unit_test_teardown(test_exactly_once_across_tables, teardown),
+		cmocka_unit_test_teardown(test_snapshot_pending_across_tables, teardown),
 		cmocka_unit_test_teardown(test_pattern_refuses_named_publication, teardown),
 	};
 

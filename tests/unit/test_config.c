@@ -261,9 +261,29 @@ test_several_tables(void **state)
 	expect_error(KAFKA "[source]\ntable = a.o\n[outbox.a.o]\nheader.id = x\n", "key 'header.id'");
 	expect_error(KAFKA "[outbox.a.b.c]\ntopic = x\n",
 	    "section 'outbox.a.b.c': expected [outbox.<schema>.<table>]");
-	expect_error(KAFKA "[source]\ntable = a.o, b.o\nmode = poll\n", "polling mode reads one table so far");
-	expect_error(KAFKA "[source]\ntable = t_*.o\nsnapshot = pending\n",
-	    "snapshot = pending publishes one table");
+	expect_error(KAFKA "[source]\ntable = a.o, b.o\nmode = poll\n", "polling mode reads one table with");
+	expect_error(KAFKA "[source]\ntable = a.o\nmode = poll\n[outbox.a.o]\nkey = k\n",
+	    "polling mode reads one table with");
+	/* the table header is reserved with several tables only */
+	expect_error(KAFKA "[source]\ntable = a.o, b.o\n[outbox]\nheader.table = t\n",
+	    "key 'header.table': header 'table' is reserved with several tables");
+	expect_error(KAFKA "[source]\ntable = a.o, b.o\n[outbox.b.o]\nheader.table = t\n",
+	    "key 'header.table': header 'table' is reserved with several tables");
+	assert_int_equal(load(&cfg, KAFKA "[outbox]\nheader.table = t\n", NULL, NULL, 0), 0);
+	obx_config_reset(&cfg);
+	/* one table with an override reads it per table too */
+	assert_int_equal(load(&cfg, KAFKA "[source]\ntable = a.o\n[outbox.a.o]\nkey = k\n", NULL, NULL, 0), 0);
+	assert_true(obx_tables_several(&cfg));
+	obx_config_reset(&cfg);
+	expect_error(KAFKA "[source]\ntable = a.o\n[outbox.a.o]\nkey = k\n[outbox.\"a\".O]\nkey = j\n",
+	    "section 'outbox.\"a\".O' names the tables of [outbox.a.o] again");
+	/* a quoted part is a whole part; a pattern prints back unquoted */
+	expect_error(KAFKA "[source]\ntable = \"a\"b.o\n", "key 'table': expected [schema.]table");
+	expect_error(KAFKA "[source]\ntable = \"T\"*.o\n", "key 'table': expected [schema.]table");
+	assert_int_equal(load(&cfg, KAFKA "[source]\ntable = Tenant-*.o\n", NULL, NULL, 0), 0);
+	assert_int_equal(obx_tables_format(&cfg, out, sizeof(out)), 0);
+	assert_string_equal(out, "tenant-*.o");
+	obx_config_reset(&cfg);
 }
 
 static void
@@ -931,8 +951,8 @@ test_mapped_columns(void **state)
 static void
 test_reserved_header_mapping_refused(void **state)
 {
-	static const char *const reserved[] = { "id", "type", "lsn", "seq", "xid", "commit_ts", "txn", "snapshot",
-		"table" };
+	static const char *const reserved[] = { "id", "type", "lsn", "seq", "xid", "commit_ts", "txn",
+		"snapshot" };
 	struct obx_config cfg;
 	char text[256], want[256];
 
@@ -941,7 +961,7 @@ test_reserved_header_mapping_refused(void **state)
 		snprintf(text, sizeof(text), KAFKA "[outbox]\nheader.%s = type\n", reserved[i]);
 		snprintf(want, sizeof(want),
 		    ":4: key 'header.%s': header '%s' is reserved: outboxd writes it "
-		    "itself (reserved: id, type, lsn, seq, xid, commit_ts, txn, snapshot, table); choose another name",
+		    "itself (reserved: id, type, lsn, seq, xid, commit_ts, txn, snapshot); choose another name",
 		    reserved[i], reserved[i]);
 		expect_error(text, want);
 		assert_null(strchr(errbuf, '\n'));

@@ -279,7 +279,7 @@ test_reserved_header_names(void **state)
 		snprintf(list + strlen(list), sizeof(list) - strlen(list), "%s%s", i ? ", " : "",
 		    obx_reserved_headers[i]);
 	}
-	assert_int_equal(n, 9);
+	assert_int_equal(n, 8);
 	assert_string_equal(list, OBX_RESERVED_HEADERS);
 	assert_false(obx_header_is_reserved("ID")); /* Kafka header names are case-sensitive */
 	assert_false(obx_header_is_reserved("tenant"));

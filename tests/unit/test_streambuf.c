@@ -11,7 +11,7 @@
 #include "obx/core/streambuf.h"
 
 static struct obx_relcol cols[] = { { "id", 25 }, { "payload", 3802 } };
-static struct obx_rel rel = { 16384, "public", "outbox", 2, cols, 1 };
+static struct obx_rel rel = { 16384, "public", "outbox", 2, cols, 1, false };
 
 /* A row whose id is text; the datums are on the stack: the buffer must copy them. */
 static int

@@ -123,15 +123,17 @@ char *obx_event_row_json(const struct obx_rel *rel, const struct obx_pg_tuple *t
 
 /*
  * The header names outboxd writes itself: id, type, lsn, seq, xid and
- * commit_ts on every event and table when [source] table names several
- * (here), txn in exactly-once mode (kafka/producer.c) and
+ * commit_ts on every event (here; OBX_TABLE_HEADER too with several
+ * tables), txn in exactly-once mode (kafka/producer.c) and
  * snapshot on the records of a slot's snapshot (snapshot.c).  A user
  * header of one of these names would shadow outboxd's own (consumers and
  * restart de-duplication read them), so [outbox] header.<name> refuses
  * them and a headers column that holds one makes the row unbuildable.
  * OBX_RESERVED_HEADERS is the same list as text, for messages.
  */
-#define OBX_RESERVED_HEADERS "id, type, lsn, seq, xid, commit_ts, txn, snapshot, table"
+#define OBX_RESERVED_HEADERS "id, type, lsn, seq, xid, commit_ts, txn, snapshot"
+/* The header naming an event's table, written (and reserved) only with several tables (core/tables.h). */
+#define OBX_TABLE_HEADER "table"
 extern const char *const obx_reserved_headers[]; /* NULL-terminated */
 
 /* True when name is one of obx_reserved_headers (compared exactly, as Kafka does). */

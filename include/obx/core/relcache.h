@@ -7,6 +7,7 @@
 #ifndef OBX_RELCACHE_H
 #define OBX_RELCACHE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -24,6 +25,7 @@ struct obx_rel {
 	uint16_t natts;
 	struct obx_relcol *cols;
 	unsigned version; /* bumped on every update: lets users cache resolutions */
+	bool message;     /* a logical decoding message read as a row, not a table's (no table header) */
 };
 
 struct obx_relcache {

@@ -29,7 +29,11 @@ bool obx_glob_match(const char *pat, const char *s);
 /* True when entry p matches schema.name. */
 bool obx_table_pat_match(const struct obx_table_pat *p, const char *schema, const char *name);
 
-/* True when [source] table names more than one table or holds a pattern. */
+/*
+ * True when [source] table names more than one table or holds a pattern, or
+ * an [outbox.<schema>.<table>] section is given: the paths that read a
+ * table's mapping read it per table then.
+ */
 bool obx_tables_several(const struct obx_config *cfg);
 
 /* True when an entry of [source] table holds a pattern (tables created later can match). */
