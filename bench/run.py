@@ -46,6 +46,15 @@ Every figure is the median of the runs, with min and max.  The targets are
 ratios to references of the same run; each prints PASS or MISS.  Results:
 bench/results/<time>.md and .json (git-ignored).
 
+Then several tables (--tables, '' skips it): for 1, 10, 100 and 1,000 tenant
+tables (schema t<i>, table outbox) one outboxd with `table = t*.outbox` (a
+publication FOR ALL TABLES) drains a backlog spread over all of them: events/s,
+peak RSS, CPU seconds per 1,000 events, start-up (process start to the first
+replication message) and restart (SIGTERM, then start to streaming); beside it,
+where slots allow (--per-table-max, 10), one outboxd per table, each with its
+slot and a publication of its table, on the same backlog: the sum of their
+RSS and CPU and the rate of the whole.
+
 --outboxd-kafka KEY=VALUE (repeatable) adds producer settings to outboxd's
 configuration, to compare a setting with the default in the same way.
 """
@@ -723,6 +732,155 @@ def measure_latency(stack, topic, header, seconds, generate, progress=None, samp
     return stats
 
 
+def tables_sql(stack, db, name, lines):
+    path = os.path.join(stack.dir, "%s-%s.sql" % (name, db))
+    with open(path, "w") as f:
+        f.writelines(lines)
+    os.chmod(path, 0o644)
+    run([os.path.join(PGBIN, "psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-h", stack.host, "-p", stack.port,
+         "-U", "postgres", "-d", db, "-f", path])
+
+
+def tables_ddl(stack, db, ntables):
+    """The tenant outboxes t<i>.outbox, as sql/001_outbox.sql makes one."""
+    tables_sql(stack, db, "ddl", ["CREATE SCHEMA t%d; CREATE TABLE t%d.outbox (id uuid PRIMARY KEY DEFAULT "
+                                  "gen_random_uuid(), aggregatetype text NOT NULL, aggregateid text NOT NULL, "
+                                  "type text NOT NULL, payload jsonb, created_at timestamptz NOT NULL DEFAULT "
+                                  "now());\n" % (i, i) for i in range(ntables)])
+
+
+def tables_load(stack, db, ntables, events):
+    """Commits events rows (about 150 B of payload each) spread over the tables, 100 per transaction,
+    the tables interleaved; returns how many."""
+    per = max(1, events // ntables)
+    tables_sql(stack, db, "load", ["INSERT INTO t%d.outbox (aggregatetype, aggregateid, type, payload) "
+                                   "SELECT 'tenant', 'agg-' || (g %% 100), 'created', jsonb_build_object('n', g, "
+                                   "'blob', md5(g::text) || md5((g + 1)::text)) FROM generate_series(%d, %d) g;\n"
+                                   % (i, start, min(per, start + 100) - 1)
+                                   for start in range(0, per, 100) for i in range(ntables)])
+    return per * ntables
+
+
+def tables_conf(stack, db, slot, table, publication, workdir, tag):
+    conf = os.path.join(workdir, "tables-%s.conf" % tag)
+    with open(conf, "w") as f:
+        f.write("[source]\nconninfo = %s\nslot = %s\npublication = %s\ntable = %s\ncreate_slot = false\n"
+                "create_publication = false\nstatus_interval = 1s\n[outbox]\ntopic = tenants\n"
+                "[kafka]\nbootstrap.servers = %s\n[metrics]\nlisten = 127.0.0.1:0\n"
+                "[log]\nformat = text\nprogress_interval = 0\n"
+                % (stack.conninfo(db), slot, publication, table, stack.bootstrap))
+    return conf
+
+
+def drain(stack, db, procs, end, timeout=600):
+    """Waits until every slot of procs [(proc, slot, log)] confirmed end; returns seconds."""
+    t0 = time.monotonic()
+    while True:
+        done = True
+        for _, slot, _ in procs:
+            c = stack.psql(db, "SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = '%s'" % slot)
+            done = done and c != "" and lsn(c) >= end
+        if done:
+            return time.monotonic() - t0
+        for p, _, log_path in procs:
+            if p.poll() is not None:
+                raise SystemExit("bench: outboxd exited during the tables run (%s)" % log_path)
+        if time.monotonic() - t0 > timeout:
+            raise SystemExit("bench: the tables run did not drain in %d s" % timeout)
+        time.sleep(0.05)
+
+
+def proc_usage(pid):
+    with open("/proc/%d/status" % pid) as f:
+        hwm = int(re.search(r"VmHWM:\s+(\d+) kB", f.read()).group(1)) / 1024.0
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return hwm, (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def start_outboxd(conf, log_path):
+    cmd = [os.environ.get("OBX_BENCH_OUTBOXD", os.path.join(BUILD, "outboxd")), "run", "-c", conf]
+    return subprocess.Popen(cmd, stdout=open(log_path, "w"), stderr=subprocess.STDOUT)
+
+
+def wait_logged(log_path, needle, proc, timeout=120):
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        with open(log_path) as f:
+            if needle in f.read():
+                return time.monotonic() - t0
+        if proc.poll() is not None:
+            raise SystemExit("bench: outboxd exited (%s)" % log_path)
+        time.sleep(0.01)
+    raise SystemExit("bench: no '%s' in %s within %d s" % (needle, log_path, timeout))
+
+
+def stop_proc(p):
+    if p.poll() is None:
+        p.send_signal(signal.SIGTERM)
+        try:
+            p.wait(timeout=40)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def tables_run(stack, ntables, args, workdir):
+    """One outboxd over ntables tenant tables, and (up to --per-table-max) one outboxd per table."""
+    db = "tables%d" % ntables
+    per_table = ntables <= args.per_table_max
+    stack.psql("postgres", "DROP DATABASE IF EXISTS %s" % db)
+    stack.psql("postgres", "CREATE DATABASE %s" % db)
+    tables_ddl(stack, db, ntables)
+    # the publications and slots before the backlog, as a running connector has them
+    stack.psql(db, "CREATE PUBLICATION bench_all FOR ALL TABLES WITH (publish = 'insert', "
+                   "publish_via_partition_root = true)")
+    stack.psql(db, "SELECT pg_create_logical_replication_slot('tables_one', 'pgoutput')")
+    for i in range(ntables if per_table else 0):
+        stack.psql(db, "CREATE PUBLICATION bench_t%d FOR TABLE t%d.outbox WITH (publish = 'insert')" % (i, i))
+        stack.psql(db, "SELECT pg_create_logical_replication_slot('tables_t%d', 'pgoutput')" % i)
+    events = tables_load(stack, db, ntables, args.tables_events)
+    end = lsn(stack.psql(db, "SELECT pg_current_wal_lsn()"))
+    out = {"tables": ntables, "events": events}
+
+    # one process for every table: drain, then a restart (SIGTERM, start to streaming)
+    conf = tables_conf(stack, db, "tables_one", "t*.outbox", "bench_all", workdir, "%d-one" % ntables)
+    log_path = os.path.join(workdir, "tables-%d-one.log" % ntables)
+    t0 = time.monotonic()
+    p = start_outboxd(conf, log_path)
+    startup = wait_logged(log_path, "first replication message received", p)
+    drain(stack, db, [(p, "tables_one", log_path)], end)
+    elapsed = time.monotonic() - t0
+    rss, cpu = proc_usage(p.pid)
+    stop_proc(p)
+    p = start_outboxd(conf, log_path + ".restart")
+    restart = wait_logged(log_path + ".restart", "streaming from slot", p)
+    stop_proc(p)
+    out["one"] = {"eps": events / elapsed, "peak_rss_mib": rss, "cpu_per_1000": cpu * 1000.0 / events,
+                  "startup_ms": startup * 1000.0, "restart_ms": restart * 1000.0}
+
+    if per_table:
+        procs = []
+        t0 = time.monotonic()
+        for i in range(ntables):
+            c = tables_conf(stack, db, "tables_t%d" % i, "t%d.outbox" % i, "bench_t%d" % i, workdir,
+                            "%d-t%d" % (ntables, i))
+            lp = os.path.join(workdir, "tables-%d-t%d.log" % (ntables, i))
+            procs.append((start_outboxd(c, lp), "tables_t%d" % i, lp))
+        drain(stack, db, procs, end)
+        elapsed = time.monotonic() - t0
+        usage = [proc_usage(pp.pid) for pp, _, _ in procs]
+        for pp, _, _ in procs:
+            stop_proc(pp)
+        out["per_table"] = {"eps": events / elapsed, "peak_rss_mib": sum(u[0] for u in usage),
+                            "cpu_per_1000": sum(u[1] for u in usage) * 1000.0 / events}
+        for i in range(ntables):
+            stack.psql(db, "SELECT pg_drop_replication_slot('tables_t%d')" % i)
+    stack.psql(db, "SELECT pg_drop_replication_slot('tables_one')")
+    log("tables %d: %s" % (ntables, json.dumps(out)))
+    return out
+
+
 def machine():
     model = "?"
     with open("/proc/cpuinfo") as f:
@@ -875,6 +1033,19 @@ def markdown(res):
                 m, fmt(d["eps"][m]), d["eps_ratio"][m]["median"], d["peak_rss_mib"][m]["median"],
                 d["p50_ms"][m]["median"],
                 d["p99_ms"][m]["median"], d["p99_difference_ms"][m]["median"]))
+    if res.get("tables"):
+        lines += ["", "Several tables: one outboxd relaying N tenant tables (`table = t*.outbox`, a publication "
+                  "FOR ALL TABLES) against one outboxd per table (a slot and a publication each), on the same "
+                  "backlog spread over the tables (no target: the curve):", "",
+                  "| tables | events | one process: events/s | peak RSS MiB | CPU s / 1000 events | start-up ms "
+                  "| restart ms | one per table: events/s | sum of peak RSS MiB | CPU s / 1000 events |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for t in res["tables"]:
+            o, pt = t["one"], t.get("per_table")
+            lines.append("| %d | %d | %.0f | %.1f | %.3f | %.0f | %.0f | %s | %s | %s |" % (
+                t["tables"], t["events"], o["eps"], o["peak_rss_mib"], o["cpu_per_1000"], o["startup_ms"],
+                o["restart_ms"], "%.0f" % pt["eps"] if pt else "not run",
+                "%.1f" % pt["peak_rss_mib"] if pt else "-", "%.3f" % pt["cpu_per_1000"] if pt else "-"))
     lines += ["", "Targets:", ""] + ["- %s %s" % v for v in verdicts(res)]
     return "\n".join(lines) + "\n"
 
@@ -893,6 +1064,11 @@ def main():
     ap.add_argument("--delivery-events", type=int, default=50000,
                     help="backlog for the delivery modes' comparison (0 for none)")
     ap.add_argument("--delivery-rate", type=int, default=1000, help="the delivery modes' latency rate")
+    ap.add_argument("--tables", default="1,10,100,1000",
+                    help="tenant table counts for the several-tables curve ('' for none)")
+    ap.add_argument("--tables-events", type=int, default=20000, help="backlog of each tables run")
+    ap.add_argument("--per-table-max", type=int, default=10,
+                    help="the largest table count also run as one outboxd per table (a slot each)")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
     ap.add_argument("--outboxd-kafka", action="append", default=[], metavar="KEY=VALUE",
                     help="a producer setting added to outboxd's [kafka] section")
@@ -923,6 +1099,7 @@ def main():
             res["delivery"] = delivery_run(stack, args, workdir)
         for rate in [int(x) for x in args.rates.split(",") if x]:
             res["latency"][str(rate)] = latency_run(stack, rate, args, workdir)
+        res["tables"] = [tables_run(stack, int(n), args, workdir) for n in args.tables.split(",") if n]
     finally:
         stack.close()
         if os.environ.get("OBX_BENCH_KEEP"):

@@ -17,6 +17,7 @@
 #include "obx/core/err.h"
 #include "obx/core/tables.h"
 #include "obx/core/template.h"
+#include "obx/pg/tables.h"
 #include "obx/pg/util.h"
 #include "obx/run/poll.h"
 
@@ -311,6 +312,7 @@ obx_cmd_check(const struct obx_config *cfg, const char *standby)
 	const char *tparams[2] = { cfg->table_schema, cfg->table_name };
 	char err[1024], ver[32];
 	struct obx_pgfacts facts;
+	struct obx_pg_tables tl;
 	PGconn *conn;
 	char *v;
 	bool has_table, in_recovery;
@@ -354,7 +356,26 @@ obx_cmd_check(const struct obx_config *cfg, const char *standby)
 	}
 	if (cfg->mode == OBX_SOURCE_POLL) {
 		/* no slot, publication, wal_level or REPLICATION: the table is read with plain SQL */
-		obx_check_kafka(&cx, conn, cfg, check_poll(&cx, conn, cfg) == 0);
+		if (!obx_tables_several(cfg)) {
+			obx_check_kafka(&cx, conn, cfg, check_poll(&cx, conn, cfg) == 0);
+			goto done;
+		}
+		/* several tables: each table polled, in its mapping; the topics are not sampled */
+		if (obx_pg_tables_read(conn, cfg, &tl, err, sizeof(err)) != 0)
+			obx_check_report(&cx, "FAIL", "tables: could not read the tables: %s", err);
+		else if (tl.n == 0)
+			obx_check_report(&cx, obx_tables_wild(cfg) ? "WARN" : "FAIL",
+			    "tables: no table of [source] table exists yet");
+		for (size_t i = 0; i < tl.n; i++) {
+			struct obx_config view;
+
+			obx_tables_view(cfg, tl.t[i].mapping, tl.t[i].schema, tl.t[i].name, &view);
+			obx_check_report(&cx, "ok", "table: %s.%s (mapping: [%s])", tl.t[i].schema, tl.t[i].name,
+			    tl.t[i].mapping > 0 ? cfg->overrides[tl.t[i].mapping - 1].section : "outbox");
+			(void)check_poll(&cx, conn, &view);
+		}
+		obx_pg_tables_reset(&tl);
+		obx_check_kafka(&cx, conn, cfg, false);
 		goto done;
 	}
 	if (cfg->messages && !facts.messages)

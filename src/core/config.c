@@ -411,7 +411,7 @@ obx_config_mapped_columns(const struct obx_config *cfg, struct obx_names *out)
  * no table of [source] table, and what works with one table only so far.
  */
 static int
-finish_tables(struct obx_config *cfg, const char *path, char *errbuf, size_t errlen)
+finish_tables(struct obx_config *cfg, char *errbuf, size_t errlen)
 {
 	int r;
 
@@ -430,12 +430,6 @@ finish_tables(struct obx_config *cfg, const char *path, char *errbuf, size_t err
 	}
 	if (!obx_tables_several(cfg))
 		return 0;
-	if (cfg->mode == OBX_SOURCE_POLL) {
-		obx_config_fail(errbuf, errlen, path, "table",
-		    "polling mode reads one table with [outbox]'s mapping so far: give one table and no "
-		    "[outbox.<schema>.<table>] section, or use [source] mode = logical");
-		return OBX_ECONFIG;
-	}
 	/* with several tables each event says its table: a header of that name would shadow it */
 	for (size_t i = 0; i <= cfg->n_overrides; i++) {
 		const struct obx_config *m = i == 0 ? cfg : cfg->overrides[i - 1].map;
@@ -503,7 +497,7 @@ obx_config_finish(struct obx_config *cfg, const char *path, char *errbuf, size_t
 		obx_config_fail(errbuf, errlen, path, "dead_letter_topic", "required when on_error = dead_letter");
 		return OBX_ECONFIG;
 	}
-	return finish_tables(cfg, path, errbuf, errlen);
+	return finish_tables(cfg, errbuf, errlen);
 }
 
 /* ---- SIGHUP: what changed ------------------------------------------------ */

@@ -363,3 +363,29 @@ obx_poll_backoff_ms(long long attempts, int min_ms, int max_ms, uint32_t rnd)
 	d = half + (int64_t)(rnd % (uint64_t)(d - half + 1));
 	return d > 0 ? d : 1;
 }
+
+/* ---- several tables, in turn ---- */
+
+void
+obx_poll_round_init(struct obx_poll_round *r, size_t n)
+{
+	*r = (struct obx_poll_round){ 0, n, 0 };
+}
+
+bool
+obx_poll_round_next(struct obx_poll_round *r, int rows, bool *round_end)
+{
+	bool idle;
+
+	if (rows > 0)
+		r->claimed += (uint64_t)rows;
+	if (++r->cur < r->n) {
+		*round_end = false;
+		return false;
+	}
+	*round_end = true;
+	idle = r->claimed == 0;
+	r->cur = 0;
+	r->claimed = 0;
+	return idle;
+}

@@ -19,6 +19,7 @@
 #include <libpq-fe.h>
 
 #include "obx/core/err.h"
+#include "obx/core/tables.h"
 #include "obx/sys/log.h"
 #include "obx/pg/util.h"
 #include "obx/run/poll_int.h"
@@ -60,30 +61,49 @@ poll_title(void *ctx, char *buf, size_t len)
 {
 	struct poller *p = ctx;
 
-	snprintf(buf, len, "%s (polling %s.%s)", obx_state_name(p->m.state), p->cfg->table_schema,
-	    p->cfg->table_name);
+	if (obx_tables_several(p->base))
+		snprintf(buf, len, "%s (polling %zu tables)", obx_state_name(p->m.state), p->ntables);
+	else
+		snprintf(buf, len, "%s (polling %s.%s)", obx_state_name(p->m.state), p->cfg->table_schema,
+		    p->cfg->table_name);
 }
 
 static void
 stats(struct poller *p)
 {
-	PGresult *res = obx_poll_exec(p, p->sql.stats); /* NULL: stopped meanwhile */
+	int64_t pending = 0, retrying = 0, max_attempts = 0;
+	double oldest = 0;
+	bool read = false;
 
-	if (PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1) {
-		int64_t v;
-		double age;
+	/* the sums over every table: pending and retrying rows; the oldest age and most attempts */
+	for (size_t i = 0; i < p->ntables; i++) {
+		PGresult *res = obx_poll_exec(p, p->tables[i].sql.stats); /* NULL: stopped meanwhile */
 
-		/* a value that is not a number leaves its gauge as it was */
-		if (obx_pg_int64(res, 0, 0, &v) == 0)
-			p->m.poll_pending_rows = v;
-		if (obx_pg_double(res, 0, 1, &age) == 0)
-			p->m.poll_oldest_pending_age_seconds = age;
-		if (obx_pg_int64(res, 0, 2, &v) == 0)
-			p->m.poll_retrying_rows = v;
-		if (obx_pg_int64(res, 0, 3, &v) == 0)
-			p->m.poll_max_attempts_pending = v;
+		if (PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1) {
+			int64_t v;
+			double age;
+
+			/* a value that is not a number leaves its gauge as it was */
+			read = true;
+			if (obx_pg_int64(res, 0, 0, &v) == 0)
+				pending += v;
+			if (obx_pg_double(res, 0, 1, &age) == 0 && age > oldest)
+				oldest = age;
+			if (obx_pg_int64(res, 0, 2, &v) == 0)
+				retrying += v;
+			if (obx_pg_int64(res, 0, 3, &v) == 0 && v > max_attempts)
+				max_attempts = v;
+		}
+		PQclear(res);
+		if (res == NULL)
+			break;
 	}
-	PQclear(res);
+	if (read) {
+		p->m.poll_pending_rows = pending;
+		p->m.poll_oldest_pending_age_seconds = oldest;
+		p->m.poll_retrying_rows = retrying;
+		p->m.poll_max_attempts_pending = max_attempts;
+	}
 	p->next_stats_ms = obx_mono_ms() + OBX_POLL_STATS_INTERVAL_MS;
 }
 
@@ -140,29 +160,22 @@ session_open(struct poller *p)
 {
 	char err[512];
 	PGresult *res;
+	int r;
 
 	if (obx_pg_connect(p->cfg->conninfo, p->cfg->password, NULL, NULL, "outboxd", &p->pg, err, sizeof(err)) !=
 	    0) {
 		snprintf(p->reason, sizeof(p->reason), "could not connect to the server: %s", err);
 		return OBX_EIO;
 	}
-	res = PQexec(p->pg, p->sql.check);
-	if (PQresultStatus(res) != PGRES_TUPLES_OK) {
-		const char *state = PQresultErrorField(res, PG_DIAG_SQLSTATE);
-		bool missing = state != NULL && (strcmp(state, "42703") == 0 || strcmp(state, "42P01") == 0);
-
-		const char *primary = PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY);
-
-		snprintf(p->reason, sizeof(p->reason),
-		    "could not read the outbox table %s.%s for polling: "
-		    "%s%s",
-		    p->cfg->table_schema, p->cfg->table_name,
-		    primary != NULL ? primary : obx_pg_result_error_line(res, err, sizeof(err)),
-		    missing ? " (apply sql/008_polling.sql, or map the columns in [outbox])" : "");
-		PQclear(res);
-		return missing ? OBX_ECONFIG : OBX_EIO;
-	}
-	PQclear(res);
+	/* the tables, afresh on each connection (their columns are read again too) */
+	obx_poll_tables_reset(p);
+	if ((r = obx_poll_tables_read(p)) != 0)
+		return r;
+	for (size_t i = 0; i < p->ntables; i++)
+		if ((r = obx_poll_tables_use(p, i)) != 0)
+			return r;
+	if (p->ntables > 0 && (r = obx_poll_tables_use(p, 0)) != 0)
+		return r;
 	p->listening = false;
 	if (p->cfg->poll_notify_channel[0] != '\0') {
 		char chan[256] = "", q[300];
@@ -200,11 +213,17 @@ poll_open(void *ctx)
 	p->published_at_open = p->m.events_published;
 	if ((p->rc = session_open(p)) != 0)
 		return false;
-	obx_log_info("polling %s.%s: claims of up to %lld rows, %lld of them sent at a time, every %d ms "
-	             "when idle%s%s",
-	    p->cfg->table_schema, p->cfg->table_name, p->cfg->poll_batch, obx_poll_claim_rows(p->cfg),
-	    p->cfg->poll_interval_ms, p->listening ? ", woken by NOTIFY on " : "",
-	    p->listening ? p->cfg->poll_notify_channel : "");
+	if (obx_tables_several(p->base))
+		obx_log_info("polling %zu table(s) of [source] table in turn: claims of up to %lld rows each, "
+		             "%lld of them sent at a time, every %d ms when a whole round found none%s%s",
+		    p->ntables, p->cfg->poll_batch, obx_poll_claim_rows(p->cfg), p->cfg->poll_interval_ms,
+		    p->listening ? ", woken by NOTIFY on " : "", p->listening ? p->cfg->poll_notify_channel : "");
+	else
+		obx_log_info("polling %s.%s: claims of up to %lld rows, %lld of them sent at a time, every %d ms "
+		             "when idle%s%s",
+		    p->cfg->table_schema, p->cfg->table_name, p->cfg->poll_batch, obx_poll_claim_rows(p->cfg),
+		    p->cfg->poll_interval_ms, p->listening ? ", woken by NOTIFY on " : "",
+		    p->listening ? p->cfg->poll_notify_channel : "");
 	obx_poll_set_state(p, OBX_STATE_STREAMING, OBX_NOT_READY_NONE, NULL);
 	stats(p);
 	return true;
@@ -215,6 +234,7 @@ static void
 poll_run(void *ctx)
 {
 	struct poller *p = ctx;
+	bool idle, round_end;
 	int r, n;
 
 	for (;;) {
@@ -234,15 +254,24 @@ poll_run(void *ctx)
 			p->kf_open = true;
 			p->kf.metrics = &p->m;
 		}
-		n = obx_poll_cycle(p);
-		if (n < 0) {
-			r = n;
-			break;
+		if (p->ntables == 0) {
+			n = 0; /* a pattern that matches no table yet: its tables are read every round */
+		} else {
+			if ((r = obx_poll_tables_use(p, p->round.cur)) != 0)
+				break;
+			if ((n = obx_poll_cycle(p)) < 0) {
+				r = n;
+				break;
+			}
 		}
 		if (obx_mono_ms() >= p->next_stats_ms)
 			stats(p);
 		obx_runner_publish(&p->run);
-		if (n == 0 && (r = idle_wait(p, p->cfg->poll_interval_ms)) != 0)
+		idle = obx_poll_round_next(&p->round, n, &round_end);
+		/* after each round, the tables a pattern matches now (one created meanwhile joins) */
+		if (round_end && obx_tables_several(p->base) && (r = obx_poll_tables_read(p)) != 0)
+			break;
+		if (idle && (r = idle_wait(p, p->cfg->poll_interval_ms)) != 0)
 			break;
 	}
 	p->rc = r;
@@ -289,6 +318,7 @@ obx_poll_run(const struct obx_config *cfg, const struct obx_run_opts *opts)
 
 	memset(&p, 0, sizeof(p));
 	p.cfg = cfg;
+	p.base = cfg;
 	p.opts = opts;
 	p.log_level = cfg->log_level;
 	p.m.poll_mode = 1;
@@ -300,11 +330,12 @@ obx_poll_run(const struct obx_config *cfg, const struct obx_run_opts *opts)
 	if (getenv("OBX_TEST_KILL_AFTER_ACKS") != NULL)
 		p.test_kill_after = (long)strtonum(getenv("OBX_TEST_KILL_AFTER_ACKS"), 0, LONG_MAX, NULL);
 #endif
-	snprintf(p.m.info_table, sizeof(p.m.info_table), "%s.%s", cfg->table_schema, cfg->table_name);
+	if (obx_tables_format(cfg, p.m.info_table, sizeof(p.m.info_table)) != 0)
+		strlcpy(p.m.info_table, "(several)", sizeof(p.m.info_table));
 	obx_pg_conninfo_dbname(cfg->conninfo, p.m.info_database, sizeof(p.m.info_database));
 	/* one table of missing topics for the process: a wait counts from the first refusal */
 	obx_dlv_init(&p.dlv, cfg, OBX_DLV_POLL, OBX_DLV_ATTEMPTS, &obx_poll_dlv_ops, &p, &p.m, &p.waits);
-	if (obx_poll_sql_build(&p.sql, cfg) != 0 || obx_event_builder_init(&p.eb, cfg) != 0) {
+	if (obx_event_builder_init(&p.eb, cfg) != 0) {
 		obx_log_error("out of memory");
 		goto out;
 	}
@@ -321,6 +352,6 @@ out:
 	free(p.datums);
 	obx_rel_free(&p.rel);
 	obx_event_builder_reset(&p.eb);
-	obx_poll_sql_reset(&p.sql);
+	obx_poll_tables_reset(&p);
 	return rc;
 }

@@ -429,6 +429,89 @@ test_snapshot_pending_across_tables(void **state)
 	assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
 }
 
+/*
+ * Polling several tables: a busy table does not starve a quiet one (one claim per table in
+ * turn), a table created while polling joins, every row published once and marked.
+ */
+static void
+test_polling_several_tables(void **state)
+{
+	struct t_msg *m;
+	size_t n;
+	char *busy_done, *quiet_done;
+	int st;
+
+	(void)state;
+	t_relay_setup(&R, "tabpoll", 0);
+	t_exec_file(R.pg, "sql/008_polling.sql");
+	t_exec(R.pg, "CREATE SCHEMA p1; CREATE SCHEMA p2; CREATE SCHEMA p3");
+	t_exec(R.pg, "CREATE TABLE p1.outbox (LIKE public.outbox INCLUDING ALL)");
+	t_exec(R.pg, "CREATE TABLE p2.outbox (LIKE public.outbox INCLUDING ALL)");
+	t_exec(R.pg,
+	    "INSERT INTO p1.outbox (aggregatetype, aggregateid, type, payload) "
+	    "SELECT 'p', 'k' || (g %% 13), 'T', jsonb_build_object('i', g) FROM generate_series(1, 600) g");
+	t_exec(R.pg,
+	    "INSERT INTO p2.outbox (aggregatetype, aggregateid, type, payload) "
+	    "SELECT 'p', 'q' || g, 'T', '{}' FROM generate_series(1, 5) g");
+	/* the broker slow: each claim of 50 takes a round trip, so the order of the claims shows */
+	for (int b = 1; b <= 3; b++)
+		assert_int_equal(t_broker_cmd(&R.b, "rtt %d 100", b), 0);
+	t_relay_config(&R,
+	    "[source]\nmode = poll\ntable = p*.outbox\n[outbox]\ntopic = polled\n[poll]\nbatch = 50\n"
+	    "poll_interval = 200ms\n");
+	{
+		char out[8192];
+
+		if (run_check(out, sizeof(out)) != 0)
+			fail_msg("outboxd check failed:\n%s", out);
+		expect_in(out, "table: p1.outbox (mapping: [outbox])");
+		expect_in(out, "table: p2.outbox (mapping: [outbox])");
+	}
+	t_relay_start(&R, NULL, 0);
+	/* a table created while polling joins the rotation */
+	usleep(500000);
+	t_exec(R.pg, "CREATE TABLE p3.outbox (LIKE public.outbox INCLUDING ALL)");
+	t_exec(R.pg,
+	    "INSERT INTO p3.outbox (aggregatetype, aggregateid, type, payload) "
+	    "SELECT 'p', 'r' || g, 'T', '{}' FROM generate_series(1, 7) g");
+	n = t_consume(R.b.bootstrap, "polled", 612, 60000, &m);
+	if (n != 612) {
+		t_log_dump(&R);
+		fail_msg("%zu records of 612", n);
+	}
+	expect_rows_published("p1.outbox", m, n);
+	expect_rows_published("p2.outbox", m, n);
+	expect_rows_published("p3.outbox", m, n);
+	t_msgs_free(m, n);
+	/* every row marked; the quiet table was done long before the busy one */
+	{
+		long deadline = (long)t_now_ms() + 20000;
+		char *left = NULL;
+
+		do {
+			free(left);
+			usleep(100000);
+			left = t_query1(R.pg,
+			    "SELECT (SELECT count(*) FROM p1.outbox WHERE published_at IS NULL) + "
+			    "(SELECT count(*) FROM p2.outbox WHERE published_at IS NULL) + "
+			    "(SELECT count(*) FROM p3.outbox WHERE published_at IS NULL)");
+		} while (strcmp(left, "0") != 0 && (long)t_now_ms() < deadline);
+		assert_string_equal(left, "0");
+		free(left);
+	}
+	busy_done = t_query1(R.pg, "SELECT extract(epoch FROM max(published_at))::text FROM p1.outbox");
+	quiet_done = t_query1(R.pg, "SELECT extract(epoch FROM max(published_at))::text FROM p2.outbox");
+	if (strtod(quiet_done, NULL) >= strtod(busy_done, NULL)) {
+		t_log_dump(&R);
+		fail_msg("the quiet table was published last (at %s, the busy one at %s): not in turn", quiet_done,
+		    busy_done);
+	}
+	free(busy_done);
+	free(quiet_done);
+	st = t_relay_signal(&R, SIGTERM, 40000);
+	assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+}
+
 /* A pattern with a publication of named tables would miss a new tenant's first rows: refused. */
 static void
 test_pattern_refuses_named_publication(void **state)
@@ -498,6 +581,7 @@ main(void)
 		cmocka_unit_test_teardown(test_restart_dedupe_across_tables, teardown),
 		cmocka_unit_test_teardown(test_exactly_once_across_tables, teardown),
 		cmocka_unit_test_teardown(test_snapshot_pending_across_tables, teardown),
+		cmocka_unit_test_teardown(test_polling_several_tables, teardown),
 		cmocka_unit_test_teardown(test_pattern_refuses_named_publication, teardown),
 	};
 

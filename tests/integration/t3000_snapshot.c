@@ -902,7 +902,7 @@ test_standby_takes_over(void **state)
 	setenv("OBX_TEST_KILL_AFTER_ACKS", kill_after, 1);
 	t_relay_start(&R, NULL, 0);
 	unsetenv("OBX_TEST_KILL_AFTER_ACKS");
-	deadline = t_now_ms() + 20000;
+	deadline = t_now_ms() + 60000;
 	while (t_log_count(&R, ": publishing the rows of public.outbox") == 0) {
 		if (t_now_ms() > deadline || waitpid(R.pid, NULL, WNOHANG) == R.pid) {
 			t_log_dump(&R);
@@ -1161,7 +1161,8 @@ test_sigterm_during_snapshot(void **state)
 	t_relay_start(&R, NULL, 0);
 	/* the snapshot is under way, far from its end: each fetch of 500 rows waits for the broker
 	 * until at most max_inflight are outstanding, at least one round trip of 500 ms */
-	t0 = t_now_ms() + 20000;
+	/* the slot is created first: on a busy server that waits for its running transactions */
+	t0 = t_now_ms() + 60000;
 	while (t_log_count(&R, ": publishing the rows of public.outbox") == 0) {
 		if (t_now_ms() > t0) {
 			t_log_dump(&R);
@@ -1390,7 +1391,8 @@ test_long_slot_names(void **state)
 		assert_int_equal(t_broker_cmd(&R.b, "rtt %d 500", b), 0);
 	t_relay_config(&R, "[source]\nsnapshot = pending\n[delivery]\nmax_inflight = 50\n");
 	t_relay_start(&R, NULL, 0);
-	t0 = t_now_ms() + 20000;
+	/* the slot is created first: on a busy server that waits for its running transactions */
+	t0 = t_now_ms() + 60000;
 	while (t_log_count(&R, ": publishing the rows of public.outbox") == 0) {
 		if (t_now_ms() > t0) {
 			t_log_dump(&R);

@@ -1157,6 +1157,46 @@ test_model(void **state)
 		fail_msg("%d seed(s) broke the model (see above)", failures);
 }
 
+/* Several tables: a claim per table in turn; idle only after a whole round moved nothing. */
+static void
+test_round_robin(void **state)
+{
+	struct obx_poll_round r;
+	bool end;
+	size_t visits[3] = { 0, 0, 0 };
+
+	(void)state;
+	obx_poll_round_init(&r, 3);
+	/* table 0 is busy every time: tables 1 and 2 still get their turn each round */
+	for (int round = 0; round < 5; round++) {
+		for (int t = 0; t < 3; t++) {
+			visits[r.cur]++;
+			assert_false(obx_poll_round_next(&r, r.cur == 0 ? 10000 : 0, &end));
+			assert_int_equal(end, t == 2);
+		}
+	}
+	assert_int_equal(visits[0], 5);
+	assert_int_equal(visits[1], 5);
+	assert_int_equal(visits[2], 5);
+	/* nothing anywhere: the round ends idle, once per round */
+	assert_false(obx_poll_round_next(&r, 0, &end));
+	assert_false(end);
+	assert_false(obx_poll_round_next(&r, 0, &end));
+	assert_true(obx_poll_round_next(&r, 0, &end));
+	assert_true(end);
+	assert_int_equal(r.cur, 0);
+	/* a row in the last table of a round: not idle */
+	assert_false(obx_poll_round_next(&r, 0, &end));
+	assert_false(obx_poll_round_next(&r, 0, &end));
+	assert_false(obx_poll_round_next(&r, 1, &end));
+	assert_true(end);
+	/* one table: every claim ends a round */
+	obx_poll_round_init(&r, 1);
+	assert_true(obx_poll_round_next(&r, 0, &end));
+	assert_false(obx_poll_round_next(&r, 3, &end));
+	assert_true(end);
+}
+
 int
 main(void)
 {
@@ -1171,6 +1211,7 @@ main(void)
 		cmocka_unit_test(test_mark_early),
 		cmocka_unit_test(test_backoff),
 		cmocka_unit_test(test_model),
+		cmocka_unit_test(test_round_robin),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

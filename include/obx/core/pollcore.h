@@ -272,4 +272,26 @@ void obx_pollcore_reset(struct obx_pollcore *pc);
  */
 int64_t obx_poll_backoff_ms(long long attempts, int min_ms, int max_ms, uint32_t rnd);
 
+/*
+ * Several tables in polling mode, fairly: one claim of up to [poll] batch
+ * rows per table in turn, so a busy table never starves a quiet one; the
+ * poll interval is waited only after a whole round claimed nothing.
+ */
+struct obx_poll_round {
+	size_t cur;       /* the table the next claim reads */
+	size_t n;         /* the tables */
+	uint64_t claimed; /* rows this round moved so far */
+};
+
+void obx_poll_round_init(struct obx_poll_round *r, size_t n);
+
+/*
+ * After a claim of table r->cur that moved rows (obx_poll_cycle()'s count):
+ * moves to the next table.  Sets *round_end when that ended a round (the
+ * caller may read the table list again, then obx_poll_round_init() with its
+ * new size); returns true when the round ended having moved nothing: wait
+ * the poll interval.
+ */
+bool obx_poll_round_next(struct obx_poll_round *r, int rows, bool *round_end);
+
 #endif

@@ -2,8 +2,9 @@
  * poll_int.h - the state of polling mode's process ([source] mode = poll),
  * shared by its three files: poll.c (one claimed batch: produce, delivery
  * reports, the wait), poll_mark.c (recording failures and marking rows in
- * the batch's transaction) and poll_session.c (connections, the idle wait,
- * the runner's callbacks).  Not an interface: nothing else includes it.
+ * the batch's transaction), poll_session.c (connections, the idle wait,
+ * the runner's callbacks) and poll_tables.c (the tables polled, in turn).
+ * Not an interface: nothing else includes it.
  */
 #ifndef OBX_POLL_INT_H
 #define OBX_POLL_INT_H
@@ -26,15 +27,28 @@
 
 #define OBX_POLL_STATS_INTERVAL_MS 5000
 
+/* One table polled: its names, its configuration (obx_tables_view()) and its statements. */
+struct obx_poll_table {
+	char *schema;
+	char *name;
+	struct obx_config view; /* borrows from the configuration and the names above */
+	struct obx_poll_sql sql;
+	bool checked; /* its columns were read once on this connection */
+};
+
 struct poller {
-	const struct obx_config *cfg;
+	const struct obx_config *cfg;  /* the table polled now: tables[round.cur].view, else base */
+	const struct obx_config *base; /* the configuration */
+	struct obx_poll_table *tables; /* every table polled, in turn (poll_tables.c) */
+	size_t ntables;
+	struct obx_poll_round round;
 	const struct obx_run_opts *opts;
 	PGconn *pg;
 	struct obx_kafka kf;
 	bool kf_open;
 	struct obx_event_builder eb;
-	struct obx_poll_sql sql;
-	struct obx_rel rel; /* the claim's result columns, built once per connection */
+	struct obx_poll_sql sql; /* the statements of the table polled now (tables[round.cur].sql's) */
+	struct obx_rel rel;      /* the claim's result columns, built once per connection and table */
 	bool rel_built;
 	unsigned rel_version;
 	struct obx_pg_datum *datums;
@@ -59,6 +73,15 @@ struct poller {
 	long test_acks;
 #endif
 };
+
+/* poll_tables.c: (re)reads the tables polled: one for [source] table without several, else each
+ * table the server has that an entry matches.  Returns 0 or a negative OBX_E* with p->reason. */
+int obx_poll_tables_read(struct poller *p);
+/* poll_tables.c: makes table i the one polled (p->cfg, p->sql), reading its columns first the
+ * first time on this connection.  Returns 0 or a negative OBX_E* with p->reason. */
+int obx_poll_tables_use(struct poller *p, size_t i);
+/* poll_tables.c: frees the tables. */
+void obx_poll_tables_reset(struct poller *p);
 
 /* poll.c: one cycle (claim, produce, wait, record, mark, COMMIT): the rows claimed (> 0), 0 when
  * it claimed none or moved none (idle: wait for the poll interval), or a negative OBX_E* with
