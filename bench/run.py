@@ -800,6 +800,10 @@ def proc_usage(pid):
 
 def start_outboxd(conf, log_path):
     cmd = [os.environ.get("OBX_BENCH_OUTBOXD", os.path.join(BUILD, "outboxd")), "run", "-c", conf]
+    if os.environ.get("OBX_BENCH_PERF"):
+        # as Outboxd does: perf record -g into OBX_BENCH_PERF.<log name>
+        cmd = ["perf", "record", "-q", "--call-graph", os.environ.get("OBX_BENCH_PERF_CALLGRAPH", "fp"), "-o",
+               "%s.%s" % (os.environ["OBX_BENCH_PERF"], os.path.basename(log_path)), "--"] + cmd
     return subprocess.Popen(cmd, stdout=open(log_path, "w"), stderr=subprocess.STDOUT)
 
 

@@ -56,11 +56,29 @@ nomem:
 	return OBX_ENOMEM;
 }
 
+/* The first index whose relid is not below relid (c->rels is in relid order). */
+static size_t
+lower_bound(const struct obx_relcache *c, uint32_t relid)
+{
+	size_t lo = 0, hi = c->n;
+
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+
+		if (c->rels[mid].relid < relid)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
 int
 obx_relcache_update(struct obx_relcache *c, const struct obx_pgmsg *m)
 {
 	struct obx_rel nr = { 0 };
 	struct obx_rel *slot = NULL;
+	size_t pos;
 
 	nr.relid = m->u.relation.relid;
 	nr.nspname = strdup(m->u.relation.nspname);
@@ -78,10 +96,11 @@ obx_relcache_update(struct obx_relcache *c, const struct obx_pgmsg *m)
 	nr.natts = m->u.relation.natts;
 	nr.version = c->next_version++;
 
-	for (size_t i = 0; i < c->n; i++)
-		if (c->rels[i].relid == nr.relid)
-			slot = &c->rels[i];
-	if (slot != NULL) {
+	/* kept in relid order: a stream of every table's rows (a publication FOR ALL TABLES) looks
+	 * each row's relation up, so the lookup is a binary search */
+	pos = lower_bound(c, nr.relid);
+	if (pos < c->n && c->rels[pos].relid == nr.relid) {
+		slot = &c->rels[pos];
 		obx_rel_free(slot);
 	} else {
 		struct obx_rel *grown = reallocarray(c->rels, c->n + 1, sizeof(*grown));
@@ -89,7 +108,9 @@ obx_relcache_update(struct obx_relcache *c, const struct obx_pgmsg *m)
 		if (grown == NULL)
 			goto nomem;
 		c->rels = grown;
-		slot = &c->rels[c->n++];
+		memmove(&c->rels[pos + 1], &c->rels[pos], (c->n - pos) * sizeof(*grown));
+		c->n++;
+		slot = &c->rels[pos];
 	}
 	*slot = nr;
 	return 0;
@@ -101,10 +122,9 @@ nomem:
 const struct obx_rel *
 obx_relcache_get(const struct obx_relcache *c, uint32_t relid)
 {
-	for (size_t i = 0; i < c->n; i++)
-		if (c->rels[i].relid == relid)
-			return &c->rels[i];
-	return NULL;
+	size_t pos = lower_bound(c, relid);
+
+	return pos < c->n && c->rels[pos].relid == relid ? &c->rels[pos] : NULL;
 }
 
 int

@@ -336,6 +336,56 @@ test_time_formats(void **state)
 	assert_string_equal(buf, "2000-01-02T00:00:00.000001Z");
 }
 
+/* The relation cache over many relations in any order: each found, a replaced one current. */
+static void
+test_relcache_many(void **state)
+{
+	struct obx_relcache rc;
+	struct obx_pg_relcol col = { 0, "id", 25, -1 };
+	char name[32];
+
+	(void)state;
+	obx_relcache_init(&rc);
+	for (uint32_t i = 0; i < 2000; i++) {
+		uint32_t relid = 16384 + (i * 7919) % 2000; /* every id once, out of order */
+		struct obx_pgmsg m = { .type = 'R' };
+
+		snprintf(name, sizeof(name), "t%u", relid);
+		m.u.relation.relid = relid;
+		m.u.relation.nspname = "tenant";
+		m.u.relation.relname = name;
+		m.u.relation.natts = 1;
+		m.u.relation.cols = &col;
+		assert_int_equal(obx_relcache_update(&rc, &m), 0);
+	}
+	assert_int_equal(rc.n, 2000);
+	for (uint32_t relid = 16384; relid < 16384 + 2000; relid++) {
+		const struct obx_rel *r = obx_relcache_get(&rc, relid);
+
+		snprintf(name, sizeof(name), "t%u", relid);
+		assert_non_null(r);
+		assert_string_equal(r->relname, name);
+	}
+	assert_null(obx_relcache_get(&rc, 16383));
+	assert_null(obx_relcache_get(&rc, 16384 + 2000));
+	{
+		/* a Relation message again (ALTER TABLE): replaced in place, a new version */
+		struct obx_pgmsg m = { .type = 'R' };
+		unsigned before = obx_relcache_get(&rc, 17000)->version;
+
+		m.u.relation.relid = 17000;
+		m.u.relation.nspname = "tenant";
+		m.u.relation.relname = "renamed";
+		m.u.relation.natts = 1;
+		m.u.relation.cols = &col;
+		assert_int_equal(obx_relcache_update(&rc, &m), 0);
+		assert_int_equal(rc.n, 2000);
+		assert_string_equal(obx_relcache_get(&rc, 17000)->relname, "renamed");
+		assert_true(obx_relcache_get(&rc, 17000)->version != before);
+	}
+	obx_relcache_reset(&rc);
+}
+
 int
 main(void)
 {
@@ -345,6 +395,7 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_rows_that_cannot_become_events, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_reserved_header_names, setup, teardown),
 		cmocka_unit_test(test_time_formats),
+		cmocka_unit_test(test_relcache_many),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
