@@ -243,12 +243,17 @@ int
 obx_pgsetup_publication(PGconn *c, const struct obx_config *cfg, bool in_recovery, char *errbuf, size_t errlen)
 {
 	struct obx_pgsetup_names nm;
+	struct obx_config view;
 	char relkind = 'r';
 	bool viaroot = false;
 	int r;
 
-	if (obx_tables_several(cfg))
+	/* one table (an override section or not): its publication as always, in its mapping */
+	if (cfg->n_tables > 1 || obx_tables_wild(cfg))
 		return obx_pgsetup_publication_tables(c, cfg, in_recovery, errbuf, errlen);
+	obx_tables_view(cfg, obx_tables_mapping(cfg, cfg->table_schema, cfg->table_name), cfg->table_schema,
+	    cfg->table_name, &view);
+	cfg = &view;
 	if ((r = obx_pgsetup_names_init(&nm, c, cfg, errbuf, errlen)) != 0)
 		return r;
 	r = table_relkind(c, cfg, &nm, &relkind, errbuf, errlen);

@@ -169,13 +169,22 @@ session_open(struct poller *p)
 	}
 	/* the tables, afresh on each connection (their columns are read again too) */
 	obx_poll_tables_reset(p);
+	p->warned_missing = false;
 	if ((r = obx_poll_tables_read(p)) != 0)
 		return r;
 	for (size_t i = 0; i < p->ntables; i++)
-		if ((r = obx_poll_tables_use(p, i)) != 0)
+		if ((r = obx_poll_tables_use(p, i)) != 0 && r != OBX_ENOENT)
 			return r;
-	if (p->ntables > 0 && (r = obx_poll_tables_use(p, 0)) != 0)
-		return r;
+	/* a claim that failed ended the last session: start after its table, so one table's
+	 * failure cannot keep the tables after it from their turn */
+	for (size_t i = 0; p->failed_table[0] != '\0' && i < p->ntables; i++) {
+		char name[sizeof(p->failed_table)];
+
+		snprintf(name, sizeof(name), "%s.%s", p->tables[i].schema, p->tables[i].name);
+		if (strcmp(name, p->failed_table) == 0)
+			p->round.cur = (i + 1) % p->ntables;
+	}
+	p->failed_table[0] = '\0';
 	p->listening = false;
 	if (p->cfg->poll_notify_channel[0] != '\0') {
 		char chan[256] = "", q[300];
@@ -256,13 +265,14 @@ poll_run(void *ctx)
 		}
 		if (p->ntables == 0) {
 			n = 0; /* a pattern that matches no table yet: its tables are read every round */
-		} else {
-			if ((r = obx_poll_tables_use(p, p->round.cur)) != 0)
-				break;
-			if ((n = obx_poll_cycle(p)) < 0) {
+		} else if ((r = obx_poll_tables_use(p, p->round.cur)) == OBX_ENOENT) {
+			n = 0; /* left out this round (logged) */
+		} else if (r != 0 || (n = obx_poll_cycle(p)) < 0) {
+			if (r == 0)
 				r = n;
-				break;
-			}
+			snprintf(p->failed_table, sizeof(p->failed_table), "%s.%s", p->tables[p->round.cur].schema,
+			    p->tables[p->round.cur].name);
+			break;
 		}
 		if (obx_mono_ms() >= p->next_stats_ms)
 			stats(p);

@@ -14,6 +14,7 @@
 #include "obx/core/tables.h"
 #include "obx/pg/tables.h"
 #include "obx/pg/util.h"
+#include "obx/sys/log.h"
 #include "obx/run/poll_int.h"
 
 void
@@ -69,11 +70,29 @@ obx_poll_tables_read(struct poller *p)
 	} else {
 		for (size_t i = 0; i < tl.n && r == 0; i++)
 			r = add_table(base, &ts, &n, tl.t[i].schema, tl.t[i].name, tl.t[i].mapping);
-		if (r == 0 && n == 0 && !obx_tables_wild(base)) {
-			snprintf(p->reason, sizeof(p->reason),
-			    "no table of [source] table exists (create them, see sql/001_outbox.sql and "
-			    "sql/008_polling.sql)");
-			r = OBX_ECONFIG;
+		/* a listed table the server lacks: refused at start (a typo would lose its rows),
+		 * a warning once running (dropped, as in logical mode) */
+		for (size_t i = 0; i < base->n_tables && r == 0; i++) {
+			const struct obx_table_pat *e = &base->tables[i];
+			bool found = e->schema_wild || e->name_wild;
+
+			for (size_t j = 0; j < tl.n && !found; j++)
+				found = strcmp(tl.t[j].schema, e->schema) == 0 &&
+				    strcmp(tl.t[j].name, e->name) == 0;
+			if (found)
+				continue;
+			if (!p->tables_read_once) {
+				snprintf(p->reason, sizeof(p->reason),
+				    "outbox table %s.%s of [source] table does not exist (create it, see "
+				    "sql/001_outbox.sql and sql/008_polling.sql, or take it out of [source] table)",
+				    e->schema, e->name);
+				r = OBX_ECONFIG;
+			} else if (!p->warned_missing) {
+				obx_log_warn("outbox table %s.%s of [source] table does not exist (dropped?); the "
+				             "other tables are polled",
+				    e->schema, e->name);
+				p->warned_missing = true;
+			}
 		}
 	}
 	obx_pg_tables_reset(&tl);
@@ -88,16 +107,19 @@ obx_poll_tables_read(struct poller *p)
 		free(ts);
 		return r;
 	}
-	/* a table already read keeps its columns' check */
+	/* a table already read keeps its columns' check, and one left out stays out for a while */
 	for (size_t i = 0; i < n; i++)
 		for (size_t j = 0; j < p->ntables; j++)
-			if (p->tables[j].checked && strcmp(ts[i].schema, p->tables[j].schema) == 0 &&
-			    strcmp(ts[i].name, p->tables[j].name) == 0)
-				ts[i].checked = true;
+			if (strcmp(ts[i].schema, p->tables[j].schema) == 0 &&
+			    strcmp(ts[i].name, p->tables[j].name) == 0) {
+				ts[i].checked = p->tables[j].checked;
+				ts[i].skip = p->tables[j].skip && obx_mono_ms() < p->skips_until_ms;
+			}
 	obx_poll_tables_reset(p);
 	p->tables = ts;
 	p->ntables = n;
 	obx_poll_round_init(&p->round, n);
+	p->tables_read_once = true;
 	p->rel_built = false;
 	if (n > 0) {
 		p->cfg = &ts[0].view;
@@ -106,33 +128,59 @@ obx_poll_tables_read(struct poller *p)
 	return 0;
 }
 
+/* True when only a pattern of [source] table matches t (no entry names it). */
+static bool
+by_pattern_only(const struct obx_config *base, const struct obx_poll_table *t)
+{
+	for (size_t i = 0; i < base->n_tables; i++) {
+		const struct obx_table_pat *e = &base->tables[i];
+
+		if (!e->schema_wild && !e->name_wild && strcmp(e->schema, t->schema) == 0 &&
+		    strcmp(e->name, t->name) == 0)
+			return false;
+	}
+	return true;
+}
+
 int
 obx_poll_tables_use(struct poller *p, size_t i)
 {
 	struct obx_poll_table *t = &p->tables[i];
+	const char *state, *primary;
 	char err[512];
 	PGresult *res;
+	bool missing;
 
 	if (p->cfg != &t->view)
 		p->rel_built = false; /* another table's columns */
 	p->cfg = &t->view;
 	p->sql = t->sql;
+	if (t->skip)
+		return OBX_ENOENT;
 	if (t->checked)
 		return 0;
-	res = PQexec(p->pg, t->sql.check);
-	if (PQresultStatus(res) != PGRES_TUPLES_OK) {
-		const char *state = PQresultErrorField(res, PG_DIAG_SQLSTATE);
-		const char *primary = PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY);
-		bool missing = state != NULL && (strcmp(state, "42703") == 0 || strcmp(state, "42P01") == 0);
-
-		snprintf(p->reason, sizeof(p->reason), "could not read the outbox table %s.%s for polling: %s%s",
-		    t->schema, t->name,
-		    primary != NULL ? primary : obx_pg_result_error_line(res, err, sizeof(err)),
-		    missing ? " (apply sql/008_polling.sql, or map the columns in [outbox])" : "");
+	/* through obx_poll_exec(): a check that waits on a lock (ALTER TABLE) stays cancellable */
+	if ((res = obx_poll_exec(p, t->sql.check)) == NULL)
+		return OBX_EIO; /* stopped, or the statement could not be sent: p->reason says */
+	if (PQresultStatus(res) == PGRES_TUPLES_OK) {
 		PQclear(res);
-		return missing ? OBX_ECONFIG : OBX_EIO;
+		t->checked = true;
+		return 0;
 	}
+	state = PQresultErrorField(res, PG_DIAG_SQLSTATE);
+	primary = PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY);
+	missing = state != NULL && (strcmp(state, "42703") == 0 || strcmp(state, "42P01") == 0);
+	snprintf(p->reason, sizeof(p->reason), "could not read the outbox table %s.%s for polling: %s%s",
+	    t->schema, t->name, primary != NULL ? primary : obx_pg_result_error_line(res, err, sizeof(err)),
+	    missing ? " (apply sql/008_polling.sql, or map the columns in [outbox])" : "");
 	PQclear(res);
-	t->checked = true;
-	return 0;
+	if (missing && obx_tables_several(p->base) && by_pattern_only(p->base, t)) {
+		/* a tenant half set up (its polling columns come in a later migration) or just
+		 * dropped: the others go on; the table is read again after the round */
+		obx_log_warn("%s; left out, and tried again in 30 s", p->reason);
+		t->skip = true;
+		p->skips_until_ms = obx_mono_ms() + 30000;
+		return OBX_ENOENT;
+	}
+	return missing ? OBX_ECONFIG : OBX_EIO;
 }

@@ -34,6 +34,7 @@ struct obx_poll_table {
 	struct obx_config view; /* borrows from the configuration and the names above */
 	struct obx_poll_sql sql;
 	bool checked; /* its columns were read once on this connection */
+	bool skip;    /* a table a pattern matches that cannot be polled: left out until the next read */
 };
 
 struct poller {
@@ -42,6 +43,10 @@ struct poller {
 	struct obx_poll_table *tables; /* every table polled, in turn (poll_tables.c) */
 	size_t ntables;
 	struct obx_poll_round round;
+	bool tables_read_once;  /* a first session read the tables: a missing listed one is a warning now */
+	bool warned_missing;    /* this session said so already */
+	int64_t skips_until_ms; /* tables left out stay out until then (a warning each 30 s, not each round) */
+	char failed_table[132]; /* the table whose claim ended the last session: the next starts after it */
 	const struct obx_run_opts *opts;
 	PGconn *pg;
 	struct obx_kafka kf;
@@ -78,7 +83,9 @@ struct poller {
  * table the server has that an entry matches.  Returns 0 or a negative OBX_E* with p->reason. */
 int obx_poll_tables_read(struct poller *p);
 /* poll_tables.c: makes table i the one polled (p->cfg, p->sql), reading its columns first the
- * first time on this connection.  Returns 0 or a negative OBX_E* with p->reason. */
+ * first time on this connection.  Returns 0, OBX_ENOENT when the table is left out this round (a
+ * pattern's table without polling's columns, or dropped: logged), or a negative OBX_E* with
+ * p->reason. */
 int obx_poll_tables_use(struct poller *p, size_t i);
 /* poll_tables.c: frees the tables. */
 void obx_poll_tables_reset(struct poller *p);
