@@ -438,7 +438,7 @@ test_polling_several_tables(void **state)
 {
 	struct t_msg *m;
 	size_t n;
-	char *busy_done, *quiet_done;
+	char *busy_done, *quiet_done, cmd[512];
 	int st;
 
 	(void)state;
@@ -466,6 +466,13 @@ test_polling_several_tables(void **state)
 			fail_msg("outboxd check failed:\n%s", out);
 		expect_in(out, "table: p1.outbox (mapping: [outbox])");
 		expect_in(out, "table: p2.outbox (mapping: [outbox])");
+		/* status: the sums and each table */
+		snprintf(cmd, sizeof(cmd), "%s status -c %s 2>&1", getenv("OBX_OUTBOXD"), R.conf);
+		if (t_run_capture(cmd, out, sizeof(out)) != 0)
+			fail_msg("outboxd status failed:\n%s", out);
+		expect_in(out, "pending_rows                605");
+		expect_in(out, "p1.outbox: 600 pending");
+		expect_in(out, "p2.outbox: 5 pending");
 	}
 	t_relay_start(&R, NULL, 0);
 	/* a table created while polling joins the rotation; one without polling's columns (its
