@@ -386,13 +386,14 @@ int
 obx_event_build(struct obx_event_builder *b, const struct obx_rel *rel, const struct obx_pg_tuple *t,
     const struct obx_txninfo *txn, uint32_t seq, struct obx_event *out, char *errbuf, size_t errlen)
 {
-	const struct obx_config *c = b->cfg;
+	const struct obx_config *c;
 	const struct obx_pg_datum *d_id, *d_key, *d_type, *d_payload, *d;
 	size_t nh = 0;
 	int rc;
 
 	clear_dumps(b);
 	resolve(b, rel);
+	c = b->cfg; /* the mapping of rel's table: resolve() chose it */
 	if ((rc = datum(t, b->i_id, c->col_id, "id", &d_id, errbuf, errlen)) != 0 ||
 	    (rc = datum(t, b->i_key, c->col_key, "key", &d_key, errbuf, errlen)) != 0 ||
 	    (rc = datum(t, b->i_type, c->col_type, "type", &d_type, errbuf, errlen)) != 0 ||

@@ -21,8 +21,9 @@ static void
 poison_row(struct obx_core *c, const struct obx_rel *rel, const struct obx_pg_tuple *t, uint64_t ticket,
     const char *reason)
 {
-	char lsn[OBX_LSN_STRLEN], seq[16], xid[16];
-	struct obx_header h[4];
+	char lsn[OBX_LSN_STRLEN], seq[16], xid[16], table[2 * 64 + 2];
+	struct obx_header h[5];
+	size_t nh = 4;
 	struct obx_record rec;
 	char *row;
 	struct obx_logfields f = { .lsn = c->txn.commit_lsn, .xid = c->txn.xid };
@@ -41,6 +42,11 @@ poison_row(struct obx_core *c, const struct obx_rel *rel, const struct obx_pg_tu
 	h[1] = (struct obx_header){ "seq", seq, strlen(seq) };
 	h[2] = (struct obx_header){ "xid", xid, strlen(xid) };
 	h[3] = (struct obx_header){ "error", reason, strlen(reason) };
+	if (c->eb.table_header && !rel->message) {
+		/* several tables: the copy says its table, like the record it stands for */
+		snprintf(table, sizeof(table), "%s.%s", rel->nspname, rel->relname);
+		h[nh++] = (struct obx_header){ OBX_TABLE_HEADER, table, strlen(table) };
+	}
 	row = obx_event_row_json(rel, t);
 	if (row == NULL) {
 		fail(c, OBX_CORE_END_FATAL, "out of memory");
@@ -51,7 +57,7 @@ poison_row(struct obx_core *c, const struct obx_rel *rel, const struct obx_pg_tu
 	    "dead-lettering the row to %s",
 	    lsn, reason, c->cfg->dead_letter_topic);
 	rec = (struct obx_record){ c->cfg->dead_letter_topic, NULL, 0, row, strlen(row),
-		(c->txn.commit_time + OBX_PG_EPOCH_OFFSET_US) / 1000, h, 4 };
+		(c->txn.commit_time + OBX_PG_EPOCH_OFFSET_US) / 1000, h, nh };
 	obx_rc_send_record(c, &rec, ticket, true);
 	free(row);
 }

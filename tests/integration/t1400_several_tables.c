@@ -538,6 +538,50 @@ test_polling_several_tables(void **state)
 	}
 }
 
+/* Dead-lettering in a table's own mapping: a row its override's key column leaves NULL. */
+static void
+test_dead_letter_across_tables(void **state)
+{
+	struct t_msg *m;
+	size_t n;
+	char *bad;
+	int st;
+
+	(void)state;
+	t_relay_setup(&R, "tabdl", 1);
+	t_exec(R.pg, "CREATE SCHEMA d1; CREATE SCHEMA d2");
+	t_exec(R.pg, "CREATE TABLE d1.outbox " OUTBOX_COLUMNS);
+	t_exec(R.pg,
+	    "CREATE TABLE d2.outbox (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), account text, body jsonb)");
+	t_relay_config(&R,
+	    "[source]\ntable = d1.outbox, d2.outbox\n[outbox]\ntopic = dl\n"
+	    "[outbox.d2.outbox]\nkey = account\ntype = account\npayload = body\n"
+	    "[delivery]\non_error = dead_letter\n");
+	t_relay_start(&R, NULL, 1);
+	t_exec(R.pg,
+	    "INSERT INTO d1.outbox (aggregatetype, aggregateid, type, payload) VALUES ('d', 'k1', 'T', '{}')");
+	bad = t_query1(R.pg, "INSERT INTO d2.outbox (account, body) VALUES (NULL, '{}') RETURNING id");
+	t_exec(R.pg, "INSERT INTO d2.outbox (account, body) VALUES ('a1', '{}')");
+	assert_true(t_wait_confirmed_current(&R, 30000));
+	n = t_consume_all(R.b.bootstrap, "outbox.dead_letter", 15000, &m);
+	assert_int_equal(n, 1);
+	/* the row as JSON, with the reason in its mapping's words and its table */
+	assert_non_null(strstr(m[0].value, bad));
+	assert_string_equal(t_msg_header(&m[0], "table"), "d2.outbox");
+	if (t_msg_header(&m[0], "error") == NULL || strstr(t_msg_header(&m[0], "error"), "account") == NULL) {
+		t_log_dump(&R);
+		fail_msg("dead-letter record error header: %s",
+		    t_msg_header(&m[0], "error") ? t_msg_header(&m[0], "error") : "(none)");
+	}
+	t_msgs_free(m, n);
+	n = t_consume_all(R.b.bootstrap, "dl", 15000, &m);
+	assert_int_equal(n, 2);
+	t_msgs_free(m, n);
+	free(bad);
+	st = t_relay_signal(&R, SIGTERM, 40000);
+	assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+}
+
 /* A pattern with a publication of named tables would miss a new tenant's first rows: refused. */
 static void
 test_pattern_refuses_named_publication(void **state)
@@ -608,6 +652,7 @@ main(void)
 		cmocka_unit_test_teardown(test_exactly_once_across_tables, teardown),
 		cmocka_unit_test_teardown(test_snapshot_pending_across_tables, teardown),
 		cmocka_unit_test_teardown(test_polling_several_tables, teardown),
+		cmocka_unit_test_teardown(test_dead_letter_across_tables, teardown),
 		cmocka_unit_test_teardown(test_pattern_refuses_named_publication, teardown),
 	};
 

@@ -336,6 +336,90 @@ test_time_formats(void **state)
 	assert_string_equal(buf, "2000-01-02T00:00:00.000001Z");
 }
 
+/*
+ * Several tables with their own mappings, rows alternating: each row is built in its table's
+ * mapping (key, topic, headers), the first row after a switch too, and says its table.
+ */
+static void
+test_mappings_alternate(void **state)
+{
+	struct fixture *f = *state;
+	static const struct col orders[] = {
+		{ "id", 25, "o1" },
+		{ "aggregatetype", 25, "order" },
+		{ "aggregateid", 25, "o-1" },
+		{ "type", 25, "Created" },
+		{ "payload", 3802, "{}" },
+		{ "region", 25, "eu" },
+	};
+	static const struct col billing[] = {
+		{ "id", 25, "b1" },
+		{ "account", 25, "acc-9" },
+		{ "kind", 25, "Billed" },
+		{ "body", 3802, "{}" },
+	};
+	struct obx_event e;
+	char err[512];
+
+	(void)state;
+	set(&f->cfg, "source", "table", "orders.outbox, billing.outbox");
+	/* orders' own header (an [outbox] header.* would be inherited by billing too) */
+	assert_int_equal(obx_config_set(&f->cfg, "outbox.orders.outbox", "header.region", "region", "t:0", false,
+	                     err, sizeof(err)),
+	    0);
+	assert_int_equal(
+	    obx_config_set(&f->cfg, "outbox.billing.outbox", "key", "account", "t:1", false, err, sizeof(err)), 0);
+	assert_int_equal(
+	    obx_config_set(&f->cfg, "outbox.billing.outbox", "type", "kind", "t:2", false, err, sizeof(err)), 0);
+	assert_int_equal(obx_config_set(&f->cfg, "outbox.billing.outbox", "payload", "body", "t:3", false, err,
+	                     sizeof(err)),
+	    0);
+	assert_int_equal(obx_config_set(&f->cfg, "outbox.billing.outbox", "topic", "billing", "t:4", false, err,
+	                     sizeof(err)),
+	    0);
+	set(&f->cfg, "kafka", "bootstrap.servers", "x:1");
+	assert_int_equal(obx_config_finish(&f->cfg, "t", err, sizeof(err)), 0);
+	assert_int_equal(obx_event_builder_init(&f->eb, &f->cfg), 0);
+	for (int round = 0; round < 2; round++) {
+		row(f, "orders", "outbox", orders, 6);
+		assert_true(obx_event_is_outbox(&f->eb, f->rel));
+		assert_int_equal(
+		    obx_event_build(&f->eb, f->rel, &f->ins.u.insert.tuple, &txn, 0, &e, err, sizeof(err)), 0);
+		assert_string_equal(e.topic, "outbox.event.order");
+		assert_memory_equal(e.key, "o-1", 3);
+		expect_hdr(&e, "region", "eu");
+		expect_hdr(&e, "table", "orders.outbox");
+		row(f, "billing", "outbox", billing, 4);
+		assert_int_equal(
+		    obx_event_build(&f->eb, f->rel, &f->ins.u.insert.tuple, &txn, 0, &e, err, sizeof(err)), 0);
+		assert_string_equal(e.topic, "billing");
+		assert_memory_equal(e.key, "acc-9", 5);
+		expect_hdr(&e, "type", "Billed");
+		expect_hdr(&e, "table", "billing.outbox");
+		/* billing maps no region: the header list is its own, not the last table's */
+		for (size_t i = 0; i < e.nheaders; i++)
+			assert_true(strcmp(e.headers[i].name, "region") != 0);
+	}
+	/* a NULL key is named in the table's own words */
+	{
+		struct col bad[4];
+
+		memcpy(bad, billing, sizeof(bad));
+		bad[1].value = NULL;
+		row(f, "orders", "outbox", orders, 6);
+		assert_int_equal(
+		    obx_event_build(&f->eb, f->rel, &f->ins.u.insert.tuple, &txn, 0, &e, err, sizeof(err)), 0);
+		row(f, "billing", "outbox", bad, 4);
+		assert_int_equal(obx_event_build(&f->eb, f->rel, &f->ins.u.insert.tuple, &txn, 0, &e, err,
+		                     sizeof(err)),
+		    OBX_EINVAL);
+		assert_string_equal(err, "key column 'account' is NULL");
+	}
+	/* a table no entry names is no outbox */
+	row(f, "public", "business", billing, 4);
+	assert_false(obx_event_is_outbox(&f->eb, f->rel));
+}
+
 /* The relation cache over many relations in any order: each found, a replaced one current. */
 static void
 test_relcache_many(void **state)
@@ -396,6 +480,7 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_reserved_header_names, setup, teardown),
 		cmocka_unit_test(test_time_formats),
 		cmocka_unit_test(test_relcache_many),
+		cmocka_unit_test_setup_teardown(test_mappings_alternate, setup, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
