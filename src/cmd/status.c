@@ -78,7 +78,7 @@ print_figure(const char *name, double v, bool integer)
 	else if (integer)
 		printf("%-27s %.0f\n", name, v);
 	else
-		printf("%-27s %g\n", name, v);
+		printf("%-27s %.3f\n", name, v);
 }
 
 /*
@@ -114,8 +114,21 @@ poll_status(PGconn *conn, const struct obx_config *cfg, bool json)
 			obx_tables_view(cfg, tl.t[t].mapping, tl.t[t].schema, tl.t[t].name, &view);
 		else
 			view = *cfg;
-		if (table_stats(conn, &view, each[t]) != 0)
-			goto out;
+		if (table_stats(conn, &view, each[t]) != 0) {
+			/* a table a pattern matches may be half set up or just dropped: the others
+			 * still count (as the relay does); one named in [source] table fails status */
+			bool named = !obx_tables_several(cfg);
+
+			for (size_t e = 0; e < cfg->n_tables && !named; e++)
+				named = !cfg->tables[e].schema_wild && !cfg->tables[e].name_wild &&
+				    strcmp(cfg->tables[e].schema, view.table_schema) == 0 &&
+				    strcmp(cfg->tables[e].name, view.table_name) == 0;
+			if (named)
+				goto out;
+			for (int i = 0; i < 4; i++)
+				each[t][i] = NAN;
+			continue;
+		}
 		for (int i = 0; i < 4; i++)
 			all[i] = isnan(each[t][i]) ? all[i] :
 			    i % 2 == 0             ? all[i] + each[t][i] :

@@ -192,10 +192,17 @@ dead_letter(struct poller *p, size_t i, const struct obx_event *ev, bool built, 
 		PQclear(jr);
 		return obx_pollcore_failed(&p->pc, i, OBX_POLL_FAILED_DEAD_LETTER, errbuf);
 	}
-	rec = (struct obx_record){ p->cfg->dead_letter_topic, NULL, 0, PQgetvalue(jr, 0, 0),
-		(size_t)PQgetlength(jr, 0, 0), 0,
-		(const struct obx_header[]){ { "seq", seq, strlen(seq) }, { "error", last, strlen(last) } }, 2 };
-	o = obx_dlv_send(&p->dlv, &rec, i, true, obx_mono_ms(), &res);
+	{
+		/* several tables: the copy says its table (each table's seq is its own) */
+		char table[2 * 64 + 2];
+		struct obx_header hs[3] = { { "seq", seq, strlen(seq) }, { "error", last, strlen(last) } };
+
+		snprintf(table, sizeof(table), "%s.%s", p->cfg->table_schema, p->cfg->table_name);
+		hs[2] = (struct obx_header){ OBX_TABLE_HEADER, table, strlen(table) };
+		rec = (struct obx_record){ p->cfg->dead_letter_topic, NULL, 0, PQgetvalue(jr, 0, 0),
+			(size_t)PQgetlength(jr, 0, 0), 0, hs, p->eb.table_header ? 3 : 2 };
+		o = obx_dlv_send(&p->dlv, &rec, i, true, obx_mono_ms(), &res);
+	}
 	PQclear(jr);
 	return delivered(p, o, &res, false, NULL);
 }

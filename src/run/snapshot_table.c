@@ -123,9 +123,11 @@ build_rel(struct obx_snapshot *s, const PGresult *res)
 static int
 bad_row(struct obx_snapshot *s, const struct obx_pg_tuple *t, const char *table_ctid, const char *reason)
 {
-	struct obx_header hs[2] = {
+	char table[2 * 64 + 2];
+	struct obx_header hs[3] = {
 		{ "error", reason, strlen(reason) },
 		{ "snapshot", s->point, strlen(s->point) },
+		{ OBX_TABLE_HEADER, table, 0 },
 	};
 	struct obx_dlv_result res;
 	struct obx_record rec;
@@ -143,7 +145,11 @@ bad_row(struct obx_snapshot *s, const struct obx_pg_tuple *t, const char *table_
 		obx_snap_fail(s, OBX_ENOMEM, "out of memory");
 		return s->end;
 	}
-	rec = (struct obx_record){ s->cfg->dead_letter_topic, NULL, 0, row, strlen(row), 0, hs, 2 };
+	/* several tables: the copy says its table, like the stream's */
+	snprintf(table, sizeof(table), "%s.%s", s->cfg->table_schema, s->cfg->table_name);
+	hs[2].len = strlen(table);
+	rec = (struct obx_record){ s->cfg->dead_letter_topic, NULL, 0, row, strlen(row), 0, hs,
+		s->eb.table_header ? 3 : 2 };
 	/* bounded like every record of the snapshot: at most max_inflight_bytes plus one row */
 	if ((r = obx_snap_wait_reports(s, obx_snap_room_for, rec.len)) == 0)
 		r = obx_snap_delivered(s, obx_dlv_send(&s->dlv, &rec, s->rows, true, obx_mono_ms(), &res), &res);
