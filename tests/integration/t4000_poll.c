@@ -337,7 +337,16 @@ test_broker_down_sigterm(void **state)
 	t_exec(R.pg,
 	    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
 	    "SELECT 'term', 'k' || g, 'T', jsonb_build_object('i', g) FROM generate_series(1, 12000) g");
-	sleep(5);
+	/* the batch claimed and waiting for the broker (the claim itself can take seconds on a
+	 * server other programs keep busy, and a stop during it has nothing to finish) */
+	t0 = t_now_ms() + 60000;
+	while (t_log_count(&R, "waiting for the broker to acknowledge") == 0) {
+		if (t_now_ms() > t0) {
+			t_log_dump(&R);
+			fail_msg("the claimed batch never waited for the broker");
+		}
+		usleep(100000);
+	}
 	for (int i = 0; i < 3; i++) {
 		assert_int_equal(t_http_get(port, "/healthz", body, sizeof(body)), 200);
 		usleep(500000);
