@@ -313,6 +313,7 @@ obx_cmd_check(const struct obx_config *cfg, const char *standby)
 	char err[1024], ver[32];
 	struct obx_pgfacts facts;
 	struct obx_pg_tables tl;
+	const struct obx_table_pat *e;
 	PGconn *conn;
 	char *v;
 	bool has_table, in_recovery;
@@ -366,16 +367,8 @@ obx_cmd_check(const struct obx_config *cfg, const char *standby)
 		else if (tl.n == 0)
 			obx_check_report(&cx, obx_tables_wild(cfg) ? "WARN" : "FAIL",
 			    "tables: no table of [source] table exists yet");
-		for (size_t i = 0; i < cfg->n_tables; i++) {
-			const struct obx_table_pat *e = &cfg->tables[i];
-			bool found = e->schema_wild || e->name_wild;
-
-			for (size_t j = 0; j < tl.n && !found; j++)
-				found = strcmp(tl.t[j].schema, e->schema) == 0 &&
-				    strcmp(tl.t[j].name, e->name) == 0;
-			if (!found)
-				obx_check_report(&cx, "FAIL", "table: %s.%s does not exist", e->schema, e->name);
-		}
+		for (size_t next = 0; (e = obx_tables_next_missing(cfg, &next, obx_pg_tables_has, &tl)) != NULL;)
+			obx_check_report(&cx, "FAIL", "table: %s.%s does not exist", e->schema, e->name);
 		for (size_t i = 0; i < tl.n; i++) {
 			struct obx_config view;
 

@@ -117,13 +117,7 @@ poll_status(PGconn *conn, const struct obx_config *cfg, bool json)
 		if (table_stats(conn, &view, each[t]) != 0) {
 			/* a table a pattern matches may be half set up or just dropped: the others
 			 * still count (as the relay does); one named in [source] table fails status */
-			bool named = !obx_tables_several(cfg);
-
-			for (size_t e = 0; e < cfg->n_tables && !named; e++)
-				named = !cfg->tables[e].schema_wild && !cfg->tables[e].name_wild &&
-				    strcmp(cfg->tables[e].schema, view.table_schema) == 0 &&
-				    strcmp(cfg->tables[e].name, view.table_name) == 0;
-			if (named)
+			if (!obx_tables_may_leave_out(cfg, view.table_schema, view.table_name))
 				goto out;
 			for (int i = 0; i < 4; i++)
 				each[t][i] = NAN;

@@ -72,6 +72,34 @@ obx_tables_several(const struct obx_config *cfg)
 	return cfg->n_tables > 1 || obx_tables_wild(cfg) || cfg->n_overrides > 0;
 }
 
+bool
+obx_tables_may_leave_out(const struct obx_config *cfg, const char *schema, const char *name)
+{
+	if (!obx_tables_several(cfg))
+		return false;
+	for (size_t i = 0; i < cfg->n_tables; i++) {
+		const struct obx_table_pat *e = &cfg->tables[i];
+
+		if (!e->schema_wild && !e->name_wild && strcmp(e->schema, schema) == 0 &&
+		    strcmp(e->name, name) == 0)
+			return false;
+	}
+	return true;
+}
+
+const struct obx_table_pat *
+obx_tables_next_missing(const struct obx_config *cfg, size_t *next,
+    bool (*has)(void *ctx, const char *schema, const char *name), void *ctx)
+{
+	while (*next < cfg->n_tables) {
+		const struct obx_table_pat *e = &cfg->tables[(*next)++];
+
+		if (!e->schema_wild && !e->name_wild && !has(ctx, e->schema, e->name))
+			return e;
+	}
+	return NULL;
+}
+
 int
 obx_tables_mapping(const struct obx_config *cfg, const char *schema, const char *name)
 {

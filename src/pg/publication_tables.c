@@ -30,6 +30,17 @@ obx_pg_tables_reset(struct obx_pg_tables *t)
 	memset(t, 0, sizeof(*t));
 }
 
+bool
+obx_pg_tables_has(void *ctx, const char *schema, const char *name)
+{
+	const struct obx_pg_tables *tl = ctx;
+
+	for (size_t i = 0; i < tl->n; i++)
+		if (strcmp(tl->t[i].schema, schema) == 0 && strcmp(tl->t[i].name, name) == 0)
+			return true;
+	return false;
+}
+
 int
 obx_pg_tables_read(PGconn *c, const struct obx_config *cfg, struct obx_pg_tables *out, char *errbuf, size_t errlen)
 {
@@ -157,23 +168,18 @@ out:
 static int
 missing_table(const struct obx_config *cfg, const struct obx_pg_tables *tl, char *errbuf, size_t errlen)
 {
-	for (size_t i = 0; i < cfg->n_tables; i++) {
-		const struct obx_table_pat *p = &cfg->tables[i];
-		bool found = false;
+	const struct obx_table_pat *p;
+	size_t next = 0;
 
-		if (p->schema_wild || p->name_wild)
-			continue;
-		for (size_t j = 0; j < tl->n && !found; j++)
-			found = strcmp(tl->t[j].schema, p->schema) == 0 && strcmp(tl->t[j].name, p->name) == 0;
-		if (!found && tl->pub_exists)
-			obx_log_warn("outbox table %s.%s of [source] table does not exist (dropped?); the other "
-			             "tables are relayed",
-			    p->schema, p->name);
-		else if (!found)
+	while ((p = obx_tables_next_missing(cfg, &next, obx_pg_tables_has, (void *)tl)) != NULL) {
+		if (!tl->pub_exists)
 			return obx_pgsetup_failf(errbuf, errlen, OBX_ECONFIG,
 			    "outbox table %s.%s of [source] table does not exist (create it, see sql/, or take it "
 			    "out of [source] table)",
 			    p->schema, p->name);
+		obx_log_warn("outbox table %s.%s of [source] table does not exist (dropped?); the other "
+		             "tables are relayed",
+		    p->schema, p->name);
 	}
 	return 0;
 }

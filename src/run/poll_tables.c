@@ -72,15 +72,10 @@ obx_poll_tables_read(struct poller *p)
 			r = add_table(base, &ts, &n, tl.t[i].schema, tl.t[i].name, tl.t[i].mapping);
 		/* a listed table the server lacks: refused at start (a typo would lose its rows),
 		 * a warning once running (dropped, as in logical mode) */
-		for (size_t i = 0; i < base->n_tables && r == 0; i++) {
-			const struct obx_table_pat *e = &base->tables[i];
-			bool found = e->schema_wild || e->name_wild;
+		const struct obx_table_pat *e;
+		size_t next = 0;
 
-			for (size_t j = 0; j < tl.n && !found; j++)
-				found = strcmp(tl.t[j].schema, e->schema) == 0 &&
-				    strcmp(tl.t[j].name, e->name) == 0;
-			if (found)
-				continue;
+		while (r == 0 && (e = obx_tables_next_missing(base, &next, obx_pg_tables_has, &tl)) != NULL) {
 			if (!p->tables_read_once) {
 				snprintf(p->reason, sizeof(p->reason),
 				    "outbox table %s.%s of [source] table does not exist (create it, see "
@@ -128,20 +123,6 @@ obx_poll_tables_read(struct poller *p)
 	return 0;
 }
 
-/* True when only a pattern of [source] table matches t (no entry names it). */
-static bool
-by_pattern_only(const struct obx_config *base, const struct obx_poll_table *t)
-{
-	for (size_t i = 0; i < base->n_tables; i++) {
-		const struct obx_table_pat *e = &base->tables[i];
-
-		if (!e->schema_wild && !e->name_wild && strcmp(e->schema, t->schema) == 0 &&
-		    strcmp(e->name, t->name) == 0)
-			return false;
-	}
-	return true;
-}
-
 int
 obx_poll_tables_use(struct poller *p, size_t i)
 {
@@ -174,7 +155,7 @@ obx_poll_tables_use(struct poller *p, size_t i)
 	    t->schema, t->name, primary != NULL ? primary : obx_pg_result_error_line(res, err, sizeof(err)),
 	    missing ? " (apply sql/008_polling.sql, or map the columns in [outbox])" : "");
 	PQclear(res);
-	if (missing && obx_tables_several(p->base) && by_pattern_only(p->base, t)) {
+	if (missing && obx_tables_may_leave_out(p->base, t->schema, t->name)) {
 		/* a tenant half set up (its polling columns come in a later migration) or just
 		 * dropped: the others go on; the table is read again after the round */
 		obx_log_warn("%s; left out, and tried again in 30 s", p->reason);

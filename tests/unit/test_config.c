@@ -173,6 +173,20 @@ test_full_file(void **state)
 	}
 }
 
+static bool
+has_none(void *ctx, const char *schema, const char *name)
+{
+	(void)ctx, (void)schema, (void)name;
+	return false;
+}
+
+static bool
+has_all(void *ctx, const char *schema, const char *name)
+{
+	(void)ctx, (void)schema, (void)name;
+	return true;
+}
+
 /* [source] table as a list with patterns, and [outbox.<schema>.<table>] over [outbox]. */
 static void
 test_several_tables(void **state)
@@ -217,6 +231,23 @@ test_several_tables(void **state)
 	assert_string_equal(view.extra_headers[1].key, "tenant");
 	obx_tables_view(&cfg, 0, "orders", "outbox", &view);
 	assert_int_equal(view.n_extra_headers, 1);
+	/* a table that cannot be read: left out only when no exact entry names it */
+	assert_true(obx_tables_may_leave_out(&cfg, "tenant_42", "outbox"));
+	assert_false(obx_tables_may_leave_out(&cfg, "orders", "outbox"));
+	{
+		/* the listed tables the server lacks, named in order: patterns never are */
+		size_t next = 0;
+		const struct obx_table_pat *e = obx_tables_next_missing(&cfg, &next, has_none, NULL);
+
+		assert_non_null(e);
+		assert_string_equal(e->schema, "orders");
+		e = obx_tables_next_missing(&cfg, &next, has_none, NULL);
+		assert_non_null(e);
+		assert_string_equal(e->schema, "Billing");
+		assert_null(obx_tables_next_missing(&cfg, &next, has_none, NULL));
+		next = 0;
+		assert_null(obx_tables_next_missing(&cfg, &next, has_all, NULL));
+	}
 	/* printed as it reads back */
 	assert_int_equal(obx_cfg_format(&cfg, obx_cfg_find("source", "table", &names[0]), out, sizeof(out)), 0);
 	assert_string_equal(out, "orders.outbox, tenant_*.outbox, \"Billing\".\"Out*\"");

@@ -47,6 +47,22 @@ bool obx_tables_wild(const struct obx_config *cfg);
 int obx_tables_mapping(const struct obx_config *cfg, const char *schema, const char *name);
 
 /*
+ * Whether a table that cannot be read (missing columns, just dropped) may
+ * be left out while the others go on: only with several tables, and only
+ * a table no exact entry of [source] table names (a pattern's tenant, half
+ * set up); a named one is the configuration's and stops the run.
+ */
+bool obx_tables_may_leave_out(const struct obx_config *cfg, const char *schema, const char *name);
+
+/*
+ * The next exact entry of [source] table, from *next on, that has(ctx,
+ * schema, name) says the server lacks; *next moves past it.  NULL when
+ * none is missing.
+ */
+const struct obx_table_pat *obx_tables_next_missing(const struct obx_config *cfg, size_t *next,
+    bool (*has)(void *ctx, const char *schema, const char *name), void *ctx);
+
+/*
  * The configuration of mapping (obx_tables_mapping(), >= 0) with schema.name
  * as the outbox table: cfg copied, its [outbox] keys replaced by the
  * mapping's, table_schema and table_name pointing at schema and name.

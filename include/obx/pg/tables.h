@@ -42,4 +42,7 @@ int obx_pg_tables_read(PGconn *c, const struct obx_config *cfg, struct obx_pg_ta
 
 void obx_pg_tables_reset(struct obx_pg_tables *t);
 
+/* True when the list (ctx: a struct obx_pg_tables) holds schema.name: obx_tables_next_missing()'s has. */
+bool obx_pg_tables_has(void *ctx, const char *schema, const char *name);
+
 #endif
