@@ -33,6 +33,7 @@ obx_pgfacts_for(int v, struct obx_pgfacts *f, char *errbuf, size_t errlen)
 	f->messages = v >= 140000;
 	f->publication_filters = v >= 150000;
 	f->slot_options = v >= 150000;
+	f->schema_publications = v >= 150000;
 	f->standby_decoding = v >= 160000;
 	f->failover_slots = v >= 170000;
 	if (v < OBX_PG_MIN_VERSION) {

@@ -383,6 +383,8 @@ obx_core_session_end(struct obx_core *c)
 		c->eos_aborts++; /* ended without its commit: the next init_transactions aborts it */
 	obx_rc_batch_clear(c);
 	c->eos = c->eos_floor_set = c->eos_checking = c->eos_holding = false;
+	c->cov_on = false;
+	obx_cov_reset(&c->cov_base);
 	obx_dedupe_reset(&c->dd);
 	obx_ack_reset(&c->ack);
 	obx_relcache_reset(&c->rels);

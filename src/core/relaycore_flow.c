@@ -14,6 +14,8 @@
 #define PENDING_WAIT_MS 50
 #define DRAIN_CHECK_MS 100
 
+static void coverage_quiet(struct obx_core *c, int64_t now_ms);
+
 /* ---- flow control, status, drain ---- */
 
 bool
@@ -47,6 +49,7 @@ obx_core_pump(struct obx_core *c, int64_t now_ms)
 	obx_topic_gauge(&c->waits, now_ms, c->m);
 	if (!c->active || obx_rc_ending(c))
 		return;
+	coverage_quiet(c, now_ms);
 	obx_rc_apply_skips(c);
 	if (c->committing || c->commit_wanted) {
 		/* nothing is produced while a Kafka transaction commits; a drain still ends in time */
@@ -122,14 +125,87 @@ obx_core_signal(struct obx_core *c, int64_t now_ms)
 		    OBX_CORE_DRAIN_TIMEOUT_MS / 1000, c->ack.outstanding);
 }
 
-/* What may be confirmed: the ack tracker's flush position, held while a floor is checked. */
+/*
+ * What may be confirmed: the ack tracker's flush position, held while a
+ * floor is checked, and never past what the catalog readings verified.
+ */
 static obx_lsn
 flushable(const struct obx_core *c)
 {
 	obx_lsn f = obx_ack_flushable(&c->ack);
 
 	/* events were skipped on a floor the replay has not met yet (obx_core_exactly_once()) */
-	return c->eos_holding && f > c->eos_hold_flush ? c->eos_hold_flush : f;
+	if (c->eos_holding && f > c->eos_hold_flush)
+		f = c->eos_hold_flush;
+	/* a table may have left the publication after the last reading (obx_core_coverage()) */
+	if (c->cov_on && f > c->cov_verified)
+		f = c->cov_verified;
+	return f;
+}
+
+/* ---- coverage of the outbox tables (core/coverage.h) ---- */
+
+/* The readings stopped coming for this long while they hold the flush position back: said once. */
+#define COV_QUIET_MIN_MS 30000
+
+int
+obx_core_coverage_start(struct obx_core *c, const struct obx_cov *base)
+{
+	if (obx_cov_copy(&c->cov_base, base) != 0)
+		return OBX_ENOMEM;
+	c->cov_on = true;
+	c->cov_verified = c->sent_flush;
+	c->cov_at_ms = c->now_ms;
+	c->cov_noted = false;
+	return 0;
+}
+
+void
+obx_core_coverage(struct obx_core *c, const struct obx_cov *now, obx_lsn lsn)
+{
+	char why[1024], a[OBX_LSN_STRLEN];
+
+	/* also while the session ends: its last confirmation goes as far as this reading verifies */
+	if (!c->cov_on || !c->active || c->end == OBX_CORE_END_FATAL)
+		return;
+	if (!obx_cov_judge(c->cfg, &c->cov_base, now, why, sizeof(why))) {
+		obx_rc_fail_at(c, OBX_CORE_END_FATAL, &(struct obx_logfields){ .lsn = c->cov_verified },
+		    "%s; rows committed to it after %s, the last position verified, may be missing from "
+		    "Kafka: outboxd stops without confirming past it (publish again what consumers lack: rows "
+		    "still in the table can be inserted again, sql/006_reconciliation.sql finds changes without "
+		    "an event; then start outboxd again)",
+		    why, obx_lsn_format(c->cov_verified, a, sizeof(a)));
+		return;
+	}
+	if (lsn > c->cov_verified)
+		c->cov_verified = lsn;
+	c->cov_at_ms = c->now_ms;
+	if (c->cov_noted)
+		obx_rc_note(c, OBX_LOG_INFO, NULL,
+		    "the publication's hold on the outbox tables is read again: "
+		    "confirming resumes");
+	c->cov_noted = false;
+}
+
+/* Says once when no reading came for long while the flush position waits for one. */
+static void
+coverage_quiet(struct obx_core *c, int64_t now_ms)
+{
+	int64_t limit = 3 * (int64_t)c->status_interval_ms;
+	char a[OBX_LSN_STRLEN];
+
+	if (!c->cov_on || c->cov_noted || obx_ack_flushable(&c->ack) <= c->cov_verified)
+		return;
+	if (limit < COV_QUIET_MIN_MS)
+		limit = COV_QUIET_MIN_MS;
+	if (now_ms - c->cov_at_ms < limit)
+		return;
+	c->cov_noted = true;
+	obx_rc_note(c, OBX_LOG_WARN, NULL,
+	    "confirmed position held at %s: the publication's hold on the outbox tables has not been read "
+	    "for %" PRId64 " s (the slot watch's ordinary connection to the server fails; see "
+	    "outboxd_server_read_failures_total)",
+	    obx_lsn_format(c->cov_verified, a, sizeof(a)), (now_ms - c->cov_at_ms) / 1000);
 }
 
 bool

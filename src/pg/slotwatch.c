@@ -12,6 +12,7 @@
 #include "obx/core/err.h"
 #include "obx/sys/log.h"
 #include "obx/core/metrics.h"
+#include "obx/pg/coverage.h"
 #include "obx/pg/util.h"
 #include "obx/pg/slotwatch.h"
 
@@ -26,7 +27,50 @@ struct obx_slotwatch_state {
 	int interval_ms;
 	char *conninfo, *password, *slot;
 	struct obx_slotview view; /* guarded by mu */
+	/* what coverage reads: the publication and [source] table (copied: the owner's cfg may go first) */
+	struct obx_config covcfg;
+	/* guarded by mu: the server to read (obx_slotwatch_pin()); pin_gen moves on with each pin */
+	char *pin_host, *pin_addr, *pin_port;
+	uint32_t pin_gen;
+	bool now;               /* guarded by mu: read at once (obx_slotwatch_refresh()) */
+	uint64_t started, done; /* guarded by mu: reads begun and ended */
+	struct obx_cov cov;     /* guarded by mu: the newest coverage reading */
+	uint64_t cov_seq;       /* guarded by mu: its number (0: none) */
+	uint32_t cov_pin;       /* guarded by mu: the pin it was read under */
+	obx_lsn cov_lsn;        /* guarded by mu: the WAL position read before it */
 };
+
+static void
+covcfg_reset(struct obx_config *c)
+{
+	for (size_t i = 0; i < c->n_tables; i++) {
+		free(c->tables[i].schema);
+		free(c->tables[i].name);
+	}
+	free(c->tables);
+	free(c->publication);
+	memset(c, 0, sizeof(*c));
+}
+
+/* Copies what pg/coverage.c reads of cfg.  Returns 0 or OBX_ENOMEM. */
+static int
+covcfg_copy(struct obx_config *dst, const struct obx_config *cfg)
+{
+	memset(dst, 0, sizeof(*dst));
+	dst->publication = strdup(cfg->publication);
+	dst->tables = calloc(cfg->n_tables > 0 ? cfg->n_tables : 1, sizeof(*dst->tables));
+	if (dst->publication == NULL || dst->tables == NULL)
+		return OBX_ENOMEM;
+	for (size_t i = 0; i < cfg->n_tables; i++) {
+		dst->tables[i] = cfg->tables[i];
+		dst->tables[i].schema = strdup(cfg->tables[i].schema);
+		dst->tables[i].name = strdup(cfg->tables[i].name);
+		dst->n_tables++;
+		if (dst->tables[i].schema == NULL || dst->tables[i].name == NULL)
+			return OBX_ENOMEM;
+	}
+	return 0;
+}
 
 /* Drops one reference (mu held); the last one frees st. */
 static void
@@ -44,6 +88,11 @@ state_unref(struct obx_slotwatch_state *st)
 		explicit_bzero(st->password, strlen(st->password));
 	free(st->password);
 	free(st->slot);
+	free(st->pin_host);
+	free(st->pin_addr);
+	free(st->pin_port);
+	covcfg_reset(&st->covcfg);
+	obx_cov_reset(&st->cov);
 	free(st);
 }
 
@@ -79,19 +128,25 @@ num(const PGresult *r, int col, int64_t null_value)
 	return bad == NULL ? v : null_value;
 }
 
-/* One read into *v; false when the server could not be read. */
+/*
+ * One read into *v, and of the coverage into *cov, under pin (whose host,
+ * address and port are given, NULL: the conninfo's); false when the server
+ * could not be read.  *cov_ok says whether the coverage was read.
+ */
 static bool
-read_once(struct obx_slotwatch_state *w, PGconn **conn, struct obx_slotview *v)
+read_once(struct obx_slotwatch_state *w, PGconn **conn, const char *const *pin_kw, const char *const *pin_val,
+    struct obx_slotview *v, struct obx_cov *cov, bool *cov_ok)
 {
 	const char *params[1] = { w->slot };
 	char err[512];
 	PGresult *r;
 	bool ok = false;
 
+	*cov_ok = false;
 	if (*conn == NULL || PQstatus(*conn) != CONNECTION_OK) {
 		PQfinish(*conn);
 		*conn = NULL;
-		if (obx_pg_connect(w->conninfo, w->password, NULL, NULL, "outboxd slot watch", conn, err,
+		if (obx_pg_connect(w->conninfo, w->password, pin_kw, pin_val, "outboxd slot watch", conn, err,
 		        sizeof(err)) != 0) {
 			/* the sessions say why a connection fails; said here once after a success only */
 			if (v->ok)
@@ -118,6 +173,13 @@ read_once(struct obx_slotwatch_state *w, PGconn **conn, struct obx_slotview *v)
 		    obx_pg_result_error_line(r, err, sizeof(err)));
 	}
 	PQclear(r);
+	/* after the WAL position, in statements of their own: what they find held at that position */
+	if (ok) {
+		if (obx_pg_coverage_read(*conn, &w->covcfg, cov, err, sizeof(err)) == 0)
+			*cov_ok = true;
+		else
+			obx_log_debug("slot watch: %s", err);
+	}
 	return ok;
 }
 
@@ -127,26 +189,65 @@ watch_main(void *arg)
 	struct obx_slotwatch_state *w = arg;
 	PGconn *conn = NULL;
 
+	struct obx_cov cov = { 0 };
+	uint32_t conn_pin = 0;
+
 	pthread_mutex_lock(&w->mu);
 	while (!w->stopping) {
+		const char *kw[4], *val[4];
+		char host[256], addr[64], port[16];
 		struct obx_slotview v;
 		struct timespec until;
-		int wait_ms;
-		bool ok;
+		uint32_t pin = w->pin_gen;
+		int wait_ms, n = 0;
+		bool ok, cov_ok;
 
 		v = w->view;
+		w->started++;
+		w->now = false;
+		/* the pin's server, copied: obx_slotwatch_pin() may replace it while mu is let go */
+		if (w->pin_host != NULL && strlcpy(host, w->pin_host, sizeof(host)) < sizeof(host)) {
+			kw[n] = "host";
+			val[n++] = host;
+		}
+		if (w->pin_addr != NULL && strlcpy(addr, w->pin_addr, sizeof(addr)) < sizeof(addr)) {
+			kw[n] = "hostaddr";
+			val[n++] = addr;
+		}
+		if (w->pin_port != NULL && strlcpy(port, w->pin_port, sizeof(port)) < sizeof(port)) {
+			kw[n] = "port";
+			val[n++] = port;
+		}
+		kw[n] = val[n] = NULL;
+		if (pin != conn_pin) {
+			/* another server, maybe: a connection of the earlier pin is not used */
+			PQfinish(conn);
+			conn = NULL;
+			conn_pin = pin;
+		}
 		pthread_mutex_unlock(&w->mu);
-		ok = read_once(w, &conn, &v);
+		ok = read_once(w, &conn, kw, val, &v, &cov, &cov_ok);
 		pthread_mutex_lock(&w->mu);
+		pthread_cond_broadcast(&w->cv);
 		if (ok) {
 			v.ok = true;
 			v.read_ms = mono_ms();
 			v.failures = w->view.failures;
+			v.pin = pin;
 			w->view = v;
+			if (cov_ok) {
+				obx_cov_reset(&w->cov);
+				w->cov = cov;
+				memset(&cov, 0, sizeof(cov));
+				w->cov_seq++;
+				w->cov_pin = pin;
+				w->cov_lsn = v.server_lsn;
+			}
 		} else {
 			w->view.ok = false;
 			w->view.failures++;
 		}
+		w->done++;
 		wait_ms = w->fast || !ok ? FAST_MS : w->interval_ms;
 		clock_gettime(CLOCK_REALTIME, &until);
 		until.tv_sec += wait_ms / 1000;
@@ -156,10 +257,12 @@ watch_main(void *arg)
 			until.tv_nsec -= 1000000000L;
 		}
 		/* a change of pace (obx_slotwatch_fast()) or a stop wakes it */
-		while (!w->stopping && pthread_cond_timedwait(&w->cv, &w->mu, &until) == 0 && !w->fast)
+		while (!w->stopping && !w->now && pthread_cond_timedwait(&w->cv, &w->mu, &until) == 0 &&
+		    !w->fast && !w->now)
 			;
 	}
 	pthread_mutex_unlock(&w->mu);
+	obx_cov_reset(&cov);
 	PQfinish(conn);
 	pthread_mutex_lock(&w->mu);
 	state_unref(w);
@@ -178,6 +281,14 @@ obx_slotwatch_start(struct obx_slotwatch *w, const struct obx_config *cfg, int i
 	st->conninfo = strdup(cfg->conninfo);
 	st->password = cfg->password != NULL ? strdup(cfg->password) : NULL;
 	st->slot = strdup(cfg->slot);
+	if (covcfg_copy(&st->covcfg, cfg) != 0) {
+		covcfg_reset(&st->covcfg);
+		free(st->conninfo);
+		free(st->password);
+		free(st->slot);
+		free(st);
+		return OBX_ENOMEM;
+	}
 	pthread_mutex_init(&st->mu, NULL);
 	pthread_cond_init(&st->cv, NULL);
 	st->refs = 2;
@@ -205,7 +316,7 @@ obx_slotwatch_stop(struct obx_slotwatch *w)
 	w->st = NULL;
 	pthread_mutex_lock(&st->mu);
 	st->stopping = true;
-	pthread_cond_signal(&st->cv);
+	pthread_cond_broadcast(&st->cv);
 	pthread_mutex_unlock(&st->mu);
 	/* a read may hang in a connection attempt (connect_timeout): not waited for; the
 	 * thread frees the shared state when it ends */
@@ -237,7 +348,82 @@ obx_slotwatch_fast(struct obx_slotwatch *w, bool fast)
 	pthread_mutex_lock(&w->st->mu);
 	if (fast != w->st->fast) {
 		w->st->fast = fast;
-		pthread_cond_signal(&w->st->cv);
+		pthread_cond_broadcast(&w->st->cv);
 	}
 	pthread_mutex_unlock(&w->st->mu);
+}
+
+/* A copy of s, NULL for NULL or "". */
+static char *
+dup_set(const char *s)
+{
+	return s != NULL && s[0] != '\0' ? strdup(s) : NULL;
+}
+
+uint32_t
+obx_slotwatch_pin(struct obx_slotwatch *w, PGconn *c)
+{
+	struct obx_slotwatch_state *st = w->st;
+	uint32_t pin;
+
+	if (!w->running)
+		return 0;
+	pthread_mutex_lock(&st->mu);
+	free(st->pin_host);
+	free(st->pin_addr);
+	free(st->pin_port);
+	st->pin_host = dup_set(PQhost(c));
+	st->pin_addr = dup_set(PQhostaddr(c));
+	st->pin_port = dup_set(PQport(c));
+	pin = ++st->pin_gen;
+	st->now = true;
+	pthread_cond_broadcast(&st->cv);
+	pthread_mutex_unlock(&st->mu);
+	return pin;
+}
+
+bool
+obx_slotwatch_coverage(struct obx_slotwatch *w, uint32_t pin, uint64_t *seq, struct obx_cov *out, obx_lsn *lsn)
+{
+	struct obx_slotwatch_state *st = w->st;
+	bool got = false;
+
+	if (!w->running)
+		return false;
+	pthread_mutex_lock(&st->mu);
+	if (st->cov_seq > *seq && st->cov_pin == pin && obx_cov_copy(out, &st->cov) == 0) {
+		*seq = st->cov_seq;
+		*lsn = st->cov_lsn;
+		got = true;
+	}
+	pthread_mutex_unlock(&st->mu);
+	return got;
+}
+
+bool
+obx_slotwatch_refresh(struct obx_slotwatch *w, int timeout_ms)
+{
+	struct obx_slotwatch_state *st = w->st;
+	struct timespec until;
+	uint64_t want;
+	bool ended;
+
+	if (!w->running)
+		return false;
+	clock_gettime(CLOCK_REALTIME, &until);
+	until.tv_sec += timeout_ms / 1000;
+	until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+	if (until.tv_nsec >= 1000000000L) {
+		until.tv_sec++;
+		until.tv_nsec -= 1000000000L;
+	}
+	pthread_mutex_lock(&st->mu);
+	want = st->started + 1; /* a read under way began before the call */
+	st->now = true;
+	pthread_cond_broadcast(&st->cv);
+	while (st->done < want && !st->stopping && pthread_cond_timedwait(&st->cv, &st->mu, &until) == 0)
+		;
+	ended = st->done >= want;
+	pthread_mutex_unlock(&st->mu);
+	return ended;
 }

@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "obx/core/err.h"
+#include "obx/pg/coverage.h"
 #include "obx/pg/setup.h"
 #include "obx/pg/stream.h"
 #include "obx/pg/util.h"
@@ -161,6 +162,9 @@ obx_pgstream_open(struct obx_pgstream *s, const struct obx_config *cfg, bool rec
 		goto out;
 	/* publication first: a slot created before its publication breaks decoding */
 	if ((r = obx_pgsetup_publication(s->conn, cfg, s->in_recovery, errbuf, errlen)) != 0)
+		goto out;
+	/* what the publication holds now: the base later readings are judged against (core/coverage.h) */
+	if ((r = obx_pg_coverage_read(s->conn, cfg, &s->cov_base, errbuf, errlen)) != 0)
 		goto out;
 	s->snap.enabled = cfg->snapshot;
 	sa.sysid = s->sysid;
@@ -335,4 +339,5 @@ obx_pgstream_close(struct obx_pgstream *s)
 	if (s->conn != NULL)
 		PQfinish(s->conn);
 	s->conn = NULL;
+	obx_cov_reset(&s->cov_base);
 }

@@ -134,6 +134,18 @@ serve_reports(struct relay *r)
 	}
 }
 
+/* Hands the newest reading of the publication's hold on the outbox tables to the core. */
+void
+obx_relay_serve_coverage(struct relay *r)
+{
+	struct obx_cov cov = { 0 };
+	obx_lsn lsn;
+
+	if (r->cov_pin != 0 && obx_slotwatch_coverage(&r->watch, r->cov_pin, &r->cov_seq, &cov, &lsn))
+		obx_core_coverage(r->core, &cov, lsn);
+	obx_cov_reset(&cov);
+}
+
 /* Hands finished read-backs of topics (restart de-duplication) to the core. */
 static void
 serve_lookups(struct relay *r)
@@ -305,6 +317,7 @@ obx_relay_loop(void *ctx)
 		obx_runner_read_signals(&r->run);
 		serve_reports(r);
 		serve_lookups(r);
+		obx_relay_serve_coverage(r);
 		obx_core_pump(r->core, obx_mono_ms());
 		obx_relay_update_metrics(r);
 		if (obx_core_ended(r->core, NULL) != OBX_CORE_RUNNING)

@@ -309,6 +309,18 @@ start_core(struct relay *r)
 		return open_failed(r, OBX_CORE_END_FATAL, "out of memory");
 	if (r->cfg->exactly_once)
 		obx_relay_eos_start(&r->eos);
+	/* the slot watch reads this server from now on; the core confirms only what its readings
+	 * verified (core/coverage.h) */
+	r->cov_pin = obx_slotwatch_pin(&r->watch, r->st.conn);
+	r->cov_seq = 0;
+	if (r->cov_pin != 0 && obx_core_coverage_start(r->core, &r->st.cov_base) != 0)
+		return open_failed(r, OBX_CORE_END_FATAL, "out of memory");
+	if (r->cov_pin == 0 && !r->cov_unchecked_said) {
+		obx_log_warn("the slot watch does not run: a table that leaves publication %s while outboxd "
+		             "streams is not noticed",
+		    r->cfg->publication);
+		r->cov_unchecked_said = true;
+	}
 	obx_log_f(OBX_LOG_INFO, &(struct obx_logfields){ .lsn = r->st.start_confirmed },
 	    "streaming from slot %s at %s (pgoutput protocol %d%s%s%s, status every %d ms)", r->cfg->slot,
 	    obx_lsn_format(r->st.start_confirmed, a, sizeof(a)), r->st.proto_version,
@@ -363,6 +375,10 @@ session_close(struct relay *r)
 	obx_lsn write, flush;
 	bool reply;
 
+	/* a fresh reading of the catalog first: the last confirmation goes as far as it verifies */
+	if (r->cov_pin != 0 && PQstatus(r->st.conn) == CONNECTION_OK &&
+	    obx_core_ended(r->core, NULL) != OBX_CORE_END_FATAL && obx_slotwatch_refresh(&r->watch, 3000))
+		obx_relay_serve_coverage(r);
 	r->end = obx_core_ended(r->core, &reason);
 	snprintf(r->reason, sizeof(r->reason), "%s", reason);
 	r->reason_fields = *obx_core_reason_fields(r->core);

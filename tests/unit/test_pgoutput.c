@@ -523,6 +523,7 @@ test_pgfacts(void **state)
 		assert_int_equal(f.messages, want[i].streaming);
 		assert_int_equal(f.publication_filters, want[i].filters);
 		assert_int_equal(f.slot_options, want[i].filters);
+		assert_int_equal(f.schema_publications, want[i].filters);
 		assert_int_equal(f.standby_decoding, want[i].standby);
 		assert_int_equal(f.failover_slots, want[i].failover);
 	}

@@ -459,6 +459,74 @@ test_keepalive_advances_only_when_idle(void **state)
 	assert_int_equal(flush_now(), 0x600);
 }
 
+/*
+ * Coverage (core/coverage.h): the flush position never passes the WAL position of the last
+ * catalog reading found consistent with the session's base; a reading that shows the outbox
+ * table re-created ends the session FATAL, naming the last position verified.
+ */
+static void
+test_coverage_holds_the_flush_position(void **state)
+{
+	struct obx_cov_table bt[1] = { { 16384, 500, OBX_COV_TABLE, false } }, nt[1];
+	struct obx_cov base = { .read = true, .pubid = 100, .pub_insert = true, .n = 1, .t = bt };
+	struct obx_cov now = base;
+
+	(void)state;
+	now.t = nt;
+	nt[0] = bt[0];
+	start(0x100);
+	assert_int_equal(obx_core_coverage_start(&core, &base), 0);
+	relation();
+	obx_core_keepalive(&core, 0x150, false);
+	assert_int_equal(flush_now(), 0x100); /* nothing verified yet */
+	obx_core_coverage(&core, &now, 0x140);
+	assert_int_equal(flush_now(), 0x140);
+	obx_core_coverage(&core, &now, 0x300);
+	assert_int_equal(flush_now(), 0x150); /* and never past what the stream allows */
+	begin(0x200, 7);
+	insert("e1", "k");
+	commit(0x200, 0x210);
+	report(0, OBX_REPORT_OK);
+	assert_int_equal(flush_now(), 0x210);
+	obx_core_keepalive(&core, 0x400, false);
+	assert_int_equal(flush_now(), 0x300);
+	/* an older reading never moves it back */
+	obx_core_coverage(&core, &now, 0x250);
+	assert_int_equal(flush_now(), 0x300);
+	/* the table dropped and created again, not in the publication: stop, nothing past 0/300 */
+	nt[0] = (struct obx_cov_table){ 16400, 0, OBX_COV_NONE, false };
+	obx_core_coverage(&core, &now, 0x500);
+	assert_int_equal(ended(), OBX_CORE_END_FATAL);
+	assert_non_null(strstr(reason(), "outbox table public.outbox was dropped and created again"));
+	assert_non_null(strstr(reason(), "after 0/300, the last position verified"));
+	assert_int_equal(flush_now(), 0x300);
+	/* a new session starts without a hold until it is given a base */
+	assert_int_equal(obx_core_session_start(&core, 0x300, 2, 10000, 0), 0);
+	obx_core_keepalive(&core, 0x600, false);
+	assert_int_equal(flush_now(), 0x600);
+}
+
+/* No reading for long while the hold keeps the flush position back: said once, at warn. */
+static void
+test_coverage_quiet_is_said(void **state)
+{
+	struct obx_cov_table bt[1] = { { 16384, 500, OBX_COV_TABLE, false } };
+	struct obx_cov base = { .read = true, .pubid = 100, .pub_insert = true, .n = 1, .t = bt };
+
+	(void)state;
+	start(0x100);
+	assert_int_equal(obx_core_coverage_start(&core, &base), 0);
+	relation();
+	obx_core_keepalive(&core, 0x150, false);
+	obx_core_pump(&core, 29000);
+	assert_null(strstr(fk.notes, "confirmed position held"));
+	obx_core_pump(&core, 31000);
+	assert_non_null(strstr(fk.notes, "confirmed position held at 0/100"));
+	obx_core_coverage(&core, &base, 0x150);
+	assert_non_null(strstr(fk.notes, "confirming resumes"));
+	assert_int_equal(flush_now(), 0x150);
+}
+
 static void
 test_status_timing(void **state)
 {
@@ -2129,6 +2197,8 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_commit_order_and_ack_before_confirm, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_keepalive_advances_only_when_idle, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_status_timing, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_coverage_holds_the_flush_position, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_coverage_quiet_is_said, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_streamed_savepoint_rows, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_streamed_savepoint_messages_fall_back, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_streamed_whole_abort_with_messages, setup, teardown),

@@ -23,6 +23,7 @@ struct obx_pgfacts {
 	bool messages;            /* logical decoding messages in pgoutput (14) */
 	bool publication_filters; /* row filters and column lists: pg_publication_tables.rowfilter,
 	                          * attnames; CREATE PUBLICATION ... WHERE (15) */
+	bool schema_publications; /* FOR TABLES IN SCHEMA: pg_publication_namespace (15) */
 	bool slot_options;        /* CREATE_REPLICATION_SLOT ... (SNAPSHOT 'nothing') syntax (15) */
 	bool standby_decoding;    /* logical slots and decoding on a hot standby (16) */
 	bool failover_slots;      /* CREATE_REPLICATION_SLOT ... (FAILOVER), pg_replication_slots.failover

@@ -35,6 +35,7 @@
 #include <stdint.h>
 
 #include "obx/core/config.h"
+#include "obx/core/coverage.h"
 #include "obx/core/restart_dedupe.h"
 #include "obx/core/delivery.h"
 #include "obx/core/logfields.h"
@@ -157,6 +158,25 @@ int obx_core_session_start(struct obx_core *c, obx_lsn start, int proto, int sta
  * obx_core_session_start(), before the first message.
  */
 void obx_core_exactly_once(struct obx_core *c, const struct obx_dd_mark *floor, int64_t floor_time);
+
+/*
+ * Coverage (core/coverage.h; docs/internals/design.md, "Lifecycle edges"):
+ * base is the publication's hold on the outbox tables as this session's
+ * set-up read it (copied).  From now on the flush position never passes the
+ * WAL position of the last reading obx_core_coverage() found consistent with
+ * base (until the first, the session's start).  Call after
+ * obx_core_session_start(); a session without it holds nothing back.
+ * Returns 0 or OBX_ENOMEM.
+ */
+int obx_core_coverage_start(struct obx_core *c, const struct obx_cov *base);
+
+/*
+ * A reading of the catalog made after the server's WAL position lsn was read
+ * (and after the base): the flush position may follow up to lsn, or, when a
+ * table was not covered in between, the session ends (OBX_CORE_END_FATAL)
+ * with a line naming the table, the last position verified and the fix.
+ */
+void obx_core_coverage(struct obx_core *c, const struct obx_cov *now, obx_lsn lsn);
 
 /*
  * Exactly-once: true when the open Kafka transaction should commit now

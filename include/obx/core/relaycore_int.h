@@ -29,6 +29,7 @@
 
 #include "obx/core/acktrack.h"
 #include "obx/core/config.h"
+#include "obx/core/coverage.h"
 #include "obx/core/delivery.h"
 #include "obx/core/event.h"
 #include "obx/core/logfields.h"
@@ -141,6 +142,14 @@ struct obx_core {
 	size_t nrejected, rejected_cap;
 	uint64_t eos_commits; /* Kafka transactions committed */
 	uint64_t eos_aborts;  /* ended without a commit (abort, rewind) */
+
+	/* coverage (core/coverage.h, obx_core_coverage_start()): the flush position stays at or
+	 * below the WAL position of the last catalog reading consistent with the session's base */
+	bool cov_on;
+	struct obx_cov cov_base;
+	obx_lsn cov_verified;
+	int64_t cov_at_ms; /* when it was last verified (the session's start at first) */
+	bool cov_noted;    /* said that the readings stopped coming */
 
 	enum obx_core_end end;
 	bool end_kafka; /* the session ended because of the broker side */

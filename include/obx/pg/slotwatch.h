@@ -18,7 +18,10 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include <libpq-fe.h>
+
 #include "obx/core/config.h"
+#include "obx/core/coverage.h"
 #include "obx/core/lsn.h"
 
 /* What the last read found. */
@@ -36,6 +39,7 @@ struct obx_slotview {
 	int64_t safe_wal_size_bytes;     /* -1: NULL (max_slot_wal_keep_size = -1) */
 	int wal_status;                  /* obx_metrics_wal_status() of wal_status (0: unknown) */
 	int64_t max_wal_keep_size_bytes; /* -1: unbounded */
+	uint32_t pin;                    /* the obx_slotwatch_pin() the last read was made under */
 };
 
 struct obx_slotwatch_state; /* shared with the thread, freed by whichever of the two lets go last */
@@ -68,5 +72,31 @@ void obx_slotwatch_read(struct obx_slotwatch *w, struct obx_slotview *out);
 
 /* fast: read every second from now on (and once at once); otherwise every interval. */
 void obx_slotwatch_fast(struct obx_slotwatch *w, bool fast);
+
+/*
+ * Reads from now on the server of c (its host, address and port, the rest
+ * of the conninfo as configured): a replication connection's, so that the
+ * numbers and the coverage are that server's, not another host's of a
+ * multi-host conninfo.  Returns the pin's number, which the reads made
+ * under it carry (struct obx_slotview.pin, obx_slotwatch_coverage()): a
+ * read that began before the pin never carries it.
+ */
+uint32_t obx_slotwatch_pin(struct obx_slotwatch *w, PGconn *c);
+
+/*
+ * The newest reading of the publication's hold on the outbox tables
+ * (core/coverage.h) made under pin, if newer than *seq: copies it into
+ * *out (the caller resets it), sets *lsn to the server's WAL position read
+ * before it and *seq to its number, and returns true.  False when there is
+ * none newer (or no memory to copy it).
+ */
+bool obx_slotwatch_coverage(struct obx_slotwatch *w, uint32_t pin, uint64_t *seq, struct obx_cov *out,
+    obx_lsn *lsn);
+
+/*
+ * Asks for a read now and waits up to timeout_ms for one that began after
+ * the call to end.  Returns true when one ended in time.
+ */
+bool obx_slotwatch_refresh(struct obx_slotwatch *w, int timeout_ms);
 
 #endif

@@ -17,6 +17,7 @@
 #include <libpq-fe.h>
 
 #include "obx/core/config.h"
+#include "obx/core/coverage.h"
 #include "obx/core/lsn.h"
 #include "obx/pg/setup.h"
 #include "obx/pg/slot.h"
@@ -38,6 +39,7 @@ struct obx_pgstream {
 	uint8_t *copybuf;                 /* the last CopyData message, owned (PQfreemem) */
 	PQnoticeReceiver prev_notice;     /* libpq's receiver, for the notices pg/stream.c does not read */
 	char pub_skipped[512];            /* "" or why the server decoded without the publication (pg/stream.c) */
+	struct obx_cov cov_base;          /* the publication's hold on the outbox tables at the set-up */
 };
 
 /*

@@ -51,6 +51,9 @@ struct relay {
 	obx_lsn silence_at;           /* the received position when silence last ended a session */
 	enum obx_log_level log_level; /* as running: SIGHUP may change it */
 	int progress_interval_ms;
+	uint32_t cov_pin; /* the slot watch's pin of this session (obx_slotwatch_pin()) */
+	uint64_t cov_seq; /* the last coverage reading handed to the core */
+	bool cov_unchecked_said;
 
 	int64_t last_progress_ms;
 	uint64_t progress_events;
@@ -68,6 +71,8 @@ struct relay {
 /* relay.c: the core's actions, and the delivery reports of every source of the session. */
 extern const struct obx_core_ops obx_relay_core_ops;
 void obx_relay_on_delivery(void *ctx, uint64_t opaque, const rd_kafka_message_t *m);
+/* Hands the slot watch's newest coverage reading of this session to the core. */
+void obx_relay_serve_coverage(struct relay *r);
 /* One session's loop, until the core says it ended (the runner's run). */
 void obx_relay_loop(void *ctx);
 

@@ -1,0 +1,248 @@
+/*
+ * The lives of tables against the real stack (docs/internals/design.md,
+ * "Lifecycle edges", invariant 11): an outbox table dropped and created
+ * again while outboxd streams, a listed table re-created among several, a
+ * listed table missing at start while the publication exists and created
+ * later, and a table swapped in by a rename.  A publication FOR TABLE holds
+ * a table by oid, so the new table's rows are never decoded: outboxd must
+ * stop, naming the table, before it confirms past them, and refuse to go
+ * on until the publication holds the table again.
+ */
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+static struct t_relay R;
+
+static int
+teardown(void **state)
+{
+	(void)state;
+	t_relay_teardown(&R);
+	return 0;
+}
+
+#define OUTBOX_COLUMNS                                                                                            \
+	"(id uuid PRIMARY KEY DEFAULT gen_random_uuid(), aggregatetype varchar(255) NOT NULL, "                   \
+	"aggregateid varchar(255) NOT NULL, type varchar(255) NOT NULL, payload jsonb, "                          \
+	"created_at timestamptz NOT NULL DEFAULT now())"
+
+static void
+insert_into(const char *table, const char *agg, int n)
+{
+	t_exec(R.pg,
+	    "INSERT INTO %s (aggregatetype, aggregateid, type, payload) "
+	    "SELECT '%s', 'k' || g, 'T', jsonb_build_object('i', g) FROM generate_series(1, %d) g",
+	    table, agg, n);
+}
+
+/* Waits up to timeout_ms for outboxd to exit; fails unless it exited 1 with needle in its log. */
+static void
+expect_stop(const char *needle, int timeout_ms, const char *what)
+{
+	int st = t_wait(R.pid, timeout_ms);
+
+	R.pid = 0;
+	if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 1 || t_log_count(&R, needle) < 1) {
+		t_log_dump(&R);
+		fail_msg("%s: outboxd %s, or its log has no \"%s\"", what,
+		    st == -1                                  ? "kept running" :
+		        WIFEXITED(st) && WEXITSTATUS(st) == 1 ? "exited 1" :
+		                                                "ended otherwise",
+		    needle);
+	}
+}
+
+/* Starts outboxd and expects a refusal at start naming needle (exit 1). */
+static void
+expect_refused(const char *needle, const char *what)
+{
+	t_relay_start(&R, NULL, 0);
+	expect_stop(needle, 60000, what);
+}
+
+/* Fails unless the slot is confirmed at or below bound ("X/X"). */
+static void
+expect_confirmed_at_most(const char *bound, const char *what)
+{
+	uint64_t c = t_slot_confirmed(&R);
+
+	if (c > t_lsn(bound)) {
+		t_log_dump(&R);
+		fail_msg("%s: the slot is confirmed at %llX, past %s", what, (unsigned long long)c, bound);
+	}
+}
+
+/*
+ * The default set-up (one table, the publication outboxd made FOR TABLE): DROP and CREATE
+ * while streaming, then rows.  outboxd stops naming the table without confirming past the
+ * re-creation, refuses while the publication lacks the table, and streams again once it has it.
+ */
+static void
+test_recreated_single_table(void **state)
+{
+	struct t_msg *m;
+	char *bound;
+	size_t n;
+
+	(void)state;
+	t_relay_setup(&R, "recreate", 0);
+	t_relay_config(&R, "[outbox]\ntopic = events\n");
+	t_relay_start(&R, NULL, 1);
+	insert_into("outbox", "before", 5);
+	n = t_consume(R.b.bootstrap, "events", 5, 20000, &m);
+	assert_int_equal(n, 5);
+	t_msgs_free(m, n);
+	assert_true(t_wait_confirmed_current(&R, 30000));
+	/* a migration: the table dropped and created again, with the same columns; then rows, whose
+	 * commit the slot must not pass */
+	t_exec(R.pg, "DROP TABLE outbox");
+	t_exec(R.pg, "CREATE TABLE outbox " OUTBOX_COLUMNS);
+	bound = t_exec_commit_bound(R.pg, NULL,
+	    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
+	    "SELECT 'after', 'k' || g, 'T', '{}' FROM generate_series(1, 3) g");
+	expect_stop("outbox table public.outbox was dropped and created again", 30000, "re-created outbox table");
+	assert_true(t_log_count(&R, "ALTER PUBLICATION outboxd ADD TABLE public.outbox") >= 1);
+	expect_confirmed_at_most(bound, "re-created outbox table");
+	free(bound);
+	/* a restart refuses while the publication lacks the new table */
+	expect_refused("does not publish table public.outbox", "restart with the table outside the publication");
+	/* the operator adds it: rows from then on flow */
+	t_exec(R.pg, "ALTER PUBLICATION outboxd ADD TABLE public.outbox");
+	t_relay_start(&R, NULL, 1);
+	insert_into("outbox", "fixed", 2);
+	n = t_consume(R.b.bootstrap, "events", 7, 30000, &m);
+	if (n != 7) {
+		t_log_dump(&R);
+		fail_msg("after ALTER PUBLICATION ... ADD TABLE: %zu records of 7", n);
+	}
+	t_msgs_free(m, n);
+	assert_true(WIFEXITED(t_relay_signal(&R, SIGTERM, 40000)));
+}
+
+/* Several named tables: one of them re-created; the stop names it, the other one's rows arrived. */
+static void
+test_recreated_listed_table(void **state)
+{
+	struct t_msg *m;
+	size_t n;
+
+	(void)state;
+	t_relay_setup(&R, "recreate2", 0);
+	t_exec(R.pg, "CREATE SCHEMA billing; CREATE TABLE billing.outbox " OUTBOX_COLUMNS);
+	t_relay_config(&R, "[source]\ntable = public.outbox, billing.outbox\n[outbox]\ntopic = events\n");
+	t_relay_start(&R, NULL, 1);
+	insert_into("outbox", "o", 3);
+	insert_into("billing.outbox", "b", 2);
+	n = t_consume(R.b.bootstrap, "events", 5, 20000, &m);
+	assert_int_equal(n, 5);
+	t_msgs_free(m, n);
+	t_exec(R.pg, "BEGIN; DROP TABLE billing.outbox; CREATE TABLE billing.outbox " OUTBOX_COLUMNS "; COMMIT");
+	insert_into("billing.outbox", "b2", 3);
+	insert_into("outbox", "o2", 2);
+	expect_stop("outbox table billing.outbox was dropped and created again", 30000, "re-created listed table");
+	assert_int_equal(t_log_count(&R, "outbox table public.outbox was"), 0);
+}
+
+/*
+ * A listed table missing when outboxd starts while the publication exists (dropped while it was
+ * stopped), created later: a publication FOR TABLE does not hold it, so outboxd stops.
+ */
+static void
+test_missing_at_start(void **state)
+{
+	struct t_msg *m;
+	char *bound;
+	size_t n;
+	int st;
+
+	(void)state;
+	t_relay_setup(&R, "missing", 0);
+	t_exec(R.pg, "CREATE SCHEMA billing; CREATE TABLE billing.outbox " OUTBOX_COLUMNS);
+	t_relay_config(&R, "[source]\ntable = public.outbox, billing.outbox\n[outbox]\ntopic = events\n");
+	t_relay_start(&R, NULL, 1);
+	st = t_relay_signal(&R, SIGTERM, 40000);
+	assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	t_exec(R.pg, "DROP TABLE billing.outbox");
+	t_relay_start(&R, NULL, 1);
+	assert_true(t_log_count(&R, "outbox table billing.outbox of [source] table does not exist") >= 1);
+	insert_into("outbox", "o", 2);
+	n = t_consume(R.b.bootstrap, "events", 2, 20000, &m);
+	assert_int_equal(n, 2);
+	t_msgs_free(m, n);
+	t_exec(R.pg, "CREATE TABLE billing.outbox " OUTBOX_COLUMNS);
+	bound = t_exec_commit_bound(R.pg, NULL,
+	    "INSERT INTO billing.outbox (aggregatetype, aggregateid, type, payload) "
+	    "SELECT 'b', 'k' || g, 'T', '{}' FROM generate_series(1, 3) g");
+	expect_stop("outbox table billing.outbox was created while outboxd ran", 30000,
+	    "listed table created after a start without it");
+	expect_confirmed_at_most(bound, "listed table created after a start without it");
+	free(bound);
+}
+
+/* A table swapped in by a rename: the old one renamed away, a new one created under the name. */
+static void
+test_swapped_by_rename(void **state)
+{
+	struct t_msg *m;
+	size_t n;
+
+	(void)state;
+	t_relay_setup(&R, "swap", 0);
+	t_relay_config(&R, "[outbox]\ntopic = events\n");
+	t_relay_start(&R, NULL, 1);
+	insert_into("outbox", "before", 2);
+	n = t_consume(R.b.bootstrap, "events", 2, 20000, &m);
+	assert_int_equal(n, 2);
+	t_msgs_free(m, n);
+	t_exec(R.pg,
+	    "BEGIN; ALTER TABLE outbox RENAME TO outbox_old; "
+	    "CREATE TABLE outbox (LIKE outbox_old INCLUDING ALL); COMMIT");
+	insert_into("outbox", "after", 3);
+	expect_stop("outbox table public.outbox was dropped and created again", 30000,
+	    "table swapped by a rename");
+}
+
+/* No stop when nothing was missed: a listed table dropped for good, the other one streams on. */
+static void
+test_dropped_table_goes_on(void **state)
+{
+	struct t_msg *m;
+	size_t n;
+	int st;
+
+	(void)state;
+	t_relay_setup(&R, "dropped", 0);
+	t_exec(R.pg, "CREATE SCHEMA billing; CREATE TABLE billing.outbox " OUTBOX_COLUMNS);
+	t_relay_config(&R, "[source]\ntable = public.outbox, billing.outbox\n[outbox]\ntopic = events\n");
+	t_relay_start(&R, NULL, 1);
+	t_exec(R.pg, "DROP TABLE billing.outbox");
+	insert_into("outbox", "o", 4);
+	n = t_consume(R.b.bootstrap, "events", 4, 20000, &m);
+	assert_int_equal(n, 4);
+	t_msgs_free(m, n);
+	assert_true(t_wait_confirmed_current(&R, 30000));
+	assert_int_equal(t_wait(R.pid, 1), -1); /* still running */
+	st = t_relay_signal(&R, SIGTERM, 40000);
+	assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_teardown(test_recreated_single_table, teardown),
+		cmocka_unit_test_teardown(test_recreated_listed_table, teardown),
+		cmocka_unit_test_teardown(test_missing_at_start, teardown),
+		cmocka_unit_test_teardown(test_swapped_by_rename, teardown),
+		cmocka_unit_test_teardown(test_dropped_table_goes_on, teardown),
+	};
+
+	return T_RUN_TESTS(tests);
+}
