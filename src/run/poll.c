@@ -39,6 +39,14 @@ poll_produce(void *ctx, const struct obx_record *rec, uint64_t opaque, char *err
 	const char *name;
 	char text[512];
 
+#ifdef OBX_TEST_HOOKS
+	/* test builds only: a producer fatal error raised before the Nth produce call of the process
+	 * (OBX_TEST_FATAL_BEFORE), so that the call meets it with nothing in flight */
+	if (p->test_fatal_before > 0 && ++p->test_produced == p->test_fatal_before) {
+		obx_log_warn("test hook: raising a producer fatal error");
+		rd_kafka_test_fatal_error(p->kf.rk, RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER, "test hook");
+	}
+#endif
 	res = obx_kafka_produce(&p->kf, rec->topic, RD_KAFKA_PARTITION_UA, rec->key, rec->keylen, rec->value,
 	    rec->len, rec->timestamp_ms, rec->headers, rec->nheaders, NULL, NULL, opaque, &name, text,
 	    sizeof(text));
@@ -332,6 +340,22 @@ produce_batch(struct poller *p, const PGresult *res)
 }
 
 /*
+ * After a fatal error the producer refuses every record at once, each as a
+ * failure of its row: none of them is the row's fault, so the batch ends
+ * before anything is recorded (its transaction rolls back, every row stays
+ * pending with its attempts) and the session with it (a new producer).
+ * Returns OBX_ESTATE with reason filled, or 0.
+ */
+static int
+producer_failed(struct poller *p)
+{
+	if (!p->kf.fatal)
+		return 0;
+	snprintf(p->reason, sizeof(p->reason), "the Kafka producer failed: %s", p->kf.fatal_reason);
+	return OBX_ESTATE;
+}
+
+/*
  * Whether the wait for the batch's reports goes on after one turn: 1 yes,
  * 0 it ends at the drain deadline (what was acknowledged is marked, the
  * rest stays pending), or OBX_ESTATE when a second stop signal abandons the
@@ -356,10 +380,8 @@ wait_goes_on(struct poller *p)
 	case OBX_POLL_DRAIN_WAIT:
 		break;
 	}
-	if (p->kf.fatal) {
-		snprintf(p->reason, sizeof(p->reason), "the Kafka producer failed: %s", p->kf.fatal_reason);
+	if (producer_failed(p) != 0)
 		return OBX_ESTATE;
-	}
 	return 1;
 }
 
@@ -468,6 +490,8 @@ obx_poll_cycle(struct poller *p)
 	PQclear(res);
 	if (r == 0)
 		r = wait_acks(p);
+	if (r == 0)
+		r = producer_failed(p); /* also when nothing was in flight to wait for */
 	if (r == 0)
 		r = obx_poll_mark_result(p, true); /* an early marking UPDATE still running */
 	if (r == 0)

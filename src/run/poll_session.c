@@ -339,6 +339,8 @@ obx_poll_run(const struct obx_config *cfg, const struct obx_run_opts *opts)
 #ifdef OBX_TEST_HOOKS
 	if (getenv("OBX_TEST_KILL_AFTER_ACKS") != NULL)
 		p.test_kill_after = (long)strtonum(getenv("OBX_TEST_KILL_AFTER_ACKS"), 0, LONG_MAX, NULL);
+	if (getenv("OBX_TEST_FATAL_BEFORE") != NULL)
+		p.test_fatal_before = (long)strtonum(getenv("OBX_TEST_FATAL_BEFORE"), 0, LONG_MAX, NULL);
 #endif
 	if (obx_tables_format(cfg, p.m.info_table, sizeof(p.m.info_table)) != 0)
 		strlcpy(p.m.info_table, "(several)", sizeof(p.m.info_table));

@@ -463,6 +463,62 @@ test_poison_dead_letter(void **state)
 	free(big);
 }
 
+/*
+ * A producer fatal error met by the produce call itself, with nothing in flight: the batch
+ * ends before any attempt is recorded and the session with it; a new producer publishes
+ * every row, none is given up or dead-lettered.  Both exhausted modes, max_attempts = 1, so
+ * one recorded attempt would have marked (or dead-lettered) a row without sending it.
+ */
+static void
+test_producer_fatal_error(void **state)
+{
+	static const char *const modes[] = { "mark", "dead_letter" };
+
+	(void)state;
+	for (int k = 0; k < 2; k++) {
+		struct t_msg *m;
+		char extra[512], *row;
+		size_t n;
+		int st;
+
+		snprintf(extra, sizeof(extra),
+		    "[poll]\npoll_interval = 100ms\nmax_attempts = 1\nbackoff_min = 100ms\nbackoff_max = 100ms\n"
+		    "exhausted = %s\n",
+		    modes[k]);
+		poll_setup(k == 0 ? "pollfatal" : "pollfataldl", 0, extra);
+		setenv("OBX_TEST_FATAL_BEFORE", "1", 1);
+		poll_start(&R);
+		unsetenv("OBX_TEST_FATAL_BEFORE");
+		t_insert_events(&R, "fatal", 0, 3);
+		wait_drained(30000);
+		n = t_consume(R.b.bootstrap, "outbox.event.fatal", 3, 20000, &m);
+		if (n < 3 || t_log_count(&R, "test hook: raising a producer fatal error") != 1 ||
+		    t_log_count(&R, "the Kafka producer failed") < 1) {
+			t_log_dump(&R);
+			fail_msg("exhausted = %s: %zu records of 3 after a producer fatal error", modes[k], n);
+		}
+		t_msgs_free(m, n);
+		row = t_query1(R.pg,
+		    "SELECT sum(attempts) || ' ' || count(*) FILTER (WHERE last_error IS NOT NULL) "
+		    "FROM outbox");
+		if (strcmp(row, "0 0") != 0) {
+			t_log_dump(&R);
+			fail_msg(
+			    "exhausted = %s: attempts recorded for a producer's failure (sum, with errors: %s)",
+			    modes[k], row);
+		}
+		free(row);
+		assert_int_equal(t_log_count(&R, "marked published without sending"), 0);
+		n = t_consume_all(R.b.bootstrap, "outbox.dead_letter", 2000, &m);
+		assert_int_equal(n, 0);
+		t_msgs_free(m, n);
+		st = t_relay_signal(&R, SIGTERM, 20000);
+		assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+		if (k == 0)
+			t_relay_teardown(&R); /* the last one is the test's teardown's */
+	}
+}
+
 /* The seq range of the last batch a replica claimed, from its debug log; 0 when none. */
 static int
 last_claim(const struct t_relay *r, long long *lo, long long *hi, int *committed_after)
@@ -625,6 +681,7 @@ main(void)
 		cmocka_unit_test_teardown(test_broker_down, teardown),
 		cmocka_unit_test_teardown(test_broker_down_sigterm, teardown),
 		cmocka_unit_test_teardown(test_poison_dead_letter, teardown),
+		cmocka_unit_test_teardown(test_producer_fatal_error, teardown),
 		cmocka_unit_test_teardown(test_replicas_kill9, teardown),
 	};
 

@@ -76,6 +76,8 @@ struct poller {
 #ifdef OBX_TEST_HOOKS
 	long test_kill_after; /* OBX_TEST_KILL_AFTER_ACKS: SIGKILL itself after that many acks */
 	long test_acks;
+	long test_fatal_before; /* OBX_TEST_FATAL_BEFORE: a producer fatal error before that produce call */
+	long test_produced;
 #endif
 };
 
