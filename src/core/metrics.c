@@ -292,13 +292,16 @@ obx_metrics_render(const struct obx_metrics *m, const struct obx_process *proc, 
 		    "NaN when the last read failed");
 		family(fp, "outboxd_lag_bytes", "gauge",
 		    "the server's WAL position minus the slot's confirmed_flush_lsn, as the server computes it "
-		    "(what outboxd status prints); NaN when the last read failed");
-		if (m->server_ok) {
+		    "(what outboxd status prints); NaN when the last read failed or the slot does not exist");
+		if (m->server_ok)
 			fprintf(fp, "outboxd_server_wal_lsn %" PRIu64 "\n", m->server_wal_lsn);
+		else
+			fprintf(fp, "%s NaN\n", "outboxd_server_wal_lsn");
+		/* a slot that does not exist has no lag, not a lag of 0 */
+		if (m->server_ok && m->has_slot)
 			fprintf(fp, "outboxd_lag_bytes %" PRId64 "\n", m->lag_bytes);
-		} else {
-			fprintf(fp, "%s NaN\n%s NaN\n", "outboxd_server_wal_lsn", "outboxd_lag_bytes");
-		}
+		else
+			fprintf(fp, "%s NaN\n", "outboxd_lag_bytes");
 		counter_u64(fp, "outboxd_server_read_failures_total",
 		    "reads of the slot and the server's WAL position that failed", m->server_read_failures);
 		family(fp, "outboxd_oldest_unacked_age_seconds", "gauge",

@@ -160,6 +160,31 @@ test_wal_status_state_set(void **state)
 	assert_line(b, "outboxd_slot_wal_status{status=\"lost\"} 0");
 }
 
+/* The lag is the server's while the slot exists; NaN when the read failed or the slot is gone, never 0. */
+static void
+test_lag_nan_without_slot(void **state)
+{
+	struct obx_metrics m;
+	const char *b;
+
+	(void)state;
+	streaming(&m);
+	m.server_ok = true;
+	m.server_wal_lsn = 4096;
+	m.lag_bytes = 0;
+	b = render(&m);
+	assert_line(b, "outboxd_lag_bytes NaN");
+	assert_line(b, "outboxd_server_wal_lsn 4096");
+	m.has_slot = 1;
+	m.lag_bytes = 2048;
+	b = render(&m);
+	assert_line(b, "outboxd_lag_bytes 2048");
+	m.server_ok = false;
+	b = render(&m);
+	assert_line(b, "outboxd_lag_bytes NaN");
+	assert_line(b, "outboxd_server_wal_lsn NaN");
+}
+
 /* Every listed code has its series from the start; an unlisted one counts as other. */
 static void
 test_kafka_errors_from_zero(void **state)
@@ -296,6 +321,7 @@ main(void)
 		cmocka_unit_test_teardown(test_histogram_buckets, release),
 		cmocka_unit_test_teardown(test_info_and_no_up, release),
 		cmocka_unit_test_teardown(test_wal_status_state_set, release),
+		cmocka_unit_test_teardown(test_lag_nan_without_slot, release),
 		cmocka_unit_test_teardown(test_kafka_errors_from_zero, release),
 		cmocka_unit_test_teardown(test_last_event_timestamp, release),
 		cmocka_unit_test_teardown(test_process_metrics, release),
