@@ -11,8 +11,10 @@
  * created it, and it may serve other slots.
  *
  * It looks first and changes nothing until everything checks out: a slot
- * another instance streams from (active, naming its pid) is refused, and
- * without --yes it only prints what it would drop.  It uses an ordinary
+ * another instance streams from (active, naming its pid) is refused, so is
+ * one whose instance lives without streaming (its slot watch's connection,
+ * pg/slotwatch.h), and a publication this role cannot drop; without --yes
+ * it only prints what it would drop.  It uses an ordinary
  * connection, like check and status.
  */
 #include <stdio.h>
@@ -22,6 +24,7 @@
 #include "obx/cmd/cli.h"
 #include "obx/core/err.h"
 #include "obx/pg/setup.h"
+#include "obx/pg/slotwatch.h"
 #include "obx/core/snapmark.h"
 #include "obx/pg/util.h"
 
@@ -29,15 +32,17 @@
 
 /* What the server holds of one instance. */
 struct drop_plan {
-	bool slot;          /* the logical slot exists */
-	char confirmed[32]; /* its confirmed_flush_lsn, "" when NULL */
-	char marker[80];    /* the snapshot marker's name */
-	bool has_marker;    /* ... and it exists (a physical slot) */
-	bool publication;   /* the publication exists */
-	char *comment;      /* its comment ("" for none) */
-	bool guard;         /* the comment records the slot */
-	char *rest;         /* the comment without that record */
-	int other_guards;   /* records of other slots in it */
+	bool slot;            /* the logical slot exists */
+	char confirmed[32];   /* its confirmed_flush_lsn, "" when NULL */
+	char marker[80];      /* the snapshot marker's name */
+	bool has_marker;      /* ... and it exists (a physical slot) */
+	bool publication;     /* the publication exists */
+	char *comment;        /* its comment ("" for none) */
+	bool guard;           /* the comment records the slot */
+	char *rest;           /* the comment without that record */
+	int other_guards;     /* records of other slots in it */
+	bool own_publication; /* this role may drop it (a member of its owner) */
+	char pub_owner[128];
 };
 
 /*
@@ -140,9 +145,34 @@ read_plan(PGconn *conn, const struct obx_config *cfg, struct drop_plan *pl)
 		}
 	}
 	PQclear(res);
+	/* an instance that lives without streaming (in backoff, a standby, a snapshot) would create
+	 * the slot again once it and its guard record are gone: its slot watch gives it away */
+	{
+		char app[64];
+		const char *ap[1] = { app };
+
+		obx_slotwatch_app_name(cfg->slot, app, sizeof(app));
+		res = PQexecParams(conn,
+		    "SELECT count(*), string_agg(pid::text || coalesce(' from ' || client_addr::text, ''), ', ') "
+		    "FROM pg_stat_activity WHERE application_name = $1 AND datname = current_database()",
+		    1, NULL, ap, NULL, NULL, 0);
+		if (PQresultStatus(res) != PGRES_TUPLES_OK) {
+			fprintf(stderr, "outboxd: could not read pg_stat_activity: %s\n",
+			    obx_pg_result_error_line(res, err, sizeof(err)));
+			goto out;
+		}
+		if (strcmp(PQgetvalue(res, 0, 0), "0") != 0) {
+			fprintf(stderr,
+			    "outboxd: %s instance(s) of slot %s still run (the slot watch of pid %s): stop every "
+			    "instance first (scale the Deployment to 0), then drop it\n",
+			    PQgetvalue(res, 0, 0), cfg->slot, PQgetvalue(res, 0, 1));
+			goto out;
+		}
+		PQclear(res);
+	}
 	res = PQexecParams(conn,
-	    "SELECT coalesce(obj_description(oid, 'pg_publication'), '') "
-	    "FROM pg_publication WHERE pubname = $1",
+	    "SELECT coalesce(obj_description(oid, 'pg_publication'), ''), pg_has_role(pubowner, 'MEMBER'), "
+	    "pubowner::regrole::text FROM pg_publication WHERE pubname = $1",
 	    1, NULL, pub, NULL, NULL, 0);
 	if (PQresultStatus(res) != PGRES_TUPLES_OK) {
 		fprintf(stderr, "outboxd: could not read publication %s: %s\n", cfg->publication,
@@ -150,6 +180,9 @@ read_plan(PGconn *conn, const struct obx_config *cfg, struct drop_plan *pl)
 		goto out;
 	}
 	pl->publication = PQntuples(res) > 0;
+	pl->own_publication = pl->publication && strcmp(PQgetvalue(res, 0, 1), "t") == 0;
+	if (pl->publication)
+		strlcpy(pl->pub_owner, PQgetvalue(res, 0, 2), sizeof(pl->pub_owner));
 	pl->comment = strdup(pl->publication ? PQgetvalue(res, 0, 0) : "");
 	if (pl->comment == NULL ||
 	    split_guard(pl->comment, cfg->slot, &pl->rest, &pl->guard, &pl->other_guards) != 0) {
@@ -232,6 +265,14 @@ obx_cmd_drop_slot(const struct obx_config *cfg, bool yes, bool drop_publication)
 		    "outboxd: publication %s also records %d other slot(s) in its comment: "
 		    "not dropped (drop-slot without --drop-publication leaves it)\n",
 		    cfg->publication, pl.other_guards);
+		goto out;
+	}
+	/* refused before anything is dropped: a slot gone and a publication that stays is half done */
+	if (drop_publication && !pl.own_publication) {
+		fprintf(stderr,
+		    "outboxd: publication %s belongs to %s, which this role is not a member of: it cannot drop it; "
+		    "nothing dropped (have %s drop it, or run drop-slot without --drop-publication)\n",
+		    cfg->publication, pl.pub_owner, pl.pub_owner);
 		goto out;
 	}
 	if (!pl.slot && !pl.has_marker && !pl.guard && !drop_publication) {

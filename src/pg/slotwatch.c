@@ -3,6 +3,7 @@
  */
 #include <errno.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -146,8 +147,11 @@ read_once(struct obx_slotwatch_state *w, PGconn **conn, const char *const *pin_k
 	if (*conn == NULL || PQstatus(*conn) != CONNECTION_OK) {
 		PQfinish(*conn);
 		*conn = NULL;
-		if (obx_pg_connect(w->conninfo, w->password, pin_kw, pin_val, "outboxd slot watch", conn, err,
-		        sizeof(err)) != 0) {
+		char app[64];
+
+		/* drop-slot finds a live instance of the slot by this name (obx_slotwatch_app_name()) */
+		obx_slotwatch_app_name(w->slot, app, sizeof(app));
+		if (obx_pg_connect(w->conninfo, w->password, pin_kw, pin_val, app, conn, err, sizeof(err)) != 0) {
 			/* the sessions say why a connection fails; said here once after a success only */
 			if (v->ok)
 				obx_log_debug("slot watch: could not connect: %s", err);
@@ -351,6 +355,13 @@ obx_slotwatch_fast(struct obx_slotwatch *w, bool fast)
 		pthread_cond_broadcast(&w->st->cv);
 	}
 	pthread_mutex_unlock(&w->st->mu);
+}
+
+void
+obx_slotwatch_app_name(const char *slot, char *out, size_t len)
+{
+	/* application_name keeps NAMEDATALEN - 1 = 63 bytes: the slot's name is cut to fit */
+	snprintf(out, len, "%s%.*s", OBX_SLOTWATCH_APP, (int)(63 - strlen(OBX_SLOTWATCH_APP)), slot);
 }
 
 /* A copy of s, NULL for NULL or "". */

@@ -236,6 +236,55 @@ test_drop_slot(void **state)
 	assert_int_equal(t_log_count(&R, "existed before"), 0);
 }
 
+/*
+ * An instance alive without streaming: publishing the pending rows of a new slot's snapshot
+ * while every broker is down, so the slot exists and nothing streams from it.  drop-slot must
+ * refuse (it would have dropped the slot and its guard record, and the instance would create the
+ * slot again when the brokers came back); once the instance is stopped, it drops.
+ */
+static void
+test_drop_slot_refuses_live_instance(void **state)
+{
+	char out[8192], want[256];
+	int64_t deadline;
+
+	(void)state;
+	t_relay_setup(&R, "dropalive", 0);
+	t_exec(R.pg,
+	    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
+	    "SELECT 'alive', 'k' || g, 'T', '{}' FROM generate_series(1, 50) g");
+	for (int b = 1; b <= 3; b++)
+		assert_int_equal(t_broker_cmd(&R.b, "down %d", b), 0);
+	t_relay_config(&R, "[source]\nsnapshot = pending\n");
+	t_relay_start(&R, NULL, 0);
+	deadline = t_now_ms() + 60000;
+	while (t_log_count(&R, ": publishing the rows of public.outbox") == 0 || slot_count(R.slot) == 0) {
+		if (t_now_ms() > deadline) {
+			t_log_dump(&R);
+			fail_msg("outboxd did not start its snapshot");
+		}
+		usleep(50000);
+	}
+	{
+		char *v = t_query1(R.pg,
+		    "SELECT count(*) FROM pg_replication_slots WHERE active AND slot_name = '%s'", R.slot);
+
+		assert_string_equal(v, "0"); /* nothing streams from it */
+		free(v);
+	}
+	assert_int_equal(run_cmd("drop-slot", "--yes", out, sizeof(out)), 1);
+	snprintf(want, sizeof(want), "instance(s) of slot %s still run", R.slot);
+	if (strstr(out, want) == NULL) {
+		t_log_dump(&R);
+		fail_msg("drop-slot does not say \"%s\":\n%s", want, out);
+	}
+	assert_int_equal(slot_count(R.slot), 1);
+	assert_int_equal(t_relay_signal(&R, SIGTERM, 30000), 0);
+	if (run_cmd("drop-slot", "--yes", out, sizeof(out)) != 0)
+		fail_msg("drop-slot --yes failed once the instance stopped:\n%s", out);
+	assert_int_equal(slot_count(R.slot), 0);
+}
+
 int
 main(void)
 {
@@ -243,6 +292,7 @@ main(void)
 		cmocka_unit_test_teardown(test_least_privilege_role, teardown),
 		cmocka_unit_test_teardown(test_sighup_rereads, teardown),
 		cmocka_unit_test_teardown(test_drop_slot, teardown),
+		cmocka_unit_test_teardown(test_drop_slot_refuses_live_instance, teardown),
 	};
 
 	return T_RUN_TESTS(tests);

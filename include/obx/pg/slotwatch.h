@@ -16,6 +16,7 @@
 
 #include <pthread.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include <libpq-fe.h>
@@ -23,6 +24,17 @@
 #include "obx/core/config.h"
 #include "obx/core/coverage.h"
 #include "obx/core/lsn.h"
+
+/*
+ * The slot watch's connection is named OBX_SLOTWATCH_APP followed by the
+ * slot (obx_slotwatch_app_name()), so that drop-slot can tell that an
+ * instance of the slot lives: every running instance holds it, streaming,
+ * in backoff, waiting as a standby or publishing a snapshot.
+ */
+#define OBX_SLOTWATCH_APP "outboxd slot watch "
+
+/* The application_name of slot's watch into out (len >= 64). */
+void obx_slotwatch_app_name(const char *slot, char *out, size_t len);
 
 /* What the last read found. */
 struct obx_slotview {
