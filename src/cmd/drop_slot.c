@@ -4,7 +4,8 @@
  *
  * What it drops: the logical slot, the marker slot of an unfinished
  * snapshot (obx_pgsetup_marker_name), and the slot guard's record of the
- * slot ("outboxd-slot SLOT SYSID LSN" in the publication comment), without
+ * slot ("outboxd-slot SLOT SYSID LSN" in the publication comment, or the
+ * physical guard slot SLOT_guard where the comment could not hold it), without
  * which a later run would take the missing slot for a lost one and refuse
  * to create it.  The publication only with --drop-publication: nothing
  * records whether outboxd or the table owner (sql/002_publication.sql)
@@ -36,6 +37,8 @@ struct drop_plan {
 	char confirmed[32];   /* its confirmed_flush_lsn, "" when NULL */
 	char marker[80];      /* the snapshot marker's name */
 	bool has_marker;      /* ... and it exists (a physical slot) */
+	char guard_slot[80];  /* the guard slot's name (obx_snapmark_guard_name()) */
+	bool has_guard_slot;  /* ... and it exists (a physical slot) */
 	bool publication;     /* the publication exists */
 	char *comment;        /* its comment ("" for none) */
 	bool guard;           /* the comment records the slot */
@@ -93,7 +96,7 @@ split_guard(const char *comment, const char *slot, char **rest, bool *found, int
 static int
 read_plan(PGconn *conn, const struct obx_config *cfg, struct drop_plan *pl)
 {
-	const char *p[2] = { cfg->slot, pl->marker };
+	const char *p[3] = { cfg->slot, pl->marker, pl->guard_slot };
 	const char *pub[1] = { cfg->publication };
 	char err[1024];
 	PGresult *res;
@@ -102,9 +105,9 @@ read_plan(PGconn *conn, const struct obx_config *cfg, struct drop_plan *pl)
 	res = PQexecParams(conn,
 	    "SELECT slot_name = $1, slot_type, coalesce(plugin, ''), coalesce(database::text, ''), "
 	    "database IS NOT DISTINCT FROM current_database(), active, coalesce(active_pid::text, '?'), "
-	    "coalesce(confirmed_flush_lsn::text, ''), current_database() "
-	    "FROM pg_replication_slots WHERE slot_name IN ($1, $2)",
-	    2, NULL, p, NULL, NULL, 0);
+	    "coalesce(confirmed_flush_lsn::text, ''), current_database(), slot_name::text "
+	    "FROM pg_replication_slots WHERE slot_name IN ($1, $2, $3)",
+	    3, NULL, p, NULL, NULL, 0);
 	if (PQresultStatus(res) != PGRES_TUPLES_OK) {
 		fprintf(stderr, "outboxd: could not read slot %s: %s\n", cfg->slot,
 		    obx_pg_result_error_line(res, err, sizeof(err)));
@@ -112,7 +115,8 @@ read_plan(PGconn *conn, const struct obx_config *cfg, struct drop_plan *pl)
 	}
 	for (int i = 0; i < PQntuples(res); i++) {
 		bool ours = strcmp(PQgetvalue(res, i, 0), "t") == 0;
-		const char *name = ours ? cfg->slot : pl->marker;
+		bool guard = !ours && strcmp(PQgetvalue(res, i, 9), pl->guard_slot) == 0;
+		const char *name = ours ? cfg->slot : guard ? pl->guard_slot : pl->marker;
 
 		if (strcmp(PQgetvalue(res, i, 5), "t") == 0) {
 			fprintf(stderr,
@@ -141,7 +145,11 @@ read_plan(PGconn *conn, const struct obx_config *cfg, struct drop_plan *pl)
 			pl->slot = true;
 			strlcpy(pl->confirmed, PQgetvalue(res, i, 7), sizeof(pl->confirmed));
 		} else if (strcmp(PQgetvalue(res, i, 1), "physical") == 0) {
-			pl->has_marker = true; /* a logical slot of that name is not a marker: left alone */
+			/* a logical slot of that name is neither: left alone */
+			if (guard)
+				pl->has_guard_slot = true;
+			else
+				pl->has_marker = true;
 		}
 	}
 	PQclear(res);
@@ -252,6 +260,7 @@ obx_cmd_drop_slot(const struct obx_config *cfg, bool yes, bool drop_publication)
 		return OBX_EXIT_USAGE;
 	}
 	obx_snapmark_name(cfg->slot, pl.marker, sizeof(pl.marker));
+	obx_snapmark_guard_name(cfg->slot, pl.guard_slot, sizeof(pl.guard_slot));
 	if (obx_pg_connect(cfg->conninfo, cfg->password, NULL, NULL, "outboxd drop-slot", &conn, err,
 	        sizeof(err)) != 0) {
 		fprintf(stderr, "outboxd: could not connect: %s\n", err);
@@ -275,7 +284,7 @@ obx_cmd_drop_slot(const struct obx_config *cfg, bool yes, bool drop_publication)
 		    cfg->publication, pl.pub_owner, pl.pub_owner);
 		goto out;
 	}
-	if (!pl.slot && !pl.has_marker && !pl.guard && !drop_publication) {
+	if (!pl.slot && !pl.has_marker && !pl.has_guard_slot && !pl.guard && !drop_publication) {
 		printf("nothing to drop for slot %s\n", cfg->slot);
 		rc = OBX_EXIT_OK;
 		goto out;
@@ -299,6 +308,15 @@ obx_cmd_drop_slot(const struct obx_config *cfg, bool yes, bool drop_publication)
 		if (yes && exec_one(conn, "SELECT pg_drop_replication_slot($1)", 1, p, what) != 0)
 			goto out;
 		printf("%s slot %s (the marker of an unfinished snapshot)\n", verb, pl.marker);
+		n++;
+	}
+	if (pl.has_guard_slot) {
+		const char *p[1] = { pl.guard_slot };
+
+		snprintf(what, sizeof(what), "drop guard slot %s", pl.guard_slot);
+		if (yes && exec_one(conn, "SELECT pg_drop_replication_slot($1)", 1, p, what) != 0)
+			goto out;
+		printf("%s slot %s (the slot guard's record of slot %s)\n", verb, pl.guard_slot, cfg->slot);
 		n++;
 	}
 	if (drop_publication) {

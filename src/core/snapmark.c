@@ -6,20 +6,34 @@
 
 #define SUFFIX "_snapshot"
 
-void
-obx_snapmark_name(const char *slot, char *out, size_t len)
+/* slot with suffix, 63 characters at most: cut to keep + suffix, a hash where it would be cut. */
+static void
+suffixed(const char *slot, const char *suffix, char *out, size_t len)
 {
 	uint64_t h = 14695981039346656037ULL; /* FNV-1a, 64 bits */
+	int keep = 63 - (int)strlen(suffix);
 
-	if (strlen(slot) <= OBX_SNAPMARK_KEEP) {
-		snprintf(out, len, "%s" SUFFIX, slot);
+	if ((int)strlen(slot) <= keep) {
+		snprintf(out, len, "%s%s", slot, suffix);
 		return;
 	}
 	for (const unsigned char *p = (const unsigned char *)slot; *p != '\0'; p++) {
 		h ^= *p;
 		h *= 1099511628211ULL;
 	}
-	snprintf(out, len, "%.37s_%016" PRIx64 SUFFIX, slot, h);
+	snprintf(out, len, "%.*s_%016" PRIx64 "%s", keep - 17, slot, h, suffix);
+}
+
+void
+obx_snapmark_name(const char *slot, char *out, size_t len)
+{
+	suffixed(slot, SUFFIX, out, len);
+}
+
+void
+obx_snapmark_guard_name(const char *slot, char *out, size_t len)
+{
+	suffixed(slot, "_guard", out, len);
 }
 
 bool

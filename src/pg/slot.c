@@ -209,7 +209,7 @@ log_created(const struct obx_config *cfg, const struct obx_slotguard *rec, const
 	if (rec->marked)
 		obx_log_warn("recreated slot %s at %s%s (--recreate-slot); the previous slot was created at "
 		             "%s: events committed between its last confirmed position and %s are not published",
-		    cfg->slot, point, how, rec->lsn, point);
+		    cfg->slot, point, how, rec->lsn[0] != '\0' ? rec->lsn : "a position nothing recorded", point);
 	else
 		obx_log_info("created slot %s at %s%s", cfg->slot, point, how);
 }
@@ -295,10 +295,16 @@ obx_pgsetup_slot(PGconn *c, const struct obx_config *cfg, struct obx_pgsetup_slo
 			log_created(cfg, &g.rec, cs.point, how);
 			if (in_recovery && f.failover_slots && cfg->failover)
 				obx_pgsetup_note_standby_failover(cfg, ctx);
-			if (in_recovery)
+			/* a creation point no record keeps is known to this session only: every session of
+			 * the slot says the same, 0/0 (exactly-once's source identity) */
+			if (in_recovery) {
 				obx_pgsetup_note_standby_guard(cfg, a->sysid, cs.point, ctx);
-			else /* a failure is logged: the slot is usable without its record */
-				(void)obx_pgsetup_record_marker(c, cfg, &nm, g.comment, a->sysid, cs.point, false);
+				a->born = 0;
+			} else if (obx_pgsetup_record_marker(c, cfg, &nm, g.comment, a->sysid, cs.point, true) !=
+			    0) {
+				obx_pgsetup_keep_guard_slot(c, cfg, ctx);
+				a->born = 0;
+			}
 			if (!snap->wanted)
 				warn_unpublished_rows(c, cfg, &nm);
 			else

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "obx/core/err.h"
+#include "obx/core/snapmark.h"
 #include "obx/pg/setup_int.h"
 #include "obx/sys/log.h"
 
@@ -79,6 +80,65 @@ find_marker(const char *comment, const char *slot, struct obx_slotguard *rec)
 	return OBX_ENOENT;
 }
 
+/*
+ * Whether slot's guard slot exists: sets rec->marked and rec->guard_slot when
+ * it does.  Returns 0 or OBX_EIO (errbuf).
+ */
+static int
+guard_slot_exists(PGconn *c, const char *slot, struct obx_slotguard *rec, char *errbuf, size_t errlen)
+{
+	char name[64], sql[256], err[1024];
+	char *lit;
+	PGresult *res;
+
+	obx_snapmark_guard_name(slot, name, sizeof(name));
+	if ((lit = PQescapeLiteral(c, name, strlen(name))) == NULL)
+		return obx_pgsetup_failf(errbuf, errlen, OBX_ENOMEM, "out of memory");
+	snprintf(sql, sizeof(sql),
+	    "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s AND slot_type = 'physical'", lit);
+	PQfreemem(lit);
+	if (obx_pgsetup_query(c, sql, &res, NULL, err, sizeof(err)) != 0)
+		return obx_pgsetup_failf(errbuf, errlen, OBX_EIO, "could not read slot %s: %s", name, err);
+	if (PQntuples(res) > 0) {
+		rec->marked = true;
+		strlcpy(rec->guard_slot, name, sizeof(rec->guard_slot));
+	}
+	PQclear(res);
+	return 0;
+}
+
+void
+obx_pgsetup_keep_guard_slot(PGconn *c, const struct obx_config *cfg, struct obx_pgsetup_ctx *ctx)
+{
+	struct obx_slotguard rec = { .marked = false };
+	char name[64], sql[256], err[1024], state[6] = "";
+	char *ident;
+	PGresult *res;
+
+	if (guard_slot_exists(c, cfg->slot, &rec, err, sizeof(err)) != 0 || rec.marked)
+		return;
+	obx_snapmark_guard_name(cfg->slot, name, sizeof(name));
+	if ((ident = PQescapeIdentifier(c, name, strlen(name))) == NULL)
+		return;
+	/* no RESERVE_WAL: it pins nothing */
+	snprintf(sql, sizeof(sql), "CREATE_REPLICATION_SLOT %s PHYSICAL", ident);
+	PQfreemem(ident);
+	if (obx_pgsetup_query(c, sql, &res, state, err, sizeof(err)) == 0 || strcmp(state, "42710") == 0) {
+		if (strcmp(state, "42710") != 0)
+			PQclear(res);
+		if (!ctx->said_guard_slot)
+			obx_log_info("publication %s's comment cannot record slot %s (another role owns the "
+			             "publication): physical slot %s records it instead (it reserves no WAL; "
+			             "outboxd drop-slot drops it)",
+			    cfg->publication, cfg->slot, name);
+		ctx->said_guard_slot = true;
+		return;
+	}
+	obx_log_warn("could not record slot %s, neither in publication %s's comment (another role owns it) nor "
+	             "as physical slot %s: %s; a later loss of the slot will not be detected",
+	    cfg->slot, cfg->publication, name, err);
+}
+
 int
 obx_pgsetup_read_guard(PGconn *c, const struct obx_config *cfg, const struct obx_pgsetup_names *nm,
     struct obx_pgsetup_guard *g, char *errbuf, size_t errlen)
@@ -98,8 +158,10 @@ obx_pgsetup_read_guard(PGconn *c, const struct obx_config *cfg, const struct obx
 	PQclear(res);
 	if (g->comment == NULL)
 		return obx_pgsetup_failf(errbuf, errlen, OBX_ENOMEM, "out of memory");
-	(void)find_marker(g->comment, cfg->slot, &g->rec); /* OBX_ENOENT: not marked */
-	return 0;
+	if (find_marker(g->comment, cfg->slot, &g->rec) == 0)
+		return 0;
+	/* no line in the comment: the guard slot may record it (obx_pgsetup_keep_guard_slot()) */
+	return guard_slot_exists(c, cfg->slot, &g->rec, errbuf, errlen);
 }
 
 void
@@ -214,6 +276,8 @@ obx_pgsetup_adopt_slot(PGconn *c, const struct obx_config *cfg, const struct obx
 			             "recorded it at %s",
 			    cfg->slot, cfg->publication, at);
 			*born = confirmed;
+		} else {
+			obx_pgsetup_keep_guard_slot(c, cfg, ctx);
 		}
 	}
 	PQclear(res);

@@ -233,6 +233,87 @@ test_dropped_table_goes_on(void **state)
 	assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
 }
 
+/* Runs outboxd CMD on R's configuration; returns its exit status, what it printed in out. */
+static int
+run_cmd(const char *cmd, char *out, size_t len)
+{
+	char line[1024];
+
+	snprintf(line, sizeof(line), "%s %s -c %s 2>&1", getenv("OBX_OUTBOXD"), cmd, R.conf);
+	return t_run_capture(line, out, len);
+}
+
+static int
+slot_count(const char *name)
+{
+	char *v = t_query1(R.pg, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = '%s'", name);
+	int n = atoi(v);
+
+	free(v);
+	return n;
+}
+
+/*
+ * A pattern with a publication FOR ALL TABLES a superuser made, outboxd as an ordinary role with
+ * REPLICATION: it cannot write the slot guard's line in the publication's comment, so a physical
+ * guard slot records the slot.  The slot dropped while outboxd is stopped (a DBA, a failover
+ * before 17) is refused at the next start, not created again silently; --recreate-slot creates
+ * it; drop-slot drops the guard slot with it.
+ */
+static void
+test_lost_slot_with_pattern(void **state)
+{
+	char user[64], guard[80], out[8192];
+	struct t_msg *m;
+	size_t n;
+	int st;
+
+	(void)state;
+	t_relay_setup(&R, "lostpat", 1);
+	t_exec(R.pg, "CREATE SCHEMA tenant_a; CREATE TABLE tenant_a.outbox " OUTBOX_COLUMNS);
+	t_exec(R.pg,
+	    "CREATE PUBLICATION outboxd FOR ALL TABLES WITH (publish = 'insert', "
+	    "publish_via_partition_root = true)");
+	t_exec(R.pg,
+	    "DO $$ BEGIN CREATE ROLE obx_plain LOGIN REPLICATION; "
+	    "EXCEPTION WHEN duplicate_object THEN NULL; END $$");
+	/* the configuration connects as that role; the test's own connections stay the superuser's */
+	strlcpy(user, R.st.user, sizeof(user));
+	strlcpy(R.st.user, "obx_plain", sizeof(R.st.user));
+	t_relay_config(&R, "[source]\ntable = tenant_*.outbox\n[outbox]\ntopic = tenants\n");
+	strlcpy(R.st.user, user, sizeof(R.st.user));
+	snprintf(guard, sizeof(guard), "%s_guard", R.slot);
+
+	t_relay_start(&R, NULL, 1);
+	assert_true(t_log_count(&R, "records it instead") >= 1);
+	assert_int_equal(slot_count(guard), 1);
+	insert_into("tenant_a.outbox", "a", 2);
+	n = t_consume(R.b.bootstrap, "tenants", 2, 20000, &m);
+	assert_int_equal(n, 2);
+	t_msgs_free(m, n);
+	st = t_relay_signal(&R, SIGTERM, 40000);
+	assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	t_slot_wait_inactive(&R, 10000);
+
+	/* stopped: a row committed, then the slot lost */
+	insert_into("tenant_a.outbox", "lost", 1);
+	t_exec(R.pg, "SELECT pg_drop_replication_slot('%s')", R.slot);
+	expect_refused("is missing but existed before (physical slot", "a lost slot with a pattern");
+	assert_int_equal(slot_count(R.slot), 0);
+
+	/* the operator reconciled: one start with --recreate-slot */
+	t_relay_start(&R, "--recreate-slot", 1);
+	assert_true(t_log_count(&R, "recreated slot") >= 1);
+	st = t_relay_signal(&R, SIGTERM, 40000);
+	assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	t_slot_wait_inactive(&R, 10000);
+	if (run_cmd("drop-slot --yes", out, sizeof(out)) != 0)
+		fail_msg("drop-slot --yes failed:\n%s", out);
+	assert_non_null(strstr(out, "the slot guard's record of slot"));
+	assert_int_equal(slot_count(R.slot), 0);
+	assert_int_equal(slot_count(guard), 0);
+}
+
 int
 main(void)
 {
@@ -242,6 +323,7 @@ main(void)
 		cmocka_unit_test_teardown(test_missing_at_start, teardown),
 		cmocka_unit_test_teardown(test_swapped_by_rename, teardown),
 		cmocka_unit_test_teardown(test_dropped_table_goes_on, teardown),
+		cmocka_unit_test_teardown(test_lost_slot_with_pattern, teardown),
 	};
 
 	return T_RUN_TESTS(tests);

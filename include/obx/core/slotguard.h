@@ -13,9 +13,10 @@
 
 /* What the publication's comment records of one slot. */
 struct obx_slotguard {
-	bool marked;    /* the comment records the slot: it existed */
-	char sysid[32]; /* the system it was created on (informational, never compared) */
-	char lsn[32];   /* its creation point, as the record writes it */
+	bool marked;         /* the comment records the slot: it existed */
+	char sysid[32];      /* the system it was created on (informational, never compared) */
+	char lsn[32];        /* its creation point, as the record writes it */
+	char guard_slot[64]; /* "" or the physical slot that records it instead (obx_snapmark_guard_name()) */
 };
 
 /*

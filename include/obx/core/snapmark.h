@@ -22,6 +22,15 @@
 void obx_snapmark_name(const char *slot, char *out, size_t len);
 
 /*
+ * Writes the name of slot's guard slot into out (len: 64 is enough): the
+ * physical slot that records that slot existed when the publication's
+ * comment cannot (docs/internals/design.md, "Slot guard"): SLOT_guard for a
+ * name of up to 57 characters, else its first 40, '_', the 16 hex digits
+ * of the same hash and _guard.
+ */
+void obx_snapmark_guard_name(const char *slot, char *out, size_t len);
+
+/*
  * Writes the name earlier versions gave the marker of a slot named over 54
  * characters (the name cut to 54, then _snapshot), a name any slot sharing
  * those 54 characters shares, into out and returns true; for a shorter name

@@ -47,6 +47,7 @@ struct obx_pgsetup_ctx {
 	void *tick_arg;
 	bool said_failover_ignored; /* [source] failover = on below PostgreSQL 17 */
 	bool said_standby_guard;    /* the guard cannot record the slot on a hot standby */
+	bool said_guard_slot;       /* the guard slot records the slot (obx_pgsetup_keep_guard_slot()) */
 	bool said_standby_failover; /* failover cannot be enabled on a hot standby */
 	bool said_standby_create;   /* creating a slot on a hot standby waits for the primary */
 	bool said_synced;           /* the slot was synchronized before this server's promotion */

@@ -135,6 +135,14 @@ int obx_pgsetup_record_marker(PGconn *c, const struct obx_config *cfg, const str
     const char *comment, const char *sysid, const char *lsn, bool quiet);
 
 /*
+ * Where the publication's comment cannot hold the record (another role
+ * owns the publication: a superuser's FOR ALL TABLES): makes sure the
+ * physical slot obx_snapmark_guard_name() names exists, reserving no WAL,
+ * and says so once (ctx).  A failure is logged: the slot works without it.
+ */
+void obx_pgsetup_keep_guard_slot(PGconn *c, const struct obx_config *cfg, struct obx_pgsetup_ctx *ctx);
+
+/*
  * On a hot standby, which cannot write the record: says once (ctx) which
  * line protects the slot when added to the comment on the primary.
  */
