@@ -49,18 +49,14 @@ obx_cov_copy(struct obx_cov *dst, const struct obx_cov *src)
 	return 0;
 }
 
-/* The membership covers a table from its creation on (not by the table's oid). */
-static bool
-whole(enum obx_cov_via via)
-{
-	return via == OBX_COV_SCHEMA || via == OBX_COV_ALL;
-}
-
 /* One table: true when covered between the readings, else false with errbuf. */
 static bool
 judge_table(const struct obx_config *cfg, const struct obx_table_pat *p, const struct obx_cov_table *b,
     const struct obx_cov_table *n, char *errbuf, size_t errlen)
 {
+	bool held = n->whole_row != 0 || n->rel_row != 0;
+	size_t used;
+
 	if (n->relid == 0)
 		return true; /* gone: it takes no rows */
 	if (n->unlogged) {
@@ -70,35 +66,38 @@ judge_table(const struct obx_config *cfg, const struct obx_table_pat *p, const s
 		    p->schema, p->name, p->schema, p->name);
 		return false;
 	}
-	if (n->via != OBX_COV_NONE && n->via == b->via && n->member == b->member &&
-	    (n->relid == b->relid || whole(n->via)))
+	/* the same schema or all-tables row: every table it takes in, from its creation on */
+	if (n->whole_row != 0 && n->whole_row == b->whole_row)
+		return true;
+	/* the same table by the same row, or a row made with the table */
+	if (n->rel_row != 0 && ((n->relid == b->relid && n->rel_row == b->rel_row) || n->rel_born))
 		return true;
 	if (b->relid != 0 && n->relid != b->relid)
 		snprintf(errbuf, errlen,
 		    "outbox table %s.%s was dropped and created again (oid %u, before %u) and publication %s "
 		    "%s: a publication FOR TABLE holds a table by oid, so the new table's rows %s",
 		    p->schema, p->name, n->relid, b->relid, cfg->publication,
-		    n->via == OBX_COV_NONE ? "does not hold the new table" : "took it in after its creation",
-		    n->via == OBX_COV_NONE ? "are not decoded" : "before that were not decoded");
+		    held ? "took it in after its creation" : "does not hold the new table",
+		    held ? "before that were not decoded" : "are not decoded");
 	else if (b->relid == 0)
 		snprintf(errbuf, errlen,
 		    "outbox table %s.%s was created while outboxd ran and publication %s %s: a publication "
 		    "FOR TABLE takes in a table only once it is added, so its rows %s",
 		    p->schema, p->name, cfg->publication,
-		    n->via == OBX_COV_NONE ? "does not hold it" : "took it in after its creation",
-		    n->via == OBX_COV_NONE ? "are not decoded" : "before that were not decoded");
+		    held ? "took it in after its creation" : "does not hold it",
+		    held ? "before that were not decoded" : "are not decoded");
 	else
 		snprintf(errbuf, errlen,
 		    "outbox table %s.%s %s publication %s: its rows were not decoded while it was out of it",
-		    p->schema, p->name, n->via == OBX_COV_NONE ? "was taken out of" : "left and rejoined",
-		    cfg->publication);
-	if (n->via == OBX_COV_NONE) {
-		size_t used = strlen(errbuf);
-
-		if (used < errlen)
-			snprintf(errbuf + used, errlen - used, " (ALTER PUBLICATION %s ADD TABLE %s.%s)",
-			    cfg->publication, p->schema, p->name);
-	}
+		    p->schema, p->name, held ? "left and rejoined" : "was taken out of", cfg->publication);
+	used = strlen(errbuf);
+	if (used < errlen && !held)
+		snprintf(errbuf + used, errlen - used, " (ALTER PUBLICATION %s ADD TABLE %s.%s)", cfg->publication,
+		    p->schema, p->name);
+	else if (used < errlen && n->relid != b->relid)
+		snprintf(errbuf + used, errlen - used,
+		    " (a migration that re-creates it keeps it covered when it adds it to the publication in "
+		    "the same transaction)");
 	return false;
 }
 

@@ -303,7 +303,8 @@ obx_metrics_render(const struct obx_metrics *m, const struct obx_process *proc, 
 		else
 			fprintf(fp, "%s NaN\n", "outboxd_lag_bytes");
 		counter_u64(fp, "outboxd_server_read_failures_total",
-		    "reads of the slot and the server's WAL position that failed", m->server_read_failures);
+		    "reads of the slot, the server's WAL position or the publication's hold on the outbox tables that failed",
+		    m->server_read_failures);
 		family(fp, "outboxd_oldest_unacked_age_seconds", "gauge",
 		    "age (since commit) of the oldest event not yet acknowledged by the broker, 0 when none");
 		fprintf(fp, "outboxd_oldest_unacked_age_seconds %.3f\n", m->oldest_unacked_age_seconds);

@@ -290,6 +290,7 @@ obx_core_reset(struct obx_core *c)
 	obx_event_builder_reset(&c->eb);
 	obx_pgoutput_reset(&c->dec);
 	obx_rc_message_row_free(c);
+	obx_cov_reset(&c->cov_base);
 	obx_dlv_reset(&c->dlv);
 	free(c->skips);
 	free(c->batch_tickets);
@@ -383,8 +384,7 @@ obx_core_session_end(struct obx_core *c)
 		c->eos_aborts++; /* ended without its commit: the next init_transactions aborts it */
 	obx_rc_batch_clear(c);
 	c->eos = c->eos_floor_set = c->eos_checking = c->eos_holding = false;
-	c->cov_on = false;
-	obx_cov_reset(&c->cov_base);
+	c->cov_on = false; /* cov_base and cov_verified stay: the next session starts from them */
 	obx_dedupe_reset(&c->dd);
 	obx_ack_reset(&c->ack);
 	obx_relcache_reset(&c->rels);

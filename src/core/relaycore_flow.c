@@ -145,36 +145,59 @@ flushable(const struct obx_core *c)
 
 /* ---- coverage of the outbox tables (core/coverage.h) ---- */
 
+/* The stop for a table not covered (why says which and how): nothing confirmed past the last verified position. */
+static void
+cov_gap(struct obx_core *c, const char *why)
+{
+	char a[OBX_LSN_STRLEN];
+
+	obx_rc_fail_at(c, OBX_CORE_END_FATAL, &(struct obx_logfields){ .lsn = c->cov_verified },
+	    "%s; rows committed to it after %s, the last position verified, may be missing from "
+	    "Kafka: outboxd stops without confirming past it (publish again what consumers lack: rows "
+	    "still in the table can be inserted again, sql/006_reconciliation.sql finds changes without "
+	    "an event; then start outboxd again)",
+	    why, obx_lsn_format(c->cov_verified, a, sizeof(a)));
+}
+
 /* The readings stopped coming for this long while they hold the flush position back: said once. */
 #define COV_QUIET_MIN_MS 30000
 
 int
 obx_core_coverage_start(struct obx_core *c, const struct obx_cov *base)
 {
-	if (obx_cov_copy(&c->cov_base, base) != 0)
-		return OBX_ENOMEM;
+	char why[1024];
+	/* the last session's last verified reading, when this one goes on from where it verified:
+	 * a table re-created between the sessions is a gap too (not when another instance confirmed
+	 * further meanwhile: its readings were its own) */
+	bool carry = c->cov_base.read && c->cov_verified != 0 && c->sent_flush <= c->cov_verified;
+
 	c->cov_on = true;
-	c->cov_verified = c->sent_flush;
 	c->cov_at_ms = c->now_ms;
 	c->cov_noted = false;
-	return 0;
+	if (carry && !obx_cov_judge(c->cfg, &c->cov_base, base, why, sizeof(why))) {
+		c->cov_verified = c->sent_flush;
+		cov_gap(c, why);
+		return 0;
+	}
+	c->cov_verified = c->sent_flush;
+	return obx_cov_copy(&c->cov_base, base);
 }
 
 void
 obx_core_coverage(struct obx_core *c, const struct obx_cov *now, obx_lsn lsn)
 {
-	char why[1024], a[OBX_LSN_STRLEN];
+	char why[1024];
 
 	/* also while the session ends: its last confirmation goes as far as this reading verifies */
 	if (!c->cov_on || !c->active || c->end == OBX_CORE_END_FATAL)
 		return;
 	if (!obx_cov_judge(c->cfg, &c->cov_base, now, why, sizeof(why))) {
-		obx_rc_fail_at(c, OBX_CORE_END_FATAL, &(struct obx_logfields){ .lsn = c->cov_verified },
-		    "%s; rows committed to it after %s, the last position verified, may be missing from "
-		    "Kafka: outboxd stops without confirming past it (publish again what consumers lack: rows "
-		    "still in the table can be inserted again, sql/006_reconciliation.sql finds changes without "
-		    "an event; then start outboxd again)",
-		    why, obx_lsn_format(c->cov_verified, a, sizeof(a)));
+		cov_gap(c, why);
+		return;
+	}
+	/* the next reading is judged against this one: each step between two readings is covered */
+	if (obx_cov_copy(&c->cov_base, now) != 0) {
+		obx_rc_fail_at(c, OBX_CORE_END_FATAL, NULL, "out of memory");
 		return;
 	}
 	if (lsn > c->cov_verified)

@@ -34,21 +34,20 @@ tables_sql(PGconn *c, const struct obx_config *cfg, const char *pub, char **sql)
 
 	if (f == NULL)
 		return OBX_ENOMEM;
+	/* rel_born: the row was made by the transaction that made the table, whose system columns'
+	 * pg_attribute rows (attnum -1, ctid) keep the creating xid (no ALTER TABLE rewrites them) */
 	fputs("WITH p AS (SELECT oid, puballtables FROM pg_publication WHERE pubname = ", f);
 	fputs(pub, f);
-	fputs(") SELECT coalesce(c.oid, 0), coalesce(c.relpersistence = 'u', false), "
+	fputs(") SELECT coalesce(c.oid, 0), coalesce(c.relpersistence = 'u', false), coalesce(pr.oid, 0), "
+	      "coalesce(pr.xmin = a.xmin, false), "
 	      "CASE WHEN (SELECT puballtables FROM p) THEN 3 ",
 	    f);
 	if (schemas)
 		fputs("WHEN pn.oid IS NOT NULL THEN 2 ", f);
-	fputs("WHEN pr.oid IS NOT NULL THEN 1 ELSE 0 END, "
-	      "CASE WHEN (SELECT puballtables FROM p) THEN (SELECT oid FROM p) ",
-	    f);
+	fputs("ELSE 0 END, CASE WHEN (SELECT puballtables FROM p) THEN (SELECT oid FROM p) ", f);
 	if (schemas)
 		fputs("WHEN pn.oid IS NOT NULL THEN pn.oid ", f);
-	fputs("WHEN pr.oid IS NOT NULL THEN pr.oid ELSE 0 END "
-	      "FROM unnest(ARRAY[",
-	    f);
+	fputs("ELSE 0 END FROM unnest(ARRAY[", f);
 	for (size_t i = 0, k = 0; i < cfg->n_tables && r == 0; i++)
 		if (!cfg->tables[i].schema_wild && !cfg->tables[i].name_wild)
 			r = put_literal(c, f, k++ == 0, cfg->tables[i].schema);
@@ -56,9 +55,12 @@ tables_sql(PGconn *c, const struct obx_config *cfg, const char *pub, char **sql)
 	for (size_t i = 0, k = 0; i < cfg->n_tables && r == 0; i++)
 		if (!cfg->tables[i].schema_wild && !cfg->tables[i].name_wild)
 			r = put_literal(c, f, k++ == 0, cfg->tables[i].name);
+	/* a partition is not an outbox table of its own (pg/publication_tables.c reads it as missing) */
 	fputs("]::text[]) WITH ORDINALITY e(s, t, ord) "
 	      "LEFT JOIN pg_namespace n ON n.nspname = e.s "
 	      "LEFT JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = e.t AND c.relkind IN ('r', 'p') "
+	      "AND NOT c.relispartition "
+	      "LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = -1 "
 	      "LEFT JOIN pg_publication_rel pr ON pr.prpubid = (SELECT oid FROM p) AND pr.prrelid = c.oid ",
 	    f);
 	if (schemas)
@@ -134,15 +136,17 @@ obx_pg_coverage_read(PGconn *c, const struct obx_config *cfg, struct obx_cov *ou
 			struct obx_cov_table *t = &out->t[i];
 			int64_t via;
 
-			if (oid_at(res, (int)i, 0, &t->relid) != 0 || oid_at(res, (int)i, 3, &t->member) != 0 ||
-			    obx_pg_int64(res, (int)i, 2, &via) != 0 || via < OBX_COV_NONE || via > OBX_COV_ALL) {
+			if (oid_at(res, (int)i, 0, &t->relid) != 0 || oid_at(res, (int)i, 2, &t->rel_row) != 0 ||
+			    oid_at(res, (int)i, 5, &t->whole_row) != 0 ||
+			    obx_pg_int64(res, (int)i, 4, &via) != 0 || via < OBX_COV_NONE || via > OBX_COV_ALL) {
 				snprintf(errbuf, errlen,
 				    "could not read the outbox tables of publication %s: not an oid",
 				    cfg->publication);
 				goto out;
 			}
-			t->via = (enum obx_cov_via)via;
+			t->whole_via = (enum obx_cov_via)via;
 			t->unlogged = strcmp(PQgetvalue(res, (int)i, 1), "t") == 0;
+			t->rel_born = strcmp(PQgetvalue(res, (int)i, 3), "t") == 0;
 		}
 		out->n = n;
 	}

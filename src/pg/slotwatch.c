@@ -39,6 +39,7 @@ struct obx_slotwatch_state {
 	uint64_t cov_seq;       /* guarded by mu: its number (0: none) */
 	uint32_t cov_pin;       /* guarded by mu: the pin it was read under */
 	obx_lsn cov_lsn;        /* guarded by mu: the WAL position read before it */
+	bool cov_failing;       /* the thread's own: the last coverage read failed */
 };
 
 static void
@@ -179,10 +180,17 @@ read_once(struct obx_slotwatch_state *w, PGconn **conn, const char *const *pin_k
 	PQclear(r);
 	/* after the WAL position, in statements of their own: what they find held at that position */
 	if (ok) {
-		if (obx_pg_coverage_read(*conn, &w->covcfg, cov, err, sizeof(err)) == 0)
+		if (obx_pg_coverage_read(*conn, &w->covcfg, cov, err, sizeof(err)) == 0) {
+			if (w->cov_failing)
+				obx_log_info("slot watch: the outbox tables' publication is read again");
+			w->cov_failing = false;
 			*cov_ok = true;
-		else
-			obx_log_debug("slot watch: %s", err);
+		} else {
+			/* the confirmed position waits for it (core/coverage.h): said at the first failure */
+			if (!w->cov_failing)
+				obx_log_warn("slot watch: %s; the confirmed position waits until it is read", err);
+			w->cov_failing = true;
+		}
 	}
 	return ok;
 }
@@ -251,6 +259,8 @@ watch_main(void *arg)
 			w->view.ok = false;
 			w->view.failures++;
 		}
+		if (ok && !cov_ok)
+			w->view.failures++; /* the server was read, the publication's hold on the tables was not */
 		w->done++;
 		wait_ms = w->fast || !ok ? FAST_MS : w->interval_ms;
 		clock_gettime(CLOCK_REALTIME, &until);

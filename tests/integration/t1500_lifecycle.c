@@ -151,6 +151,49 @@ test_recreated_listed_table(void **state)
 }
 
 /*
+ * What keeps a table covered goes on without a stop: the migration that
+ * re-creates the table and adds it to the publication in one transaction,
+ * and (15+) the table's schema added on top of its own membership, then
+ * its own membership dropped.  Every row arrives.
+ */
+static void
+test_recreated_with_the_publication(void **state)
+{
+	struct t_msg *m;
+	size_t n, want = 8;
+
+	(void)state;
+	t_relay_setup(&R, "recreate3", 0);
+	t_relay_config(&R, "[outbox]\ntopic = events\n");
+	t_relay_start(&R, NULL, 1);
+	insert_into("outbox", "before", 3);
+	t_exec(R.pg,
+	    "BEGIN; DROP TABLE outbox; CREATE TABLE outbox " OUTBOX_COLUMNS
+	    "; ALTER PUBLICATION outboxd ADD TABLE outbox; COMMIT");
+	insert_into("outbox", "after", 3);
+	/* two readings of the slot watch at least, each after the change */
+	assert_true(t_wait_confirmed_current(&R, 30000));
+	if (t_pg_has(15, "ADD TABLES IN SCHEMA")) {
+		t_exec(R.pg, "ALTER PUBLICATION outboxd ADD TABLES IN SCHEMA public");
+		insert_into("outbox", "schema", 1);
+		assert_true(t_wait_confirmed_current(&R, 30000));
+		t_exec(R.pg, "ALTER PUBLICATION outboxd DROP TABLE outbox");
+		insert_into("outbox", "schema", 1);
+		assert_true(t_wait_confirmed_current(&R, 30000));
+	} else {
+		want = 6;
+	}
+	n = t_consume(R.b.bootstrap, "events", want, 30000, &m);
+	if (n != want) {
+		t_log_dump(&R);
+		fail_msg("re-created with its publication membership: %zu records of %zu", n, want);
+	}
+	t_msgs_free(m, n);
+	assert_int_equal(t_log_count(&R, "outbox table public.outbox"), 0);
+	assert_true(WIFEXITED(t_relay_signal(&R, SIGTERM, 40000)));
+}
+
+/*
  * A listed table missing when outboxd starts while the publication exists (dropped while it was
  * stopped), created later: a publication FOR TABLE does not hold it, so outboxd stops.
  */
@@ -320,6 +363,7 @@ main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_teardown(test_recreated_single_table, teardown),
 		cmocka_unit_test_teardown(test_recreated_listed_table, teardown),
+		cmocka_unit_test_teardown(test_recreated_with_the_publication, teardown),
 		cmocka_unit_test_teardown(test_missing_at_start, teardown),
 		cmocka_unit_test_teardown(test_swapped_by_rename, teardown),
 		cmocka_unit_test_teardown(test_dropped_table_goes_on, teardown),

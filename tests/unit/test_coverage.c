@@ -47,7 +47,10 @@ reading(struct obx_cov_table *t, struct obx_cov_table a, struct obx_cov_table b)
 	return (struct obx_cov){ .read = true, .pubid = 100, .pub_insert = true, .n = 2, .t = t };
 }
 
-#define TBL(rel, mem) ((struct obx_cov_table){ (rel), (mem), (mem) ? OBX_COV_TABLE : OBX_COV_NONE, false })
+/* A table held by the pg_publication_rel row mem (0: not held). */
+#define TBL(rel, mem) ((struct obx_cov_table){ .relid = (rel), .rel_row = (mem) })
+/* A table held by the whole-schema or all-tables row mem. */
+#define WHOLE(rel, mem, via) ((struct obx_cov_table){ .relid = (rel), .whole_row = (mem), .whole_via = (via) })
 
 static void
 test_entries_are_the_exact_ones(void **state)
@@ -138,10 +141,9 @@ static void
 test_whole_memberships_cover_new_tables(void **state)
 {
 	struct obx_cov_table bt[2], nt[2];
-	struct obx_cov_table all0 = { 0, 100, OBX_COV_ALL, false }, all1 = { 16385, 100, OBX_COV_ALL, false };
-	struct obx_cov_table all2 = { 16400, 100, OBX_COV_ALL, false };
-	struct obx_cov_table sch1 = { 16390, 700, OBX_COV_SCHEMA, false },
-	                     sch2 = { 16401, 700, OBX_COV_SCHEMA, false };
+	struct obx_cov_table all0 = WHOLE(0, 100, OBX_COV_ALL), all1 = WHOLE(16385, 100, OBX_COV_ALL);
+	struct obx_cov_table all2 = WHOLE(16400, 100, OBX_COV_ALL);
+	struct obx_cov_table sch1 = WHOLE(16390, 700, OBX_COV_SCHEMA), sch2 = WHOLE(16401, 700, OBX_COV_SCHEMA);
 	struct obx_cov base = reading(bt, all1, sch1);
 	struct obx_cov now = reading(nt, all2, sch2);
 	char err[512] = "";
@@ -151,7 +153,7 @@ test_whole_memberships_cover_new_tables(void **state)
 	base = reading(bt, all0, sch1);
 	assert_true(obx_cov_judge(&cfg, &base, &now, err, sizeof(err)));
 	/* the schema left the publication and came back: another membership row */
-	sch2.member = 701;
+	sch2.whole_row = 701;
 	now = reading(nt, all2, sch2);
 	assert_false(obx_cov_judge(&cfg, &base, &now, err, sizeof(err)));
 	/* an unlogged table is never decoded, whatever the publication */
@@ -159,6 +161,67 @@ test_whole_memberships_cover_new_tables(void **state)
 	now = reading(nt, all2, sch1);
 	assert_false(obx_cov_judge(&cfg, &base, &now, err, sizeof(err)));
 	assert_non_null(strstr(err, "outbox table public.outbox is unlogged"));
+}
+
+/*
+ * A membership that changes kind between two readings while the other one
+ * still holds the table: ADD TABLES IN SCHEMA on top of ADD TABLE, and the
+ * schema taken out again while the table's own row stays.
+ */
+static void
+test_membership_changes_kind(void **state)
+{
+	struct obx_cov_table bt[2], nt[2];
+	struct obx_cov_table both = { .relid = 16385,
+		.rel_row = 500,
+		.whole_row = 700,
+		.whole_via = OBX_COV_SCHEMA };
+	struct obx_cov base = reading(bt, TBL(16385, 500), TBL(16390, 501));
+	struct obx_cov now = reading(nt, both, TBL(16390, 501));
+	char err[512] = "";
+
+	(void)state;
+	assert_true(obx_cov_judge(&cfg, &base, &now, err, sizeof(err)));
+	base = reading(bt, both, TBL(16390, 501));
+	now = reading(nt, TBL(16385, 500), TBL(16390, 501));
+	assert_true(obx_cov_judge(&cfg, &base, &now, err, sizeof(err)));
+	/* held by the schema only, then by a table row added after it left: not covered between */
+	base = reading(bt, WHOLE(16385, 700, OBX_COV_SCHEMA), TBL(16390, 501));
+	now = reading(nt, TBL(16385, 502), TBL(16390, 501));
+	assert_false(obx_cov_judge(&cfg, &base, &now, err, sizeof(err)));
+	assert_non_null(strstr(err, "outbox table public.outbox left and rejoined publication outboxd"));
+}
+
+/*
+ * A migration that drops the table, creates it again and adds it to the
+ * publication in one transaction keeps it covered from its first row; the
+ * same row added by a later transaction does not.
+ */
+static void
+test_recreated_and_added_in_one_transaction(void **state)
+{
+	struct obx_cov_table bt[2], nt[2];
+	struct obx_cov_table born = { .relid = 16400, .rel_row = 510, .rel_born = true };
+	struct obx_cov base = reading(bt, TBL(16385, 500), TBL(0, 0));
+	struct obx_cov now = reading(nt, born, TBL(16390, 511));
+	char err[512] = "";
+
+	(void)state;
+	/* public.outbox re-created; billing.outbox created, both with their rows */
+	nt[1].rel_born = true;
+	assert_true(obx_cov_judge(&cfg, &base, &now, err, sizeof(err)));
+	nt[1].rel_born = false;
+	assert_false(obx_cov_judge(&cfg, &base, &now, err, sizeof(err)));
+	assert_non_null(strstr(err,
+	    "outbox table billing.outbox was created while outboxd ran and publication "
+	    "outboxd took it in after its creation"));
+	nt[0].rel_born = false;
+	nt[1].rel_born = true;
+	assert_false(obx_cov_judge(&cfg, &base, &now, err, sizeof(err)));
+	assert_non_null(strstr(err,
+	    "outbox table public.outbox was dropped and created again (oid 16400, before "
+	    "16385) and publication outboxd took it in after its creation"));
+	assert_non_null(strstr(err, "in the same transaction"));
 }
 
 /* The publication itself: dropped, created again, no longer publishing inserts. */
@@ -214,6 +277,8 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_created_later_is_a_gap, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_left_the_publication_is_a_gap, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_whole_memberships_cover_new_tables, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_membership_changes_kind, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_recreated_and_added_in_one_transaction, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_publication_changes, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_copy_and_reset, setup, teardown),
 	};

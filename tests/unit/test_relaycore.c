@@ -467,7 +467,7 @@ test_keepalive_advances_only_when_idle(void **state)
 static void
 test_coverage_holds_the_flush_position(void **state)
 {
-	struct obx_cov_table bt[1] = { { 16384, 500, OBX_COV_TABLE, false } }, nt[1];
+	struct obx_cov_table bt[1] = { { .relid = 16384, .rel_row = 500 } }, nt[1];
 	struct obx_cov base = { .read = true, .pubid = 100, .pub_insert = true, .n = 1, .t = bt };
 	struct obx_cov now = base;
 
@@ -494,7 +494,7 @@ test_coverage_holds_the_flush_position(void **state)
 	obx_core_coverage(&core, &now, 0x250);
 	assert_int_equal(flush_now(), 0x300);
 	/* the table dropped and created again, not in the publication: stop, nothing past 0/300 */
-	nt[0] = (struct obx_cov_table){ 16400, 0, OBX_COV_NONE, false };
+	nt[0] = (struct obx_cov_table){ .relid = 16400 };
 	obx_core_coverage(&core, &now, 0x500);
 	assert_int_equal(ended(), OBX_CORE_END_FATAL);
 	assert_non_null(strstr(reason(), "outbox table public.outbox was dropped and created again"));
@@ -506,11 +506,52 @@ test_coverage_holds_the_flush_position(void **state)
 	assert_int_equal(flush_now(), 0x600);
 }
 
+/*
+ * A table re-created between two sessions of one process (a reconnect) is a
+ * gap as well: the next session's base is judged against the last reading.
+ * Not when the slot was confirmed beyond that reading meanwhile (another
+ * instance streamed and judged its own readings).
+ */
+static void
+test_coverage_across_sessions(void **state)
+{
+	struct obx_cov_table bt[1] = { { .relid = 16384, .rel_row = 500 } };
+	struct obx_cov_table nt[1] = { { .relid = 16400, .rel_row = 510 } }; /* added after its creation */
+	struct obx_cov base = { .read = true, .pubid = 100, .pub_insert = true, .n = 1, .t = bt };
+	struct obx_cov next = base;
+
+	(void)state;
+	next.t = nt;
+	start(0x100);
+	assert_int_equal(obx_core_coverage_start(&core, &base), 0);
+	relation();
+	obx_core_keepalive(&core, 0x300, false);
+	obx_core_coverage(&core, &base, 0x300);
+	assert_int_equal(flush_now(), 0x300);
+	obx_core_session_end(&core);
+	/* resumed at 0/250 from a slot confirmed no further than this process verified */
+	assert_int_equal(obx_core_session_start(&core, 0x250, 2, 10000, 0), 0);
+	assert_int_equal(obx_core_coverage_start(&core, &next), 0);
+	assert_int_equal(ended(), OBX_CORE_END_FATAL);
+	assert_non_null(strstr(reason(), "outbox table public.outbox was dropped and created again"));
+	assert_non_null(strstr(reason(), "after 0/250, the last position verified"));
+	obx_core_session_end(&core);
+	/* resumed beyond it: someone else's readings covered the way there */
+	assert_int_equal(obx_core_session_start(&core, 0x400, 2, 10000, 0), 0);
+	assert_int_equal(obx_core_coverage_start(&core, &next), 0);
+	assert_int_not_equal(ended(), OBX_CORE_END_FATAL);
+	/* and the base it was given is what the next reading is judged against */
+	relation();
+	obx_core_keepalive(&core, 0x500, false);
+	obx_core_coverage(&core, &next, 0x500);
+	assert_int_equal(flush_now(), 0x500);
+}
+
 /* No reading for long while the hold keeps the flush position back: said once, at warn. */
 static void
 test_coverage_quiet_is_said(void **state)
 {
-	struct obx_cov_table bt[1] = { { 16384, 500, OBX_COV_TABLE, false } };
+	struct obx_cov_table bt[1] = { { .relid = 16384, .rel_row = 500 } };
 	struct obx_cov base = { .read = true, .pubid = 100, .pub_insert = true, .n = 1, .t = bt };
 
 	(void)state;
@@ -2199,6 +2240,7 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_status_timing, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_coverage_holds_the_flush_position, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_coverage_quiet_is_said, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_coverage_across_sessions, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_streamed_savepoint_rows, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_streamed_savepoint_messages_fall_back, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_streamed_whole_abort_with_messages, setup, teardown),

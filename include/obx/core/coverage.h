@@ -15,8 +15,13 @@
  *
  * What covers a table from its creation on, whatever its oid: a
  * publication FOR ALL TABLES, or FOR TABLES IN SCHEMA (15+) of its schema,
- * as long as that membership stays the same catalog row.  What covers a
- * table only while it keeps its oid: its pg_publication_rel row.
+ * as long as that membership stays the same catalog row, or a
+ * pg_publication_rel row made in the transaction that created the table
+ * (CREATE TABLE and ALTER PUBLICATION ... ADD TABLE in one migration).
+ * What covers a table only while it keeps its oid: a pg_publication_rel row
+ * that was there at the last reading.  Each reading is judged against the
+ * last one found consistent, so a membership may change kind between them
+ * (ADD TABLES IN SCHEMA on top of ADD TABLE) without a gap.
  *
  * Ownership: struct obx_cov owns its table array; obx_cov_reset() frees it.
  */
@@ -29,7 +34,7 @@
 
 #include "obx/core/config.h"
 
-/* How a table is in the publication. */
+/* How a table is in the publication as a whole: with every table of its schema, or every table. */
 enum obx_cov_via {
 	OBX_COV_NONE = 0, /* not at all */
 	OBX_COV_TABLE,    /* FOR TABLE: by its oid (a pg_publication_rel row) */
@@ -39,11 +44,15 @@ enum obx_cov_via {
 
 /* One exact entry of [source] table as the catalog had it. */
 struct obx_cov_table {
-	uint32_t relid;  /* pg_class oid of schema.name (a table or a partitioned table); 0: none */
-	uint32_t member; /* the catalog row that puts it in the publication (the pg_publication_rel,
-	                    pg_publication_namespace or pg_publication row's oid); 0: none */
-	enum obx_cov_via via;
-	bool unlogged; /* an unlogged table: no WAL, never decoded */
+	uint32_t relid;             /* pg_class oid of schema.name (a table or a partitioned table, not a
+	                       partition); 0: none */
+	uint32_t rel_row;           /* its pg_publication_rel row's oid; 0: none */
+	bool rel_born;              /* that row and the table were made by one transaction: held from the
+	                       table's first row on */
+	uint32_t whole_row;         /* the pg_publication_namespace row of its schema, or the publication's
+	                       own oid when FOR ALL TABLES; 0: neither */
+	enum obx_cov_via whole_via; /* OBX_COV_SCHEMA or OBX_COV_ALL with whole_row, else NONE */
+	bool unlogged;              /* an unlogged table: no WAL, never decoded */
 };
 
 /* One reading of the catalog. */

@@ -164,7 +164,10 @@ void obx_core_exactly_once(struct obx_core *c, const struct obx_dd_mark *floor, 
  * base is the publication's hold on the outbox tables as this session's
  * set-up read it (copied).  From now on the flush position never passes the
  * WAL position of the last reading obx_core_coverage() found consistent with
- * base (until the first, the session's start).  Call after
+ * the reading before it (until the first, the session's start).  When an
+ * earlier session of this core verified up to at least where this one starts,
+ * base is judged against its last reading first, and a gap ends the session
+ * (OBX_CORE_END_FATAL) as obx_core_coverage() does.  Call after
  * obx_core_session_start(); a session without it holds nothing back.
  * Returns 0 or OBX_ENOMEM.
  */
@@ -172,8 +175,8 @@ int obx_core_coverage_start(struct obx_core *c, const struct obx_cov *base);
 
 /*
  * A reading of the catalog made after the server's WAL position lsn was read
- * (and after the base): the flush position may follow up to lsn, or, when a
- * table was not covered in between, the session ends (OBX_CORE_END_FATAL)
+ * (and after the last reading): the flush position may follow up to lsn, or,
+ * when a table was not covered in between, the session ends (OBX_CORE_END_FATAL)
  * with a line naming the table, the last position verified and the fix.
  */
 void obx_core_coverage(struct obx_core *c, const struct obx_cov *now, obx_lsn lsn);

@@ -144,12 +144,12 @@ struct obx_core {
 	uint64_t eos_aborts;  /* ended without a commit (abort, rewind) */
 
 	/* coverage (core/coverage.h, obx_core_coverage_start()): the flush position stays at or
-	 * below the WAL position of the last catalog reading consistent with the session's base */
+	 * below the WAL position of the last catalog reading found consistent with the one before */
 	bool cov_on;
-	struct obx_cov cov_base;
-	obx_lsn cov_verified;
-	int64_t cov_at_ms; /* when it was last verified (the session's start at first) */
-	bool cov_noted;    /* said that the readings stopped coming */
+	struct obx_cov cov_base; /* the last reading found consistent (kept across sessions) */
+	obx_lsn cov_verified;    /* the WAL position read before it (kept across sessions) */
+	int64_t cov_at_ms;       /* when it was last verified (the session's start at first) */
+	bool cov_noted;          /* said that the readings stopped coming */
 
 	enum obx_core_end end;
 	bool end_kafka; /* the session ended because of the broker side */

@@ -40,7 +40,7 @@ void obx_slotwatch_app_name(const char *slot, char *out, size_t len);
 struct obx_slotview {
 	bool ok;                         /* the last read succeeded (false: the fields below are stale) */
 	int64_t read_ms;                 /* monotonic time of the last successful read (0: none yet) */
-	uint64_t failures;               /* reads that failed since start */
+	uint64_t failures;               /* reads that failed since start (a coverage read too) */
 	bool has_slot;                   /* the slot exists */
 	bool active;                     /* a walsender streams from it */
 	int active_pid;                  /* that walsender's pid (0: none) */
