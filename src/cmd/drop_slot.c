@@ -179,7 +179,7 @@ read_plan(PGconn *conn, const struct obx_config *cfg, struct drop_plan *pl)
 		PQclear(res);
 	}
 	res = PQexecParams(conn,
-	    "SELECT coalesce(obj_description(oid, 'pg_publication'), ''), pg_has_role(pubowner, 'MEMBER'), "
+	    "SELECT coalesce(obj_description(oid, 'pg_publication'), ''), pg_has_role(pubowner, 'USAGE'), "
 	    "pubowner::regrole::text FROM pg_publication WHERE pubname = $1",
 	    1, NULL, pub, NULL, NULL, 0);
 	if (PQresultStatus(res) != PGRES_TUPLES_OK) {

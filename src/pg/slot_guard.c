@@ -123,9 +123,14 @@ obx_pgsetup_keep_guard_slot(PGconn *c, const struct obx_config *cfg, struct obx_
 	/* no RESERVE_WAL: it pins nothing */
 	snprintf(sql, sizeof(sql), "CREATE_REPLICATION_SLOT %s PHYSICAL", ident);
 	PQfreemem(ident);
-	if (obx_pgsetup_query(c, sql, &res, state, err, sizeof(err)) == 0 || strcmp(state, "42710") == 0) {
-		if (strcmp(state, "42710") != 0)
-			PQclear(res);
+	if (obx_pgsetup_query(c, sql, &res, state, err, sizeof(err)) == 0) {
+		PQclear(res);
+		rec.marked = true;
+	} else if (strcmp(state, "42710") == 0 && guard_slot_exists(c, cfg->slot, &rec, err, sizeof(err)) == 0 &&
+	    !rec.marked) {
+		snprintf(err, sizeof(err), "a logical slot has that name");
+	}
+	if (rec.marked) { /* made now, or by another instance meanwhile */
 		if (!ctx->said_guard_slot)
 			obx_log_info("publication %s's comment cannot record slot %s (another role owns the "
 			             "publication): physical slot %s records it instead (it reserves no WAL; "
@@ -254,7 +259,7 @@ obx_pgsetup_adopt_slot(PGconn *c, const struct obx_config *cfg, const struct obx
     const char *sysid, obx_lsn confirmed, bool in_recovery, struct obx_pgsetup_ctx *ctx, obx_lsn *born)
 {
 	char sql[1024], err[1024], at[OBX_LSN_STRLEN];
-	struct obx_slotguard rec;
+	struct obx_slotguard rec = { .marked = false };
 	PGresult *res;
 
 	*born = 0;
@@ -267,6 +272,10 @@ obx_pgsetup_adopt_slot(PGconn *c, const struct obx_config *cfg, const struct obx
 	if (PQntuples(res) == 1 && find_marker(PQgetvalue(res, 0, 0), cfg->slot, &rec) == 0) {
 		if (obx_lsn_parse(rec.lsn, born) != 0)
 			*born = 0;
+	} else if (PQntuples(res) == 1 && guard_slot_exists(c, cfg->slot, &rec, err, sizeof(err)) == 0 &&
+	    rec.marked) {
+		/* recorded by its guard slot since an earlier session, which knew no birth position: a
+		 * comment line written now would give the same slot another identity (exactly-once) */
 	} else if (PQntuples(res) == 1) {
 		obx_lsn_format(confirmed, at, sizeof(at));
 		if (in_recovery)

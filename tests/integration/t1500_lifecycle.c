@@ -297,6 +297,73 @@ slot_count(const char *name)
 }
 
 /*
+ * A pattern, its publication FOR ALL TABLES made by the superuser, and
+ * outboxd connecting as an ordinary role with REPLICATION, which cannot
+ * comment on that publication; extra goes into the configuration.
+ */
+static void
+pattern_setup(const char *name, const char *extra)
+{
+	char user[64], cfg[512];
+
+	t_relay_setup(&R, name, 1);
+	t_exec(R.pg, "CREATE SCHEMA tenant_a; CREATE TABLE tenant_a.outbox " OUTBOX_COLUMNS);
+	t_exec(R.pg,
+	    "CREATE PUBLICATION outboxd FOR ALL TABLES WITH (publish = 'insert', "
+	    "publish_via_partition_root = true)");
+	t_exec(R.pg,
+	    "DO $$ BEGIN CREATE ROLE obx_plain LOGIN REPLICATION; "
+	    "EXCEPTION WHEN duplicate_object THEN NULL; END $$");
+	t_exec(R.pg, "REVOKE \"%s\" FROM obx_plain", R.st.user);
+	/* the configuration connects as that role; the test's own connections stay the superuser's */
+	strlcpy(user, R.st.user, sizeof(user));
+	strlcpy(R.st.user, "obx_plain", sizeof(R.st.user));
+	snprintf(cfg, sizeof(cfg), "[source]\ntable = tenant_*.outbox\n[outbox]\ntopic = tenants\n%s", extra);
+	t_relay_config(&R, cfg);
+	strlcpy(R.st.user, user, sizeof(R.st.user));
+}
+
+/*
+ * Exactly-once in pattern mode, where the guard slot records the slot: the
+ * progress record names the same slot in every session, also once the role
+ * may comment on the publication (made a member of its owner), so a restart
+ * trusts its progress and publishes nothing twice.
+ */
+static void
+test_exactly_once_with_pattern(void **state)
+{
+	struct t_msg *m;
+	size_t n;
+	int st;
+
+	(void)state;
+	pattern_setup("eospat", "[delivery]\nexactly_once = on\n");
+	t_relay_start(&R, NULL, 1);
+	assert_true(t_log_count(&R, "records it instead") >= 1);
+	insert_into("tenant_a.outbox", "a", 3);
+	assert_true(t_wait_confirmed_current(&R, 30000));
+	st = t_relay_signal(&R, SIGTERM, 40000);
+	assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	t_slot_wait_inactive(&R, 10000);
+
+	t_exec(R.pg, "GRANT \"%s\" TO obx_plain", R.st.user);
+	t_relay_start(&R, NULL, 1);
+	insert_into("tenant_a.outbox", "b", 2);
+	assert_true(t_wait_confirmed_current(&R, 30000));
+	st = t_relay_signal(&R, SIGTERM, 40000);
+	t_exec(R.pg, "REVOKE \"%s\" FROM obx_plain", R.st.user);
+	assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	if (t_log_count(&R, "the slot was created at") != 0) {
+		t_log_dump(&R);
+		fail_msg("the restart distrusted its own progress record");
+	}
+	n = t_consume_all(R.b.bootstrap, "tenants", 10000, &m);
+	(void)t_committed_only(R.b.bootstrap, R.slot, m, &n);
+	assert_int_equal(n, 5);
+	t_msgs_free(m, n);
+}
+
+/*
  * A pattern with a publication FOR ALL TABLES a superuser made, outboxd as an ordinary role with
  * REPLICATION: it cannot write the slot guard's line in the publication's comment, so a physical
  * guard slot records the slot.  The slot dropped while outboxd is stopped (a DBA, a failover
@@ -306,25 +373,13 @@ slot_count(const char *name)
 static void
 test_lost_slot_with_pattern(void **state)
 {
-	char user[64], guard[80], out[8192];
+	char guard[80], out[8192];
 	struct t_msg *m;
 	size_t n;
 	int st;
 
 	(void)state;
-	t_relay_setup(&R, "lostpat", 1);
-	t_exec(R.pg, "CREATE SCHEMA tenant_a; CREATE TABLE tenant_a.outbox " OUTBOX_COLUMNS);
-	t_exec(R.pg,
-	    "CREATE PUBLICATION outboxd FOR ALL TABLES WITH (publish = 'insert', "
-	    "publish_via_partition_root = true)");
-	t_exec(R.pg,
-	    "DO $$ BEGIN CREATE ROLE obx_plain LOGIN REPLICATION; "
-	    "EXCEPTION WHEN duplicate_object THEN NULL; END $$");
-	/* the configuration connects as that role; the test's own connections stay the superuser's */
-	strlcpy(user, R.st.user, sizeof(user));
-	strlcpy(R.st.user, "obx_plain", sizeof(R.st.user));
-	t_relay_config(&R, "[source]\ntable = tenant_*.outbox\n[outbox]\ntopic = tenants\n");
-	strlcpy(R.st.user, user, sizeof(R.st.user));
+	pattern_setup("lostpat", "");
 	snprintf(guard, sizeof(guard), "%s_guard", R.slot);
 
 	t_relay_start(&R, NULL, 1);
@@ -368,6 +423,7 @@ main(void)
 		cmocka_unit_test_teardown(test_swapped_by_rename, teardown),
 		cmocka_unit_test_teardown(test_dropped_table_goes_on, teardown),
 		cmocka_unit_test_teardown(test_lost_slot_with_pattern, teardown),
+		cmocka_unit_test_teardown(test_exactly_once_with_pattern, teardown),
 	};
 
 	return T_RUN_TESTS(tests);
