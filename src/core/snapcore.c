@@ -9,7 +9,8 @@
 #include "obx/core/snapcore.h"
 
 int
-obx_snap_outcome(enum obx_dlv_outcome o, const char *slot, const char *reason, char *errbuf, size_t errlen)
+obx_snap_outcome(struct obx_snap_hold *h, enum obx_dlv_outcome o, uint64_t ticket, const char *slot,
+    const char *reason, char *errbuf, size_t errlen)
 {
 	switch (o) {
 	case OBX_DLV_SENT:
@@ -18,6 +19,10 @@ obx_snap_outcome(enum obx_dlv_outcome o, const char *slot, const char *reason, c
 	case OBX_DLV_IGNORED:
 		return 0;
 	case OBX_DLV_WAIT_TOPIC:
+		/* the earliest record that waits is where the rows are read again */
+		if (h->from == 0 || ticket < h->from)
+			h->from = ticket;
+		return 0;
 	case OBX_DLV_RETRY:
 		snprintf(errbuf, errlen, "snapshot of slot %s: %s; the snapshot starts again", slot, reason);
 		return OBX_EIO;
@@ -27,6 +32,29 @@ obx_snap_outcome(enum obx_dlv_outcome o, const char *slot, const char *reason, c
 		return OBX_ECONFIG;
 	}
 	return 0;
+}
+
+bool
+obx_snap_holding(const struct obx_snap_hold *h)
+{
+	return h->from != 0;
+}
+
+uint64_t
+obx_snap_resume(struct obx_snap_hold *h)
+{
+	uint64_t from = h->from;
+
+	h->from = 0;
+	h->probe = true;
+	return from;
+}
+
+void
+obx_snap_settled(struct obx_snap_hold *h)
+{
+	if (h->from == 0)
+		h->probe = false;
 }
 
 int

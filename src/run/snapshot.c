@@ -118,8 +118,13 @@ int
 obx_snap_delivered(struct obx_snapshot *s, enum obx_dlv_outcome o, const struct obx_dlv_result *res)
 {
 	char errbuf[sizeof(s->reason)];
-	int end = obx_snap_outcome(o, s->cfg->slot, res->reason, errbuf, sizeof(errbuf));
+	int end = obx_snap_outcome(&s->hold, o, res->ticket, s->cfg->slot, res->reason, errbuf, sizeof(errbuf));
 
+	if (o == OBX_DLV_WAIT_TOPIC && !s->hold.probe && res->ticket == s->hold.from)
+		obx_log_f(OBX_LOG_WARN, &res->f,
+		    "snapshot of slot %s: %s; the snapshot holds, and reads its rows again from this one "
+		    "once it can go",
+		    s->cfg->slot, res->reason);
 	if (end == 0)
 		return 0;
 	obx_snap_fail(s, end, "%s", errbuf);
@@ -248,6 +253,30 @@ obx_snap_all_reported(const struct obx_snapshot *s, size_t bytes)
 {
 	(void)bytes;
 	return !obx_dlv_pending(&s->dlv) && s->dlv.inflight == 0;
+}
+
+/* A hold's pause is over (obx_snap_pause()). */
+static bool
+paused(const struct obx_snapshot *s, size_t bytes)
+{
+	(void)bytes;
+	return obx_mono_ms() >= s->resume_ms;
+}
+
+/*
+ * A hold (snapcore.h): lets everything in flight report (a report may move
+ * the hold to an earlier row), then waits about a second, serving the tick.
+ * Returns 0, the run's end code, or OBX_ESTATE when the tick asks to stop.
+ */
+int
+obx_snap_pause(struct obx_snapshot *s)
+{
+	int r = obx_snap_wait_reports(s, obx_snap_all_reported, 0);
+
+	if (r != 0)
+		return r;
+	s->resume_ms = obx_mono_ms() + OBX_SNAP_HOLD_PAUSE_MS;
+	return obx_snap_wait_reports(s, paused, 0);
 }
 
 /* Anything: a turn of the loop while the server works. */

@@ -198,7 +198,11 @@ produce_row(struct obx_snapshot *s, const PGresult *res)
 	if ((r = obx_snap_wait_reports(s, obx_snap_room_for, ev.len + ev.keylen)) != 0)
 		return r;
 	rec = (struct obx_record){ ev.topic, ev.key, ev.keylen, ev.value, ev.len, ev.timestamp_ms, s->hdrs, nh };
-	return obx_snap_delivered(s, obx_dlv_send(&s->dlv, &rec, s->rows, false, obx_mono_ms(), &dres), &dres);
+	r = obx_snap_delivered(s, obx_dlv_send(&s->dlv, &rec, s->rows, false, obx_mono_ms(), &dres), &dres);
+	/* after a hold's resume, one record at a time until one goes through (snapcore.h) */
+	if (r == 0 && s->hold.probe && (r = obx_snap_wait_reports(s, obx_snap_all_reported, 0)) == 0)
+		obx_snap_settled(&s->hold);
+	return r;
 }
 
 /*
@@ -236,12 +240,15 @@ fetch_rows(struct obx_snapshot *s, PGconn *c, bool *built, int *n, char *errbuf,
 			}
 			*built = true;
 			(*n)++;
-			r = produce_row(s, res);
+			/* a hold: the rest of the FETCH is read past, and read again after it */
+			r = obx_snap_holding(&s->hold) ? 0 : produce_row(s, res);
 			PQclear(res);
 			if (r != 0)
 				return r;
 		} else if (PQresultStatus(res) == PGRES_TUPLES_OK) {
 			PQclear(res); /* the FETCH's end; PQgetResult() says NULL next */
+			if (obx_snap_holding(&s->hold))
+				return OBX_ETIMEDOUT;
 		} else {
 			const char *code = PQresultErrorField(res, PG_DIAG_SQLSTATE);
 			const char *primary = PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY);
@@ -261,17 +268,18 @@ fetch_rows(struct obx_snapshot *s, PGconn *c, bool *built, int *n, char *errbuf,
 }
 
 
-int
-obx_snap_table(struct obx_snapshot *s, PGconn *c, bool imported, char *errbuf, size_t errlen)
+/*
+ * Opens the cursor over the table's pending rows and moves it past skip of
+ * them.  Returns 0 or (errbuf filled) the class of the failure.
+ */
+static int
+open_cursor(struct obx_snapshot *s, PGconn *c, const char *filter, const char *order, uint64_t skip, char *errbuf,
+    size_t errlen)
 {
-	char err[512], state[6], filter[1024], order[300];
+	char err[512], state[6], move[64];
 	char *declare = NULL;
 	int r;
 
-	errbuf[0] = '\0';
-	if ((r = obx_snapshot_describe(c, s->cfg, s->table, sizeof(s->table), filter, sizeof(filter), order,
-	         sizeof(order), errbuf, errlen)) != 0)
-		return r;
 	if (asprintf(&declare,
 	        "DECLARE outboxd_snapshot NO SCROLL CURSOR FOR SELECT ctid AS " CTID_COL
 	        ", * FROM %s WHERE (%s) ORDER BY %s",
@@ -288,6 +296,41 @@ obx_snap_table(struct obx_snapshot *s, PGconn *c, bool imported, char *errbuf, s
 		    s->cfg->slot, s->cfg->table_schema, s->cfg->table_name, filter, order, err);
 		return obx_snap_sql_class(c, state);
 	}
+	snprintf(move, sizeof(move), "MOVE FORWARD %" PRIu64 " FROM outboxd_snapshot", skip);
+	if (skip > 0 && obx_snap_exec(c, move, err, sizeof(err), state) != 0) {
+		snprintf(errbuf, errlen, "snapshot of slot %s: could not read the pending rows of %s.%s again: %s",
+		    s->cfg->slot, s->cfg->table_schema, s->cfg->table_name, err);
+		return obx_snap_sql_class(c, state);
+	}
+	return 0;
+}
+
+/* Closes the cursor.  Returns 0 or (errbuf filled) the class of the failure. */
+static int
+close_cursor(struct obx_snapshot *s, PGconn *c, char *errbuf, size_t errlen)
+{
+	char err[512], state[6];
+
+	if (obx_snap_exec(c, "CLOSE outboxd_snapshot", err, sizeof(err), state) == 0)
+		return 0;
+	snprintf(errbuf, errlen, "snapshot of slot %s: could not close the cursor over %s.%s: %s", s->cfg->slot,
+	    s->cfg->table_schema, s->cfg->table_name, err);
+	return obx_snap_sql_class(c, state);
+}
+
+int
+obx_snap_table(struct obx_snapshot *s, PGconn *c, bool imported, char *errbuf, size_t errlen)
+{
+	char filter[1024], order[300];
+	uint64_t first = s->rows; /* the ordinal of the table's first row */
+	int r;
+
+	errbuf[0] = '\0';
+	if ((r = obx_snapshot_describe(c, s->cfg, s->table, sizeof(s->table), filter, sizeof(filter), order,
+	         sizeof(order), errbuf, errlen)) != 0)
+		return r;
+	if ((r = open_cursor(s, c, filter, order, 0, errbuf, errlen)) != 0)
+		return r;
 	if (imported)
 		obx_log_info("snapshot of slot %s at %s: publishing the rows of %s.%s WHERE %s, ORDER BY %s, "
 		             "before streaming",
@@ -300,19 +343,32 @@ obx_snap_table(struct obx_snapshot *s, PGconn *c, bool imported, char *errbuf, s
 		    s->cfg->slot, s->point, s->cfg->table_schema, s->cfg->table_name, filter, order, s->point,
 		    s->point);
 	for (bool built = false;;) {
+		uint64_t from;
 		int n;
 
 		errbuf[0] = '\0';
 		r = fetch_rows(s, c, &built, &n, errbuf, errlen);
 		if (r != 0 && errbuf[0] != '\0')
 			return r; /* the read failed: errbuf says how */
-		if (r != 0 || n == 0)
+		if (r == 0 && n > 0)
+			continue;
+		/* the table's end, or a hold: its records report before the next table's go (a hold
+		 * then concerns this table's rows only) */
+		if (r == 0 || r == OBX_ETIMEDOUT)
+			r = obx_snap_holding(&s->hold) ? obx_snap_pause(s) :
+			                                 obx_snap_wait_reports(s, obx_snap_all_reported, 0);
+		if (r != 0 || !obx_snap_holding(&s->hold))
 			break;
+		/* the same rows again (one transaction), from the first whose topic was missing */
+		from = obx_snap_resume(&s->hold) - 1;
+		if (from < first)
+			from = first;
+		if ((r = close_cursor(s, c, errbuf, errlen)) != 0 ||
+		    (r = open_cursor(s, c, filter, order, from - first, errbuf, errlen)) != 0)
+			return r;
+		s->rows = from;
 	}
-	if (r == 0 && obx_snap_exec(c, "CLOSE outboxd_snapshot", err, sizeof(err), state) != 0) {
-		snprintf(errbuf, errlen, "snapshot of slot %s: could not close the cursor over %s.%s: %s",
-		    s->cfg->slot, s->cfg->table_schema, s->cfg->table_name, err);
-		return obx_snap_sql_class(c, state);
-	}
+	if (r == 0 && (r = close_cursor(s, c, errbuf, errlen)) != 0)
+		return r;
 	return r;
 }

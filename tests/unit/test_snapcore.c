@@ -17,27 +17,64 @@ static void
 test_outcomes_that_go_on(void **state)
 {
 	const enum obx_dlv_outcome on[] = { OBX_DLV_SENT, OBX_DLV_SETTLED, OBX_DLV_ACKED, OBX_DLV_IGNORED };
+	struct obx_snap_hold h = { 0 };
 	char err[128];
 
 	(void)state;
 	for (size_t i = 0; i < sizeof(on) / sizeof(on[0]); i++) {
 		snprintf(err, sizeof(err), "untouched");
-		assert_int_equal(obx_snap_outcome(on[i], "s1", "why", err, sizeof(err)), 0);
+		assert_int_equal(obx_snap_outcome(&h, on[i], 7, "s1", "why", err, sizeof(err)), 0);
 		assert_string_equal(err, "untouched");
+		assert_false(obx_snap_holding(&h));
 	}
 }
 
-/* A wait for a topic or a transient failure: the next session starts the snapshot again. */
+/*
+ * A wait for a topic holds the run at its earliest record, whatever order
+ * the reports come in; the resume reads again from there and probes until
+ * a record goes through without a hold.
+ */
 static void
-test_outcomes_that_start_again(void **state)
+test_missing_topic_holds(void **state)
 {
+	struct obx_snap_hold h = { 0 };
 	char err[128];
 
 	(void)state;
-	assert_int_equal(obx_snap_outcome(OBX_DLV_WAIT_TOPIC, "s1", "topic t is missing", err, sizeof(err)),
-	    OBX_EIO);
-	assert_string_equal(err, "snapshot of slot s1: topic t is missing; the snapshot starts again");
-	assert_int_equal(obx_snap_outcome(OBX_DLV_RETRY, "s1", "queue full", err, sizeof(err)), OBX_EIO);
+	snprintf(err, sizeof(err), "untouched");
+	assert_int_equal(
+	    obx_snap_outcome(&h, OBX_DLV_WAIT_TOPIC, 12, "s1", "topic t is missing", err, sizeof(err)), 0);
+	assert_string_equal(err, "untouched");
+	assert_true(obx_snap_holding(&h));
+	assert_int_equal(obx_snap_outcome(&h, OBX_DLV_WAIT_TOPIC, 9, "s1", "t", err, sizeof(err)), 0);
+	assert_int_equal(obx_snap_outcome(&h, OBX_DLV_WAIT_TOPIC, 15, "s1", "t", err, sizeof(err)), 0);
+	assert_int_equal(obx_snap_outcome(&h, OBX_DLV_ACKED, 10, "s1", "t", err, sizeof(err)), 0);
+	assert_int_equal(h.from, 9);
+	assert_false(h.probe);
+	assert_int_equal(obx_snap_resume(&h), 9);
+	assert_false(obx_snap_holding(&h));
+	assert_true(h.probe);
+	/* the probe meets the topic still missing: held again, still probing */
+	assert_int_equal(obx_snap_outcome(&h, OBX_DLV_WAIT_TOPIC, 9, "s1", "t", err, sizeof(err)), 0);
+	obx_snap_settled(&h);
+	assert_true(h.probe);
+	assert_int_equal(obx_snap_resume(&h), 9);
+	/* it went through: producing is free again */
+	assert_int_equal(obx_snap_outcome(&h, OBX_DLV_ACKED, 9, "s1", "t", err, sizeof(err)), 0);
+	obx_snap_settled(&h);
+	assert_false(h.probe);
+	assert_false(obx_snap_holding(&h));
+}
+
+/* A transient failure: the next session starts the snapshot again. */
+static void
+test_outcomes_that_start_again(void **state)
+{
+	struct obx_snap_hold h = { 0 };
+	char err[128];
+
+	(void)state;
+	assert_int_equal(obx_snap_outcome(&h, OBX_DLV_RETRY, 3, "s1", "queue full", err, sizeof(err)), OBX_EIO);
 	assert_string_equal(err, "snapshot of slot s1: queue full; the snapshot starts again");
 }
 
@@ -45,16 +82,18 @@ test_outcomes_that_start_again(void **state)
 static void
 test_outcomes_that_stop(void **state)
 {
+	struct obx_snap_hold h = { 0 };
 	char err[128], small[16];
 
 	(void)state;
-	assert_int_equal(obx_snap_outcome(OBX_DLV_REJECTED, "s1", "record too large", err, sizeof(err)),
+	assert_int_equal(obx_snap_outcome(&h, OBX_DLV_REJECTED, 3, "s1", "record too large", err, sizeof(err)),
 	    OBX_ECONFIG);
 	assert_string_equal(err, "snapshot of slot s1: record too large");
-	assert_int_equal(obx_snap_outcome(OBX_DLV_STOP, "s1", "on_error = stop", err, sizeof(err)), OBX_ECONFIG);
+	assert_int_equal(obx_snap_outcome(&h, OBX_DLV_STOP, 3, "s1", "on_error = stop", err, sizeof(err)),
+	    OBX_ECONFIG);
 	assert_string_equal(err, "snapshot of slot s1: on_error = stop");
 	/* the reason is cut to the buffer, never overrun */
-	assert_int_equal(obx_snap_outcome(OBX_DLV_STOP, "s1", "on_error = stop", small, sizeof(small)),
+	assert_int_equal(obx_snap_outcome(&h, OBX_DLV_STOP, 3, "s1", "on_error = stop", small, sizeof(small)),
 	    OBX_ECONFIG);
 	assert_string_equal(small, "snapshot of slo");
 }
@@ -108,6 +147,7 @@ main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_outcomes_that_go_on),
+		cmocka_unit_test(test_missing_topic_holds),
 		cmocka_unit_test(test_outcomes_that_start_again),
 		cmocka_unit_test(test_outcomes_that_stop),
 		cmocka_unit_test(test_headers),

@@ -14,15 +14,42 @@
 #include "obx/core/event.h"
 
 /*
- * What outcome o of the delivery policy (delivery.h) for a record of the
- * snapshot of slot means for the run; why is the policy's line for it.
- * Returns 0 when the run goes on (sent, settled, acknowledged, ignored);
- * OBX_EIO for a wait for a topic or a transient failure (the session ends
- * and the next one starts the snapshot again); OBX_ECONFIG for what
- * on_error cannot take, a record rejected for good or on_error = stop
- * (exit 1).  On a non-zero return errbuf gets the run's reason.
+ * A missing topic holds the snapshot instead of ending it: the run stops
+ * producing, lets what is in flight report, and then reads its rows again
+ * from the first one whose topic was missing (the same rows: one
+ * repeatable-read transaction), producing each record of the first round
+ * after the resume only once the one before it has its report.  So a
+ * record after it is published at most twice, however long the topic is
+ * waited for ([delivery] missing_topic_timeout), and a record of the
+ * missing topic is never published ahead of one before it.
  */
-int obx_snap_outcome(enum obx_dlv_outcome o, const char *slot, const char *reason, char *errbuf, size_t errlen);
+struct obx_snap_hold {
+	uint64_t from; /* the first record (its ticket: the row's ordinal + 1) whose topic is missing;
+	                  0: none */
+	bool probe;    /* after a resume: one record at a time until one is settled without a hold */
+};
+
+/*
+ * What outcome o of the delivery policy (delivery.h) for the record ticket
+ * of the snapshot of slot means for the run; why is the policy's line for
+ * it.  Returns 0 when the run goes on (sent, settled, acknowledged,
+ * ignored, and a wait for a topic, which h then holds); OBX_EIO for a
+ * transient failure (the session ends and the next one starts the snapshot
+ * again); OBX_ECONFIG for what on_error cannot take, a record rejected for
+ * good or on_error = stop (exit 1).  On a non-zero return errbuf gets the
+ * run's reason.
+ */
+int obx_snap_outcome(struct obx_snap_hold *h, enum obx_dlv_outcome o, uint64_t ticket, const char *slot,
+    const char *reason, char *errbuf, size_t errlen);
+
+/* True when the run must produce nothing more and read again from h->from once nothing is in flight. */
+bool obx_snap_holding(const struct obx_snap_hold *h);
+
+/* Nothing is in flight: the ticket to read again from; the hold ends and the probe begins. */
+uint64_t obx_snap_resume(struct obx_snap_hold *h);
+
+/* While probing, a record had its report and nothing holds: the run produces freely again. */
+void obx_snap_settled(struct obx_snap_hold *h);
 
 /*
  * The headers of a snapshot record made of the event builder's (ev): id,

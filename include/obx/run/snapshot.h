@@ -28,6 +28,7 @@
 #include "obx/core/metrics.h"
 #include "obx/core/relcache.h"
 #include "obx/core/pgoutput.h"
+#include "obx/core/snapcore.h"
 
 struct obx_core;
 
@@ -43,10 +44,11 @@ struct obx_snapshot {
 	struct obx_pg_datum *datums;
 	struct obx_header *hdrs;
 	size_t hdr_cap;
-	char point[32];  /* the slot's creation point: the snapshot header */
-	char table[600]; /* the outbox table, quoted and schema-qualified */
-	uint64_t rows;   /* rows read */
-	uint64_t acked;  /* records acknowledged (dead-letter copies included) */
+	char point[32];            /* the slot's creation point: the snapshot header */
+	char table[600];           /* the outbox table, quoted and schema-qualified */
+	uint64_t rows;             /* rows read (after a hold: the ordinal read again from) */
+	struct obx_snap_hold hold; /* a missing topic's hold (snapcore.h) */
+	uint64_t acked;            /* records acknowledged (dead-letter copies included) */
 	uint64_t dead_lettered;
 	int end;              /* 0, or how the run failed: OBX_EIO (retry) or OBX_ECONFIG (stop) */
 	char reason[768];     /* why, when end != 0 */
@@ -56,6 +58,7 @@ struct obx_snapshot {
 	int64_t ticked_ms; /* when the tick last ran */
 	int64_t started_ms;
 	int64_t next_note_ms; /* the next progress line */
+	int64_t resume_ms;    /* a hold: when the rows are read again */
 	long kill_after;      /* test builds: SIGKILL after that many acknowledgements (0: never) */
 };
 

@@ -40,6 +40,10 @@ bool obx_snap_all_reported(const struct obx_snapshot *s, size_t bytes);
 /* Waits for c's next result, serving reports and the tick meanwhile. */
 int obx_snap_wait_result(struct obx_snapshot *s, PGconn *c);
 
+/* A hold waits this long between its reports and the rows read again. */
+#define OBX_SNAP_HOLD_PAUSE_MS 1000
+int obx_snap_pause(struct obx_snapshot *s);
+
 /*
  * Publishes the pending rows of s->cfg's table (describe, cursor, rows; the cursor is closed
  * after its last row).  Returns 0, the run's end code or OBX_ESTATE with errbuf "", or a
