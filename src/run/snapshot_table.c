@@ -24,19 +24,23 @@
 #define FETCH_SQL "FETCH 500 FROM outboxd_snapshot"
 #define CTID_COL "outboxd_snapshot_ctid"
 
-int
-obx_snapshot_describe(PGconn *c, const struct obx_config *cfg, char *table, size_t tlen, char *filter, size_t flen,
-    char *order, size_t olen, char *errbuf, size_t errlen)
+/* obx_snapshot_describe(), the table read under the name now (NULL: the configuration's) */
+static int
+describe(PGconn *c, const struct obx_config *cfg, const char *now, char *table, size_t tlen, char *filter,
+    size_t flen, char *order, size_t olen, char *errbuf, size_t errlen)
 {
 	char qpub[300] = "", qseq[300] = "", qcreated[300] = "", err[512];
 	const char *params[4], *given = cfg->snapshot_filter;
-	bool has_pub = false, has_seq = false, has_created = false;
+	bool has_pub = false, has_seq = false, has_created = false, too_long;
 	PGresult *res;
 
 	table[0] = '\0';
-	if (obx_poll_quote_ident(cfg->table_schema, table, tlen) != 0 || strlcat(table, ".", tlen) >= tlen ||
-	    obx_poll_quote_ident(cfg->table_name, table, tlen) != 0 ||
-	    obx_poll_quote_ident(cfg->col_published_at, qpub, sizeof(qpub)) != 0 ||
+	if (now != NULL)
+		too_long = strlcpy(table, now, tlen) >= tlen;
+	else
+		too_long = obx_poll_quote_ident(cfg->table_schema, table, tlen) != 0 ||
+		    strlcat(table, ".", tlen) >= tlen || obx_poll_quote_ident(cfg->table_name, table, tlen) != 0;
+	if (too_long || obx_poll_quote_ident(cfg->col_published_at, qpub, sizeof(qpub)) != 0 ||
 	    obx_poll_quote_ident(cfg->col_seq, qseq, sizeof(qseq)) != 0 ||
 	    obx_poll_quote_ident(cfg->col_created_at, qcreated, sizeof(qcreated)) != 0) {
 		snprintf(errbuf, errlen, "snapshot of slot %s: a table or column name is too long", cfg->slot);
@@ -88,6 +92,47 @@ obx_snapshot_describe(PGconn *c, const struct obx_config *cfg, char *table, size
 	else
 		snprintf(order, olen, "ctid");
 	return 0;
+}
+
+int
+obx_snapshot_describe(PGconn *c, const struct obx_config *cfg, char *table, size_t tlen, char *filter, size_t flen,
+    char *order, size_t olen, char *errbuf, size_t errlen)
+{
+	return describe(c, cfg, NULL, table, tlen, filter, flen, order, olen, errbuf, errlen);
+}
+
+/*
+ * The configured table as the snapshot saw it, by its OID, under its name now: a table
+ * renamed since the snapshot was taken is read under its new name (its rows are the
+ * snapshot's).  Returns 1 with now filled; 0 when that table has been dropped since (its
+ * rows are gone with it); -1 when the snapshot has no table of that name (now empty: the
+ * configuration's name is read, and says what is wrong).
+ */
+static int
+resolve_table(PGconn *c, const struct obx_config *cfg, char *now, size_t len)
+{
+	const char *params[2] = { cfg->table_schema, cfg->table_name };
+	/* a query of pg_class sees the catalog as the transaction's snapshot does; regclass's
+	 * output is the name the OID has now, or the bare number once no table has it */
+	PGresult *res = PQexecParams(c,
+	    "SELECT c.oid::regclass::text FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n "
+	    "ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname = $2",
+	    2, NULL, params, NULL, NULL, 0);
+	int r = -1;
+
+	now[0] = '\0';
+	if (PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1) {
+		const char *v = PQgetvalue(res, 0, 0);
+
+		if (strspn(v, "0123456789") == strlen(v))
+			r = 0; /* an identifier that starts with a digit is quoted: this is an OID */
+		else if (strlcpy(now, v, len) < len)
+			r = 1;
+		else
+			now[0] = '\0';
+	}
+	PQclear(res);
+	return r;
 }
 
 /* The cursor's columns after the ctid, as a relation the event builder resolves by name. */
@@ -318,19 +363,42 @@ close_cursor(struct obx_snapshot *s, PGconn *c, char *errbuf, size_t errlen)
 	return obx_snap_sql_class(c, state);
 }
 
+/* Whether now (regclass's output) names another table than the configuration's name. */
+static bool
+renamed(const struct obx_config *cfg, const char *now)
+{
+	char q[600] = "", qn[300] = "";
+
+	if (obx_poll_quote_ident(cfg->table_schema, q, sizeof(q)) != 0 ||
+	    strlcat(q, ".", sizeof(q)) >= sizeof(q) ||
+	    obx_poll_quote_ident(cfg->table_name, qn, sizeof(qn)) != 0 || strlcat(q, qn, sizeof(q)) >= sizeof(q))
+		return false;
+	return strcmp(now, q) != 0 && strcmp(now, qn) != 0;
+}
+
 int
 obx_snap_table(struct obx_snapshot *s, PGconn *c, bool imported, char *errbuf, size_t errlen)
 {
-	char filter[1024], order[300];
+	char filter[1024], order[300], now[sizeof(s->table)];
 	uint64_t first = s->rows; /* the ordinal of the table's first row */
-	int r;
+	int r, found;
 
 	errbuf[0] = '\0';
-	if ((r = obx_snapshot_describe(c, s->cfg, s->table, sizeof(s->table), filter, sizeof(filter), order,
-	         sizeof(order), errbuf, errlen)) != 0)
+	if ((found = resolve_table(c, s->cfg, now, sizeof(now))) == 0) {
+		obx_log_warn("snapshot of slot %s: table %s.%s was dropped since the slot's creation; its rows "
+		             "are gone with it",
+		    s->cfg->slot, s->cfg->table_schema, s->cfg->table_name);
+		return 0;
+	}
+	if ((r = describe(c, s->cfg, found == 1 ? now : NULL, s->table, sizeof(s->table), filter, sizeof(filter),
+	         order, sizeof(order), errbuf, errlen)) != 0)
 		return r;
 	if ((r = open_cursor(s, c, filter, order, 0, errbuf, errlen)) != 0)
 		return r;
+	if (found == 1 && renamed(s->cfg, now))
+		obx_log_info("snapshot of slot %s: table %s.%s has been renamed %s since the slot's creation; its "
+		             "rows are read under that name",
+		    s->cfg->slot, s->cfg->table_schema, s->cfg->table_name, now);
 	if (imported)
 		obx_log_info("snapshot of slot %s at %s: publishing the rows of %s.%s WHERE %s, ORDER BY %s, "
 		             "before streaming",
