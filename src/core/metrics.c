@@ -186,6 +186,9 @@ poll_metrics(FILE *fp, const struct obx_metrics *m)
 	    "failed attempts this process recorded (attempts + 1, last_error, next_attempt_at)",
 	    m->poll_failed_attempts);
 	counter_u64(fp, "outboxd_poll_batches_total", "claimed batches of at least one row", m->poll_batches);
+	gauge_u64(fp, "outboxd_poll_tables_left_out",
+	    "outbox tables whose last turn was passed over or left out: locked, unreadable, half set up",
+	    m->poll_tables_out);
 }
 
 /* The process_* families under the client libraries' names and help texts. */

@@ -87,6 +87,22 @@ obx_tables_may_leave_out(const struct obx_config *cfg, const char *schema, const
 	return true;
 }
 
+enum obx_table_fault
+obx_tables_read_fault(const struct obx_config *cfg, const char *schema, const char *name, const char *state)
+{
+	bool missing, refused;
+
+	if (state == NULL)
+		return OBX_TABLE_FAULT_RETRY;
+	if (strcmp(state, "55P03") == 0)
+		return OBX_TABLE_FAULT_NEXT_TURN;
+	missing = strcmp(state, "42P01") == 0 || strcmp(state, "42703") == 0 || strcmp(state, "3F000") == 0;
+	refused = strcmp(state, "42501") == 0;
+	if ((missing || refused) && obx_tables_may_leave_out(cfg, schema, name))
+		return OBX_TABLE_FAULT_LEAVE_OUT;
+	return missing ? OBX_TABLE_FAULT_STOP : OBX_TABLE_FAULT_RETRY;
+}
+
 const struct obx_table_pat *
 obx_tables_next_missing(const struct obx_config *cfg, size_t *next,
     bool (*has)(void *ctx, const char *schema, const char *name), void *ctx)

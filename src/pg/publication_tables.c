@@ -212,6 +212,15 @@ check_existing(PGconn *c, const struct obx_config *cfg, const struct obx_pg_tabl
 		struct obx_config view;
 		struct obx_pgsetup_names nm;
 
+		if (!t->published && tl->pub_all && obx_tables_may_leave_out(cfg, t->schema, t->name)) {
+			/* FOR ALL TABLES publishes every table but an unlogged one, which has no WAL to
+			 * decode: a tenant's such table cannot stop the others */
+			obx_log_warn("outbox table %s.%s is not published (an unlogged table never is: its rows "
+			             "are not in the WAL, so never decoded); left out, the other tables are "
+			             "relayed (ALTER TABLE %s.%s SET LOGGED: rows inserted after it are relayed)",
+			    t->schema, t->name, t->schema, t->name);
+			continue;
+		}
 		if (!t->published)
 			return obx_pgsetup_failf(errbuf, errlen, OBX_ECONFIG,
 			    "publication %s does not publish table %s.%s (ALTER PUBLICATION %s ADD TABLE ...; an "

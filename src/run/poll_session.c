@@ -167,6 +167,19 @@ session_open(struct poller *p)
 		snprintf(p->reason, sizeof(p->reason), "could not connect to the server: %s", err);
 		return OBX_EIO;
 	}
+	/* several tables: one tenant's ALTER TABLE or LOCK TABLE must not hold up the others' turns;
+	 * a lock not granted in time passes its table over (obx_tables_read_fault()).  A lock_timeout
+	 * of the role's or the server's own is kept */
+	if (obx_tables_several(p->base)) {
+		res = PQexec(p->pg,
+		    "SELECT set_config('lock_timeout', '" OBX_POLL_LOCK_TIMEOUT "', false) "
+		    "WHERE current_setting('lock_timeout') IN ('0', '0ms')");
+		if (PQresultStatus(res) != PGRES_TUPLES_OK)
+			obx_log_warn("could not set lock_timeout: a table locked by another session holds up the "
+			             "others' turns: %s",
+			    obx_pg_result_error_line(res, err, sizeof(err)));
+		PQclear(res);
+	}
 	/* the tables, afresh on each connection (their columns are read again too) */
 	obx_poll_tables_reset(p);
 	p->warned_missing = false;
@@ -274,6 +287,9 @@ poll_run(void *ctx)
 			    p->tables[p->round.cur].name);
 			break;
 		}
+		p->m.poll_tables_out = 0;
+		for (size_t i = 0; i < p->ntables; i++)
+			p->m.poll_tables_out += p->tables[i].out;
 		if (obx_mono_ms() >= p->next_stats_ms)
 			stats(p);
 		obx_runner_publish(&p->run);

@@ -109,6 +109,7 @@ obx_poll_tables_read(struct poller *p)
 			    strcmp(ts[i].name, p->tables[j].name) == 0) {
 				ts[i].checked = p->tables[j].checked;
 				ts[i].skip = p->tables[j].skip && obx_mono_ms() < p->skips_until_ms;
+				ts[i].out = p->tables[j].out;
 			}
 	obx_poll_tables_reset(p);
 	p->tables = ts;
@@ -127,10 +128,8 @@ int
 obx_poll_tables_use(struct poller *p, size_t i)
 {
 	struct obx_poll_table *t = &p->tables[i];
-	const char *state, *primary;
-	char err[512];
 	PGresult *res;
-	bool missing;
+	int r;
 
 	if (p->cfg != &t->view)
 		p->rel_built = false; /* another table's columns */
@@ -148,20 +147,44 @@ obx_poll_tables_use(struct poller *p, size_t i)
 		t->checked = true;
 		return 0;
 	}
-	state = PQresultErrorField(res, PG_DIAG_SQLSTATE);
-	primary = PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY);
-	missing = state != NULL && (strcmp(state, "42703") == 0 || strcmp(state, "42P01") == 0);
-	snprintf(p->reason, sizeof(p->reason), "could not read the outbox table %s.%s for polling: %s%s",
-	    t->schema, t->name, primary != NULL ? primary : obx_pg_result_error_line(res, err, sizeof(err)),
-	    missing ? " (apply sql/008_polling.sql, or map the columns in [outbox])" : "");
+	r = obx_poll_table_failed(p, i, res, "could not read the outbox table");
 	PQclear(res);
-	if (missing && obx_tables_may_leave_out(p->base, t->schema, t->name)) {
-		/* a tenant half set up (its polling columns come in a later migration) or just
-		 * dropped: the others go on; the table is read again after the round */
+	return r;
+}
+
+int
+obx_poll_table_failed(struct poller *p, size_t i, const PGresult *res, const char *what)
+{
+	struct obx_poll_table *t = &p->tables[i];
+	const char *state = PQresultErrorField(res, PG_DIAG_SQLSTATE);
+	const char *primary = PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY);
+	enum obx_table_fault f = obx_tables_read_fault(p->base, t->schema, t->name, state);
+	bool missing = state != NULL && (strcmp(state, "42703") == 0 || strcmp(state, "42P01") == 0);
+	char err[512];
+
+	snprintf(p->reason, sizeof(p->reason), "%s %s.%s for polling: %s%s", what, t->schema, t->name,
+	    primary != NULL ? primary : obx_pg_result_error_line(res, err, sizeof(err)),
+	    missing ? " (apply sql/008_polling.sql, or map the columns in [outbox])" :
+	        state != NULL && strcmp(state, "42501") == 0 ?
+	              " (GRANT SELECT, UPDATE on it, and USAGE on its schema)" :
+	              "");
+	t->out = f == OBX_TABLE_FAULT_NEXT_TURN || f == OBX_TABLE_FAULT_LEAVE_OUT;
+	switch (f) {
+	case OBX_TABLE_FAULT_NEXT_TURN:
+		/* another session's lock outlasted lock_timeout: the others' turns are not held up */
+		obx_log_warn("%s; passed over this round", p->reason);
+		return OBX_ENOENT;
+	case OBX_TABLE_FAULT_LEAVE_OUT:
+		/* a tenant half set up (its polling columns or grants come in a later migration) or
+		 * just dropped: the others go on; the table is read again after the round */
 		obx_log_warn("%s; left out, and tried again in 30 s", p->reason);
 		t->skip = true;
 		p->skips_until_ms = obx_mono_ms() + 30000;
 		return OBX_ENOENT;
+	case OBX_TABLE_FAULT_STOP:
+		return OBX_ECONFIG;
+	case OBX_TABLE_FAULT_RETRY:
+		break;
 	}
-	return missing ? OBX_ECONFIG : OBX_EIO;
+	return OBX_EIO;
 }

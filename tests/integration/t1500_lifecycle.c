@@ -461,6 +461,112 @@ test_snapshot_reads_a_renamed_table(void **state)
 	assert_true(WIFEXITED(t_relay_signal(&R, SIGTERM, 40000)));
 }
 
+/* Fails unless the topic has want records within timeout_ms. */
+static void
+expect_records(const char *topic, size_t want, int timeout_ms, const char *what)
+{
+	struct t_msg *m;
+	size_t n = t_consume(R.b.bootstrap, topic, want, timeout_ms, &m);
+
+	t_msgs_free(m, n);
+	if (n != want) {
+		t_log_dump(&R);
+		fail_msg("%s: %zu records of %zu", what, n, want);
+	}
+}
+
+/*
+ * Polling tenant_*.outbox as an ordinary role: a tenant whose migration forgot the grants is
+ * left out, and a tenant locked by another session (ACCESS EXCLUSIVE, held) is passed over once
+ * lock_timeout runs out; the other tenants flow meanwhile, the gauge says how many are out, and
+ * each comes back once it can be read.
+ */
+static void
+test_one_tenant_cannot_stop_the_others(void **state)
+{
+	char user[64], body[65536];
+	PGconn *locker;
+
+	(void)state;
+	t_relay_setup(&R, "tenantpoll", 0);
+	t_exec_file(R.pg, "sql/008_polling.sql");
+	t_exec(R.pg,
+	    "DO $$ BEGIN CREATE ROLE obx_poller LOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$");
+	for (char c = 'a'; c <= 'c'; c++) {
+		t_exec(R.pg,
+		    "CREATE SCHEMA tenant_%c; CREATE TABLE tenant_%c.outbox (LIKE public.outbox INCLUDING ALL)", c,
+		    c);
+		if (c != 'b') /* tenant_b's migration forgot the grants */
+			t_exec(R.pg,
+			    "GRANT USAGE ON SCHEMA tenant_%c TO obx_poller; "
+			    "GRANT SELECT, UPDATE ON tenant_%c.outbox TO obx_poller",
+			    c, c);
+	}
+	insert_into("tenant_a.outbox", "a", 2);
+	insert_into("tenant_b.outbox", "b", 2);
+	insert_into("tenant_c.outbox", "c", 2);
+	strlcpy(user, R.st.user, sizeof(user));
+	strlcpy(R.st.user, "obx_poller", sizeof(R.st.user));
+	t_relay_config(&R,
+	    "[source]\nmode = poll\ntable = tenant_*.outbox\n[outbox]\ntopic = tenants\n[poll]\n"
+	    "poll_interval = 200ms\n");
+	strlcpy(R.st.user, user, sizeof(R.st.user));
+	t_relay_start(&R, NULL, 0);
+	expect_records("tenants", 4, 30000, "the readable tenants while one is refused");
+	assert_true(t_log_count(&R, "tenant_b.outbox for polling: permission denied") >= 1);
+
+	/* tenant_a locked by a migration that takes its time: tenant_c's rows still come */
+	locker = t_pg(&R.st, R.db, 0);
+	t_exec(locker, "BEGIN; LOCK TABLE tenant_a.outbox IN ACCESS EXCLUSIVE MODE");
+	insert_into("tenant_c.outbox", "c2", 3);
+	expect_records("tenants", 7, 30000, "a tenant's rows while another is locked");
+	assert_int_equal(t_http_get(t_metrics_port(&R), "/metrics", body, sizeof(body)), 200);
+	if (t_metric(body, "outboxd_poll_tables_left_out") < 1) {
+		t_log_dump(&R);
+		fail_msg("outboxd_poll_tables_left_out is %g with a tenant refused and one locked",
+		    t_metric(body, "outboxd_poll_tables_left_out"));
+	}
+	t_exec(locker, "COMMIT");
+	PQfinish(locker);
+	insert_into("tenant_a.outbox", "a2", 2);
+	expect_records("tenants", 9, 30000, "the locked tenant's rows once the lock is gone");
+	assert_true(t_log_count(&R, "passed over this round") >= 1);
+
+	/* the grants come: tenant_b joins within the 30 s it is left out */
+	t_exec(R.pg,
+	    "GRANT USAGE ON SCHEMA tenant_b TO obx_poller; GRANT SELECT, UPDATE ON tenant_b.outbox TO obx_poller");
+	expect_records("tenants", 11, 60000, "the refused tenant's rows once granted");
+	assert_int_equal(t_wait(R.pid, 1), -1); /* still running */
+	assert_true(WIFEXITED(t_relay_signal(&R, SIGTERM, 40000)));
+}
+
+/*
+ * Logical mode with a pattern: a tenant's unlogged outbox (FOR ALL TABLES never publishes it,
+ * its rows are not in the WAL) is left out with a warning, the other tenants stream; once SET
+ * LOGGED, its new rows are relayed too.
+ */
+static void
+test_unlogged_tenant_left_out(void **state)
+{
+	(void)state;
+	t_relay_setup(&R, "unlogged", 1);
+	t_exec(R.pg, "CREATE SCHEMA tenant_a; CREATE TABLE tenant_a.outbox " OUTBOX_COLUMNS);
+	t_exec(R.pg, "CREATE SCHEMA tenant_u; CREATE UNLOGGED TABLE tenant_u.outbox " OUTBOX_COLUMNS);
+	t_relay_config(&R, "[source]\ntable = tenant_*.outbox\n[outbox]\ntopic = tenants\n");
+	t_relay_start(&R, NULL, 1);
+	if (t_log_count(&R, "outbox table tenant_u.outbox is not published (an unlogged table never is") < 1) {
+		t_log_dump(&R);
+		fail_msg("the unlogged tenant was not named");
+	}
+	insert_into("tenant_a.outbox", "a", 3);
+	insert_into("tenant_u.outbox", "lost", 2);
+	expect_records("tenants", 3, 30000, "the logged tenant's rows beside an unlogged one");
+	t_exec(R.pg, "ALTER TABLE tenant_u.outbox SET LOGGED");
+	insert_into("tenant_u.outbox", "u", 2);
+	expect_records("tenants", 5, 30000, "the tenant's rows once SET LOGGED");
+	assert_true(WIFEXITED(t_relay_signal(&R, SIGTERM, 40000)));
+}
+
 int
 main(void)
 {
@@ -474,6 +580,8 @@ main(void)
 		cmocka_unit_test_teardown(test_lost_slot_with_pattern, teardown),
 		cmocka_unit_test_teardown(test_exactly_once_with_pattern, teardown),
 		cmocka_unit_test_teardown(test_snapshot_reads_a_renamed_table, teardown),
+		cmocka_unit_test_teardown(test_one_tenant_cannot_stop_the_others, teardown),
+		cmocka_unit_test_teardown(test_unlogged_tenant_left_out, teardown),
 	};
 
 	return T_RUN_TESTS(tests);

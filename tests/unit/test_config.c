@@ -234,6 +234,17 @@ test_several_tables(void **state)
 	/* a table that cannot be read: left out only when no exact entry names it */
 	assert_true(obx_tables_may_leave_out(&cfg, "tenant_42", "outbox"));
 	assert_false(obx_tables_may_leave_out(&cfg, "orders", "outbox"));
+	/* a failed read: a lock passes any table over; missing or refused leaves a tenant out; a
+	 * named table missing stops, refused retries; anything else (or no SQLSTATE) retries */
+	assert_int_equal(obx_tables_read_fault(&cfg, "orders", "outbox", "55P03"), OBX_TABLE_FAULT_NEXT_TURN);
+	assert_int_equal(obx_tables_read_fault(&cfg, "tenant_42", "outbox", "55P03"), OBX_TABLE_FAULT_NEXT_TURN);
+	assert_int_equal(obx_tables_read_fault(&cfg, "tenant_42", "outbox", "42501"), OBX_TABLE_FAULT_LEAVE_OUT);
+	assert_int_equal(obx_tables_read_fault(&cfg, "tenant_42", "outbox", "42703"), OBX_TABLE_FAULT_LEAVE_OUT);
+	assert_int_equal(obx_tables_read_fault(&cfg, "tenant_42", "outbox", "3F000"), OBX_TABLE_FAULT_LEAVE_OUT);
+	assert_int_equal(obx_tables_read_fault(&cfg, "orders", "outbox", "42P01"), OBX_TABLE_FAULT_STOP);
+	assert_int_equal(obx_tables_read_fault(&cfg, "orders", "outbox", "42501"), OBX_TABLE_FAULT_RETRY);
+	assert_int_equal(obx_tables_read_fault(&cfg, "tenant_42", "outbox", "57P01"), OBX_TABLE_FAULT_RETRY);
+	assert_int_equal(obx_tables_read_fault(&cfg, "tenant_42", "outbox", NULL), OBX_TABLE_FAULT_RETRY);
 	{
 		/* the listed tables the server lacks, named in order: patterns never are */
 		size_t next = 0;

@@ -109,6 +109,7 @@ struct obx_metrics {
 	int64_t poll_max_attempts_pending;      /* the highest attempts among pending rows */
 	uint64_t poll_failed_attempts;          /* failures recorded (attempts + 1) by this process */
 	uint64_t poll_batches;                  /* claim cycles that produced at least one row */
+	uint64_t poll_tables_out; /* tables whose last turn was passed over or left out (a lock, a grant) */
 	/* what these numbers describe, for outboxd_info (set once at start-up; the mode from poll_mode) */
 	char info_slot[64];
 	char info_database[64];

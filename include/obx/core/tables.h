@@ -54,6 +54,27 @@ int obx_tables_mapping(const struct obx_config *cfg, const char *schema, const c
  */
 bool obx_tables_may_leave_out(const struct obx_config *cfg, const char *schema, const char *name);
 
+/* What a failed read of one outbox table (its check or its claim, in polling mode) does. */
+enum obx_table_fault {
+	OBX_TABLE_FAULT_RETRY,     /* the session ends and is tried again */
+	OBX_TABLE_FAULT_STOP,      /* the run stops: the configuration names a table that is not there */
+	OBX_TABLE_FAULT_LEAVE_OUT, /* the table is left out for a while; the others go on */
+	OBX_TABLE_FAULT_NEXT_TURN, /* the table is passed over this round; the others go on */
+};
+
+/*
+ * The fault of a read of schema.name that failed with SQLSTATE state (NULL:
+ * none, the connection failed).  A lock not granted in time (55P03: another
+ * session's ALTER TABLE or LOCK TABLE, [source] several tables set
+ * lock_timeout) passes the table over this round.  A table that is missing,
+ * lacks a column or that the role may not read (42P01, 42703, 3F000, 42501)
+ * is left out when obx_tables_may_leave_out() allows it (a tenant of a
+ * pattern, half set up); otherwise a missing one stops the run, and a
+ * refused one is retried (a grant heals it).  Anything else retries.
+ */
+enum obx_table_fault obx_tables_read_fault(const struct obx_config *cfg, const char *schema, const char *name,
+    const char *state);
+
 /*
  * The next exact entry of [source] table, from *next on, that has(ctx,
  * schema, name) says the server lacks; *next moves past it.  NULL when

@@ -26,6 +26,9 @@
 #include "obx/run/runner.h"
 
 #define OBX_POLL_STATS_INTERVAL_MS 5000
+/* several tables: how long a statement waits for another session's lock on a table before the
+ * table is passed over this round (session_open()) */
+#define OBX_POLL_LOCK_TIMEOUT "5s"
 
 /* One table polled: its names, its configuration (obx_tables_view()) and its statements. */
 struct obx_poll_table {
@@ -35,6 +38,7 @@ struct obx_poll_table {
 	struct obx_poll_sql sql;
 	bool checked; /* its columns were read once on this connection */
 	bool skip;    /* a table a pattern matches that cannot be polled: left out until the next read */
+	bool out;     /* its last turn was passed over or left out (outboxd_poll_tables_left_out) */
 };
 
 struct poller {
@@ -89,6 +93,10 @@ int obx_poll_tables_read(struct poller *p);
  * pattern's table without polling's columns, or dropped: logged), or a negative OBX_E* with
  * p->reason. */
 int obx_poll_tables_use(struct poller *p, size_t i);
+/* poll_tables.c: table i's statement (what: "could not read the outbox table") failed with res:
+ * what the failure does (obx_tables_read_fault()), logged.  Returns OBX_ENOENT when the table is
+ * passed over or left out and the others go on, else OBX_ECONFIG or OBX_EIO; p->reason says why. */
+int obx_poll_table_failed(struct poller *p, size_t i, const PGresult *res, const char *what);
 /* poll_tables.c: frees the tables. */
 void obx_poll_tables_reset(struct poller *p);
 
