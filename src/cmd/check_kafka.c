@@ -11,6 +11,7 @@
 
 #include "obx/cmd/check_int.h"
 #include "obx/core/err.h"
+#include "obx/core/kafkacompat.h"
 #include "obx/core/template.h"
 #include "obx/kafka/producer.h"
 
@@ -57,21 +58,45 @@ template_sql(PGconn *conn, const char *topic, char **out)
 	return *out != NULL ? 0 : OBX_ENOMEM;
 }
 
+/* The first login the broker refused, from the error callback. */
+struct refused {
+	bool seen;
+	char reason[512];
+};
+
+static void
+check_error_cb(rd_kafka_t *rk, int err, const char *reason, void *opaque)
+{
+	struct refused *rf = opaque;
+
+	(void)rk;
+	if (err == RD_KAFKA_RESP_ERR__AUTHENTICATION && !rf->seen) {
+		rf->seen = true;
+		snprintf(rf->reason, sizeof(rf->reason), "%s", reason);
+	}
+}
+
 void
 obx_check_kafka(struct obx_check *cx, PGconn *conn, const struct obx_config *cfg, bool has_table)
 {
 	const struct rd_kafka_metadata *md = NULL;
+	struct refused rf = { false, "" };
 	rd_kafka_conf_t *conf;
 	rd_kafka_resp_err_t e;
 	rd_kafka_t *rk;
-	char err[512];
+	char err[512], login[200];
 
+	if (obx_kafka_scram_too_old(cfg, (unsigned)rd_kafka_version(), err, sizeof(err)))
+		obx_check_report(cx, "WARN", "broker: %s", err);
 	conf = obx_kafka_conf(cfg, err, sizeof(err));
 	if (conf == NULL) {
 		obx_check_report(cx, "FAIL", "broker: %s", err);
 		return;
 	}
 	rd_kafka_conf_set(conf, "log_level", "0", err, sizeof(err));
+	obx_kafka_describe_login(conf, login, sizeof(login));
+	rd_kafka_conf_set_error_cb(conf, check_error_cb);
+	rd_kafka_conf_set_opaque(conf, &rf);
 	rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, err, sizeof(err));
 	if (rk == NULL) {
 		rd_kafka_conf_destroy(conf);
@@ -79,6 +104,14 @@ obx_check_kafka(struct obx_check *cx, PGconn *conn, const struct obx_config *cfg
 		return;
 	}
 	e = rd_kafka_metadata(rk, 1, NULL, &md, 10000);
+	if (e != RD_KAFKA_RESP_ERR_NO_ERROR)
+		rd_kafka_poll(rk, 0); /* the error callback: a refused login */
+	if (e != RD_KAFKA_RESP_ERR_NO_ERROR && rf.seen) {
+		obx_check_report(cx, "FAIL", "broker: %s refused the login (%s): %s",
+		    obx_config_kafka_get(cfg, "bootstrap.servers"), login, rf.reason);
+		rd_kafka_destroy(rk);
+		return;
+	}
 	if (e != RD_KAFKA_RESP_ERR_NO_ERROR) {
 		obx_check_report(cx, "FAIL", "broker: could not reach %s: %s",
 		    obx_config_kafka_get(cfg, "bootstrap.servers"), rd_kafka_err2str(e));

@@ -16,7 +16,10 @@
 #include <unistd.h>
 
 #include "obx/cmd/cli.h"
+#include <librdkafka/rdkafka.h>
+
 #include "obx/core/config.h"
+#include "obx/core/kafkacompat.h"
 #include "obx/sys/config_load.h"
 #include "obx/core/err.h"
 #include "obx/sys/log.h"
@@ -155,6 +158,12 @@ cmd_run(const struct obx_config *cfg, bool recreate_slot, struct reload_args *re
 	signal(SIGPIPE, SIG_IGN);
 	opts.signal_fd = signal_pipe[0];
 	tune_malloc(cfg);
+	{
+		char line[512];
+
+		if (obx_kafka_scram_too_old(cfg, (unsigned)rd_kafka_version(), line, sizeof(line)))
+			obx_log_warn("%s", line);
+	}
 	if (cfg->mode == OBX_SOURCE_POLL)
 		return obx_poll_run(cfg, &opts);
 	return obx_relay_run(cfg, &opts);

@@ -46,6 +46,7 @@ static const char *const not_ready_texts[OBX_NOT_READY_COUNT] = {
 	"connecting to PostgreSQL",
 	"waiting for the broker",
 	"snapshot in progress",
+	"the broker refuses the login",
 };
 
 const char *

@@ -12,6 +12,8 @@
 #include "obx/kafka/producer.h"
 #include "obx/sys/log.h"
 
+#define LOGIN_SAY_MS 60000 /* a refused login is said again after this long */
+
 static int
 conf_set(rd_kafka_conf_t *conf, const char *k, const char *v, char *errbuf, size_t errlen)
 {
@@ -98,6 +100,8 @@ dr_cb(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
 	struct obx_kafka *k = opaque;
 
 	(void)rk;
+	if (m->err == RD_KAFKA_RESP_ERR_NO_ERROR && k->metrics != NULL)
+		k->metrics->kafka_login_refused = false; /* an acknowledgement: logged in */
 	k->on_delivery(k->ctx, (uint64_t)(uintptr_t)m->_private, m);
 }
 
@@ -108,6 +112,22 @@ obx_kafka_txn_id(const struct obx_config *cfg, const char *sysid, const char *db
 		snprintf(out, len, "%s", cfg->transactional_id);
 	else
 		snprintf(out, len, "outboxd-%s-%s-%s", sysid, dbname, cfg->slot);
+}
+
+void
+obx_kafka_describe_login(const rd_kafka_conf_t *conf, char *out, size_t len)
+{
+	char proto[64] = "", mech[64] = "", user[128] = "";
+	size_t n;
+
+	n = sizeof(proto);
+	(void)rd_kafka_conf_get(conf, "security.protocol", proto, &n);
+	n = sizeof(mech);
+	(void)rd_kafka_conf_get(conf, "sasl.mechanisms", mech, &n);
+	n = sizeof(user);
+	(void)rd_kafka_conf_get(conf, "sasl.username", user, &n);
+	snprintf(out, len, "security.protocol %s, sasl.mechanisms %s, sasl.username %s", proto, mech,
+	    user[0] != '\0' ? user : "(none)");
 }
 
 /* The errors that say another producer with our transactional.id took over. */
@@ -148,6 +168,19 @@ error_cb(rd_kafka_t *rk, int err, const char *reason, void *opaque)
 		latch_fatal(k, RD_KAFKA_RESP_ERR_NO_ERROR);
 		return;
 	}
+	if (err == RD_KAFKA_RESP_ERR__AUTHENTICATION) {
+		/* librdkafka tries again by itself: one line a minute while it lasts, and not ready */
+		int64_t now = obx_mono_ms();
+
+		if (k->metrics != NULL)
+			k->metrics->kafka_login_refused = true;
+		if (k->login_said_ms == 0 || now - k->login_said_ms >= LOGIN_SAY_MS) {
+			obx_log_error("kafka: the broker refused the login (%s): %s; nothing is published until a "
+			              "login succeeds",
+			    k->login, reason);
+			k->login_said_ms = now;
+		}
+	}
 	/* transient: librdkafka retries by itself */
 	if (k->metrics != NULL)
 		obx_metrics_kafka_error(k->metrics, rd_kafka_err2name((rd_kafka_resp_err_t)err));
@@ -158,7 +191,8 @@ static void
 log_cb(const rd_kafka_t *rk, int level, const char *fac, const char *msg)
 {
 	(void)rk;
-	if (level <= 3)
+	/* a refused login is error_cb()'s line, once a minute, not one per attempt */
+	if (level <= 3 && strstr(msg, "SASL authentication error") == NULL)
 		obx_log_warn("kafka %s: %s", fac, msg);
 	else
 		obx_log_debug("kafka %s: %s", fac, msg);
@@ -192,6 +226,7 @@ obx_kafka_open(struct obx_kafka *k, const struct obx_config *cfg, const char *tx
 		rd_kafka_conf_destroy(conf);
 		return OBX_ECONFIG;
 	}
+	obx_kafka_describe_login(conf, k->login, sizeof(k->login));
 	rd_kafka_conf_set_dr_msg_cb(conf, dr_cb);
 	rd_kafka_conf_set_error_cb(conf, error_cb);
 	rd_kafka_conf_set_log_cb(conf, log_cb);
@@ -411,6 +446,8 @@ obx_kafka_close(struct obx_kafka *k, int wait_ms)
 {
 	if (k->rk == NULL)
 		return;
+	if (k->metrics != NULL)
+		k->metrics->kafka_login_refused = false; /* the next producer logs in afresh */
 	rd_kafka_purge(k->rk, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
 	for (int waited = 0; rd_kafka_outq_len(k->rk) > 0 && waited < wait_ms; waited += 50)
 		rd_kafka_poll(k->rk, 50);

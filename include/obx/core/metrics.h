@@ -8,6 +8,7 @@
 #define OBX_METRICS_H
 
 #include <stddef.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 enum obx_state {
@@ -29,6 +30,7 @@ enum obx_not_ready {
 	OBX_NOT_READY_POSTGRES, /* connecting to PostgreSQL, or the last session failed on its side */
 	OBX_NOT_READY_BROKER,   /* the last session failed on the broker's side */
 	OBX_NOT_READY_SNAPSHOT, /* publishing the rows pending at the slot's creation */
+	OBX_NOT_READY_LOGIN,    /* the broker refuses the producer's login (kafka_login_refused) */
 	OBX_NOT_READY_COUNT
 };
 
@@ -81,6 +83,7 @@ struct obx_metrics {
 	uint64_t stream_buffer_bytes;
 	uint64_t inflight_events;
 	uint64_t inflight_bytes;
+	bool kafka_login_refused; /* the broker refused the producer's last login; no acknowledgement since */
 	uint64_t reconnects_postgres;
 	uint64_t reconnects_kafka;
 	/* commit-to-ack histogram (seconds) */

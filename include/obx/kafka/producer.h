@@ -32,6 +32,9 @@ struct obx_kafka {
 	bool fatal;
 	bool fenced; /* the fatal error says another producer took the transactional.id */
 	char fatal_reason[512];
+	/* a login the broker refuses: who logs in, how (never the password), and when it was said */
+	char login[200];
+	int64_t login_said_ms;
 	/* counts the error callback's codes (transport, all brokers down); NULL: not counted.
 	 * Borrowed; the caller sets it after obx_kafka_open() */
 	struct obx_metrics *metrics;
@@ -57,6 +60,10 @@ struct obx_kafka {
  * caller owns (rd_kafka_conf_destroy) or NULL with errbuf filled.
  */
 rd_kafka_conf_t *obx_kafka_conf(const struct obx_config *cfg, char *errbuf, size_t errlen);
+
+/* How conf logs in, for the line of a refused login: security.protocol, sasl.mechanisms and
+ * sasl.username, never a secret. */
+void obx_kafka_describe_login(const rd_kafka_conf_t *conf, char *out, size_t len);
 
 /*
  * Creates the producer; with txn_id (NULL: none) a transactional one with

@@ -1,0 +1,90 @@
+/* What the linked librdkafka can do with the brokers: SCRAM before 2.6.1 and Apache Kafka 4. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "obx/core/config.h"
+#include "obx/core/kafkacompat.h"
+
+static void
+with_mechanism(struct obx_config *cfg, const char *mech)
+{
+	char err[256];
+
+	obx_config_init(cfg);
+	assert_int_equal(obx_config_set(cfg, "kafka", "bootstrap.servers", "h:1", "t", false, err, sizeof(err)),
+	    0);
+	if (mech != NULL)
+		assert_int_equal(
+		    obx_config_set(cfg, "kafka", "sasl.mechanisms", mech, "t", false, err, sizeof(err)), 0);
+}
+
+/* SCRAM with Debian 12's 2.0.2 (and 2.6.0): the line names the version, the brokers and the fix. */
+static void
+test_scram_before_the_fix(void **state)
+{
+	struct obx_config cfg;
+	char line[512];
+
+	(void)state;
+	with_mechanism(&cfg, "SCRAM-SHA-512");
+	assert_true(obx_kafka_scram_too_old(&cfg, 0x020002ffu, line, sizeof(line)));
+	assert_non_null(strstr(line, "librdkafka 2.0.2"));
+	assert_non_null(strstr(line, "Apache Kafka 4.0 and later refuse"));
+	assert_non_null(strstr(line, "2.6.1 or later"));
+	assert_true(obx_kafka_scram_too_old(&cfg, 0x020600ffu, line, sizeof(line)));
+	/* a pre-release of 2.6.1 is before the release */
+	assert_true(obx_kafka_scram_too_old(&cfg, 0x020601c8u, line, sizeof(line)));
+	obx_config_reset(&cfg);
+	with_mechanism(&cfg, "scram-sha-256");
+	assert_true(obx_kafka_scram_too_old(&cfg, 0x020002ffu, line, sizeof(line)));
+	obx_config_reset(&cfg);
+}
+
+/* 2.6.1 and later, or any other mechanism (or none): nothing to say. */
+static void
+test_nothing_to_say(void **state)
+{
+	struct obx_config cfg;
+	char line[512] = "x";
+
+	(void)state;
+	with_mechanism(&cfg, "SCRAM-SHA-512");
+	assert_false(obx_kafka_scram_too_old(&cfg, 0x020601ffu, line, sizeof(line)));
+	assert_string_equal(line, "");
+	assert_false(obx_kafka_scram_too_old(&cfg, 0x020800ffu, line, sizeof(line)));
+	obx_config_reset(&cfg);
+	with_mechanism(&cfg, "PLAIN");
+	assert_false(obx_kafka_scram_too_old(&cfg, 0x020002ffu, line, sizeof(line)));
+	obx_config_reset(&cfg);
+	with_mechanism(&cfg, NULL);
+	assert_false(obx_kafka_scram_too_old(&cfg, 0x020002ffu, line, sizeof(line)));
+	obx_config_reset(&cfg);
+}
+
+static void
+test_version_format(void **state)
+{
+	char v[32];
+
+	(void)state;
+	obx_kafka_version_format(0x020800ffu, v, sizeof(v));
+	assert_string_equal(v, "2.8.0");
+	obx_kafka_version_format(0x020002ffu, v, sizeof(v));
+	assert_string_equal(v, "2.0.2");
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_scram_before_the_fix),
+		cmocka_unit_test(test_nothing_to_say),
+		cmocka_unit_test(test_version_format),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
