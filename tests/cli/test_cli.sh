@@ -33,7 +33,8 @@ refute() {
 
 expect "help" 0 "Usage:" -- "$bin" --help
 refute "help shows no secrets" "hunter2" -- env OUTBOXD_KAFKA_SASL_PASSWORD=hunter2 "$bin" --help
-expect "version" 0 "^outboxd [0-9]+\.[0-9]+\.[0-9]+$" -- "$bin" --version
+expect "version, with the librdkafka it runs on" 0 \
+	"^outboxd [0-9]+\.[0-9]+\.[0-9]+ \(librdkafka [0-9]+\.[0-9]+\.[0-9]+[^)]*\)$" -- "$bin" --version
 expect "unknown command" 2 "unknown command 'frob'" -- "$bin" frob
 expect "unknown option" 2 "unknown option '--frob'" -- "$bin" --frob
 expect "missing -c" 2 "missing -c FILE" -- "$bin" run

@@ -35,6 +35,14 @@ int main(void)
 }
 C
 export PKG_CONFIG_PATH="$libdir/pkgconfig"
+# the librdkafka the build used (CMakeLists.txt: OBX_RDKAFKA_PREFIX, or the
+# system's): its .pc file resolves liboutbox's "Requires: rdkafka", and a
+# program linked with it carries its directory, as outboxd does
+rkdir=$(sed -n 's/^RDKAFKA_LIBDIR:INTERNAL=//p' "$build/CMakeCache.txt")
+if [ -n "$rkdir" ]; then
+	PKG_CONFIG_PATH="$PKG_CONFIG_PATH:$rkdir/pkgconfig"
+	extra_cflags="$extra_cflags -Wl,-rpath,$rkdir"
+fi
 # shellcheck disable=SC2046,SC2086
 run "a program builds from pkg-config alone (shared)" \
 	cc $extra_cflags -o "$prefix/hello" "$prefix/hello.c" $(pkg-config --cflags --libs liboutbox)
