@@ -88,6 +88,18 @@ else
 	rc=1
 fi
 
+# a distribution may still build on Debian 12's librdkafka 2.0.2: it must compile, and say that
+# Apache Kafka 4 refuses its SCRAM login (tests/install/test_old_rdkafka.sh); about 15 s
+old_rdkafka=${OBX_OLD_RDKAFKA_BUILD_DIR:-build-rdkafka-2.0}
+echo "test.sh: Release build on Debian 12's librdkafka 2.0.2"
+if cmake -S . -B "$old_rdkafka" -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF -DOBX_WERROR=ON \
+	-DOBX_SYSTEM_RDKAFKA=ON >/dev/null && cmake --build "$old_rdkafka" -j "$(nproc)" >/dev/null; then
+	bash tests/install/test_old_rdkafka.sh "$old_rdkafka" "$build" || rc=1
+else
+	echo "test.sh: the build on librdkafka 2.0.2 failed" >&2
+	rc=1
+fi
+
 # the micro-benchmarks must keep building and running (figures from a
 # sanitized build mean nothing; bench/ is run on a plain build)
 "$build/bench_micro" 0.2 tests/fixtures/pgoutput/pg15-v3.hex tests/fixtures/pgoutput/pg15-v1-binary.hex || rc=1

@@ -11,10 +11,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <librdkafka/rdkafka.h>
+
 #include "obx/cmd/check_int.h"
 #include "obx/cmd/cli.h"
 #include "obx/core/config.h"
 #include "obx/core/err.h"
+#include "obx/core/kafkacompat.h"
 #include "obx/core/tables.h"
 #include "obx/core/template.h"
 #include "obx/pg/tables.h"
@@ -319,6 +322,9 @@ obx_cmd_check(const struct obx_config *cfg, const char *standby)
 	bool has_table, in_recovery;
 	int rc;
 
+	/* the library before the servers: it is what it is, whichever server answers */
+	if (obx_kafka_scram_too_old(cfg, (unsigned)rd_kafka_version(), err, sizeof(err)))
+		obx_check_report(&cx, "WARN", "broker: %s", err);
 	if (obx_pg_connect(cfg->conninfo, cfg->password, NULL, NULL, "outboxd check", &conn, err, sizeof(err)) !=
 	    0) {
 		obx_check_report(&cx, "FAIL", "server: could not connect: %s", err);

@@ -11,7 +11,6 @@
 
 #include "obx/cmd/check_int.h"
 #include "obx/core/err.h"
-#include "obx/core/kafkacompat.h"
 #include "obx/core/template.h"
 #include "obx/kafka/producer.h"
 
@@ -86,8 +85,6 @@ obx_check_kafka(struct obx_check *cx, PGconn *conn, const struct obx_config *cfg
 	rd_kafka_t *rk;
 	char err[512], login[200];
 
-	if (obx_kafka_scram_too_old(cfg, (unsigned)rd_kafka_version(), err, sizeof(err)))
-		obx_check_report(cx, "WARN", "broker: %s", err);
 	conf = obx_kafka_conf(cfg, err, sizeof(err));
 	if (conf == NULL) {
 		obx_check_report(cx, "FAIL", "broker: %s", err);

@@ -18,8 +18,6 @@
 #include <librdkafka/rdkafka.h>
 
 #include "obx/cmd/cli.h"
-#include <librdkafka/rdkafka.h>
-
 #include "obx/core/config.h"
 #include "obx/core/kafkacompat.h"
 #include "obx/sys/config_load.h"
