@@ -15,12 +15,17 @@ bool
 obx_kafka_scram_too_old(const struct obx_config *cfg, unsigned version, char *buf, size_t len)
 {
 	const char *mech = obx_config_kafka_get(cfg, "sasl.mechanisms");
+	const char *proto = obx_config_kafka_get(cfg, "security.protocol");
 	char v[32];
 
 	if (len > 0)
 		buf[0] = '\0';
-	/* sasl.mechanisms takes one mechanism; librdkafka compares it without regard to case */
-	if (mech == NULL || (strcasecmp(mech, "SCRAM-SHA-256") != 0 && strcasecmp(mech, "SCRAM-SHA-512") != 0) ||
+	if (mech == NULL)
+		mech = obx_config_kafka_get(cfg, "sasl.mechanism"); /* librdkafka's alias */
+	/* SASL is used only over SASL_PLAINTEXT or SASL_SSL; sasl.mechanisms takes one mechanism;
+	 * librdkafka compares both without regard to case */
+	if (proto == NULL || strncasecmp(proto, "SASL_", 5) != 0 || mech == NULL ||
+	    (strcasecmp(mech, "SCRAM-SHA-256") != 0 && strcasecmp(mech, "SCRAM-SHA-512") != 0) ||
 	    version >= OBX_RDKAFKA_SCRAM_FIXED)
 		return false;
 	obx_kafka_version_format(version, v, sizeof(v));

@@ -10,6 +10,7 @@
 #include "obx/core/err.h"
 #include "obx/core/pollcore.h"
 #include "obx/core/pollsql.h"
+#include "obx/core/tables.h"
 #include "obx/core/template.h"
 
 int
@@ -173,7 +174,21 @@ obx_poll_sql_build(struct obx_poll_sql *s, const struct obx_config *cfg)
 	 * (docs/internals/design.md, "Polling mode")
 	 */
 	memset(&b, 0, sizeof(b));
-	put(&b, "BEGIN; WITH c AS MATERIALIZED (SELECT ");
+	put(&b, "BEGIN; ");
+	if (obx_tables_several(cfg)) {
+		/*
+		 * several tables: the table's lock for the whole transaction first, under the
+		 * connection's lock_timeout (run/poll_session.c), which passes a locked table over
+		 * before anything is claimed or sent; then the role's own lock_timeout, so that the
+		 * marking UPDATEs, which need no lock they do not hold now, are never cancelled by it
+		 * after the batch was sent (a CREATE INDEX holds SHARE, which FOR UPDATE's ROW SHARE
+		 * passes but an UPDATE's ROW EXCLUSIVE waits for)
+		 */
+		put(&b, "LOCK TABLE ");
+		table(&b, cfg);
+		put(&b, " IN ROW EXCLUSIVE MODE; SET LOCAL lock_timeout TO DEFAULT; ");
+	}
+	put(&b, "WITH c AS MATERIALIZED (SELECT ");
 	col(&b, "o", cfg->col_seq);
 	put(&b, " AS obx_seq, ");
 	col(&b, "o", cfg->col_attempts);

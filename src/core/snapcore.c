@@ -12,6 +12,8 @@ int
 obx_snap_outcome(struct obx_snap_hold *h, enum obx_dlv_outcome o, uint64_t ticket, const char *slot,
     const char *reason, char *errbuf, size_t errlen)
 {
+	if (o == OBX_DLV_SENT && ticket > h->sent)
+		h->sent = ticket;
 	switch (o) {
 	case OBX_DLV_SENT:
 	case OBX_DLV_SETTLED:
@@ -47,13 +49,15 @@ obx_snap_resume(struct obx_snap_hold *h)
 
 	h->from = 0;
 	h->probe = true;
+	if (h->sent > h->until)
+		h->until = h->sent;
 	return from;
 }
 
 void
-obx_snap_settled(struct obx_snap_hold *h)
+obx_snap_settled(struct obx_snap_hold *h, uint64_t ticket)
 {
-	if (h->from == 0)
+	if (h->from == 0 && ticket >= h->until)
 		h->probe = false;
 }
 

@@ -97,7 +97,9 @@ obx_tables_read_fault(const struct obx_config *cfg, const char *schema, const ch
 	if (strcmp(state, "55P03") == 0)
 		return OBX_TABLE_FAULT_NEXT_TURN;
 	missing = strcmp(state, "42P01") == 0 || strcmp(state, "42703") == 0 || strcmp(state, "3F000") == 0;
-	refused = strcmp(state, "42501") == 0;
+	/* class 42 (42501 refused, 42883 an operator a column's type lacks, 42804 a type that does
+	 * not match, ...): the table's definition or grants, which a later migration fixes */
+	refused = strncmp(state, "42", 2) == 0;
 	if ((missing || refused) && obx_tables_may_leave_out(cfg, schema, name))
 		return OBX_TABLE_FAULT_LEAVE_OUT;
 	return missing ? OBX_TABLE_FAULT_STOP : OBX_TABLE_FAULT_RETRY;

@@ -12,7 +12,9 @@
 #include "obx/kafka/producer.h"
 #include "obx/sys/log.h"
 
-#define LOGIN_SAY_MS 60000 /* a refused login is said again after this long */
+#define LOGIN_SAY_MS 60000      /* a refused login is said again after this long */
+#define LOGIN_PROBE_MS 15000    /* while refused, how often the cluster is asked whether it lets us in */
+#define LOGIN_PROBE_WAIT_MS 200 /* how long such a question may hold the loop */
 
 static int
 conf_set(rd_kafka_conf_t *conf, const char *k, const char *v, char *errbuf, size_t errlen)
@@ -354,6 +356,23 @@ obx_kafka_poll(struct obx_kafka *k, int timeout_ms)
 	while (read(k->wake[0], buf, sizeof(buf)) > 0)
 		;
 	rd_kafka_poll(k->rk, timeout_ms);
+	if (k->metrics != NULL && k->metrics->kafka_login_refused) {
+		/* nothing to acknowledge may come for long: ask the cluster every LOGIN_PROBE_MS,
+		 * which only a logged-in connection answers */
+		int64_t now = obx_mono_ms();
+
+		if (now - k->login_probed_ms >= LOGIN_PROBE_MS) {
+			const struct rd_kafka_metadata *md = NULL;
+
+			k->login_probed_ms = now;
+			if (rd_kafka_metadata(k->rk, 0, NULL, &md, LOGIN_PROBE_WAIT_MS) ==
+			    RD_KAFKA_RESP_ERR_NO_ERROR) {
+				rd_kafka_metadata_destroy(md);
+				k->metrics->kafka_login_refused = false;
+				obx_log_info("kafka: the broker accepted the login (%s)", k->login);
+			}
+		}
+	}
 }
 
 int
@@ -444,10 +463,10 @@ obx_kafka_txn_abort(struct obx_kafka *k, int timeout_ms, char *errbuf, size_t er
 void
 obx_kafka_close(struct obx_kafka *k, int wait_ms)
 {
+	struct obx_metrics *m = k->metrics;
+
 	if (k->rk == NULL)
 		return;
-	if (k->metrics != NULL)
-		k->metrics->kafka_login_refused = false; /* the next producer logs in afresh */
 	rd_kafka_purge(k->rk, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
 	for (int waited = 0; rd_kafka_outq_len(k->rk) > 0 && waited < wait_ms; waited += 50)
 		rd_kafka_poll(k->rk, 50);
@@ -456,6 +475,8 @@ obx_kafka_close(struct obx_kafka *k, int wait_ms)
 	rd_kafka_destroy(k->rk);
 	close(k->wake[0]);
 	close(k->wake[1]);
+	if (m != NULL)
+		m->kafka_login_refused = false; /* the next producer logs in afresh */
 	memset(k, 0, sizeof(*k));
 	k->wake[0] = k->wake[1] = -1;
 }

@@ -77,7 +77,12 @@ stats(struct poller *p)
 
 	/* the sums over every table: pending and retrying rows; the oldest age and most attempts */
 	for (size_t i = 0; i < p->ntables; i++) {
-		PGresult *res = obx_poll_exec(p, p->tables[i].sql.stats); /* NULL: stopped meanwhile */
+		PGresult *res;
+
+		/* a table passed over or left out would hold the loop up for lock_timeout again */
+		if (p->tables[i].out || p->tables[i].skip)
+			continue;
+		res = obx_poll_exec(p, p->tables[i].sql.stats); /* NULL: stopped meanwhile */
 
 		if (PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1) {
 			int64_t v;

@@ -265,7 +265,8 @@ paused(const struct obx_snapshot *s, size_t bytes)
 
 /*
  * A hold (snapcore.h): lets everything in flight report (a report may move
- * the hold to an earlier row), then waits about a second, serving the tick.
+ * the hold to an earlier row), then waits a second, twice as long after each
+ * hold in a row up to 30 s, serving the tick.
  * Returns 0, the run's end code, or OBX_ESTATE when the tick asks to stop.
  */
 int
@@ -275,7 +276,10 @@ obx_snap_pause(struct obx_snapshot *s)
 
 	if (r != 0)
 		return r;
-	s->resume_ms = obx_mono_ms() + OBX_SNAP_HOLD_PAUSE_MS;
+	s->pause_ms = s->pause_ms == 0                   ? OBX_SNAP_HOLD_PAUSE_MS :
+	    s->pause_ms * 2 < OBX_SNAP_HOLD_PAUSE_MAX_MS ? s->pause_ms * 2 :
+	                                                   OBX_SNAP_HOLD_PAUSE_MAX_MS;
+	s->resume_ms = obx_mono_ms() + s->pause_ms;
 	return obx_snap_wait_reports(s, paused, 0);
 }
 

@@ -86,7 +86,7 @@ describe(PGconn *c, const struct obx_config *cfg, const char *now, char *table, 
 	 * sql/001_outbox.sql's default), ties by position; else the position alone, which
 	 * cleanup and VACUUM can make differ from insertion order */
 	if (has_seq)
-		snprintf(order, olen, "%s", qseq);
+		snprintf(order, olen, "%s, ctid", qseq); /* seq is not unique: ties in one order (the re-read) */
 	else if (has_created)
 		snprintf(order, olen, "%s, ctid", qcreated);
 	else
@@ -104,18 +104,20 @@ obx_snapshot_describe(PGconn *c, const struct obx_config *cfg, char *table, size
 /*
  * The configured table as the snapshot saw it, by its OID, under its name now: a table
  * renamed since the snapshot was taken is read under its new name (its rows are the
- * snapshot's).  Returns 1 with now filled; 0 when that table has been dropped since (its
- * rows are gone with it); -1 when the snapshot has no table of that name (now empty: the
- * configuration's name is read, and says what is wrong).
+ * snapshot's).  Returns 1 with now filled (*moved: the configured name is another table's now,
+ * or none's); 0 when that table has been dropped since (its rows are gone with it); -1 when the
+ * snapshot has no table of that name (now empty: the configuration's name is read, and says
+ * what is wrong).
  */
 static int
-resolve_table(PGconn *c, const struct obx_config *cfg, char *now, size_t len)
+resolve_table(PGconn *c, const struct obx_config *cfg, char *now, size_t len, bool *moved)
 {
 	const char *params[2] = { cfg->table_schema, cfg->table_name };
 	/* a query of pg_class sees the catalog as the transaction's snapshot does; regclass's
 	 * output is the name the OID has now, or the bare number once no table has it */
 	PGresult *res = PQexecParams(c,
-	    "SELECT c.oid::regclass::text FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n "
+	    "SELECT c.oid::regclass::text, to_regclass(quote_ident($1) || '.' || quote_ident($2)) IS "
+	    "DISTINCT FROM c.oid FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n "
 	    "ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname = $2",
 	    2, NULL, params, NULL, NULL, 0);
 	int r = -1;
@@ -126,9 +128,10 @@ resolve_table(PGconn *c, const struct obx_config *cfg, char *now, size_t len)
 
 		if (strspn(v, "0123456789") == strlen(v))
 			r = 0; /* an identifier that starts with a digit is quoted: this is an OID */
-		else if (strlcpy(now, v, len) < len)
+		else if (strlcpy(now, v, len) < len) {
 			r = 1;
-		else
+			*moved = strcmp(PQgetvalue(res, 0, 1), "t") == 0;
+		} else
 			now[0] = '\0';
 	}
 	PQclear(res);
@@ -196,7 +199,11 @@ bad_row(struct obx_snapshot *s, const struct obx_pg_tuple *t, const char *table_
 	rec = (struct obx_record){ s->cfg->dead_letter_topic, NULL, 0, row, strlen(row), 0, hs,
 		s->eb.table_header ? 3 : 2 };
 	/* bounded like every record of the snapshot: at most max_inflight_bytes plus one row */
-	if ((r = obx_snap_wait_reports(s, obx_snap_room_for, rec.len)) == 0)
+	if ((r = obx_snap_wait_reports(s, obx_snap_room_for, rec.len)) == 0 && obx_snap_holding(&s->hold)) {
+		free(row);
+		return 0; /* a report meanwhile held the run: this row is read again after it */
+	}
+	if (r == 0)
 		r = obx_snap_delivered(s, obx_dlv_send(&s->dlv, &rec, s->rows, true, obx_mono_ms(), &res), &res);
 	free(row);
 	if (r == 0)
@@ -242,11 +249,17 @@ produce_row(struct obx_snapshot *s, const PGresult *res)
 	/* what waits for the broker is bounded per record, as in the stream */
 	if ((r = obx_snap_wait_reports(s, obx_snap_room_for, ev.len + ev.keylen)) != 0)
 		return r;
+	if (obx_snap_holding(&s->hold))
+		return 0; /* a report meanwhile held the run: this row is read again after it */
 	rec = (struct obx_record){ ev.topic, ev.key, ev.keylen, ev.value, ev.len, ev.timestamp_ms, s->hdrs, nh };
 	r = obx_snap_delivered(s, obx_dlv_send(&s->dlv, &rec, s->rows, false, obx_mono_ms(), &dres), &dres);
-	/* after a hold's resume, one record at a time until one goes through (snapcore.h) */
-	if (r == 0 && s->hold.probe && (r = obx_snap_wait_reports(s, obx_snap_all_reported, 0)) == 0)
-		obx_snap_settled(&s->hold);
+	/* after a hold's resume, one record at a time until one past what the rounds before sent
+	 * goes through (snapcore.h) */
+	if (r == 0 && s->hold.probe && (r = obx_snap_wait_reports(s, obx_snap_all_reported, 0)) == 0) {
+		obx_snap_settled(&s->hold, s->rows);
+		if (!s->hold.probe)
+			s->pause_ms = 0; /* through: the next hold waits a second again */
+	}
 	return r;
 }
 
@@ -363,28 +376,16 @@ close_cursor(struct obx_snapshot *s, PGconn *c, char *errbuf, size_t errlen)
 	return obx_snap_sql_class(c, state);
 }
 
-/* Whether now (regclass's output) names another table than the configuration's name. */
-static bool
-renamed(const struct obx_config *cfg, const char *now)
-{
-	char q[600] = "", qn[300] = "";
-
-	if (obx_poll_quote_ident(cfg->table_schema, q, sizeof(q)) != 0 ||
-	    strlcat(q, ".", sizeof(q)) >= sizeof(q) ||
-	    obx_poll_quote_ident(cfg->table_name, qn, sizeof(qn)) != 0 || strlcat(q, qn, sizeof(q)) >= sizeof(q))
-		return false;
-	return strcmp(now, q) != 0 && strcmp(now, qn) != 0;
-}
-
 int
 obx_snap_table(struct obx_snapshot *s, PGconn *c, bool imported, char *errbuf, size_t errlen)
 {
 	char filter[1024], order[300], now[sizeof(s->table)];
 	uint64_t first = s->rows; /* the ordinal of the table's first row */
+	bool moved = false;
 	int r, found;
 
 	errbuf[0] = '\0';
-	if ((found = resolve_table(c, s->cfg, now, sizeof(now))) == 0) {
+	if ((found = resolve_table(c, s->cfg, now, sizeof(now), &moved)) == 0) {
 		obx_log_warn("snapshot of slot %s: table %s.%s was dropped since the slot's creation; its rows "
 		             "are gone with it",
 		    s->cfg->slot, s->cfg->table_schema, s->cfg->table_name);
@@ -395,7 +396,7 @@ obx_snap_table(struct obx_snapshot *s, PGconn *c, bool imported, char *errbuf, s
 		return r;
 	if ((r = open_cursor(s, c, filter, order, 0, errbuf, errlen)) != 0)
 		return r;
-	if (found == 1 && renamed(s->cfg, now))
+	if (found == 1 && moved)
 		obx_log_info("snapshot of slot %s: table %s.%s has been renamed %s since the slot's creation; its "
 		             "rows are read under that name",
 		    s->cfg->slot, s->cfg->table_schema, s->cfg->table_name, now);

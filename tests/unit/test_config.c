@@ -241,6 +241,8 @@ test_several_tables(void **state)
 	assert_int_equal(obx_tables_read_fault(&cfg, "tenant_42", "outbox", "42501"), OBX_TABLE_FAULT_LEAVE_OUT);
 	assert_int_equal(obx_tables_read_fault(&cfg, "tenant_42", "outbox", "42703"), OBX_TABLE_FAULT_LEAVE_OUT);
 	assert_int_equal(obx_tables_read_fault(&cfg, "tenant_42", "outbox", "3F000"), OBX_TABLE_FAULT_LEAVE_OUT);
+	assert_int_equal(obx_tables_read_fault(&cfg, "tenant_42", "outbox", "42883"), OBX_TABLE_FAULT_LEAVE_OUT);
+	assert_int_equal(obx_tables_read_fault(&cfg, "orders", "outbox", "42883"), OBX_TABLE_FAULT_RETRY);
 	assert_int_equal(obx_tables_read_fault(&cfg, "orders", "outbox", "42P01"), OBX_TABLE_FAULT_STOP);
 	assert_int_equal(obx_tables_read_fault(&cfg, "orders", "outbox", "42501"), OBX_TABLE_FAULT_RETRY);
 	assert_int_equal(obx_tables_read_fault(&cfg, "tenant_42", "outbox", "57P01"), OBX_TABLE_FAULT_RETRY);

@@ -17,6 +17,8 @@ with_mechanism(struct obx_config *cfg, const char *mech)
 	obx_config_init(cfg);
 	assert_int_equal(obx_config_set(cfg, "kafka", "bootstrap.servers", "h:1", "t", false, err, sizeof(err)),
 	    0);
+	assert_int_equal(
+	    obx_config_set(cfg, "kafka", "security.protocol", "SASL_SSL", "t", false, err, sizeof(err)), 0);
 	if (mech != NULL)
 		assert_int_equal(
 		    obx_config_set(cfg, "kafka", "sasl.mechanisms", mech, "t", false, err, sizeof(err)), 0);
@@ -42,6 +44,21 @@ test_scram_before_the_fix(void **state)
 	with_mechanism(&cfg, "scram-sha-256");
 	assert_true(obx_kafka_scram_too_old(&cfg, 0x020002ffu, line, sizeof(line)));
 	obx_config_reset(&cfg);
+	/* librdkafka's alias sasl.mechanism */
+	{
+		char err[256];
+
+		with_mechanism(&cfg, NULL);
+		assert_int_equal(obx_config_set(&cfg, "kafka", "sasl.mechanism", "SCRAM-SHA-512", "t", false, err,
+		                     sizeof(err)),
+		    0);
+		assert_true(obx_kafka_scram_too_old(&cfg, 0x020002ffu, line, sizeof(line)));
+		/* over a protocol without SASL, no login uses it */
+		assert_int_equal(
+		    obx_config_set(&cfg, "kafka", "security.protocol", "SSL", "t", false, err, sizeof(err)), 0);
+		assert_false(obx_kafka_scram_too_old(&cfg, 0x020002ffu, line, sizeof(line)));
+		obx_config_reset(&cfg);
+	}
 }
 
 /* 2.6.1 and later, or any other mechanism (or none): nothing to say. */

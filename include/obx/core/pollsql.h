@@ -25,7 +25,9 @@
  */
 struct obx_poll_sql {
 	char *check;     /* reads every column the mode needs, LIMIT 0: names a missing one */
-	char *claim;     /* "BEGIN; WITH c AS MATERIALIZED (... FOR UPDATE SKIP LOCKED) SELECT ..." */
+	char *claim;     /* "BEGIN; WITH c AS MATERIALIZED (... FOR UPDATE SKIP LOCKED) SELECT ..."; with several
+	                    tables "BEGIN; LOCK TABLE ... IN ROW EXCLUSIVE MODE; SET LOCAL lock_timeout TO DEFAULT;
+	                    WITH ..." */
 	char *mark_head; /* followed by the seqs, comma-separated, then mark_tail: marks published */
 	char *mark_tail; /* ends the array literal (and the statement) */
 	char *fail;      /* $1 bigint[] seqs, $2 text[] errors, $3 bigint[] delays in ms */

@@ -17,16 +17,19 @@
  * A missing topic holds the snapshot instead of ending it: the run stops
  * producing, lets what is in flight report, and then reads its rows again
  * from the first one whose topic was missing (the same rows: one
- * repeatable-read transaction), producing each record of the first round
- * after the resume only once the one before it has its report.  So a
- * record after it is published at most twice, however long the topic is
- * waited for ([delivery] missing_topic_timeout), and a record of the
- * missing topic is never published ahead of one before it.
+ * repeatable-read transaction), producing each record that the first
+ * round had produced only once the one before it has its report.  So a
+ * record after it is published at most twice, however long and however
+ * many topics are waited for ([delivery] missing_topic_timeout).  A record
+ * of the topic sent before the first refusal was reported can still reach
+ * a topic created meanwhile ahead of the waiting one.
  */
 struct obx_snap_hold {
-	uint64_t from; /* the first record (its ticket: the row's ordinal + 1) whose topic is missing;
-	                  0: none */
-	bool probe;    /* after a resume: one record at a time until one is settled without a hold */
+	uint64_t from;  /* the first record (its ticket: the row's ordinal + 1) whose topic is missing;
+	                   0: none */
+	uint64_t sent;  /* the highest ticket handed to the producer */
+	uint64_t until; /* after a resume: the highest ticket the rounds before produced */
+	bool probe;     /* after a resume: one record at a time until one past until is settled */
 };
 
 /*
@@ -48,8 +51,9 @@ bool obx_snap_holding(const struct obx_snap_hold *h);
 /* Nothing is in flight: the ticket to read again from; the hold ends and the probe begins. */
 uint64_t obx_snap_resume(struct obx_snap_hold *h);
 
-/* While probing, a record had its report and nothing holds: the run produces freely again. */
-void obx_snap_settled(struct obx_snap_hold *h);
+/* While probing, record ticket had its report: once nothing holds and ticket is past every record
+ * the rounds before produced, the run produces freely again (none of them goes out a third time). */
+void obx_snap_settled(struct obx_snap_hold *h, uint64_t ticket);
 
 /*
  * The headers of a snapshot record made of the event builder's (ev): id,

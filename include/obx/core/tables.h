@@ -67,10 +67,12 @@ enum obx_table_fault {
  * none, the connection failed).  A lock not granted in time (55P03: another
  * session's ALTER TABLE or LOCK TABLE, [source] several tables set
  * lock_timeout) passes the table over this round.  A table that is missing,
- * lacks a column or that the role may not read (42P01, 42703, 3F000, 42501)
- * is left out when obx_tables_may_leave_out() allows it (a tenant of a
- * pattern, half set up); otherwise a missing one stops the run, and a
- * refused one is retried (a grant heals it).  Anything else retries.
+ * lacks a column, has one of another type or that the role may not read
+ * (class 42: 42P01, 42703, 42501, 42883, ...; 3F000) is left out when
+ * obx_tables_may_leave_out() allows it (a tenant of a pattern, half set
+ * up); otherwise a missing one (42P01, 42703, 3F000) stops the run, and the
+ * rest is retried (a grant or a migration heals it).  Anything else
+ * retries.
  */
 enum obx_table_fault obx_tables_read_fault(const struct obx_config *cfg, const char *schema, const char *name,
     const char *state);

@@ -35,6 +35,7 @@ struct obx_kafka {
 	/* a login the broker refuses: who logs in, how (never the password), and when it was said */
 	char login[200];
 	int64_t login_said_ms;
+	int64_t login_probed_ms;
 	/* counts the error callback's codes (transport, all brokers down); NULL: not counted.
 	 * Borrowed; the caller sets it after obx_kafka_open() */
 	struct obx_metrics *metrics;

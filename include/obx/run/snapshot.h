@@ -59,6 +59,7 @@ struct obx_snapshot {
 	int64_t started_ms;
 	int64_t next_note_ms; /* the next progress line */
 	int64_t resume_ms;    /* a hold: when the rows are read again */
+	int64_t pause_ms;     /* the last hold's pause; 0 once a probe went through */
 	long kill_after;      /* test builds: SIGKILL after that many acknowledgements (0: never) */
 };
 

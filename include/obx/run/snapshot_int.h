@@ -42,6 +42,9 @@ int obx_snap_wait_result(struct obx_snapshot *s, PGconn *c);
 
 /* A hold waits this long between its reports and the rows read again. */
 #define OBX_SNAP_HOLD_PAUSE_MS 1000
+/* each hold in a row waits twice as long, up to this: a topic missing for minutes costs the
+ * server a re-read (its sort and MOVE) every 30 s, not every second */
+#define OBX_SNAP_HOLD_PAUSE_MAX_MS 30000
 int obx_snap_pause(struct obx_snapshot *s);
 
 /*
