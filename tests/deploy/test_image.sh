@@ -10,7 +10,7 @@
 # into Kafka, the slot confirms past them, SIGTERM ends it with 0 and `check`
 # passes.  A chroot shares the host's network, so loopback reaches both.
 # Needs root (debootstrap, chroot): otherwise exit 77, which ctest reports as
-# skipped.  About 100 s with an empty cache, 40 s with it (docs/guide/kubernetes.md).
+# skipped.  2 to 2.5 minutes with an empty cache, 30 s with it (docs/guide/kubernetes.md).
 set -uo pipefail
 src=${OBX_SOURCE_DIR:?}
 n=0
