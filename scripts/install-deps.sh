@@ -24,6 +24,8 @@ packages=(
 	clang-14 clang-format-14 libclang-rt-14-dev llvm-14 valgrind gdb time linux-perf
 	# manifest linting (deploy/): YAML/JSON parsing, promtool for the alert rules
 	python3 python3-yaml yamllint prometheus
+	# the container image's file system without a container engine (scripts/image-rootfs.py)
+	debootstrap
 )
 # scripts/pg-majors.sh fetches the PostgreSQL majors other than 15 with npm;
 # a machine with node and npm from elsewhere (another vendor's nodejs, which

@@ -5,8 +5,9 @@
 # overlay renders (kustomize) into objects an SRE expects (credentials only as
 # mounted files from Secrets that no apply overwrites, the recommended labels,
 # spread over nodes and zones, per-instance Secrets, monitoring selected by
-# kube-prometheus-stack), and the container file runs as non-root on Debian 12
-# slim with the OCI labels.  (That every metric
+# kube-prometheus-stack), and the container file runs as non-root on Debian 13
+# slim with the OCI labels.  (That the image builds and relays on Debian 13 is
+# tests/deploy/test_image.sh.)  (That every metric
 # named in the alerts and the dashboard exists is checked against a live
 # scrape in tests/integration/t6000_metrics_health.c.)
 set -uo pipefail
@@ -118,8 +119,8 @@ for word in ("password", "sasl.username"):
 PY
 run "the base's INI is a valid outboxd configuration" bash -c \
 	"'${OBX_OUTBOXD:?}' check -c '$src/deploy/kubernetes/base/outboxd.ini' --set source.conninfo=host=127.0.0.1\\ port=1 2>&1 | grep -q 'FAIL server: could not connect'"
-run "container: multi-stage, Debian 12 slim runtime, non-root" bash -c \
-	"grep -q '^FROM debian:12 AS build' '$src/deploy/Containerfile' && grep -q '^FROM debian:12-slim' '$src/deploy/Containerfile' && grep -q '^USER 10001' '$src/deploy/Containerfile'"
+run "container: multi-stage, Debian 13 slim runtime, non-root" bash -c \
+	"grep -q '^FROM debian:13 AS build' '$src/deploy/Containerfile' && grep -q '^FROM debian:13-slim' '$src/deploy/Containerfile' && grep -q '^USER 10001' '$src/deploy/Containerfile'"
 run "container: OCI labels (title, description, source, licenses, version and revision from build arguments)" \
 	python3 - "$src/deploy/Containerfile" <<'PY'
 import re, sys
