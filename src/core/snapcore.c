@@ -54,6 +54,14 @@ obx_snap_resume(struct obx_snap_hold *h)
 	return from;
 }
 
+int64_t
+obx_snap_pause_ms(int64_t last_ms)
+{
+	if (last_ms <= 0)
+		return 1000;
+	return last_ms < 15000 ? last_ms * 2 : 30000;
+}
+
 void
 obx_snap_settled(struct obx_snap_hold *h, uint64_t ticket)
 {

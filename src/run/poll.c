@@ -462,27 +462,9 @@ obx_poll_cycle(struct poller *p)
 
 	if (res == NULL)
 		return p->signals > 0 ? 0 : OBX_EIO; /* stopped while claiming: nothing was claimed */
-	if (PQresultStatus(res) != PGRES_TUPLES_OK) {
-		/* the claim's transaction failed: nothing was claimed.  A table passed over or left
-		 * out (a lock, a refused grant on a tenant) ends it and lets the others go on */
-		r = p->ntables > 0 ? obx_poll_table_failed(p, p->round.cur, res, "could not claim the rows of") :
-		                     OBX_EIO;
-		if (p->ntables == 0)
-			snprintf(p->reason, sizeof(p->reason), "could not claim rows: %s",
-			    obx_pg_result_error_line(res, err, sizeof(err)));
-		PQclear(res);
-		if (r != OBX_ENOENT)
-			return OBX_EIO; /* a table missing since its check: the next session's read says so */
-		res = PQexec(p->pg, "ROLLBACK");
-		r = PQresultStatus(res) == PGRES_COMMAND_OK ? 0 : OBX_EIO;
-		if (r != 0)
-			snprintf(p->reason, sizeof(p->reason), "could not end the failed claim: %s",
-			    obx_pg_result_error_line(res, err, sizeof(err)));
-		PQclear(res);
-		return r;
-	}
-	if (p->ntables > 0)
-		p->tables[p->round.cur].out = false; /* its turn came */
+	if (PQresultStatus(res) != PGRES_TUPLES_OK)
+		return obx_poll_claim_failed(p, res);
+	p->tables[p->round.cur].out = false; /* its turn came */
 	n = PQntuples(res);
 	if (n == 0) {
 		PQclear(res);

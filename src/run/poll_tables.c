@@ -153,6 +153,25 @@ obx_poll_tables_use(struct poller *p, size_t i)
 }
 
 int
+obx_poll_claim_failed(struct poller *p, PGresult *res)
+{
+	char err[512];
+	int r = obx_poll_table_failed(p, p->round.cur, res, "could not claim the rows of");
+
+	PQclear(res);
+	if (r != OBX_ENOENT)
+		return OBX_EIO; /* a table missing since its check: the next session's read says so */
+	/* passed over or left out: the failed transaction ends, and the others go on */
+	res = PQexec(p->pg, "ROLLBACK");
+	r = PQresultStatus(res) == PGRES_COMMAND_OK ? 0 : OBX_EIO;
+	if (r != 0)
+		snprintf(p->reason, sizeof(p->reason), "could not end the failed claim: %s",
+		    obx_pg_result_error_line(res, err, sizeof(err)));
+	PQclear(res);
+	return r;
+}
+
+int
 obx_poll_table_failed(struct poller *p, size_t i, const PGresult *res, const char *what)
 {
 	struct obx_poll_table *t = &p->tables[i];

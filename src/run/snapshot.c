@@ -276,9 +276,7 @@ obx_snap_pause(struct obx_snapshot *s)
 
 	if (r != 0)
 		return r;
-	s->pause_ms = s->pause_ms == 0                   ? OBX_SNAP_HOLD_PAUSE_MS :
-	    s->pause_ms * 2 < OBX_SNAP_HOLD_PAUSE_MAX_MS ? s->pause_ms * 2 :
-	                                                   OBX_SNAP_HOLD_PAUSE_MAX_MS;
+	s->pause_ms = obx_snap_pause_ms(s->pause_ms);
 	s->resume_ms = obx_mono_ms() + s->pause_ms;
 	return obx_snap_wait_reports(s, paused, 0);
 }

@@ -74,6 +74,17 @@ test_missing_topic_holds(void **state)
 	assert_false(obx_snap_holding(&h));
 }
 
+/* The pauses of holds in a row: a second, doubling, at most 30 s. */
+static void
+test_hold_pauses(void **state)
+{
+	int64_t want[] = { 1000, 2000, 4000, 8000, 16000, 30000, 30000 }, ms = 0;
+
+	(void)state;
+	for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++)
+		assert_int_equal(ms = obx_snap_pause_ms(ms), want[i]);
+}
+
 /* A transient failure: the next session starts the snapshot again. */
 static void
 test_outcomes_that_start_again(void **state)
@@ -156,6 +167,7 @@ main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_outcomes_that_go_on),
 		cmocka_unit_test(test_missing_topic_holds),
+		cmocka_unit_test(test_hold_pauses),
 		cmocka_unit_test(test_outcomes_that_start_again),
 		cmocka_unit_test(test_outcomes_that_stop),
 		cmocka_unit_test(test_headers),

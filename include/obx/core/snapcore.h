@@ -9,6 +9,7 @@
 #define OBX_SNAPCORE_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "obx/core/delivery.h"
 #include "obx/core/event.h"
@@ -50,6 +51,11 @@ bool obx_snap_holding(const struct obx_snap_hold *h);
 
 /* Nothing is in flight: the ticket to read again from; the hold ends and the probe begins. */
 uint64_t obx_snap_resume(struct obx_snap_hold *h);
+
+/* How long a hold pauses before the rows are read again, after a hold in a row that paused last_ms
+ * (0: the first): a second, twice as long each time after, up to 30 s, so a topic missing for
+ * minutes costs the server a re-read (its sort and MOVE) every 30 s, not every second. */
+int64_t obx_snap_pause_ms(int64_t last_ms);
 
 /* While probing, record ticket had its report: once nothing holds and ticket is past every record
  * the rounds before produced, the run produces freely again (none of them goes out a third time). */

@@ -97,6 +97,10 @@ int obx_poll_tables_use(struct poller *p, size_t i);
  * what the failure does (obx_tables_read_fault()), logged.  Returns OBX_ENOENT when the table is
  * passed over or left out and the others go on, else OBX_ECONFIG or OBX_EIO; p->reason says why. */
 int obx_poll_table_failed(struct poller *p, size_t i, const PGresult *res, const char *what);
+/* poll_tables.c: the claim of the table polled now failed with res (freed here): nothing was
+ * claimed.  Returns 0 when the table is passed over or left out (the transaction rolled back),
+ * else OBX_EIO with p->reason (the session ends). */
+int obx_poll_claim_failed(struct poller *p, PGresult *res);
 /* poll_tables.c: frees the tables. */
 void obx_poll_tables_reset(struct poller *p);
 

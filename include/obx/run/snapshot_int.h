@@ -40,11 +40,7 @@ bool obx_snap_all_reported(const struct obx_snapshot *s, size_t bytes);
 /* Waits for c's next result, serving reports and the tick meanwhile. */
 int obx_snap_wait_result(struct obx_snapshot *s, PGconn *c);
 
-/* A hold waits this long between its reports and the rows read again. */
-#define OBX_SNAP_HOLD_PAUSE_MS 1000
-/* each hold in a row waits twice as long, up to this: a topic missing for minutes costs the
- * server a re-read (its sort and MOVE) every 30 s, not every second */
-#define OBX_SNAP_HOLD_PAUSE_MAX_MS 30000
+/* A hold: its reports, then obx_snap_pause_ms() (snapcore.h) before the rows are read again. */
 int obx_snap_pause(struct obx_snapshot *s);
 
 /*
