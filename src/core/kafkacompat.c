@@ -12,6 +12,46 @@ obx_kafka_version_format(unsigned version, char *buf, size_t len)
 }
 
 bool
+obx_tls_verify_reason(int x509_error, char *buf, size_t len)
+{
+	/* OpenSSL's X509_V_ERR_* numbers (include/openssl/x509_vfy.h), stable across its releases */
+	static const struct {
+		int code;
+		const char *why;
+	} reasons[] = {
+		{ 2, "no CA in ssl.ca.location signed it (unable to get issuer certificate)" },
+		{ 18, "it is self-signed and not in ssl.ca.location" },
+		{ 19, "its chain ends in a self-signed CA that is not in ssl.ca.location" },
+		{ 20, "no CA in ssl.ca.location signed it (unable to get local issuer certificate)" },
+		{ 21, "no CA in ssl.ca.location signed it (unable to verify the first certificate)" },
+		{ 9, "it is not valid yet: check the clocks of this host and of the CA" },
+		{ 10, "it has expired" },
+		{ 23, "it has been revoked" },
+		{ 26, "it is not meant for a TLS server (key usage)" },
+		{ 62,
+		    "it does not name the host outboxd connected to: that host name (bootstrap.servers, and the "
+		    "listeners the broker advertises) must be among the certificate's subjectAltName entries" },
+		{ 64,
+		    "it does not name the IP address outboxd connected to: that address must be among the "
+		    "certificate's subjectAltName entries" },
+	};
+
+	if (len > 0)
+		buf[0] = '\0';
+	if (x509_error == 0)
+		return false;
+	for (size_t i = 0; i < sizeof(reasons) / sizeof(reasons[0]); i++)
+		if (reasons[i].code == x509_error) {
+			snprintf(buf, len,
+			    "the broker's certificate was not accepted: %s (OpenSSL verify error %d)",
+			    reasons[i].why, x509_error);
+			return true;
+		}
+	snprintf(buf, len, "the broker's certificate was not accepted (OpenSSL verify error %d)", x509_error);
+	return true;
+}
+
+bool
 obx_kafka_scram_too_old(const struct obx_config *cfg, unsigned version, char *buf, size_t len)
 {
 	const char *mech = obx_config_kafka_get(cfg, "sasl.mechanisms");

@@ -47,6 +47,7 @@ static const char *const not_ready_texts[OBX_NOT_READY_COUNT] = {
 	"waiting for the broker",
 	"snapshot in progress",
 	"the broker refuses the login",
+	"the broker's certificate is not accepted",
 };
 
 const char *

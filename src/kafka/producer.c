@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "obx/core/err.h"
+#include "obx/core/kafkacompat.h"
 #include "obx/kafka/producer.h"
 #include "obx/sys/log.h"
 
@@ -102,8 +103,10 @@ dr_cb(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
 	struct obx_kafka *k = opaque;
 
 	(void)rk;
-	if (m->err == RD_KAFKA_RESP_ERR_NO_ERROR && k->metrics != NULL)
+	if (m->err == RD_KAFKA_RESP_ERR_NO_ERROR && k->metrics != NULL) {
 		k->metrics->kafka_login_refused = false; /* an acknowledgement: logged in */
+		k->metrics->kafka_tls_refused = false;
+	}
 	k->on_delivery(k->ctx, (uint64_t)(uintptr_t)m->_private, m);
 }
 
@@ -130,6 +133,47 @@ obx_kafka_describe_login(const rd_kafka_conf_t *conf, char *out, size_t len)
 	(void)rd_kafka_conf_get(conf, "sasl.username", user, &n);
 	snprintf(out, len, "security.protocol %s, sasl.mechanisms %s, sasl.username %s", proto, mech,
 	    user[0] != '\0' ? user : "(none)");
+}
+
+/* What TLS with the brokers checks, for the line that says a certificate was not accepted. */
+static void
+describe_tls(const rd_kafka_conf_t *conf, char *out, size_t len)
+{
+	char proto[64] = "", ca[400] = "", ident[32] = "";
+	size_t n;
+
+	n = sizeof(proto);
+	(void)rd_kafka_conf_get(conf, "security.protocol", proto, &n);
+	n = sizeof(ca);
+	(void)rd_kafka_conf_get(conf, "ssl.ca.location", ca, &n);
+	n = sizeof(ident);
+	(void)rd_kafka_conf_get(conf, "ssl.endpoint.identification.algorithm", ident, &n);
+	snprintf(out, len, "security.protocol %s, ssl.ca.location %s, ssl.endpoint.identification.algorithm %s",
+	    proto, ca[0] != '\0' ? ca : "(the system's CAs)", ident);
+}
+
+/*
+ * librdkafka asks this of every certificate of the broker's chain, with
+ * OpenSSL's verdict in *x509_error: the verdict stands, and a failure gets
+ * words that name its cause (OpenSSL's own message says only "certificate
+ * verify failed", for a wrong CA and a wrong host name alike).
+ */
+static int
+cert_verify_cb(rd_kafka_t *rk, const char *broker_name, int32_t broker_id, int *x509_error, int depth,
+    const char *buf, size_t size, char *errstr, size_t errstr_size, void *opaque)
+{
+	struct obx_kafka *k = opaque;
+
+	(void)rk;
+	(void)broker_name;
+	(void)broker_id;
+	(void)depth;
+	(void)buf;
+	(void)size;
+	if (!obx_tls_verify_reason(*x509_error, errstr, errstr_size))
+		return 1;
+	k->tls_x509_error = *x509_error; /* for error_cb()'s line: librdkafka's own says "verify failed" */
+	return 0;
 }
 
 /* The errors that say another producer with our transactional.id took over. */
@@ -183,6 +227,31 @@ error_cb(rd_kafka_t *rk, int err, const char *reason, void *opaque)
 			k->login_said_ms = now;
 		}
 	}
+	if (err == RD_KAFKA_RESP_ERR__SSL) {
+		/* a certificate is not accepted (or TLS fails otherwise): librdkafka tries again by
+		 * itself; one line a minute while it lasts, and not ready */
+		int64_t now = obx_mono_ms();
+
+		if (k->metrics != NULL)
+			k->metrics->kafka_tls_refused = true;
+		if (k->tls_said_ms == 0 || now - k->tls_said_ms >= LOGIN_SAY_MS) {
+			char why[512];
+			const char *colon = strstr(reason, ": ");
+
+			/* reason is "<broker>: SSL handshake failed: ...": the broker, then the cause in words */
+			if (obx_tls_verify_reason(k->tls_x509_error, why, sizeof(why)) && colon != NULL)
+				obx_log_error(
+				    "kafka: TLS with %.*s failed (%s): %s; nothing is published until it "
+				    "succeeds",
+				    (int)(colon - reason), reason, k->tls, why);
+			else
+				obx_log_error(
+				    "kafka: TLS with the broker failed (%s): %s; nothing is published until it "
+				    "succeeds",
+				    k->tls, reason);
+			k->tls_said_ms = now;
+		}
+	}
 	/* transient: librdkafka retries by itself */
 	if (k->metrics != NULL)
 		obx_metrics_kafka_error(k->metrics, rd_kafka_err2name((rd_kafka_resp_err_t)err));
@@ -193,8 +262,10 @@ static void
 log_cb(const rd_kafka_t *rk, int level, const char *fac, const char *msg)
 {
 	(void)rk;
-	/* a refused login is error_cb()'s line, once a minute, not one per attempt */
-	if (level <= 3 && strstr(msg, "SASL authentication error") == NULL)
+	/* a refused login or certificate is error_cb()'s line, once a minute, not one per attempt */
+	if (level <= 3 && strstr(msg, "SASL authentication error") == NULL &&
+	    strstr(msg, "SSL handshake failed") == NULL && strstr(msg, "certificate verify failed") == NULL &&
+	    strcmp(fac, "SSLCERTVRFY") != 0)
 		obx_log_warn("kafka %s: %s", fac, msg);
 	else
 		obx_log_debug("kafka %s: %s", fac, msg);
@@ -229,6 +300,9 @@ obx_kafka_open(struct obx_kafka *k, const struct obx_config *cfg, const char *tx
 		return OBX_ECONFIG;
 	}
 	obx_kafka_describe_login(conf, k->login, sizeof(k->login));
+	describe_tls(conf, k->tls, sizeof(k->tls));
+	/* a build without TLS refuses the callback; it then has no certificate to check */
+	(void)rd_kafka_conf_set_ssl_cert_verify_cb(conf, cert_verify_cb);
 	rd_kafka_conf_set_dr_msg_cb(conf, dr_cb);
 	rd_kafka_conf_set_error_cb(conf, error_cb);
 	rd_kafka_conf_set_log_cb(conf, log_cb);
@@ -356,7 +430,7 @@ obx_kafka_poll(struct obx_kafka *k, int timeout_ms)
 	while (read(k->wake[0], buf, sizeof(buf)) > 0)
 		;
 	rd_kafka_poll(k->rk, timeout_ms);
-	if (k->metrics != NULL && k->metrics->kafka_login_refused) {
+	if (k->metrics != NULL && (k->metrics->kafka_login_refused || k->metrics->kafka_tls_refused)) {
 		/* nothing to acknowledge may come for long: ask the cluster every LOGIN_PROBE_MS,
 		 * which only a logged-in connection answers */
 		int64_t now = obx_mono_ms();
@@ -368,8 +442,12 @@ obx_kafka_poll(struct obx_kafka *k, int timeout_ms)
 			if (rd_kafka_metadata(k->rk, 0, NULL, &md, LOGIN_PROBE_WAIT_MS) ==
 			    RD_KAFKA_RESP_ERR_NO_ERROR) {
 				rd_kafka_metadata_destroy(md);
+				if (k->metrics->kafka_login_refused)
+					obx_log_info("kafka: the broker accepted the login (%s)", k->login);
+				else
+					obx_log_info("kafka: TLS with the broker succeeded (%s)", k->tls);
 				k->metrics->kafka_login_refused = false;
-				obx_log_info("kafka: the broker accepted the login (%s)", k->login);
+				k->metrics->kafka_tls_refused = false;
 			}
 		}
 	}
@@ -476,7 +554,7 @@ obx_kafka_close(struct obx_kafka *k, int wait_ms)
 	close(k->wake[0]);
 	close(k->wake[1]);
 	if (m != NULL)
-		m->kafka_login_refused = false; /* the next producer logs in afresh */
+		m->kafka_login_refused = m->kafka_tls_refused = false; /* the next producer logs in afresh */
 	memset(k, 0, sizeof(*k));
 	k->wake[0] = k->wake[1] = -1;
 }

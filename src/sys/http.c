@@ -186,6 +186,8 @@ handle(void *cls, struct MHD_Connection *c, const char *url, const char *method,
 
 		if (m.kafka_login_refused && m.state != OBX_STATE_STANDBY)
 			m.not_ready = OBX_NOT_READY_LOGIN; /* streaming in name only: nothing is acknowledged */
+		else if (m.kafka_tls_refused && m.state != OBX_STATE_STANDBY)
+			m.not_ready = OBX_NOT_READY_TLS;
 		else if (m.state == OBX_STATE_STREAMING || m.state == OBX_STATE_BACKPRESSURED ||
 		    m.state == OBX_STATE_STANDBY) {
 			n = snprintf(buf, sizeof(buf), "ready: %s\n", obx_state_name(m.state));

@@ -1,6 +1,7 @@
 #include <errno.h>
 #include <stdarg.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <fcntl.h>
 #include <fnmatch.h>
 #include <poll.h>
@@ -601,25 +602,38 @@ dupmem(const void *p, size_t n)
 	return s;
 }
 
-static size_t consume(const char *bootstrap, const char *topic, size_t want, int timeout_ms, bool to_hwm,
+/* how consume() ends: at want records, at the high watermarks read first, or at the end a
+ * read_committed consumer sees on every partition */
+enum t_until { T_UNTIL_WANT, T_UNTIL_HWM, T_UNTIL_COMMITTED_END };
+
+static size_t consume(const char *bootstrap, const char *topic, size_t want, int timeout_ms, enum t_until until,
     struct t_msg **out);
 
 size_t
 t_consume(const char *bootstrap, const char *topic, size_t want, int timeout_ms, struct t_msg **out)
 {
-	return consume(bootstrap, topic, want, timeout_ms, false, out);
+	return consume(bootstrap, topic, want, timeout_ms, T_UNTIL_WANT, out);
 }
 
 size_t
 t_consume_all(const char *bootstrap, const char *topic, int timeout_ms, struct t_msg **out)
 {
-	return consume(bootstrap, topic, 0, timeout_ms, true, out);
+	return consume(bootstrap, topic, 0, timeout_ms, T_UNTIL_HWM, out);
+}
+
+size_t
+t_consume_committed(const char *bootstrap, const char *topic, int timeout_ms, struct t_msg **out)
+{
+	return consume(bootstrap, topic, 0, timeout_ms, T_UNTIL_COMMITTED_END, out);
 }
 
 static size_t
-consume(const char *bootstrap, const char *topic, size_t want, int timeout_ms, bool to_hwm, struct t_msg **out)
+consume(const char *bootstrap, const char *topic, size_t want, int timeout_ms, enum t_until until,
+    struct t_msg **out)
 {
 	int64_t hwm[256] = { 0 }, next[256] = { 0 };
+	bool at_end[256] = { false };
+	bool to_hwm = until == T_UNTIL_HWM;
 	int nparts;
 	rd_kafka_conf_t *conf = rd_kafka_conf_new();
 	rd_kafka_topic_partition_list_t *parts;
@@ -638,6 +652,11 @@ consume(const char *bootstrap, const char *topic, size_t want, int timeout_ms, b
 	/* records up to 128 MiB (the large-value tests) */
 	rd_kafka_conf_set(conf, "receive.message.max.bytes", "200000000", err, sizeof(err));
 	rd_kafka_conf_set(conf, "fetch.max.bytes", "150000000", err, sizeof(err));
+	/* the end of a partition is also where its last offsets are transaction markers, which no
+	 * consumer is given: a real broker's exactly-once topics end so */
+	rd_kafka_conf_set(conf, "enable.partition.eof", "true", err, sizeof(err));
+	if (until == T_UNTIL_COMMITTED_END)
+		rd_kafka_conf_set(conf, "isolation.level", "read_committed", err, sizeof(err));
 	rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, err, sizeof(err));
 	if (rk == NULL)
 		fail_msg("consumer: %s", err);
@@ -688,7 +707,15 @@ consume(const char *bootstrap, const char *topic, size_t want, int timeout_ms, b
 			bool done = true;
 
 			for (int i = 0; i < nparts; i++)
-				if (next[i] < hwm[i])
+				if (next[i] < hwm[i] && !at_end[i])
+					done = false;
+			if (done)
+				break;
+		} else if (until == T_UNTIL_COMMITTED_END) {
+			bool done = true;
+
+			for (int i = 0; i < nparts; i++)
+				if (!at_end[i])
 					done = false;
 			if (done)
 				break;
@@ -705,12 +732,17 @@ consume(const char *bootstrap, const char *topic, size_t want, int timeout_ms, b
 			continue;
 		}
 		if (m->err) {
+			if (m->err == RD_KAFKA_RESP_ERR__PARTITION_EOF && m->partition >= 0 &&
+			    m->partition < nparts)
+				at_end[m->partition] = true;
 			rd_kafka_message_destroy(m);
 			continue;
 		}
 		last = t_now_ms();
-		if (m->partition >= 0 && m->partition < nparts)
+		if (m->partition >= 0 && m->partition < nparts) {
 			next[m->partition] = m->offset + 1;
+			at_end[m->partition] = false;
+		}
 		if (n == cap) {
 			cap = cap ? cap * 2 : 64;
 			msgs = realloc(msgs, cap * sizeof(*msgs));
@@ -838,6 +870,153 @@ t_exec_file(PGconn *c, const char *relpath)
 }
 
 void
+t_kafka_load(struct t_kafka *k)
+{
+	const char *path = getenv("OBX_KAFKA_ENV");
+	static const struct {
+		const char *name;
+		size_t off, len;
+	} keys[] = {
+#define K(n, f) { n, offsetof(struct t_kafka, f), sizeof(((struct t_kafka *)0)->f) }
+		K("OBX_KAFKA_PLAINTEXT", plaintext),
+		K("OBX_KAFKA_SSL", ssl),
+		K("OBX_KAFKA_SSL_WRONG_NAME", ssl_wrong_name),
+		K("OBX_KAFKA_SASL_SSL", sasl_ssl),
+		K("OBX_KAFKA_SASL_PLAINTEXT", sasl_plaintext),
+		K("OBX_KAFKA_CA", ca),
+		K("OBX_KAFKA_OTHER_CA", other_ca),
+		K("OBX_KAFKA_USER", user),
+		K("OBX_KAFKA_PASSWORD_FILE", password_file),
+		K("OBX_KAFKA_ADMIN", admin),
+		K("OBX_KAFKA_ADMIN_PASSWORD_FILE", admin_password_file),
+		K("OBX_KAFKA_VERSION", version),
+#undef K
+	};
+	char line[1024];
+	FILE *fp;
+
+	memset(k, 0, sizeof(*k));
+	if (path == NULL)
+		fail_msg("OBX_KAFKA_ENV is not set: run the tests through ctest (the kafka fixture)");
+	fp = fopen(path, "r");
+	if (fp == NULL)
+		fail_msg("could not open %s: %s (did the kafka fixture start?)", path, strerror(errno));
+	while (fgets(line, sizeof(line), fp) != NULL) {
+		char *eq = strchr(line, '=');
+
+		line[strcspn(line, "\n")] = '\0';
+		if (eq == NULL)
+			continue;
+		*eq++ = '\0';
+		for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
+			if (strcmp(line, keys[i].name) == 0)
+				snprintf((char *)k + keys[i].off, keys[i].len, "%s", eq);
+	}
+	fclose(fp);
+	snprintf(k->statedir, sizeof(k->statedir), "%s", path);
+	*strrchr(k->statedir, '/') = '\0';
+	if (k->plaintext[0] == '\0' || k->sasl_ssl[0] == '\0' || k->ca[0] == '\0')
+		fail_msg("%s lacks the broker's listeners", path);
+}
+
+void
+t_kafka_ctl(const char *cmd)
+{
+	struct t_kafka k;
+	char sh[1400], out[4096];
+	const char *src = getenv("OBX_SOURCE_DIR");
+	int64_t t0 = t_now_ms();
+
+	t_kafka_load(&k);
+	if (src == NULL)
+		fail_msg("OBX_SOURCE_DIR is not set");
+	snprintf(sh, sizeof(sh), "bash '%s/tests/stack/kafkastack.sh' %s '%s' 2>&1", src, cmd, k.statedir);
+	if (t_run_capture(sh, out, sizeof(out)) != 0)
+		fail_msg("kafkastack.sh %s failed: %s", cmd, out);
+	fprintf(stderr, "broker: %s took %lld ms\n", cmd, (long long)(t_now_ms() - t0));
+}
+
+void
+t_kafka_grant(const struct t_kafka *k, const char *principal, const char *op, const char *type, const char *name,
+    int prefixed)
+{
+	static const struct {
+		const char *name;
+		int v;
+	} ops[] = { { "READ", RD_KAFKA_ACL_OPERATION_READ }, { "WRITE", RD_KAFKA_ACL_OPERATION_WRITE },
+		{ "CREATE", RD_KAFKA_ACL_OPERATION_CREATE }, { "DESCRIBE", RD_KAFKA_ACL_OPERATION_DESCRIBE },
+		{ "DESCRIBE_CONFIGS", RD_KAFKA_ACL_OPERATION_DESCRIBE_CONFIGS },
+		{ "IDEMPOTENT_WRITE", RD_KAFKA_ACL_OPERATION_IDEMPOTENT_WRITE } },
+	  types[] = { { "TOPIC", RD_KAFKA_RESOURCE_TOPIC }, { "GROUP", RD_KAFKA_RESOURCE_GROUP },
+		  { "CLUSTER", RD_KAFKA_RESOURCE_BROKER },
+		  { "TRANSACTIONAL_ID", RD_KAFKA_RESOURCE_TRANSACTIONAL_ID } };
+	int o = -1, t = -1;
+	char err[512];
+	rd_kafka_conf_t *conf = rd_kafka_conf_new();
+	rd_kafka_t *rk;
+	rd_kafka_AclBinding_t *acl;
+	rd_kafka_queue_t *q;
+	rd_kafka_event_t *ev;
+	const rd_kafka_CreateAcls_result_t *res;
+	const rd_kafka_acl_result_t **results;
+	size_t nres;
+
+	for (size_t i = 0; i < sizeof(ops) / sizeof(ops[0]); i++)
+		if (strcmp(ops[i].name, op) == 0)
+			o = ops[i].v;
+	for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++)
+		if (strcmp(types[i].name, type) == 0)
+			t = types[i].v;
+	if (o < 0 || t < 0)
+		fail_msg("t_kafka_grant: unknown operation %s or resource type %s", op, type);
+	rd_kafka_conf_set(conf, "bootstrap.servers", k->plaintext, err, sizeof(err));
+	rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, err, sizeof(err));
+	if (rk == NULL)
+		fail_msg("admin client: %s", err);
+	/* the cluster resource is named kafka-cluster */
+	acl = rd_kafka_AclBinding_new((rd_kafka_ResourceType_t)t,
+	    t == RD_KAFKA_RESOURCE_BROKER ? "kafka-cluster" : name,
+	    prefixed ? RD_KAFKA_RESOURCE_PATTERN_PREFIXED : RD_KAFKA_RESOURCE_PATTERN_LITERAL, principal, "*",
+	    (rd_kafka_AclOperation_t)o, RD_KAFKA_ACL_PERMISSION_TYPE_ALLOW, err, sizeof(err));
+	if (acl == NULL)
+		fail_msg("ACL binding: %s", err);
+	q = rd_kafka_queue_new(rk);
+	rd_kafka_CreateAcls(rk, &acl, 1, NULL, q);
+	ev = rd_kafka_queue_poll(q, 20000);
+	if (ev == NULL || rd_kafka_event_error(ev) != RD_KAFKA_RESP_ERR_NO_ERROR)
+		fail_msg("CreateAcls %s %s %s:%s: %s", principal, op, type, name,
+		    ev ? rd_kafka_event_error_string(ev) : "no answer in 20 s");
+	res = rd_kafka_event_CreateAcls_result(ev);
+	results = rd_kafka_CreateAcls_result_acls(res, &nres);
+	for (size_t i = 0; i < nres; i++)
+		if (rd_kafka_acl_result_error(results[i]) != NULL)
+			fail_msg("CreateAcls %s %s %s:%s: %s", principal, op, type, name,
+			    rd_kafka_error_string(rd_kafka_acl_result_error(results[i])));
+	rd_kafka_event_destroy(ev);
+	rd_kafka_AclBinding_destroy(acl);
+	rd_kafka_queue_destroy(q);
+	rd_kafka_destroy(rk);
+}
+
+void
+t_relay_setup_kafka(struct t_relay *r, const char *prefix, const char *kafka_conf)
+{
+	struct t_kafka k;
+
+	t_kafka_load(&k);
+	memset(r, 0, sizeof(*r));
+	t_stack_load(&r->st);
+	t_create_db(&r->st, prefix, r->db, sizeof(r->db));
+	snprintf(r->slot, sizeof(r->slot), "%s", r->db);
+	r->pg = t_pg(&r->st, r->db, 0);
+	t_exec_file(r->pg, "sql/001_outbox.sql");
+	snprintf(r->b.bootstrap, sizeof(r->b.bootstrap), "%s", k.plaintext);
+	snprintf(r->kafka_conf, sizeof(r->kafka_conf), "%s", kafka_conf);
+	snprintf(r->log, sizeof(r->log), "/tmp/obx-test-%s.log", r->db);
+	unlink(r->log);
+}
+
+void
 t_relay_setup(struct t_relay *r, const char *prefix, int bare)
 {
 	memset(r, 0, sizeof(*r));
@@ -855,16 +1034,19 @@ t_relay_setup(struct t_relay *r, const char *prefix, int bare)
 void
 t_relay_config(struct t_relay *r, const char *extra)
 {
-	char text[8192], ci[512];
+	char text[8192], ci[512], kafka[2100];
 
 	t_conninfo(&r->st, r->db, ci, sizeof(ci));
+	if (r->kafka_conf[0] != '\0')
+		snprintf(kafka, sizeof(kafka), "%s", r->kafka_conf);
+	else
+		snprintf(kafka, sizeof(kafka), "bootstrap.servers = %s", r->b.bootstrap);
 	/* an ephemeral metrics port, so instances and parallel runs never collide */
 	snprintf(text, sizeof(text),
 	    "[source]\nconninfo = %s\nslot = %s\nstatus_interval = 1s\n"
-	    "[kafka]\nbootstrap.servers = %s\n"
+	    "[kafka]\n%s\n"
 	    "[log]\n%slevel = debug\n%s%s",
-	    ci, r->slot, r->b.bootstrap,
-	    extra != NULL && strstr(extra, "format = ") != NULL ? "" : "format = text\n",
+	    ci, r->slot, kafka, extra != NULL && strstr(extra, "format = ") != NULL ? "" : "format = text\n",
 	    extra != NULL && strstr(extra, "[metrics]") != NULL ? "" : "[metrics]\nlisten = 127.0.0.1:0\n",
 	    extra ? extra : "");
 	if (r->conf[0] != '\0')

@@ -188,7 +188,9 @@ int64_t t_now_ms(void);
 struct t_relay {
 	struct t_stack st;
 	char db[64];
-	struct t_broker b;
+	struct t_broker b; /* with the real broker: no child, bootstrap its PLAINTEXT listener */
+	/* with the real broker: what outboxd's [kafka] section says (t_relay_kafka) */
+	char kafka_conf[2048];
 	char conf[64];
 	char log[128];
 	char slot[64];
@@ -239,6 +241,48 @@ int t_http_get(int port, const char *path, char *body, size_t len);
 int t_metrics_port(const struct t_relay *r);
 /* Value of a metric line "name value" in a /metrics body, or -1 when absent. */
 double t_metric(const char *body, const char *name);
+
+/* ---- the real Apache Kafka broker (tests/stack/kafkastack.sh, the kafka fixture) ---- */
+
+struct t_kafka {
+	char plaintext[128];      /* 127.0.0.1:PORT; its clients are super users */
+	char ssl[128];            /* localhost:PORT, a certificate for localhost and 127.0.0.1 */
+	char ssl_wrong_name[128]; /* localhost:PORT, a certificate for another host name */
+	char sasl_ssl[128];       /* localhost:PORT: SCRAM-SHA-512, SCRAM-SHA-256, PLAIN over TLS */
+	char sasl_plaintext[128]; /* 127.0.0.1:PORT: the same without TLS */
+	char ca[512];             /* the CA that signed the broker's certificates (PEM) */
+	char other_ca[512];       /* a CA that signed nothing the broker shows */
+	char user[64];            /* a SASL user with no ACL */
+	char password_file[512];
+	char admin[64]; /* a SASL super user */
+	char admin_password_file[512];
+	char version[32];
+	char statedir[512];
+};
+
+/* Loads OBX_KAFKA_ENV (written by kafkastack.sh start); fails the test when absent. */
+void t_kafka_load(struct t_kafka *k);
+/* Runs kafkastack.sh cmd (kill: SIGKILL, data kept; restart: up again and serving); fails on error. */
+void t_kafka_ctl(const char *cmd);
+/*
+ * t_relay_setup() against the real broker: no test broker child; r->b.bootstrap is the PLAINTEXT
+ * listener (what the test reads with), and outboxd's [kafka] section is kafka_conf, a
+ * bootstrap.servers line and whatever else it needs.
+ */
+void t_relay_setup_kafka(struct t_relay *r, const char *prefix, const char *kafka_conf);
+/*
+ * Reads every partition of topic as a read_committed consumer, up to the end it sees (the last
+ * stable offset: records of aborted or open transactions never show), or until timeout_ms pass
+ * without progress.  Returns the number read; *out is malloc'd.
+ */
+size_t t_consume_committed(const char *bootstrap, const char *topic, int timeout_ms, struct t_msg **out);
+/*
+ * Grants principal ("User:relay") operation (librdkafka's name: "WRITE", "READ", "DESCRIBE",
+ * "IDEMPOTENT_WRITE", ...) on the resource of type ("TOPIC", "GROUP", "CLUSTER",
+ * "TRANSACTIONAL_ID") named name, a literal name or, when prefixed, a prefix.  Fails on error.
+ */
+void t_kafka_grant(const struct t_kafka *k, const char *principal, const char *op, const char *type,
+    const char *name, int prefixed);
 
 /* ---- helpers several test programs share ---- */
 void t_insert_events(struct t_relay *r, const char *agg, int from, int to);

@@ -1,4 +1,5 @@
-/* What the linked librdkafka can do with the brokers: SCRAM before 2.6.1 and Apache Kafka 4. */
+/* What the linked librdkafka can do with the brokers: SCRAM before 2.6.1 and Apache Kafka 4; why a
+ * broker's certificate was not accepted. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -82,6 +83,34 @@ test_nothing_to_say(void **state)
 	obx_config_reset(&cfg);
 }
 
+/* OpenSSL's verification errors in words: the cause an operator acts on, and its number */
+static void
+test_tls_verify_reason(void **state)
+{
+	char buf[512];
+
+	(void)state;
+	assert_false(obx_tls_verify_reason(0, buf, sizeof(buf)));
+	assert_string_equal(buf, "");
+	/* X509_V_ERR_UNABLE_TO_GET_ISSUER_CERT_LOCALLY: the CA file lacks the signer */
+	assert_true(obx_tls_verify_reason(20, buf, sizeof(buf)));
+	assert_non_null(strstr(buf, "no CA in ssl.ca.location signed it"));
+	assert_non_null(strstr(buf, "(OpenSSL verify error 20)"));
+	/* X509_V_ERR_HOSTNAME_MISMATCH */
+	assert_true(obx_tls_verify_reason(62, buf, sizeof(buf)));
+	assert_non_null(strstr(buf, "does not name the host"));
+	assert_non_null(strstr(buf, "subjectAltName"));
+	/* X509_V_ERR_CERT_HAS_EXPIRED */
+	assert_true(obx_tls_verify_reason(10, buf, sizeof(buf)));
+	assert_non_null(strstr(buf, "expired"));
+	/* a code without words keeps its number */
+	assert_true(obx_tls_verify_reason(4711, buf, sizeof(buf)));
+	assert_string_equal(buf, "the broker's certificate was not accepted (OpenSSL verify error 4711)");
+	/* a short buffer is cut, never overrun */
+	assert_true(obx_tls_verify_reason(62, buf, 8));
+	assert_int_equal(strlen(buf), 7);
+}
+
 static void
 test_version_format(void **state)
 {
@@ -101,6 +130,7 @@ main(void)
 		cmocka_unit_test(test_scram_before_the_fix),
 		cmocka_unit_test(test_nothing_to_say),
 		cmocka_unit_test(test_version_format),
+		cmocka_unit_test(test_tls_verify_reason),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -24,6 +24,15 @@
  */
 bool obx_kafka_scram_too_old(const struct obx_config *cfg, unsigned version, char *buf, size_t len);
 
+/*
+ * Why the broker's certificate was not accepted, for OpenSSL's verification
+ * error x509_error (as librdkafka's certificate callback passes it: 0 is no
+ * error), in words an operator can act on: a CA that ssl.ca.location does
+ * not hold, a host name the certificate does not carry, an expiry.  Writes
+ * the phrase into buf; returns false (buf empty) for 0.
+ */
+bool obx_tls_verify_reason(int x509_error, char *buf, size_t len);
+
 /* The version as "2.0.2" (rd_kafka_version_str()'s form for a release) into buf. */
 void obx_kafka_version_format(unsigned version, char *buf, size_t len);
 

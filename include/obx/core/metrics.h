@@ -31,6 +31,7 @@ enum obx_not_ready {
 	OBX_NOT_READY_BROKER,   /* the last session failed on the broker's side */
 	OBX_NOT_READY_SNAPSHOT, /* publishing the rows pending at the slot's creation */
 	OBX_NOT_READY_LOGIN,    /* the broker refuses the producer's login (kafka_login_refused) */
+	OBX_NOT_READY_TLS,      /* the broker's TLS certificate is not accepted (kafka_tls_refused) */
 	OBX_NOT_READY_COUNT
 };
 
@@ -84,6 +85,7 @@ struct obx_metrics {
 	uint64_t inflight_events;
 	uint64_t inflight_bytes;
 	bool kafka_login_refused; /* the broker refused the producer's last login; no acknowledgement since */
+	bool kafka_tls_refused;   /* the broker's certificate failed verification; no acknowledgement since */
 	uint64_t reconnects_postgres;
 	uint64_t reconnects_kafka;
 	/* commit-to-ack histogram (seconds) */

@@ -36,6 +36,10 @@ struct obx_kafka {
 	char login[200];
 	int64_t login_said_ms;
 	int64_t login_probed_ms;
+	/* a broker certificate that fails verification: what was asked of it, and when it was said */
+	char tls[600];
+	int64_t tls_said_ms;
+	_Atomic int tls_x509_error; /* OpenSSL's verdict on the last refused certificate (a broker thread's) */
 	/* counts the error callback's codes (transport, all brokers down); NULL: not counted.
 	 * Borrowed; the caller sets it after obx_kafka_open() */
 	struct obx_metrics *metrics;
