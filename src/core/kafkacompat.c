@@ -51,6 +51,22 @@ obx_tls_verify_reason(int x509_error, char *buf, size_t len)
 	return true;
 }
 
+const char *
+obx_kafka_acl_hint(int code)
+{
+	switch (code) {
+	case 29: /* TOPIC_AUTHORIZATION_FAILED */
+		return "the principal needs WRITE on this topic (and READ and DESCRIBE for [delivery] dedupe)";
+	case 31: /* CLUSTER_AUTHORIZATION_FAILED: InitProducerId of an idempotent producer */
+		return "the principal may not get a producer id: grant it WRITE on the outbox topics (which "
+		       "includes IDEMPOTENT_WRITE since Apache Kafka 3.0, KIP-679) or IDEMPOTENT_WRITE on the cluster";
+	case 53: /* TRANSACTIONAL_ID_AUTHORIZATION_FAILED */
+		return "the principal needs WRITE and DESCRIBE on the transactional id ([delivery] exactly_once)";
+	default:
+		return NULL;
+	}
+}
+
 bool
 obx_kafka_scram_too_old(const struct obx_config *cfg, unsigned version, char *buf, size_t len)
 {

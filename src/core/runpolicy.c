@@ -23,6 +23,12 @@ obx_reconnect_delay_ms(int attempt, bool standby, uint32_t rnd)
 	return half + (int64_t)(rnd % (uint64_t)(cap - half + 1));
 }
 
+bool
+obx_session_progressed(bool standby, bool confirmed_moved, int64_t streamed_ms)
+{
+	return standby || confirmed_moved || streamed_ms >= OBX_PROGRESS_STREAMED_MS;
+}
+
 enum obx_stop_verdict
 obx_stops_add(struct obx_stops *s, int64_t now_ms)
 {

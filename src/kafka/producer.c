@@ -193,11 +193,18 @@ static void
 latch_fatal(struct obx_kafka *k, rd_kafka_resp_err_t err)
 {
 	char buf[512];
+	rd_kafka_resp_err_t code;
+	const char *hint;
 
 	if (k->fatal)
 		return;
-	k->fenced = is_fencing(rd_kafka_fatal_error(k->rk, buf, sizeof(buf))) || is_fencing(err);
-	snprintf(k->fatal_reason, sizeof(k->fatal_reason), "%s", buf);
+	code = rd_kafka_fatal_error(k->rk, buf, sizeof(buf));
+	k->fenced = is_fencing(code) || is_fencing(err);
+	hint = obx_kafka_acl_hint(code);
+	if (hint != NULL) /* who it is and what to grant, within the reason's room */
+		snprintf(k->fatal_reason, sizeof(k->fatal_reason), "%.140s (%.190s; %.170s)", buf, hint, k->login);
+	else
+		snprintf(k->fatal_reason, sizeof(k->fatal_reason), "%s", buf);
 	k->fatal = true;
 	/* a fence is counted as _FENCED where the exactly-once part acts on it (run/relay_eos.c) */
 	if (k->metrics != NULL && !k->fenced)
@@ -626,13 +633,19 @@ obx_kafka_report(const rd_kafka_message_t *m, uint64_t opaque, struct obx_header
 	const char *name;
 	const void *v;
 	size_t sz, n = 0;
+	/* a refusal for want of an ACL says which: the one line an operator reads names it */
+	static _Thread_local char topic_denied[400];
+
+	if (obx_kafka_acl_hint(m->err) != NULL)
+		snprintf(topic_denied, sizeof(topic_denied), "%s: %s", rd_kafka_err2str(m->err),
+		    obx_kafka_acl_hint(m->err));
 
 	if (m->err != RD_KAFKA_RESP_ERR_NO_ERROR && rd_kafka_message_headers(m, &h) == 0)
 		for (size_t i = 0; n < nhs && rd_kafka_header_get_all(h, i, &name, &v, &sz) == 0; i++)
 			hs[n++] = (struct obx_header){ name, v, sz };
 	*rep = (struct obx_report){ .opaque = opaque,
 		.status = report_status(m->err),
-		.error = rd_kafka_err2str(m->err),
+		.error = obx_kafka_acl_hint(m->err) != NULL ? topic_denied : rd_kafka_err2str(m->err),
 		.error_name = rd_kafka_err2name(m->err),
 		.record = { rd_kafka_topic_name(m->rkt), m->key, m->key_len, m->payload, m->len,
 		    rd_kafka_message_timestamp(m, NULL), hs, n } };

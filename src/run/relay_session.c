@@ -356,6 +356,8 @@ session_open(struct relay *r)
 	}
 	snprintf(r->m.info_database, sizeof(r->m.info_database), "%s", PQdb(r->st.conn));
 	r->streamed = true;
+	r->streamed_since_ms = obx_mono_ms();
+	r->flush_at_stream = obx_core_stats(r->core).sent_flush;
 	r->last_rx_ms = obx_mono_ms();
 	if (r->run.was_standby)
 		obx_log_info("taking over slot %s from the previous instance", r->cfg->slot);
@@ -422,6 +424,9 @@ static void
 relay_close(void *ctx, bool opened, struct obx_session_result *out)
 {
 	struct relay *r = ctx;
+	/* before the session's end resets them: did it confirm anything, how long did it stream */
+	bool confirmed_moved = r->streamed && obx_core_stats(r->core).sent_flush > r->flush_at_stream;
+	int64_t streamed_ms = r->streamed ? obx_mono_ms() - r->streamed_since_ms : 0;
 
 	if (opened)
 		session_close(r);
@@ -433,7 +438,7 @@ relay_close(void *ctx, bool opened, struct obx_session_result *out)
 	out->published = obx_core_stats(r->core).published;
 	out->broker = r->end_kafka;
 	out->standby = r->standby;
-	out->progressed = r->streamed || r->standby;
+	out->progressed = obx_session_progressed(r->standby, confirmed_moved, streamed_ms);
 	r->streamed = false;
 }
 

@@ -999,6 +999,71 @@ t_kafka_grant(const struct t_kafka *k, const char *principal, const char *op, co
 }
 
 void
+t_kafka_create_topic(const struct t_kafka *k, const char *topic, int partitions, const char *config)
+{
+	char err[512], name[256] = "";
+	rd_kafka_conf_t *conf = rd_kafka_conf_new();
+	rd_kafka_t *rk;
+	rd_kafka_NewTopic_t *nt;
+	rd_kafka_queue_t *q;
+	rd_kafka_event_t *ev;
+	const rd_kafka_topic_result_t **res;
+	size_t nres;
+
+	rd_kafka_conf_set(conf, "bootstrap.servers", k->plaintext, err, sizeof(err));
+	rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, err, sizeof(err));
+	if (rk == NULL)
+		fail_msg("admin client: %s", err);
+	nt = rd_kafka_NewTopic_new(topic, partitions, 1, err, sizeof(err));
+	if (nt == NULL)
+		fail_msg("NewTopic %s: %s", topic, err);
+	if (config != NULL) {
+		const char *eq = strchr(config, '=');
+
+		if (eq == NULL || (size_t)(eq - config) >= sizeof(name))
+			fail_msg("topic config '%s' is not name=value", config);
+		memcpy(name, config, (size_t)(eq - config));
+		if (rd_kafka_NewTopic_set_config(nt, name, eq + 1) != RD_KAFKA_RESP_ERR_NO_ERROR)
+			fail_msg("topic config %s", config);
+	}
+	q = rd_kafka_queue_new(rk);
+	rd_kafka_CreateTopics(rk, &nt, 1, NULL, q);
+	ev = rd_kafka_queue_poll(q, 20000);
+	if (ev == NULL || rd_kafka_event_error(ev) != RD_KAFKA_RESP_ERR_NO_ERROR)
+		fail_msg("CreateTopics %s: %s", topic, ev ? rd_kafka_event_error_string(ev) : "no answer in 20 s");
+	res = rd_kafka_CreateTopics_result_topics(rd_kafka_event_CreateTopics_result(ev), &nres);
+	for (size_t i = 0; i < nres; i++)
+		if (rd_kafka_topic_result_error(res[i]) != RD_KAFKA_RESP_ERR_NO_ERROR)
+			fail_msg("CreateTopics %s: %s", topic, rd_kafka_topic_result_error_string(res[i]));
+	rd_kafka_event_destroy(ev);
+	rd_kafka_NewTopic_destroy(nt);
+	rd_kafka_queue_destroy(q);
+	/* right after CreateTopics a partition can still lack a leader for a moment */
+	for (int64_t dl = t_now_ms() + 20000;;) {
+		const struct rd_kafka_metadata *md = NULL;
+		rd_kafka_topic_t *rkt = rd_kafka_topic_new(rk, topic, NULL);
+		bool ready = false;
+
+		if (rd_kafka_metadata(rk, 0, rkt, &md, 5000) == RD_KAFKA_RESP_ERR_NO_ERROR && md->topic_cnt == 1 &&
+		    md->topics[0].err == RD_KAFKA_RESP_ERR_NO_ERROR && md->topics[0].partition_cnt == partitions) {
+			ready = true;
+			for (int i = 0; i < partitions; i++)
+				if (md->topics[0].partitions[i].leader < 0 || md->topics[0].partitions[i].err != 0)
+					ready = false;
+		}
+		if (md != NULL)
+			rd_kafka_metadata_destroy(md);
+		rd_kafka_topic_destroy(rkt);
+		if (ready)
+			break;
+		if (t_now_ms() > dl)
+			fail_msg("topic %s has no leader for every partition 20 s after its creation", topic);
+		usleep(100000);
+	}
+	rd_kafka_destroy(rk);
+}
+
+void
 t_relay_setup_kafka(struct t_relay *r, const char *prefix, const char *kafka_conf)
 {
 	struct t_kafka k;

@@ -283,6 +283,11 @@ size_t t_consume_committed(const char *bootstrap, const char *topic, int timeout
  */
 void t_kafka_grant(const struct t_kafka *k, const char *principal, const char *op, const char *type,
     const char *name, int prefixed);
+/*
+ * Creates topic with partitions (replication 1) and, when config is not NULL, one topic property
+ * ("max.message.bytes=10000"); waits until every partition has a leader.  Fails on error.
+ */
+void t_kafka_create_topic(const struct t_kafka *k, const char *topic, int partitions, const char *config);
 
 /* ---- helpers several test programs share ---- */
 void t_insert_events(struct t_relay *r, const char *agg, int from, int to);

@@ -559,6 +559,49 @@ test_broker_kill9_default_inflight(void **state)
 	t_msgs_free(m, n);
 }
 
+/*
+ * A SASL user without any ACL: the broker refuses the idempotent producer
+ * id, a fatal producer error, at every session.  The sessions back off (a
+ * handful in 20 s, not one every 200 ms), the line says what to grant, and
+ * /readyz says the broker side fails.  Once WRITE on the topic (created by an
+ * administrator, as auto-creation needs CREATE) is granted, every event
+ * arrives without a restart.
+ */
+static void
+test_no_acl_backs_off(void **state)
+{
+	char topic[128], body[4096], principal[128];
+	int sessions;
+
+	(void)state;
+	t_relay_setup_kafka(&R, "rkacl", "");
+	topic_of(topic, sizeof(topic));
+	t_kafka_create_topic(&K, topic, 3, NULL);
+	snprintf(R.kafka_conf, sizeof(R.kafka_conf),
+	    "bootstrap.servers = %s\nsecurity.protocol = SASL_PLAINTEXT\nsasl.mechanisms = PLAIN\nsasl.username = %s",
+	    K.sasl_plaintext, K.user);
+	setenv("OUTBOXD_KAFKA_SASL_PASSWORD_FILE", K.password_file, 1);
+	t_relay_config(&R, NULL);
+	t_relay_start(&R, NULL, 1);
+	insert_txn(10, 3);
+	sleep(20);
+	sessions = t_log_count(&R, "streaming from slot");
+	fprintf(stderr, "no ACL: %d sessions in 20 s\n", sessions);
+	if (sessions > 12 || sessions < 2) {
+		t_log_dump(&R);
+		fail_msg("%d sessions in 20 s: the backoff (200 ms doubling to 30 s) allows 5 to 10", sessions);
+	}
+	assert_true(t_log_count(&R, "grant it WRITE on the outbox topics") >= 1);
+	assert_true(lines_with(&R, "warn", "grant it WRITE on the outbox topics") == 1);
+	assert_int_equal(t_http_get(t_metrics_port(&R), "/readyz", body, sizeof(body)), 503);
+	assert_non_null(strstr(body, "waiting for the broker"));
+
+	snprintf(principal, sizeof(principal), "User:%s", K.user);
+	t_kafka_grant(&K, principal, "WRITE", "TOPIC", topic, 0);
+	t_expect_all_published(&R, R.db, 60000);
+	stop_relay();
+}
+
 int
 main(void)
 {
@@ -569,6 +612,7 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_exactly_once_across_kill9, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_takeover_fences_the_old_producer, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_broker_kill9_default_inflight, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_no_acl_backs_off, setup, teardown),
 	};
 
 	return T_RUN_TESTS(tests);

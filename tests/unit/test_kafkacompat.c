@@ -111,6 +111,18 @@ test_tls_verify_reason(void **state)
 	assert_int_equal(strlen(buf), 7);
 }
 
+/* An authorization refusal names the ACL to grant; other codes have no hint */
+static void
+test_acl_hint(void **state)
+{
+	(void)state;
+	assert_non_null(strstr(obx_kafka_acl_hint(29), "WRITE on this topic"));
+	assert_non_null(strstr(obx_kafka_acl_hint(31), "IDEMPOTENT_WRITE on the cluster"));
+	assert_non_null(strstr(obx_kafka_acl_hint(53), "transactional id"));
+	assert_null(obx_kafka_acl_hint(0));
+	assert_null(obx_kafka_acl_hint(10)); /* MSG_SIZE_TOO_LARGE */
+}
+
 static void
 test_version_format(void **state)
 {
@@ -131,6 +143,7 @@ main(void)
 		cmocka_unit_test(test_nothing_to_say),
 		cmocka_unit_test(test_version_format),
 		cmocka_unit_test(test_tls_verify_reason),
+		cmocka_unit_test(test_acl_hint),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

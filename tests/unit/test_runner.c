@@ -85,6 +85,21 @@ test_backoff_standby(void **state)
 		}
 }
 
+/* Only a session that confirmed something, waited as a standby or streamed long resets the backoff */
+static void
+test_session_progressed(void **state)
+{
+	(void)state;
+	/* streamed and ended at once (a fatal producer error, a missing ACL): no progress */
+	assert_false(obx_session_progressed(false, false, 0));
+	assert_false(obx_session_progressed(false, false, 174));
+	assert_false(obx_session_progressed(false, false, OBX_PROGRESS_STREAMED_MS - 1));
+	assert_true(obx_session_progressed(false, true, 174));
+	assert_true(obx_session_progressed(true, false, 0));
+	/* a quiet database confirms nothing for long: a long session still counts */
+	assert_true(obx_session_progressed(false, false, OBX_PROGRESS_STREAMED_MS));
+}
+
 static void
 test_stops(void **state)
 {
@@ -205,6 +220,7 @@ main(void)
 		cmocka_unit_test(test_backoff_bounds),
 		cmocka_unit_test(test_backoff_grows),
 		cmocka_unit_test(test_backoff_standby),
+		cmocka_unit_test(test_session_progressed),
 		cmocka_unit_test(test_stops),
 		cmocka_unit_test(test_next),
 		cmocka_unit_test(test_failure_line),

@@ -33,6 +33,13 @@ bool obx_kafka_scram_too_old(const struct obx_config *cfg, unsigned version, cha
  */
 bool obx_tls_verify_reason(int x509_error, char *buf, size_t len);
 
+/*
+ * What the principal lacks when the broker answers with authorization
+ * error code (Kafka's protocol number, as librdkafka's rd_kafka_resp_err_t
+ * gives it): the ACL to grant, in words; NULL for any other code.
+ */
+const char *obx_kafka_acl_hint(int code);
+
 /* The version as "2.0.2" (rd_kafka_version_str()'s form for a release) into buf. */
 void obx_kafka_version_format(unsigned version, char *buf, size_t len);
 

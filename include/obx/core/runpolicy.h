@@ -28,6 +28,19 @@
  */
 int64_t obx_reconnect_delay_ms(int attempt, bool standby, uint32_t rnd);
 
+/* A session that streamed this long without failing counts as progress (a quiet database's). */
+#define OBX_PROGRESS_STREAMED_MS 60000
+
+/*
+ * Whether a session that ended counts as progress, so that the next wait
+ * starts again at OBX_RECONNECT_MIN_MS: a standby's wait, a session that
+ * moved the confirmed position (confirmed_moved), or one that streamed for
+ * OBX_PROGRESS_STREAMED_MS or longer (streamed_ms).  A session that only
+ * began streaming does not: one that a producer error, a refused login or
+ * a missing ACL ends at once would otherwise start again without a pause.
+ */
+bool obx_session_progressed(bool standby, bool confirmed_moved, int64_t streamed_ms);
+
 /* Stop signals (SIGTERM, SIGINT) received; zeroed means none. */
 struct obx_stops {
 	int count;

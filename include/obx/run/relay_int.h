@@ -40,6 +40,8 @@ struct relay {
 	char reason[1024];
 	struct obx_logfields_kept reason_fields; /* what reason concerns, for its line */
 	bool streamed;                           /* the last session got as far as streaming */
+	int64_t streamed_since_ms;               /* when it did (obx_session_progressed()) */
+	obx_lsn flush_at_stream;                 /* the confirmed position then */
 	bool slot_seen;                          /* some session of this process found or created the slot */
 	bool standby;                            /* the slot is in use by another instance */
 	bool end_kafka;                          /* the last session ended because of the broker side */
