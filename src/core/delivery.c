@@ -549,11 +549,24 @@ obx_dlv_pump(struct obx_delivery *d, int64_t now_ms, struct obx_dlv_result *res)
 	return OBX_DLV_SENT;
 }
 
+/* The bytes of rec's header names and values. */
+static size_t
+header_bytes(const struct obx_record *rec)
+{
+	size_t n = 0;
+
+	for (size_t i = 0; i < rec->nheaders; i++)
+		n += strlen(rec->headers[i].name) + rec->headers[i].len;
+	return n;
+}
+
 enum obx_dlv_outcome
 obx_dlv_report(struct obx_delivery *d, const struct obx_report *r, int64_t now_ms, struct obx_dlv_result *res)
 {
 	struct obx_dlv_tag t;
 	size_t bytes = r->record.len + r->record.keylen;
+	char alone[600];
+	const char *error = r->error;
 
 	d->now_ms = now_ms;
 	memset(res, 0, sizeof(*res));
@@ -588,16 +601,34 @@ obx_dlv_report(struct obx_delivery *d, const struct obx_report *r, int64_t now_m
 		    r->record.topic, r->error);
 	case OBX_REPORT_PERMANENT:
 		obx_metrics_kafka_error(d->m, r->error_name);
+		if (d->find_alone && !d->solo && r->whole_request)
+			/* the broker may have refused the request it was in, for another record's sake */
+			return outcome(res, OBX_DLV_SOLO,
+			    "%s id=%s refused by the broker for %s (%s) with the records sent beside it: sending "
+			    "them again one at a time to find the one it refuses",
+			    t.dead_letter ? "dead-letter copy of event" : "event", res->f_id, r->record.topic,
+			    r->error);
 		break;
 	}
+	if (d->solo) {
+		/* alone in flight: the refusal is this record's own; say how large it was */
+		snprintf(alone, sizeof(alone), "%.200s (a record of %zu bytes, refused alone)", r->error,
+		    bytes + header_bytes(&r->record));
+		error = alone;
+	}
+	snprintf(res->why, sizeof(res->why), "%.250s", error);
+	if (d->gapless && !d->transactional && (t.dead_letter || d->cfg->on_error == OBX_ON_ERROR_DEAD_LETTER))
+		/* the producer stopped at the refusal: the copy goes out with the next one, at the replay */
+		return outcome(res, OBX_DLV_REJECTED, "%s id=%s rejected by the broker for %s (%s)",
+		    t.dead_letter ? "dead-letter copy of event" : "event", res->f_id, r->record.topic, error);
 	if (d->transactional && (t.dead_letter || d->cfg->on_error == OBX_ON_ERROR_DEAD_LETTER))
 		/* a rejected record makes its Kafka transaction abortable: on_error applies to it in
 		 * the next transaction, at the replay (docs/internals/design.md, "Exactly-once") */
 		return outcome(res, OBX_DLV_REJECTED,
 		    "%s id=%s rejected by the broker for %s (%s) inside a "
 		    "Kafka transaction",
-		    t.dead_letter ? "dead-letter copy of event" : "event", res->f_id, r->record.topic, r->error);
-	return refused(d, &r->record, &t, r->error, true, res);
+		    t.dead_letter ? "dead-letter copy of event" : "event", res->f_id, r->record.topic, error);
+	return refused(d, &r->record, &t, error, true, res);
 }
 
 bool
@@ -611,7 +642,7 @@ obx_dlv_capped(const struct obx_delivery *d)
 {
 	if (d->inflight == 0)
 		return false; /* always allow one record, however large */
-	return d->inflight >= (uint64_t)d->cfg->max_inflight ||
+	return d->solo || d->inflight >= (uint64_t)d->cfg->max_inflight ||
 	    d->inflight_bytes >= (uint64_t)d->cfg->max_inflight_bytes;
 }
 
@@ -628,6 +659,6 @@ obx_dlv_room_for(const struct obx_delivery *d, size_t bytes)
 		return false;
 	if (d->inflight == 0)
 		return true; /* one record always goes, however large */
-	return d->inflight < (uint64_t)d->cfg->max_inflight &&
+	return !d->solo && d->inflight < (uint64_t)d->cfg->max_inflight &&
 	    d->inflight_bytes + bytes <= (uint64_t)d->cfg->max_inflight_bytes;
 }

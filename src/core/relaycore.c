@@ -63,6 +63,24 @@ end_session(struct obx_core *c, enum obx_core_end how, const struct obx_logfield
 }
 
 void
+obx_core_set_gapless(struct obx_core *c, bool gapless)
+{
+	c->dlv.gapless = gapless;
+}
+
+void
+obx_core_refused_unseen(struct obx_core *c, const char *why)
+{
+	if (!c->active || obx_rc_ending(c))
+		return;
+	if (c->received > c->solo_until)
+		c->solo_until = c->received;
+	c->end_kafka = true;
+	obx_core_fail(c, OBX_CORE_END_RETRY,
+	    "%s; rewinding to the slot, to send what was in flight again one record at a time", why);
+}
+
+void
 obx_core_fail(struct obx_core *c, enum obx_core_end how, const char *fmt, ...)
 {
 	va_list ap;
@@ -154,6 +172,12 @@ obx_core_pgmsg(struct obx_core *c, const struct obx_pgmsg *m, obx_lsn data_start
 	}
 	if (data_start > c->received)
 		c->received = data_start;
+	if (c->dlv.solo && c->received > c->solo_until) {
+		/* past everything that was in flight at the refusal */
+		c->dlv.solo = false;
+		c->solo_until = 0;
+		obx_rc_note(c, OBX_LOG_INFO, NULL, "past the refused records: sending at full rate again");
+	}
 	switch (m->type) {
 	case 'B':
 		handle_begin(c, m);
@@ -361,6 +385,17 @@ obx_core_session_start(struct obx_core *c, obx_lsn start, int proto, int status_
 	obx_ack_init(&c->ack, start);
 	obx_dedupe_init(&c->dd, dedupe_on(c), obx_rc_dd_note, c);
 	obx_dlv_begin(&c->dlv, c->gen, false);
+	/* a refusal of records sent together is first tried again one record at a time */
+	c->dlv.find_alone = true;
+	c->dlv.gapless = false;
+	c->dlv.solo = c->solo_until > start;
+	if (c->dlv.solo) {
+		char a[OBX_LSN_STRLEN];
+
+		obx_rc_note(c, OBX_LOG_INFO, NULL,
+		    "sending one record at a time up to lsn %s, to find the one the broker refuses",
+		    obx_lsn_format(c->solo_until, a, sizeof(a)));
+	}
 	c->received = c->sent_flush = c->server_wal_end = start;
 	c->last_status_ms = now_ms;
 	c->status_now = false;

@@ -26,6 +26,7 @@ delivered(struct obx_core *c, enum obx_dlv_outcome o, const struct obx_dlv_resul
 	case OBX_DLV_ACKED:
 	case OBX_DLV_IGNORED:
 	case OBX_DLV_REJECTED: /* obx_core_report() remembers the record */
+	case OBX_DLV_SOLO:     /* ... and sends again one at a time: only reports say either */
 		return;
 	case OBX_DLV_WAIT_TOPIC:
 		/* nothing is confirmed past the event: the next session tries it again */
@@ -103,8 +104,9 @@ dlv_gate(void *ctx, const struct obx_record *rec, uint64_t ticket, bool dl, char
 	struct obx_core *c = ctx;
 	const char *was;
 
-	if (c->eos && (was = obx_rc_rejected_before(c, rec, dl)) != NULL) {
-		/* the broker rejected it inside a transaction that was aborted: on_error now */
+	if (c->nrejected > 0 && (was = obx_rc_rejected_before(c, rec, dl)) != NULL) {
+		/* the broker rejected it inside a transaction that was aborted, or alone to a producer
+		 * that stopped there: on_error now */
 		snprintf(errbuf, errlen, "%s", was);
 		return OBX_DLV_GATE_REFUSED;
 	}
@@ -166,13 +168,20 @@ obx_core_report(struct obx_core *c, const struct obx_report *r)
 		return; /* an earlier stream's report: never an ack now (docs/internals/design.md, invariant 8) */
 	o = obx_dlv_report(&c->dlv, r, c->now_ms, &res);
 	if (o == OBX_DLV_REJECTED) {
-		/* on_error applies to it in the next transaction, at the replay */
-		obx_rc_remember_rejected(c, &r->record, res.dead_letter, r->error);
+		/* on_error applies to it in the next transaction or session, at the replay */
+		obx_rc_remember_rejected(c, &r->record, res.dead_letter, res.why);
 		c->end_kafka = true;
-		obx_rc_fail_at(c, OBX_CORE_END_RETRY, &res.f,
-		    "%s: aborting it and rewinding to the slot; "
-		    "on_error applies at the replay",
-		    res.reason);
+		obx_rc_fail_at(c, OBX_CORE_END_RETRY, &res.f, "%s: %s; on_error applies at the replay", res.reason,
+		    c->eos ? "aborting it and rewinding to the slot" : "rewinding to the slot");
+		return;
+	}
+	if (o == OBX_DLV_SOLO) {
+		/* everything read so far goes again, one record at a time: the next refusal is the
+		 * refused record's own */
+		if (c->received > c->solo_until)
+			c->solo_until = c->received;
+		c->end_kafka = true;
+		obx_rc_fail_at(c, OBX_CORE_END_RETRY, &res.f, "%s; rewinding to the slot", res.reason);
 		return;
 	}
 	if (o != OBX_DLV_ACKED) {

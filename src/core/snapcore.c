@@ -29,6 +29,7 @@ obx_snap_outcome(struct obx_snap_hold *h, enum obx_dlv_outcome o, uint64_t ticke
 		snprintf(errbuf, errlen, "snapshot of slot %s: %s; the snapshot starts again", slot, reason);
 		return OBX_EIO;
 	case OBX_DLV_REJECTED:
+	case OBX_DLV_SOLO: /* not asked for (find_alone): the stream's alone */
 	case OBX_DLV_STOP:
 		snprintf(errbuf, errlen, "snapshot of slot %s: %s", slot, reason);
 		return OBX_ECONFIG;

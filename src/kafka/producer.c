@@ -200,6 +200,7 @@ latch_fatal(struct obx_kafka *k, rd_kafka_resp_err_t err)
 		return;
 	code = rd_kafka_fatal_error(k->rk, buf, sizeof(buf));
 	k->fenced = is_fencing(code) || is_fencing(err);
+	k->stopped_at_refusal = code == RD_KAFKA_RESP_ERR__GAPLESS_GUARANTEE;
 	hint = obx_kafka_acl_hint(code);
 	if (hint != NULL) /* who it is and what to grant, within the reason's room */
 		snprintf(k->fatal_reason, sizeof(k->fatal_reason), "%.140s (%.190s; %.170s)", buf, hint, k->login);
@@ -279,8 +280,8 @@ log_cb(const rd_kafka_t *rk, int level, const char *fac, const char *msg)
 }
 
 int
-obx_kafka_open(struct obx_kafka *k, const struct obx_config *cfg, const char *txn_id, obx_delivery_fn fn,
-    void *ctx, char *errbuf, size_t errlen)
+obx_kafka_open(struct obx_kafka *k, const struct obx_config *cfg, const char *txn_id, bool gapless,
+    obx_delivery_fn fn, void *ctx, char *errbuf, size_t errlen)
 {
 	rd_kafka_conf_t *conf;
 	char detail[512];
@@ -303,6 +304,11 @@ obx_kafka_open(struct obx_kafka *k, const struct obx_config *cfg, const char *tx
 	if (conf == NULL)
 		return OBX_ECONFIG;
 	if (txn_id != NULL && conf_set(conf, "transactional.id", txn_id, errbuf, errlen) != 0) {
+		rd_kafka_conf_destroy(conf);
+		return OBX_ECONFIG;
+	}
+	k->gapless = gapless && txn_id == NULL;
+	if (k->gapless && conf_set(conf, "enable.gapless.guarantee", "true", errbuf, errlen) != 0) {
 		rd_kafka_conf_destroy(conf);
 		return OBX_ECONFIG;
 	}
@@ -595,6 +601,18 @@ err_is_permanent(rd_kafka_resp_err_t err)
 }
 
 /*
+ * Refusals a broker gives a whole produce request for one of its records: a
+ * batch over the topic's max.message.bytes fails every record in it
+ * (librdkafka does not split it), an invalid record its batch.
+ */
+static bool
+refuses_whole_request(rd_kafka_resp_err_t err)
+{
+	return err == RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE || err == RD_KAFKA_RESP_ERR_RECORD_LIST_TOO_LARGE ||
+	    err == RD_KAFKA_RESP_ERR_INVALID_RECORD;
+}
+
+/*
  * The one classification of the broker's and the producer's refusals for
  * the delivery policy (delivery.h), used by every source: what a produce
  * call's result means, and how a delivery report ended.
@@ -647,6 +665,7 @@ obx_kafka_report(const rd_kafka_message_t *m, uint64_t opaque, struct obx_header
 		.status = report_status(m->err),
 		.error = obx_kafka_acl_hint(m->err) != NULL ? topic_denied : rd_kafka_err2str(m->err),
 		.error_name = rd_kafka_err2name(m->err),
+		.whole_request = refuses_whole_request(m->err),
 		.record = { rd_kafka_topic_name(m->rkt), m->key, m->key_len, m->payload, m->len,
 		    rd_kafka_message_timestamp(m, NULL), hs, n } };
 }

@@ -133,6 +133,7 @@ delivered(struct poller *p, enum obx_dlv_outcome o, const struct obx_dlv_result 
 		return obx_pollcore_wait_topic(&p->pc, i);
 	case OBX_DLV_RETRY:
 	case OBX_DLV_REJECTED:
+	case OBX_DLV_SOLO: /* not asked for (find_alone): the stream's alone */
 	case OBX_DLV_STOP:
 		break;
 	}

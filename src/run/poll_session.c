@@ -273,7 +273,8 @@ poll_run(void *ctx)
 		if (!p->kf_open) {
 			char err[512];
 
-			if (obx_kafka_open(&p->kf, p->cfg, NULL, obx_poll_on_delivery, p, err, sizeof(err)) != 0) {
+			if (obx_kafka_open(&p->kf, p->cfg, NULL, false, obx_poll_on_delivery, p, err,
+			        sizeof(err)) != 0) {
 				snprintf(p->reason, sizeof(p->reason), "%s", err);
 				r = OBX_ECONFIG;
 				break;

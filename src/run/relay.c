@@ -125,6 +125,12 @@ serve_reports(struct relay *r)
 		r->end_kafka = true;
 		obx_relay_eos_fenced(&r->eos);
 	}
+	if (r->kf.fatal && r->kf.stopped_at_refusal && obx_core_ended(r->core, NULL) == OBX_CORE_RUNNING) {
+		/* the refusal's delivery reports usually come first and say which records; in case not */
+		obx_kafka_poll(&r->kf, 100);
+		if (obx_core_ended(r->core, NULL) == OBX_CORE_RUNNING)
+			obx_core_refused_unseen(r->core, "the producer stopped at a record the broker refused");
+	}
 	if (r->kf.fatal && obx_core_ended(r->core, NULL) == OBX_CORE_RUNNING) {
 		r->end_kafka = true; /* kafka/producer.c counted it in outboxd_kafka_errors_total */
 		obx_core_fail(r->core, OBX_CORE_END_RETRY,

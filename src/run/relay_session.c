@@ -272,8 +272,10 @@ open_producer(struct relay *r)
 	/* a fresh producer per session: nothing of an earlier stream can land after this one's events */
 	if (r->cfg->exactly_once)
 		obx_kafka_txn_id(r->cfg, r->st.sysid, PQdb(r->st.conn), txn_id, sizeof(txn_id));
-	if (obx_kafka_open(&r->kf, r->cfg, r->cfg->exactly_once ? txn_id : NULL, obx_relay_on_delivery, r, err,
-	        sizeof(err)) != 0) {
+	/* gap-less, so that a refused record stops its partition and what is sent again lands in
+	 * order; not while the snapshot of pending rows, whose refusals are on_error at once, uses it */
+	if (obx_kafka_open(&r->kf, r->cfg, r->cfg->exactly_once ? txn_id : NULL, !r->st.snap.wanted,
+	        obx_relay_on_delivery, r, err, sizeof(err)) != 0) {
 		obx_lookup_close(&r->lk);
 		obx_pgstream_close(&r->st);
 		return open_failed(r, OBX_CORE_END_FATAL, err);
@@ -307,6 +309,7 @@ start_core(struct relay *r)
 	if (obx_core_session_start(r->core, r->st.start_confirmed, r->st.proto_version, interval, obx_mono_ms()) !=
 	    0)
 		return open_failed(r, OBX_CORE_END_FATAL, "out of memory");
+	obx_core_set_gapless(r->core, r->kf.gapless);
 	if (r->cfg->exactly_once)
 		obx_relay_eos_start(&r->eos);
 	/* the slot watch reads this server from now on; the core confirms only what its readings

@@ -81,14 +81,18 @@ payload_n(const struct t_msg *m)
 }
 
 /*
- * Every outbox row is among the records, once when once, at least once
- * otherwise; per key, first occurrences in log order rise in commit order.
+ * Every outbox row (those that where selects) is among the records, once
+ * when once, at least once otherwise; per key, first occurrences in log order rise in commit order.
  * Returns how many records were duplicates.
  */
 static size_t
-check_records(struct t_msg *m, size_t n, bool once)
+check_records(struct t_msg *m, size_t n, bool once, const char *where)
 {
-	PGresult *res = PQexec(R.pg, "SELECT id::text FROM outbox");
+	char sql[512];
+	PGresult *res;
+
+	snprintf(sql, sizeof(sql), "SELECT id::text FROM outbox %s", where != NULL ? where : "");
+	res = PQexec(R.pg, sql);
 	size_t dups = 0;
 	struct {
 		char key[32];
@@ -228,7 +232,7 @@ test_sasl_logins(void **state)
 		size_t n = t_consume_all(R.b.bootstrap, topic, 20000, &m);
 
 		assert_int_equal(n, (size_t)N);
-		assert_int_equal(check_records(m, n, true), 0);
+		assert_int_equal(check_records(m, n, true, NULL), 0);
 		t_msgs_free(m, n);
 	}
 }
@@ -396,7 +400,7 @@ expect_committed_once(void)
 	topic_of(topic, sizeof(topic));
 	n = t_consume_committed(R.b.bootstrap, topic, 20000, &m);
 	fprintf(stderr, "read_committed: %zu records of %d events\n", n, N);
-	assert_int_equal(check_records(m, n, true), 0);
+	assert_int_equal(check_records(m, n, true, NULL), 0);
 	assert_int_equal(n, (size_t)N);
 	t_msgs_free(m, n);
 }
@@ -553,7 +557,7 @@ test_broker_kill9_default_inflight(void **state)
 	stop_relay();
 	topic_of(topic, sizeof(topic));
 	n = t_consume_all(R.b.bootstrap, topic, 20000, &m);
-	dups = check_records(m, n, false);
+	dups = check_records(m, n, false, NULL);
 	fprintf(stderr, "broker kill -9: %d events, %zu records, %zu duplicates\n", N, n, dups);
 	assert_int_equal(dups, 0);
 	t_msgs_free(m, n);
@@ -602,6 +606,154 @@ test_no_acl_backs_off(void **state)
 	stop_relay();
 }
 
+/* One transaction: n small events, then one of about 30 kB (its id into big), then n small ones. */
+static void
+insert_with_big(int n, char *big, size_t len)
+{
+	char *id;
+
+	t_exec(R.pg, "BEGIN");
+	insert_txn(n, 5);
+	id = t_query1(R.pg,
+	    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) "
+	    "VALUES ('%s', 'k2', 'T', jsonb_build_object('n', %d, 'pad', repeat('x', 30000))) RETURNING id::text",
+	    R.db, N);
+	N++;
+	insert_txn(n, 5);
+	t_exec(R.pg, "COMMIT");
+	snprintf(big, len, "%s", id);
+	free(id);
+}
+
+/* The records of topic that carry id, read as read_committed when committed. */
+static size_t
+count_in(const char *topic, const char *id, size_t *total, bool committed)
+{
+	struct t_msg *m;
+	size_t n = committed ? t_consume_committed(R.b.bootstrap, topic, 20000, &m) :
+	                       t_consume_all(R.b.bootstrap, topic, 20000, &m);
+	size_t c = t_count_id(m, n, id);
+
+	*total = n;
+	t_msgs_free(m, n);
+	return c;
+}
+
+/*
+ * A record over the topic's max.message.bytes among small ones: the broker
+ * refuses the whole request, so every record in it fails with
+ * MSG_SIZE_TOO_LARGE.  With on_error = dead_letter, only the big record
+ * goes to the dead-letter topic; every small one is on its topic, in per-key
+ * order: outboxd sends what was in flight again one record at a time.  At
+ * linger.ms = 0 (the default) in one transaction, then at 50 ms across
+ * several; exactly-once too.
+ */
+static void
+oversized_dead_letter(bool eos)
+{
+	char topic[128], dl[160], extra[512], big1[64], big2[64], where[256];
+	struct t_msg *m;
+	size_t n, total;
+
+	t_relay_setup_kafka(&R, eos ? "rkbige" : "rkbig", "");
+	topic_of(topic, sizeof(topic));
+	snprintf(dl, sizeof(dl), "dl.%s", R.db);
+	t_kafka_create_topic(&K, topic, 3, "max.message.bytes=10000");
+	snprintf(R.kafka_conf, sizeof(R.kafka_conf), "bootstrap.servers = %s", K.plaintext);
+	snprintf(extra, sizeof(extra), "[delivery]\non_error = dead_letter\ndead_letter_topic = %s\n%s", dl,
+	    eos ? "exactly_once = on\n" : "");
+	t_relay_config(&R, extra);
+	t_relay_start(&R, NULL, 1);
+	insert_with_big(10, big1, sizeof(big1));
+	if (!t_wait_confirmed_current(&R, 60000)) {
+		t_log_dump(&R);
+		fail_msg("outboxd did not confirm the transaction with the oversized record");
+	}
+	assert_int_not_equal(t_relay_signal(&R, SIGTERM, 30000), -1);
+
+	/* with a little linger, records of the next transactions share its requests */
+	snprintf(R.kafka_conf, sizeof(R.kafka_conf), "bootstrap.servers = %s\nlinger.ms = 50", K.plaintext);
+	t_relay_config(&R, extra);
+	t_relay_start(&R, NULL, 1);
+	insert_txn(10, 5);
+	insert_with_big(5, big2, sizeof(big2));
+	insert_txn(10, 5);
+	if (!t_wait_confirmed_current(&R, 60000)) {
+		t_log_dump(&R);
+		fail_msg("outboxd did not confirm the transactions around the second oversized record");
+	}
+	stop_relay();
+
+	if (getenv("OBX_TEST_DUMP_LOG") != NULL)
+		t_log_dump(&R);
+	assert_int_equal(count_in(dl, big1, &total, eos), 1);
+	assert_int_equal(count_in(dl, big2, &total, eos), 1);
+	if (total != 2) {
+		t_log_dump(&R);
+		fail_msg("%zu records on the dead-letter topic: only the 2 oversized ones belong there", total);
+	}
+	snprintf(where, sizeof(where), "WHERE id NOT IN ('%s', '%s')", big1, big2);
+	n = eos ? t_consume_committed(R.b.bootstrap, topic, 20000, &m) :
+	          t_consume_all(R.b.bootstrap, topic, 20000, &m);
+	fprintf(stderr, "oversized%s: %zu records on %s for %d small events, 2 on the dead-letter topic\n",
+	    eos ? " (exactly-once)" : "", n, topic, N - 2);
+	assert_int_equal(check_records(m, n, eos, where), 0);
+	assert_int_equal(n, (size_t)(N - 2));
+	assert_int_equal(t_count_id(m, n, big1) + t_count_id(m, n, big2), 0);
+	t_msgs_free(m, n);
+}
+
+static void
+test_oversized_record_alone_to_dead_letter(void **state)
+{
+	(void)state;
+	oversized_dead_letter(false);
+}
+
+static void
+test_oversized_record_alone_exactly_once(void **state)
+{
+	(void)state;
+	oversized_dead_letter(true);
+}
+
+/* With on_error = stop, the stop line names the oversized record, its size, and nothing small is lost. */
+static void
+test_oversized_record_stop_names_it(void **state)
+{
+	char topic[128], big[64], line[160], where[256];
+	struct t_msg *m;
+	size_t n;
+	int st;
+
+	(void)state;
+	t_relay_setup_kafka(&R, "rkbigstop", "");
+	topic_of(topic, sizeof(topic));
+	t_kafka_create_topic(&K, topic, 3, "max.message.bytes=10000");
+	snprintf(R.kafka_conf, sizeof(R.kafka_conf), "bootstrap.servers = %s", K.plaintext);
+	t_relay_config(&R, "[delivery]\non_error = stop\n");
+	t_relay_start(&R, NULL, 1);
+	insert_with_big(10, big, sizeof(big));
+	st = t_wait(R.pid, 60000);
+	if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 1) {
+		t_log_dump(&R);
+		fail_msg("outboxd did not stop with exit 1 (wait status %d)", st);
+	}
+	R.pid = 0;
+	snprintf(line, sizeof(line), "event id=%s lsn=", big);
+	if (lines_with(&R, "error", line) != 1 || lines_with(&R, line, "refused alone") != 1) {
+		t_log_dump(&R);
+		fail_msg("the stop line does not name the oversized event %s", big);
+	}
+	assert_int_equal(lines_with(&R, "error event id=", "on_error = stop"), 1);
+	/* the small ones before it are published; nothing after it is confirmed */
+	n = t_consume_all(R.b.bootstrap, topic, 20000, &m);
+	snprintf(where, sizeof(where),
+	    "WHERE (payload->>'n')::int < (SELECT (payload->>'n')::int FROM outbox WHERE id = '%s')", big);
+	assert_int_equal(check_records(m, n, false, where), 0);
+	t_msgs_free(m, n);
+}
+
 int
 main(void)
 {
@@ -613,6 +765,9 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_takeover_fences_the_old_producer, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_broker_kill9_default_inflight, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_no_acl_backs_off, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_oversized_record_alone_to_dead_letter, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_oversized_record_alone_exactly_once, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_oversized_record_stop_names_it, setup, teardown),
 	};
 
 	return T_RUN_TESTS(tests);

@@ -149,6 +149,9 @@ outcome(enum obx_dlv_outcome o, const struct obx_dlv_result *res)
 	case OBX_DLV_REJECTED:
 		fail_msg("no Kafka transactions here");
 		return 2;
+	case OBX_DLV_SOLO:
+		fail_msg("the model does not ask to find refused records alone (find_alone)");
+		return 2;
 	case OBX_DLV_STOP:
 		/* only on_error = stop, a missing dead-letter topic, or the headers alone refused */
 		assert_true(M.cfg.on_error == OBX_ON_ERROR_STOP || strstr(res->reason, "dead-letter") != NULL);

@@ -316,6 +316,26 @@ report(size_t i, enum obx_report_status st)
 	obx_core_report(&core, &r);
 }
 
+static void report_marked(size_t i, enum obx_report_status st);
+
+/* A delivery report for produced record i refused the way a broker refuses a whole request. */
+static void
+report_whole(size_t i)
+{
+	struct obx_header h[2] = { { "id", fk.recs[i].id, strlen(fk.recs[i].id) }, { "lsn", "0/100", 5 } };
+	struct obx_report r = { .opaque = fk.recs[i].opaque,
+		.status = OBX_REPORT_PERMANENT,
+		.error = "Broker: Message size too large",
+		.error_name = "MSG_SIZE_TOO_LARGE",
+		.whole_request = true,
+		.now_us = 2000 };
+
+	r.record = (struct obx_record){ fk.recs[i].topic, fk.recs[i].key[0] ? fk.recs[i].key : NULL,
+		strlen(fk.recs[i].key), fk.recs[i].has_value ? fk.recs[i].value : NULL, strlen(fk.recs[i].value),
+		0, h, 2 };
+	obx_core_report(&core, &r);
+}
+
 static obx_lsn
 flush_now(void)
 {
@@ -906,6 +926,101 @@ test_report_failures(void **state)
 	assert_int_equal(ended(), OBX_CORE_END_RETRY);
 	assert_true(core.end_kafka);
 	assert_int_equal(flush_now(), 0x210);
+}
+
+/*
+ * A broker refuses a whole produce request for one record's sake (a record
+ * over max.message.bytes): the refusal of a record sent beside others is
+ * not on_error but a rewind, and the next session sends one record at a
+ * time up to where the first one had read; only the record refused alone
+ * is dead-lettered, then the stream goes at full rate again.
+ */
+static void
+test_refused_with_its_request_found_alone(void **state)
+{
+	(void)state;
+	set("delivery", "on_error", "dead_letter");
+	start(0x100);
+	relation();
+	begin(0x200, 7);
+	insert("e1", "k");
+	insert("e2", "k");
+	insert("e3", "k");
+	assert_int_equal(fk.n, 3);
+	report_whole(0);
+	assert_int_equal(ended(), OBX_CORE_END_RETRY);
+	assert_non_null(strstr(reason(), "with the records sent beside it"));
+	assert_int_equal(fk.n, 3); /* no dead-letter copy */
+	report_whole(1);
+	assert_int_equal(fk.n, 3);
+	assert_int_equal(met.events_dead_lettered, 0);
+
+	/* the replay: one record in flight at a time */
+	assert_int_equal(obx_core_session_start(&core, 0x100, 2, 10000, 0), 0);
+	relation();
+	begin(0x200, 7);
+	insert("e1", "k");
+	assert_int_equal(fk.n, 4);
+	assert_false(obx_core_can_read(&core));
+	report(3, OBX_REPORT_OK);
+	assert_true(obx_core_can_read(&core));
+	insert("e2", "k");
+	assert_int_equal(fk.n, 5);
+	assert_false(obx_core_can_read(&core));
+	/* refused alone: its own refusal, on_error now, with its size */
+	report_whole(4);
+	assert_int_equal(ended(), OBX_CORE_RUNNING);
+	assert_int_equal(fk.n, 6);
+	assert_string_equal(fk.recs[5].topic, "outbox.dead_letter");
+	assert_string_equal(fk.recs[5].id, "e2");
+	assert_non_null(strstr(fk.recs[5].error, "refused alone"));
+	assert_non_null(strstr(fk.recs[5].error, "bytes"));
+	report(5, OBX_REPORT_OK);
+	insert("e3", "k");
+	report(6, OBX_REPORT_OK);
+	commit(0x200, 0x210);
+	assert_int_equal(flush_now(), 0x210);
+	assert_int_equal(met.events_dead_lettered, 1);
+	/* past what was read before the rewind: several in flight again */
+	begin(0x300, 8);
+	insert("e4", "k");
+	insert("e5", "k");
+	assert_true(obx_core_can_read(&core));
+	assert_int_equal(fk.n, 9);
+}
+
+/*
+ * A gap-less producer stops at the record it refuses, so its dead-letter
+ * copy waits for the next session: the record is remembered and on_error
+ * applies to it at the replay.
+ */
+static void
+test_gapless_dead_letter_at_the_replay(void **state)
+{
+	(void)state;
+	set("delivery", "on_error", "dead_letter");
+	start(0x100);
+	obx_core_set_gapless(&core, true);
+	relation();
+	begin(0x200, 7);
+	insert("e1", "k");
+	report_marked(0, OBX_REPORT_PERMANENT);
+	assert_int_equal(ended(), OBX_CORE_END_RETRY);
+	assert_non_null(strstr(reason(), "on_error applies at the replay"));
+	assert_int_equal(fk.n, 1);
+	assert_int_equal(obx_core_session_start(&core, 0x100, 2, 10000, 0), 0);
+	obx_core_set_gapless(&core, true);
+	relation();
+	begin(0x200, 7);
+	insert("e1", "k");
+	/* not produced: its dead-letter copy goes instead */
+	assert_int_equal(fk.n, 2);
+	assert_string_equal(fk.recs[1].topic, "outbox.dead_letter");
+	assert_string_equal(fk.recs[1].id, "e1");
+	report(1, OBX_REPORT_OK);
+	commit(0x200, 0x210);
+	assert_int_equal(flush_now(), 0x210);
+	assert_int_equal(met.events_dead_lettered, 1);
 }
 
 static void
@@ -2251,6 +2366,8 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_refused_at_once_stop, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_lines_carry_fields, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_missing_topic_fields, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_refused_with_its_request_found_alone, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_gapless_dead_letter_at_the_replay, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_report_failures, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_report_failures_stop_and_dead_letter_fails, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_queue_full, setup, teardown),

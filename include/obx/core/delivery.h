@@ -76,6 +76,8 @@ struct obx_report {
 	enum obx_report_status status;
 	const char *error;        /* text of the error (not OK) */
 	const char *error_name;   /* its short code name, for the metrics (not OK) */
+	bool whole_request;       /* PERMANENT for a reason a broker gives every record of a produce
+	                           * request (a record over max.message.bytes), so perhaps another's */
 	struct obx_record record; /* the record as the producer held it */
 	int64_t now_us;           /* PostgreSQL-epoch microseconds now, for the latency histogram */
 };
@@ -165,9 +167,12 @@ enum obx_dlv_outcome {
 	OBX_DLV_ACKED,      /* acknowledged (dead_letter: it was its dead-letter copy) */
 	OBX_DLV_WAIT_TOPIC, /* its topic does not exist (yet) and the wait goes on: try it again later */
 	OBX_DLV_RETRY,      /* failed, for a reason a later try may cure */
-	OBX_DLV_REJECTED, /* refused for good inside a Kafka transaction: abort it; on_error applies at the replay */
-	OBX_DLV_STOP,     /* cannot be published and on_error = stop, or even its headers were refused */
-	OBX_DLV_IGNORED, /* a report of an earlier generation, another source, or a purge */
+	OBX_DLV_REJECTED,   /* refused for good inside a Kafka transaction, or alone by a gapless producer: rewind;
+	                   * on_error applies at the replay */
+	OBX_DLV_SOLO,       /* refused beside other records (a broker refuses a whole request): rewind, and send
+	                   * what was in flight again one record at a time (struct obx_delivery.solo) */
+	OBX_DLV_STOP,       /* cannot be published and on_error = stop, or even its headers were refused */
+	OBX_DLV_IGNORED,    /* a report of an earlier generation, another source, or a purge */
 };
 
 /*
@@ -179,6 +184,7 @@ struct obx_dlv_result {
 	uint64_t ticket;
 	bool dead_letter;
 	char reason[768];
+	char why[256];          /* a report's refusal in the broker's words (and the record's size when alone) */
 	struct obx_logfields f; /* what the record is: its id, lsn, xid and (original) topic */
 	char f_id[128], f_topic[256];
 };
@@ -207,6 +213,19 @@ struct obx_delivery {
 	enum obx_dlv_policy policy;
 	bool transactional; /* records go into Kafka transactions */
 	uint32_t gen;
+	/*
+	 * Finding the record a broker refuses.  A broker refuses a whole produce
+	 * request (a record over max.message.bytes: every record beside it gets
+	 * MSG_SIZE_TOO_LARGE too), so a refusal of a record that was not alone
+	 * says nothing about that record.  find_alone: such a refusal is
+	 * OBX_DLV_SOLO, not on_error (the source then sends again one at a
+	 * time).  solo: one record in flight at a time, so a refusal is the
+	 * record's own.  gapless: the producer stops at a refusal (librdkafka's
+	 * enable.gapless.guarantee), so an on_error copy waits for the next
+	 * producer (OBX_DLV_REJECTED).  The source sets them; obx_dlv_begin()
+	 * keeps them.
+	 */
+	bool find_alone, solo, gapless;
 
 	struct obx_dlv_pending *pend; /* what the producer's queue refused, in order */
 	size_t npend, pend_cap;

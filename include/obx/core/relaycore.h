@@ -295,6 +295,21 @@ void obx_core_signal(struct obx_core *c, int64_t now_ms);
 /* n events of another source of the process (the snapshot of pending rows) were acknowledged. */
 void obx_core_published_elsewhere(struct obx_core *c, uint64_t n);
 
+/*
+ * The session's producer stops at the first record the broker refuses
+ * (librdkafka's enable.gapless.guarantee): an on_error copy then waits for
+ * the next session's producer.  Set after obx_core_session_start().
+ */
+void obx_core_set_gapless(struct obx_core *c, bool gapless);
+
+/*
+ * The producer stopped at a refusal (its gap-less guarantee) whose
+ * delivery reports did not come: ends the session, and what was read so far
+ * is sent again one record at a time, so that the record the broker
+ * refuses is found alone.
+ */
+void obx_core_refused_unseen(struct obx_core *c, const char *why);
+
 /* Ends the session for a reason found outside the core (I/O). */
 void obx_core_fail(struct obx_core *c, enum obx_core_end how, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

@@ -140,6 +140,9 @@ struct obx_core {
 		char reason[255]; /* the broker's words */
 	} * rejected;             /* kept across sessions: on_error applies at the replay */
 	size_t nrejected, rejected_cap;
+	/* a refusal of records sent together: what was read up to it is sent again one record at a
+	 * time (struct obx_delivery.solo), across sessions, until the stream passes this position */
+	obx_lsn solo_until;
 	uint64_t eos_commits; /* Kafka transactions committed */
 	uint64_t eos_aborts;  /* ended without a commit (abort, rewind) */
 

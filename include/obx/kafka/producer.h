@@ -30,7 +30,9 @@ struct obx_kafka {
 	obx_delivery_fn on_delivery;
 	void *ctx;
 	bool fatal;
-	bool fenced; /* the fatal error says another producer took the transactional.id */
+	bool fenced;             /* the fatal error says another producer took the transactional.id */
+	bool gapless;            /* opened with enable.gapless.guarantee */
+	bool stopped_at_refusal; /* the fatal error is that guarantee's: a record was refused */
 	char fatal_reason[512];
 	/* a login the broker refuses: who logs in, how (never the password), and when it was said */
 	char login[200];
@@ -72,11 +74,14 @@ void obx_kafka_describe_login(const rd_kafka_conf_t *conf, char *out, size_t len
 
 /*
  * Creates the producer; with txn_id (NULL: none) a transactional one with
- * that transactional.id.  Returns 0, or OBX_ECONFIG (a property) / OBX_EIO
+ * that transactional.id.  gapless (without txn_id): the producer stops at
+ * the first record the broker refuses (enable.gapless.guarantee, a fatal
+ * error): nothing after it in its partition is written, so what is sent
+ * again lands in order.  Returns 0, or OBX_ECONFIG (a property) / OBX_EIO
  * with errbuf filled.
  */
-int obx_kafka_open(struct obx_kafka *k, const struct obx_config *cfg, const char *txn_id, obx_delivery_fn fn,
-    void *ctx, char *errbuf, size_t errlen);
+int obx_kafka_open(struct obx_kafka *k, const struct obx_config *cfg, const char *txn_id, bool gapless,
+    obx_delivery_fn fn, void *ctx, char *errbuf, size_t errlen);
 
 /*
  * The transactional.id of [delivery] exactly_once: transactional_id when
