@@ -25,6 +25,10 @@
  *       arrives, when a read_committed consumer could first see it on a broker
  *       with transactions (the test broker has none: it hands the records out
  *       at once).
+ *   bench_kafka topic BOOTSTRAP TOPIC PARTITIONS
+ *       Creates TOPIC (replication 1) with the admin API and waits until every
+ *       partition has a leader: a real broker's topics (the test broker's
+ *       "topic" command does it there).
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -399,9 +403,72 @@ cmd_latency(const char *bootstrap, const char *topic, double seconds, const char
 	return 0;
 }
 
+static int
+cmd_topic(const char *bootstrap, const char *topic, int partitions)
+{
+	char err[512];
+	rd_kafka_conf_t *conf = rd_kafka_conf_new();
+	rd_kafka_t *rk;
+	rd_kafka_NewTopic_t *nt;
+	rd_kafka_queue_t *q;
+	rd_kafka_event_t *ev;
+	const rd_kafka_topic_result_t **res;
+	size_t nres;
+
+	if (rd_kafka_conf_set(conf, "bootstrap.servers", bootstrap, err, sizeof(err)) != RD_KAFKA_CONF_OK)
+		die("bootstrap.servers", err);
+	rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, err, sizeof(err));
+	if (rk == NULL)
+		die("admin client", err);
+	nt = rd_kafka_NewTopic_new(topic, partitions, 1, err, sizeof(err));
+	if (nt == NULL)
+		die("NewTopic", err);
+	q = rd_kafka_queue_new(rk);
+	rd_kafka_CreateTopics(rk, &nt, 1, NULL, q);
+	ev = rd_kafka_queue_poll(q, 30000);
+	if (ev == NULL)
+		die("CreateTopics", "no answer in 30 s");
+	if (rd_kafka_event_error(ev) != RD_KAFKA_RESP_ERR_NO_ERROR)
+		die("CreateTopics", rd_kafka_event_error_string(ev));
+	res = rd_kafka_CreateTopics_result_topics(rd_kafka_event_CreateTopics_result(ev), &nres);
+	for (size_t i = 0; i < nres; i++)
+		if (rd_kafka_topic_result_error(res[i]) != RD_KAFKA_RESP_ERR_NO_ERROR &&
+		    rd_kafka_topic_result_error(res[i]) != RD_KAFKA_RESP_ERR_TOPIC_ALREADY_EXISTS)
+			die("CreateTopics", rd_kafka_topic_result_error_string(res[i]));
+	rd_kafka_event_destroy(ev);
+	rd_kafka_NewTopic_destroy(nt);
+	rd_kafka_queue_destroy(q);
+	/* right after CreateTopics a partition can lack a leader for a moment */
+	for (double until = mono_s() + 30;;) {
+		const struct rd_kafka_metadata *md = NULL;
+		rd_kafka_topic_t *rkt = rd_kafka_topic_new(rk, topic, NULL);
+		int ready = 0;
+
+		if (rd_kafka_metadata(rk, 0, rkt, &md, 5000) == RD_KAFKA_RESP_ERR_NO_ERROR && md->topic_cnt == 1 &&
+		    md->topics[0].err == RD_KAFKA_RESP_ERR_NO_ERROR && md->topics[0].partition_cnt == partitions) {
+			ready = 1;
+			for (int i = 0; i < partitions; i++)
+				if (md->topics[0].partitions[i].leader < 0)
+					ready = 0;
+		}
+		if (md != NULL)
+			rd_kafka_metadata_destroy(md);
+		rd_kafka_topic_destroy(rkt);
+		if (ready)
+			break;
+		if (mono_s() > until)
+			die(topic, "no leader for every partition 30 s after its creation");
+		usleep(100000);
+	}
+	rd_kafka_destroy(rk);
+	return 0;
+}
+
 int
 main(int argc, char **argv)
 {
+	if (argc == 5 && strcmp(argv[1], "topic") == 0)
+		return cmd_topic(argv[2], argv[3], atoi(argv[4]));
 	if (argc == 7 && strcmp(argv[1], "produce") == 0)
 		return cmd_produce(argv[2], argv[3], atol(argv[4]), (size_t)atol(argv[5]), atol(argv[6]));
 	if (argc == 7 && strcmp(argv[1], "rate") == 0)
@@ -411,6 +478,7 @@ main(int argc, char **argv)
 	fprintf(stderr,
 	    "usage: bench_kafka produce BOOTSTRAP TOPIC COUNT SIZE KEYS\n"
 	    "       bench_kafka rate BOOTSTRAP TOPIC RATE SECONDS SIZE\n"
-	    "       bench_kafka latency BOOTSTRAP TOPIC SECONDS HEADER [PROGRESS_TOPIC]\n");
+	    "       bench_kafka latency BOOTSTRAP TOPIC SECONDS HEADER [PROGRESS_TOPIC]\n"
+	    "       bench_kafka topic BOOTSTRAP TOPIC PARTITIONS\n");
 	return 2;
 }

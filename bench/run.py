@@ -116,9 +116,11 @@ def run(cmd, **kw):
 
 
 class Stack:
-    """The tests' PostgreSQL (tests/stack/pgstack.sh) and one test broker."""
+    """The tests' PostgreSQL (tests/stack/pgstack.sh) and one broker: the test broker, or with
+    broker="kafka" a single-node Apache Kafka (tests/stack/kafkastack.sh)."""
 
-    def __init__(self):
+    def __init__(self, broker="test"):
+        self.kind = broker
         self.dir = tempfile.mkdtemp(prefix="obx-bench.")
         os.chmod(self.dir, 0o755)
         conf = os.path.join(self.dir, "tuning.conf")
@@ -132,6 +134,13 @@ class Stack:
                 k, _, v = line.strip().partition("=")
                 self.env[k] = v
         self.host, self.port = self.env["OBX_PGHOST"], self.env["OBX_PGPORT"]
+        if broker == "kafka":
+            run([os.path.join(ROOT, "tests/stack/kafkastack.sh"), "start", os.path.join(self.dir, "kafka")])
+            with open(os.path.join(self.dir, "kafka", "env")) as f:
+                kenv = dict(line.strip().partition("=")[::2] for line in f if "=" in line)
+            self.bootstrap = kenv["OBX_KAFKA_PLAINTEXT"]
+            self.broker = None
+            return
         self.broker = subprocess.Popen([os.path.join(BUILD, "tests", "obx-testbroker"), "--brokers", "1"],
                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         line = self.broker.stdout.readline().strip()
@@ -140,6 +149,13 @@ class Stack:
         self.bootstrap = line.split("=", 1)[1]
 
     def broker_cmd(self, cmd):
+        if self.broker is None:
+            # the real broker: only "topic NAME PARTITIONS" is asked of it, through the admin API
+            word, name, parts = cmd.split()
+            if word != "topic":
+                raise SystemExit("bench: %r is the test broker's alone" % cmd)
+            run([os.path.join(BUILD, "bench_kafka"), "topic", self.bootstrap, name, parts])
+            return
         self.broker.stdin.write(cmd + "\n")
         self.broker.stdin.flush()
         answer = self.broker.stdout.readline().strip()
@@ -159,11 +175,14 @@ class Stack:
         return "host=%s port=%s user=postgres dbname=%s" % (self.host, self.port, db)
 
     def close(self):
-        try:
-            self.broker.stdin.close()
-            self.broker.wait(timeout=10)
-        except Exception:
-            self.broker.kill()
+        if self.broker is None:
+            subprocess.run([os.path.join(ROOT, "tests/stack/kafkastack.sh"), "stop", os.path.join(self.dir, "kafka")])
+        else:
+            try:
+                self.broker.stdin.close()
+                self.broker.wait(timeout=10)
+            except Exception:
+                self.broker.kill()
         subprocess.run([os.path.join(ROOT, "tests/stack/pgstack.sh"), "stop", os.path.join(self.dir, "pg")])
         shutil.rmtree(self.dir, ignore_errors=True)
 
@@ -885,7 +904,7 @@ def tables_run(stack, ntables, args, workdir):
     return out
 
 
-def machine():
+def machine(broker="test"):
     model = "?"
     with open("/proc/cpuinfo") as f:
         for line in f:
@@ -901,7 +920,15 @@ def machine():
     m = re.search(r"\(librdkafka ([^)]+)\)", ver)
     rdk = m.group(1) if m else "?"
     return {"cpus": os.cpu_count(), "cpu": model, "memory_gib": mem, "kernel": platform.release(),
-            "postgresql": pg, "librdkafka": rdk, "broker": "librdkafka mock cluster (tests/broker), 1 broker"}
+            "postgresql": pg, "librdkafka": rdk,
+            "broker": "librdkafka mock cluster (tests/broker), 1 broker" if broker == "test" else
+            "Apache Kafka %s, one KRaft node (tests/stack/kafkastack.sh)" % kafka_version()}
+
+
+def kafka_version():
+    with open(os.path.join(ROOT, "tests/stack/kafka/pom.xml")) as f:
+        m = re.search(r"<kafka.version>([^<]+)</kafka.version>", f.read())
+    return m.group(1) if m else "?"
 
 
 def fmt(m, unit="", digits=0):
@@ -1078,6 +1105,8 @@ def main():
     ap.add_argument("--per-table-max", type=int, default=10,
                     help="the largest table count also run as one outboxd per table (a slot each)")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
+    ap.add_argument("--broker", choices=["test", "kafka"], default="test",
+                    help="the test broker (librdkafka's mock cluster) or Apache Kafka (tests/stack/kafkastack.sh)")
     ap.add_argument("--outboxd-kafka", action="append", default=[], metavar="KEY=VALUE",
                     help="a producer setting added to outboxd's [kafka] section")
     args = ap.parse_args()
@@ -1092,10 +1121,10 @@ def main():
          "-DOBX_TEST_HOOKS=OFF"])
     run(["cmake", "--build", BUILD, "-j", str(os.cpu_count()), "--target", "outboxd", "bench_kafka",
          "bench_repl", "obx-testbroker"])
-    stack = Stack()
+    stack = Stack(args.broker)
     workdir = tempfile.mkdtemp(prefix="obx-bench-run.")
     os.chmod(workdir, 0o755)
-    res = {"time": datetime.datetime.utcnow().strftime("%Y-%m-%d %H:%M"), "machine": machine(),
+    res = {"time": datetime.datetime.utcnow().strftime("%Y-%m-%d %H:%M"), "machine": machine(args.broker), "broker": args.broker,
            "runs": args.runs, "scale": args.scale, "outboxd_kafka": args.outboxd_kafka, "shapes": {},
            "latency": {}}
     try:

@@ -610,7 +610,7 @@ obx_dlv_report(struct obx_delivery *d, const struct obx_report *r, int64_t now_m
 			    r->error);
 		break;
 	}
-	if (d->solo) {
+	if (d->solo && r->whole_request) {
 		/* alone in flight: the refusal is this record's own; say how large it was */
 		snprintf(alone, sizeof(alone), "%.200s (a record of %zu bytes, refused alone)", r->error,
 		    bytes + header_bytes(&r->record));

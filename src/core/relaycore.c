@@ -55,8 +55,10 @@ static void end_session(struct obx_core *c, enum obx_core_end how, const struct 
 static void
 end_session(struct obx_core *c, enum obx_core_end how, const struct obx_logfields *f, const char *fmt, va_list ap)
 {
-	if (c->end == OBX_CORE_END_FATAL)
-		return; /* the first fatal reason wins */
+	/* the first reason wins (a later report of the same refused request names another record),
+	 * but a fatal one wins over any other */
+	if (c->end == OBX_CORE_END_FATAL || (c->end != OBX_CORE_RUNNING && how != OBX_CORE_END_FATAL))
+		return;
 	vsnprintf(c->reason, sizeof(c->reason), fmt, ap);
 	obx_logfields_keep(&c->reason_fields, f);
 	c->end = how;
@@ -66,6 +68,7 @@ void
 obx_core_set_gapless(struct obx_core *c, bool gapless)
 {
 	c->dlv.gapless = gapless;
+	c->dlv.find_alone = gapless || c->cfg->exactly_once;
 }
 
 void
@@ -75,6 +78,7 @@ obx_core_refused_unseen(struct obx_core *c, const char *why)
 		return;
 	if (c->received > c->solo_until)
 		c->solo_until = c->received;
+	c->solo_pending = true;
 	c->end_kafka = true;
 	obx_core_fail(c, OBX_CORE_END_RETRY,
 	    "%s; rewinding to the slot, to send what was in flight again one record at a time", why);
@@ -172,9 +176,9 @@ obx_core_pgmsg(struct obx_core *c, const struct obx_pgmsg *m, obx_lsn data_start
 	}
 	if (data_start > c->received)
 		c->received = data_start;
-	if (c->dlv.solo && c->received > c->solo_until) {
-		/* past everything that was in flight at the refusal */
-		c->dlv.solo = false;
+	if (c->solo_pending && c->received > c->solo_until) {
+		/* past everything that was read when the refusal came */
+		c->solo_pending = c->dlv.solo = false;
 		c->solo_until = 0;
 		obx_rc_note(c, OBX_LOG_INFO, NULL, "past the refused records: sending at full rate again");
 	}
@@ -385,10 +389,16 @@ obx_core_session_start(struct obx_core *c, obx_lsn start, int proto, int status_
 	obx_ack_init(&c->ack, start);
 	obx_dedupe_init(&c->dd, dedupe_on(c), obx_rc_dd_note, c);
 	obx_dlv_begin(&c->dlv, c->gen, false);
-	/* a refusal of records sent together is first tried again one record at a time */
-	c->dlv.find_alone = true;
+	/*
+	 * a refusal of records sent together is tried again one record at a time, with a producer
+	 * that writes nothing after a refused batch (obx_core_set_gapless()) or inside Kafka
+	 * transactions, so that what is sent again lands in order; solo until the stream reads past
+	 * what was read when the refusal came (not compared with start: a transaction that began
+	 * before the slot's position reads from below it)
+	 */
+	c->dlv.find_alone = c->cfg->exactly_once;
 	c->dlv.gapless = false;
-	c->dlv.solo = c->solo_until > start;
+	c->dlv.solo = c->solo_pending;
 	if (c->dlv.solo) {
 		char a[OBX_LSN_STRLEN];
 

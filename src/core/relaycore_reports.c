@@ -180,6 +180,7 @@ obx_core_report(struct obx_core *c, const struct obx_report *r)
 		 * refused record's own */
 		if (c->received > c->solo_until)
 			c->solo_until = c->received;
+		c->solo_pending = true;
 		c->end_kafka = true;
 		obx_rc_fail_at(c, OBX_CORE_END_RETRY, &res.f, "%s; rewinding to the slot", res.reason);
 		return;

@@ -170,8 +170,11 @@ cert_verify_cb(rd_kafka_t *rk, const char *broker_name, int32_t broker_id, int *
 	(void)depth;
 	(void)buf;
 	(void)size;
-	if (!obx_tls_verify_reason(*x509_error, errstr, errstr_size))
+	if (!obx_tls_verify_reason(*x509_error, errstr, errstr_size)) {
+		if (depth == 0)
+			k->tls_x509_error = 0; /* a verified broker: an old verdict names no later failure */
 		return 1;
+	}
 	k->tls_x509_error = *x509_error; /* for error_cb()'s line: librdkafka's own says "verify failed" */
 	return 0;
 }

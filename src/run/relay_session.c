@@ -427,12 +427,14 @@ static void
 relay_close(void *ctx, bool opened, struct obx_session_result *out)
 {
 	struct relay *r = ctx;
-	/* before the session's end resets them: did it confirm anything, how long did it stream */
-	bool confirmed_moved = r->streamed && obx_core_stats(r->core).sent_flush > r->flush_at_stream;
 	int64_t streamed_ms = r->streamed ? obx_mono_ms() - r->streamed_since_ms : 0;
+	bool confirmed_moved;
 
 	if (opened)
 		session_close(r);
+	/* with the closing status update: did the session confirm anything (the next session's start
+	 * resets the figure) */
+	confirmed_moved = r->streamed && obx_core_stats(r->core).sent_flush > r->flush_at_stream;
 	out->end = r->end == OBX_CORE_END_STOP ? OBX_RUN_STOP :
 	    r->end == OBX_CORE_END_FATAL       ? OBX_RUN_FATAL :
 	                                         OBX_RUN_RETRY;

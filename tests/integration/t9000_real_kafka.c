@@ -606,6 +606,10 @@ test_no_acl_backs_off(void **state)
 	stop_relay();
 }
 
+/* insert_with_big(): the WAL position read just before its COMMIT; a slot confirmed up to it
+ * confirmed nothing of that transaction */
+static uint64_t big_bound;
+
 /* One transaction: n small events, then one of about 30 kB (its id into big), then n small ones. */
 static void
 insert_with_big(int n, char *big, size_t len)
@@ -620,6 +624,12 @@ insert_with_big(int n, char *big, size_t len)
 	    R.db, N);
 	N++;
 	insert_txn(n, 5);
+	{
+		char *at = t_query1(R.pg, "SELECT pg_current_wal_insert_lsn()::text");
+
+		big_bound = t_lsn(at);
+		free(at);
+	}
 	t_exec(R.pg, "COMMIT");
 	snprintf(big, len, "%s", id);
 	free(id);
@@ -684,8 +694,11 @@ oversized_dead_letter(bool eos)
 	}
 	stop_relay();
 
-	if (getenv("OBX_TEST_DUMP_LOG") != NULL)
+	/* the way it went: refused beside others, then found alone, twice */
+	if (t_log_count(&R, "with the records sent beside it") < 2 || t_log_count(&R, "refused alone") < 2) {
 		t_log_dump(&R);
+		fail_msg("the oversized records were not refused beside others and then found alone");
+	}
 	assert_int_equal(count_in(dl, big1, &total, eos), 1);
 	assert_int_equal(count_in(dl, big2, &total, eos), 1);
 	if (total != 2) {
@@ -746,12 +759,123 @@ test_oversized_record_stop_names_it(void **state)
 		fail_msg("the stop line does not name the oversized event %s", big);
 	}
 	assert_int_equal(lines_with(&R, "error event id=", "on_error = stop"), 1);
+	/* the slot stays below the oversized row: its transaction is not confirmed */
+	if (t_slot_confirmed(&R) > big_bound) {
+		t_log_dump(&R);
+		fail_msg("the slot was confirmed past the oversized event");
+	}
 	/* the small ones before it are published; nothing after it is confirmed */
 	n = t_consume_all(R.b.bootstrap, topic, 20000, &m);
 	snprintf(where, sizeof(where),
 	    "WHERE (payload->>'n')::int < (SELECT (payload->>'n')::int FROM outbox WHERE id = '%s')", big);
 	assert_int_equal(check_records(m, n, false, where), 0);
 	t_msgs_free(m, n);
+}
+
+/* Kills outboxd after n acknowledgements, with events of one transaction of 2n in flight. */
+static void
+kill_after(int n)
+{
+	char v[16];
+	int st;
+
+	snprintf(v, sizeof(v), "%d", n);
+	setenv("OBX_TEST_KILL_AFTER_ACKS", v, 1);
+	t_relay_start(&R, NULL, 1);
+	unsetenv("OBX_TEST_KILL_AFTER_ACKS");
+	insert_txn(2 * n, 5);
+	st = t_wait(R.pid, 60000);
+	if (st == -1 || !WIFSIGNALED(st) || WTERMSIG(st) != SIGKILL) {
+		t_log_dump(&R);
+		fail_msg("outboxd did not kill itself after %d acknowledgements", n);
+	}
+	R.pid = 0;
+	t_slot_wait_inactive(&R, 15000);
+}
+
+/*
+ * The ACLs docs/guide/security.md lists, and no more, for a SASL user:
+ * at-least-once with restart de-duplication and dead-lettering (WRITE and
+ * READ on the topic, WRITE on the dead-letter topic), then exactly-once
+ * (WRITE on the topic, WRITE and READ on the progress topic, WRITE and
+ * DESCRIBE on the transactional id).  Each runs through a kill -9 and the
+ * restart that reads back: no fallback, every event once.
+ */
+static void
+test_least_acls(void **state)
+{
+	char topic[128], dl[128], prog[128], extra[512], principal[128], big[64], where[128];
+	struct t_msg *m;
+	size_t n, total;
+
+	(void)state;
+	snprintf(principal, sizeof(principal), "User:%s", K.user);
+	setenv("OUTBOXD_KAFKA_SASL_PASSWORD_FILE", K.password_file, 1);
+
+	/* at-least-once, dedupe on (the default), on_error = dead_letter */
+	t_relay_setup_kafka(&R, "rkleast", "");
+	topic_of(topic, sizeof(topic));
+	snprintf(dl, sizeof(dl), "dl.%s", R.db);
+	t_kafka_create_topic(&K, topic, 3, "max.message.bytes=10000");
+	t_kafka_create_topic(&K, dl, 1, NULL);
+	t_kafka_grant(&K, principal, "WRITE", "TOPIC", topic, 0);
+	t_kafka_grant(&K, principal, "READ", "TOPIC", topic, 0);
+	t_kafka_grant(&K, principal, "WRITE", "TOPIC", dl, 0);
+	snprintf(R.kafka_conf, sizeof(R.kafka_conf),
+	    "bootstrap.servers = %s\nsecurity.protocol = SASL_PLAINTEXT\nsasl.mechanisms = PLAIN\nsasl.username = %s",
+	    K.sasl_plaintext, K.user);
+	snprintf(extra, sizeof(extra), "[delivery]\non_error = dead_letter\ndead_letter_topic = %s\n", dl);
+	t_relay_config(&R, extra);
+	kill_after(30);
+	t_relay_start(&R, NULL, 1);
+	insert_with_big(5, big, sizeof(big));
+	if (!t_wait_confirmed_current(&R, 60000)) {
+		t_log_dump(&R);
+		fail_msg("outboxd did not confirm with the documented ACLs");
+	}
+	stop_relay();
+	if (t_log_count(&R, "(at-least-once)") != 0 || t_log_count(&R, "uthorization") != 0) {
+		t_log_dump(&R);
+		fail_msg("with the documented ACLs, a read-back fell back or the broker refused something");
+	}
+	assert_true(t_log_count(&R, "were in Kafka already and were not sent again") >= 1);
+	n = t_consume_all(R.b.bootstrap, topic, 20000, &m);
+	snprintf(where, sizeof(where), "WHERE id <> '%s'", big);
+	assert_int_equal(check_records(m, n, true, where), 0);
+	t_msgs_free(m, n);
+	assert_int_equal(count_in(dl, big, &total, false), 1);
+	t_relay_teardown(&R);
+
+	/* exactly-once */
+	N = 0;
+	t_relay_setup_kafka(&R, "rkleasteos", "");
+	topic_of(topic, sizeof(topic));
+	snprintf(prog, sizeof(prog), "progress.%s", R.db);
+	t_kafka_create_topic(&K, topic, 3, NULL);
+	t_kafka_create_topic(&K, prog, 1, NULL);
+	t_kafka_grant(&K, principal, "WRITE", "TOPIC", topic, 0);
+	t_kafka_grant(&K, principal, "WRITE", "TOPIC", prog, 0);
+	t_kafka_grant(&K, principal, "READ", "TOPIC", prog, 0);
+	t_kafka_grant(&K, principal, "WRITE", "TRANSACTIONAL_ID", "outboxd-", 1);
+	t_kafka_grant(&K, principal, "DESCRIBE", "TRANSACTIONAL_ID", "outboxd-", 1);
+	snprintf(R.kafka_conf, sizeof(R.kafka_conf),
+	    "bootstrap.servers = %s\nsecurity.protocol = SASL_PLAINTEXT\nsasl.mechanisms = PLAIN\nsasl.username = %s",
+	    K.sasl_plaintext, K.user);
+	snprintf(extra, sizeof(extra), "[delivery]\nexactly_once = on\nprogress_topic = %s\n", prog);
+	t_relay_config(&R, extra);
+	kill_after(30);
+	t_relay_start(&R, NULL, 1);
+	insert_txn(20, 5);
+	if (!t_wait_confirmed_current(&R, 60000)) {
+		t_log_dump(&R);
+		fail_msg("exactly-once did not confirm with the documented ACLs");
+	}
+	stop_relay();
+	if (t_log_count(&R, "uthorization") != 0) {
+		t_log_dump(&R);
+		fail_msg("with the documented ACLs, the broker refused something");
+	}
+	expect_committed_once();
 }
 
 int
@@ -768,6 +892,7 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_oversized_record_alone_to_dead_letter, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_oversized_record_alone_exactly_once, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_oversized_record_stop_names_it, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_least_acls, setup, teardown),
 	};
 
 	return T_RUN_TESTS(tests);

@@ -143,6 +143,7 @@ struct obx_core {
 	/* a refusal of records sent together: what was read up to it is sent again one record at a
 	 * time (struct obx_delivery.solo), across sessions, until the stream passes this position */
 	obx_lsn solo_until;
+	bool solo_pending;    /* set by such a refusal, cleared once the stream reads past solo_until */
 	uint64_t eos_commits; /* Kafka transactions committed */
 	uint64_t eos_aborts;  /* ended without a commit (abort, rewind) */
 
