@@ -26,9 +26,10 @@
  *       with transactions (the test broker has none: it hands the records out
  *       at once).
  *   bench_kafka topic BOOTSTRAP TOPIC PARTITIONS
- *       Creates TOPIC (replication 1) with the admin API and waits until every
- *       partition has a leader: a real broker's topics (the test broker's
- *       "topic" command does it there).
+ *       Creates TOPIC (replication 1, max.message.bytes 16 MiB: shape d's
+ *       records are 1 MiB, over a broker's default) with the admin API and
+ *       waits until every partition has a leader: a real broker's topics (the
+ *       test broker's "topic" command does it there, without a size limit).
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -423,6 +424,8 @@ cmd_topic(const char *bootstrap, const char *topic, int partitions)
 	nt = rd_kafka_NewTopic_new(topic, partitions, 1, err, sizeof(err));
 	if (nt == NULL)
 		die("NewTopic", err);
+	if (rd_kafka_NewTopic_set_config(nt, "max.message.bytes", "16777216") != RD_KAFKA_RESP_ERR_NO_ERROR)
+		die("NewTopic", "max.message.bytes");
 	q = rd_kafka_queue_new(rk);
 	rd_kafka_CreateTopics(rk, &nt, 1, NULL, q);
 	ev = rd_kafka_queue_poll(q, 30000);

@@ -518,6 +518,63 @@ test_takeover_fences_the_old_producer(void **state)
 	expect_committed_once();
 }
 
+static struct t_relay Q; /* a second instance (test_fenced_while_holding_the_slot) */
+
+static int
+teardown_two(void **state)
+{
+	t_relay_teardown(&Q);
+	memset(&Q, 0, sizeof(Q));
+	return teardown(state);
+}
+
+/*
+ * The broker fences for real: another producer initialises the same
+ * transactional.id (a second instance on another database given the same
+ * [delivery] transactional_id) after the first acknowledged records of a
+ * Kafka transaction.  The broker aborts what is open and refuses the first
+ * instance's epoch at its next call.  That instance still holds its slot, so
+ * nobody took its place: as documented (docs/guide/exactly-once.md) it
+ * starts a new session instead of exiting, and a read_committed consumer
+ * sees each of its events once.  (A fenced instance that lost its slot
+ * exits 1: test_takeover_fences_the_old_producer.)
+ */
+static void
+test_fenced_while_holding_the_slot(void **state)
+{
+	char conf[256], eos[256];
+	int64_t t0;
+
+	(void)state;
+	t_relay_setup_kafka(&R, "rkfenced", "");
+	snprintf(conf, sizeof(conf), "bootstrap.servers = %s", K.plaintext);
+	snprintf(R.kafka_conf, sizeof(R.kafka_conf), "%s", conf);
+	snprintf(eos, sizeof(eos),
+	    "[delivery]\nexactly_once = on\ntransaction_max_time = 3s\ntransactional_id = fence-%s\n", R.db);
+	t_relay_config(&R, eos);
+	t_relay_start(&R, NULL, 1);
+	insert_txn(20, 5);
+	assert_true(t_wait_confirmed_current(&R, 30000));
+	insert_txn(20, 5);
+	for (t0 = t_now_ms();
+	     t_relay_metric(&R, "outboxd_events_published_total") < 40 && t_now_ms() - t0 < 15000;)
+		usleep(20000);
+	assert_true(t_relay_metric(&R, "outboxd_events_published_total") >= 40);
+
+	/* another producer initialises the same transactional.id */
+	t_relay_setup_kafka(&Q, "rkfencedb", conf);
+	t_relay_config(&Q, eos);
+	t_relay_start(&Q, NULL, 1);
+	if (t_relay_signal(&Q, SIGTERM, 30000) == -1)
+		fail_msg("the second instance did not stop");
+	insert_txn(10, 5);
+	wait_log(&R, "the broker fenced transactional.id fence-", 30000);
+	assert_true(t_wait_confirmed_current(&R, 60000));
+	assert_true(R.pid > 0 && waitpid(R.pid, NULL, WNOHANG) == 0); /* it went on */
+	stop_relay();
+	expect_committed_once();
+}
+
 /*
  * At-least-once with librdkafka's defaults (5 requests in flight, idempotent
  * producer): the broker is killed with -9 while events flow and started
@@ -887,6 +944,7 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_tls_verification, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_exactly_once_across_kill9, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_takeover_fences_the_old_producer, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_fenced_while_holding_the_slot, setup, teardown_two),
 		cmocka_unit_test_setup_teardown(test_broker_kill9_default_inflight, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_no_acl_backs_off, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_oversized_record_alone_to_dead_letter, setup, teardown),
