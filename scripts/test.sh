@@ -107,8 +107,8 @@ fi
 python3 -m py_compile bench/run.py || rc=1
 
 # the network-facing decoder under libFuzzer, for a bounded time
-echo "test.sh: fuzzing the decoder for ${OBX_FUZZ_SECONDS:-60} s"
-bash scripts/fuzz.sh "${OBX_FUZZ_SECONDS:-60}" || rc=1
+echo "test.sh: fuzzing the decoder for ${OBX_FUZZ_SECONDS:-30} s"
+bash scripts/fuzz.sh "${OBX_FUZZ_SECONDS:-30}" || rc=1
 
 # the stacks must leave nothing behind: no cluster or broker directory, no server
 after=$(ls -d /tmp/obx-pg.* /tmp/obx-kafka.* 2>/dev/null | sort || true)

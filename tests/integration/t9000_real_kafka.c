@@ -471,7 +471,7 @@ test_takeover_fences_the_old_producer(void **state)
 	(void)state;
 	t_relay_setup_kafka(&R, "rkfence", "");
 	snprintf(R.kafka_conf, sizeof(R.kafka_conf), "bootstrap.servers = %s", K.plaintext);
-	t_relay_config(&R, "[delivery]\nexactly_once = on\ntransaction_max_time = 20s\n");
+	t_relay_config(&R, "[delivery]\nexactly_once = on\ntransaction_max_time = 12s\n");
 	t_relay_start(&R, NULL, 1);
 	insert_txn(50, 5);
 	for (t0 = t_now_ms();
@@ -623,7 +623,7 @@ test_broker_kill9_default_inflight(void **state)
 /*
  * A SASL user without any ACL: the broker refuses the idempotent producer
  * id, a fatal producer error, at every session.  The sessions back off (a
- * handful in 20 s, not one every 200 ms), the line says what to grant, and
+ * handful in 15 s, not one every 200 ms), the line says what to grant, and
  * /readyz says the broker side fails.  Once WRITE on the topic (created by an
  * administrator, as auto-creation needs CREATE) is granted, every event
  * arrives without a restart.
@@ -645,12 +645,12 @@ test_no_acl_backs_off(void **state)
 	t_relay_config(&R, NULL);
 	t_relay_start(&R, NULL, 1);
 	insert_txn(10, 3);
-	sleep(20);
+	sleep(15);
 	sessions = t_log_count(&R, "streaming from slot");
-	fprintf(stderr, "no ACL: %d sessions in 20 s\n", sessions);
-	if (sessions > 12 || sessions < 2) {
+	fprintf(stderr, "no ACL: %d sessions in 15 s\n", sessions);
+	if (sessions > 10 || sessions < 2) {
 		t_log_dump(&R);
-		fail_msg("%d sessions in 20 s: the backoff (200 ms doubling to 30 s) allows 5 to 10", sessions);
+		fail_msg("%d sessions in 15 s: the backoff (200 ms doubling to 30 s) allows 5 to 9", sessions);
 	}
 	assert_true(t_log_count(&R, "grant it WRITE on the outbox topics") >= 1);
 	assert_true(lines_with(&R, "warn", "grant it WRITE on the outbox topics") == 1);
